@@ -1,0 +1,17 @@
+"""Make unsafe HTTP requests safe to retry: one effect per ``Idempotency-Key``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["idempotent"]
+
+
+def __getattr__(name: str) -> Any:
+    # Imported lazily so that listing the app in INSTALLED_APPS never imports
+    # the model before the app registry is ready.
+    if name == "idempotent":
+        from django_idempotency.decorators import idempotent
+
+        return idempotent
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

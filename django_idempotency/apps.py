@@ -1,0 +1,16 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+from django.core import checks
+
+
+class DjangoIdempotencyConfig(AppConfig):
+    name = "django_idempotency"
+    verbose_name = "Idempotency"
+    # Pinned so that a project's DEFAULT_AUTO_FIELD never asks for a migration.
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from django_idempotency.checks import check_settings
+
+        checks.register(check_settings, checks.Tags.compatibility)

@@ -1,0 +1,88 @@
+"""``@idempotent``: the view decorator, a thin adapter over :func:`core.protect`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+from inspect import iscoroutinefunction
+from typing import Any, TypeVar, overload
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpRequest, HttpResponseBase
+from django.template.response import SimpleTemplateResponse
+
+from django_idempotency.core import check_options, protect
+from django_idempotency.exceptions import IdempotencyError
+from django_idempotency.responses import problem
+
+ViewFunc = TypeVar("ViewFunc", bound=Callable[..., HttpResponseBase])
+
+
+@overload
+def idempotent(view: ViewFunc, /) -> ViewFunc: ...
+@overload
+def idempotent(view: None = None, /, **options: Any) -> Callable[[ViewFunc], ViewFunc]: ...
+
+
+def idempotent(view: ViewFunc | None = None, /, **options: Any) -> Any:
+    """Protect a view: bare ``@idempotent`` or ``@idempotent(ttl=..., ...)``.
+
+    Works on function views, through ``method_decorator`` on class-based
+    views, and on DRF ``@api_view`` functions when placed below
+    ``@api_view``.
+    """
+    check_options(options)
+
+    def decorate(view_func: ViewFunc) -> ViewFunc:
+        if iscoroutinefunction(view_func):
+            raise ImproperlyConfigured(
+                f"@idempotent cannot protect the async view {view_func.__qualname__}; "
+                "async views are not supported yet."
+            )
+
+        @wraps(view_func)
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+            try:
+                return protect(
+                    request,
+                    lambda: view_func(request, *args, **kwargs),
+                    options,
+                    sender=view_func,
+                    finalize=lambda response: _render(request, response),
+                )
+            except IdempotencyError as error:
+                return _error_response(request, error)
+
+        if options.get("atomic") is False:
+            # Lease mode commits its claim before the handler runs, which a
+            # request-wide transaction (ATOMIC_REQUESTS) would prevent.
+            wrapper._non_atomic_requests = set(settings.DATABASES)  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
+
+    if view is not None:
+        return decorate(view)
+    return decorate
+
+
+def _is_drf_request(request: HttpRequest) -> bool:
+    return type(request).__module__ == "rest_framework.request"
+
+
+def _render(request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
+    # Render now, inside the transaction, so the bytes stored are the bytes sent.
+    if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
+        if _is_drf_request(request):
+            from django_idempotency.drf import finalize_api_view_response
+
+            response = finalize_api_view_response(request, response)
+        response.render()
+    return response
+
+
+def _error_response(request: HttpRequest, error: IdempotencyError) -> HttpResponseBase:
+    if _is_drf_request(request):
+        from django_idempotency.drf import to_api_exception
+
+        raise to_api_exception(error) from error
+    return problem(error)

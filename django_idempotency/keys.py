@@ -1,0 +1,48 @@
+"""Parsing the ``Idempotency-Key`` header value.
+
+The IETF draft writes the key as an RFC 8941 sf-string (``"abc-123"``) while
+most clients send it bare (``abc-123``); both denote the same key. The key
+itself is 1 to ``KEY_MAX_LENGTH`` visible ASCII characters (0x21-0x7E), so it
+can be stored and compared byte for byte on every backend.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from django_idempotency.exceptions import InvalidIdempotencyKey
+
+_VISIBLE_ASCII = re.compile(r"^[\x21-\x7e]+$")
+# An sf-string: printable ASCII (space included) with \" and \\ escapes.
+_SF_STRING = re.compile(r'^"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"$')
+_SF_ESCAPE = re.compile(r'\\(["\\])')
+
+
+def parse_key(value: str, max_length: int) -> str:
+    """Return the key a header value denotes, or raise ``InvalidIdempotencyKey``."""
+    if value.startswith('"'):
+        match = _SF_STRING.match(value)
+        if match is None:
+            raise InvalidIdempotencyKey(
+                "The Idempotency-Key header starts with a quote but is not a valid "
+                'quoted string. Send the key bare (abc-123) or quoted ("abc-123").'
+            )
+        value = _SF_ESCAPE.sub(r"\1", match.group(1))
+    if not value:
+        raise InvalidIdempotencyKey("The Idempotency-Key header is empty.")
+    if len(value) > max_length:
+        raise InvalidIdempotencyKey(
+            f"The idempotency key is {len(value)} characters long; the limit is {max_length}."
+        )
+    if not _VISIBLE_ASCII.match(value):
+        raise InvalidIdempotencyKey(
+            "The idempotency key may only contain visible ASCII characters "
+            "(no spaces, control characters or non-ASCII text)."
+        )
+    return value
+
+
+def mask_key(key: str) -> str:
+    """A short, stable digest of a key for logs: never log a key in clear."""
+    return hashlib.sha256(key.encode()).hexdigest()[:12]

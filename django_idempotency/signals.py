@@ -1,0 +1,19 @@
+"""Signals for metrics and audit.
+
+Each is sent with ``sender`` set to the protected view function (or DRF view
+class) and the keyword arguments ``request`` and ``idempotency`` (the
+:class:`~django_idempotency.info.IdempotencyInfo` of the request).
+"""
+
+from __future__ import annotations
+
+from django.dispatch import Signal
+
+#: A request claimed its key and its handler is about to run.
+key_claimed = Signal()
+#: A retry received the stored response; the handler did not run.
+response_replayed = Signal()
+#: A duplicate arrived while the original was in flight and got 409.
+request_conflict = Signal()
+#: A key was reused with a different request and got 422.
+fingerprint_mismatch = Signal()

@@ -1,0 +1,104 @@
+"""Settings for the test suite; ``TEST_DATABASE`` picks the backend.
+
+``sqlite`` (the default), ``postgresql`` or ``mariadb``. Server backends
+read ``TEST_DATABASE_HOST``/``_PORT``/``_USER``/``_PASSWORD`` and default to
+the local services on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import django
+
+BACKEND = os.environ.get("TEST_DATABASE", "sqlite")
+HOST = os.environ.get("TEST_DATABASE_HOST", "127.0.0.1")
+
+
+def _database() -> dict:
+    if BACKEND == "sqlite":
+        # A file, not :memory:, so that concurrent tests use real connections
+        # and SQLite's real locking. Django removes it after the run.
+        path = Path(tempfile.gettempdir()) / f"django-idempotency-test-{os.getpid()}.sqlite3"
+        options = {"timeout": 5}
+        if django.VERSION >= (5, 1):
+            options["transaction_mode"] = "IMMEDIATE"
+        return {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": str(path),
+            "OPTIONS": options,
+            "TEST": {"NAME": str(path)},
+        }
+    if BACKEND == "postgresql":
+        return {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": "idempotency",
+            "HOST": HOST,
+            "PORT": os.environ.get("TEST_DATABASE_PORT", "5432"),
+            "USER": os.environ.get("TEST_DATABASE_USER", "postgres"),
+            "PASSWORD": os.environ.get("TEST_DATABASE_PASSWORD", ""),
+        }
+    if BACKEND == "mariadb":
+        return {
+            "ENGINE": "django.db.backends.mysql",
+            "NAME": "idempotency",
+            "HOST": HOST,
+            "PORT": os.environ.get("TEST_DATABASE_PORT", "3306"),
+            "USER": os.environ.get("TEST_DATABASE_USER", "root"),
+            "PASSWORD": os.environ.get("TEST_DATABASE_PASSWORD", ""),
+            "OPTIONS": {"charset": "utf8mb4"},
+            # The usual case-insensitive default, so the suite proves that
+            # keys and scopes still compare exactly.
+            "TEST": {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"},
+        }
+    raise ValueError(f"TEST_DATABASE must be sqlite, postgresql or mariadb, not {BACKEND!r}")
+
+
+SECRET_KEY = "tests-only-not-secret"
+DEBUG = False
+ALLOWED_HOSTS = ["*"]
+USE_TZ = True
+TIME_ZONE = "UTC"
+DATABASES = {"default": _database()}
+DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
+ROOT_URLCONF = "tests.urls"
+INSTALLED_APPS = [
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.admin",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "django_idempotency",
+    "tests",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+}

@@ -1,0 +1,16 @@
+from django.urls import path
+
+from tests import views
+
+urlpatterns = [
+    path("orders/", views.create_order),
+    path("orders/required/", views.create_order_required),
+    path("orders/lease/", views.create_order_lease),
+    path("orders/short-wait/", views.create_order_short_wait),
+    path("orders/class-based/", views.OrderView.as_view()),
+    path("binary/", views.binary_response),
+    path("large/", views.large_response),
+    path("stream/", views.streaming_response),
+    path("info/", views.idempotency_info),
+    path("api/orders/", views.api_create_order),
+]

@@ -1,0 +1,131 @@
+"""Protected views the suite drives; each writes one Order as its effect."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.utils.decorators import method_decorator
+from django.views import View
+from rest_framework.decorators import api_view, permission_classes
+from rest_framework.permissions import AllowAny
+from rest_framework.response import Response
+
+from django_idempotency import idempotent
+from tests.models import Order
+
+
+class CallCounter:
+    """How many times handlers ran, across threads: replays must not add to it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.value = 0
+
+    def increment(self) -> None:
+        with self._lock:
+            self.value += 1
+
+    def reset(self) -> None:
+        with self._lock:
+            self.value = 0
+
+
+calls = CallCounter()
+
+
+def _create_order(request: HttpRequest) -> HttpResponse:
+    """Write the effect, optionally hold the transaction open, then answer.
+
+    The JSON body may ask for ``status`` (the answer's status code) and
+    ``raise`` (fail after writing); the query string may ask to ``hold``
+    the transaction open for that many seconds.
+    """
+    calls.increment()
+    data = json.loads(request.body or b"{}")
+    order = Order.objects.create(item=data.get("item", "widget"), quantity=data.get("quantity", 1))
+    hold = float(request.GET.get("hold", 0))
+    if hold:
+        time.sleep(hold)
+    if data.get("raise"):
+        raise RuntimeError("handler failed after writing")
+    response = JsonResponse({"id": order.pk, "item": order.item}, status=data.get("status", 201))
+    response["Location"] = f"/orders/{order.pk}/"
+    response["X-Request-Secret"] = "not-in-the-allowlist"
+    response.set_cookie("sessionid", "handler-cookie")
+    return response
+
+
+@idempotent
+def create_order(request: HttpRequest) -> HttpResponse:
+    return _create_order(request)
+
+
+@idempotent(required=True)
+def create_order_required(request: HttpRequest) -> HttpResponse:
+    return _create_order(request)
+
+
+@idempotent(atomic=False)
+def create_order_lease(request: HttpRequest) -> HttpResponse:
+    return _create_order(request)
+
+
+@idempotent(wait=0.2)
+def create_order_short_wait(request: HttpRequest) -> HttpResponse:
+    return _create_order(request)
+
+
+@idempotent
+def binary_response(request: HttpRequest) -> HttpResponse:
+    calls.increment()
+    Order.objects.create(item="binary")
+    return HttpResponse(bytes(range(256)) * 4, content_type="application/octet-stream")
+
+
+@idempotent
+def large_response(request: HttpRequest) -> HttpResponse:
+    calls.increment()
+    Order.objects.create(item="large")
+    size = int(request.GET.get("size", 2_000_000))
+    response = HttpResponse(b"x" * size, content_type="application/octet-stream", status=201)
+    response["Location"] = "/exports/1/"
+    return response
+
+
+@idempotent
+def streaming_response(request: HttpRequest) -> StreamingHttpResponse:
+    calls.increment()
+    Order.objects.create(item="stream")
+    return StreamingHttpResponse(iter([b"chunk-1,", b"chunk-2"]), content_type="text/csv")
+
+
+@idempotent
+def idempotency_info(request: HttpRequest) -> JsonResponse:
+    calls.increment()
+    info = request.idempotency  # type: ignore[attr-defined]
+    return JsonResponse(
+        {
+            "key": info.key,
+            "scope": info.scope,
+            "fingerprint": info.fingerprint,
+            "payment": info.derive("payment"),
+        }
+    )
+
+
+class OrderView(View):
+    @method_decorator(idempotent)
+    def post(self, request: HttpRequest) -> HttpResponse:
+        return _create_order(request)
+
+
+@api_view(["POST"])
+@permission_classes([AllowAny])
+@idempotent
+def api_create_order(request):  # type: ignore[no-untyped-def]
+    calls.increment()
+    order = Order.objects.create(item=request.data.get("item", "widget"))
+    return Response({"id": order.pk, "item": order.item}, status=201)
