@@ -227,7 +227,10 @@ def _claim_upsert(connection: BaseDatabaseWrapper, new: NewClaim, wait: float) -
     )
     expires = quote(columns["expires_at"])
     created = quote(columns["created_at"])
-    conflict = f"ON CONFLICT ({names[0]}, {names[1]}) DO UPDATE SET {assignments} WHERE {table}.{expires} <= EXCLUDED.{created}"
+    conflict = (
+        f"ON CONFLICT ({names[0]}, {names[1]}) DO UPDATE SET {assignments} "
+        f"WHERE {table}.{expires} <= EXCLUDED.{created}"
+    )
     pk = quote(IdempotencyKey._meta.pk.column)
     params = _insert_params(connection, new)
     if connection.vendor == "postgresql":

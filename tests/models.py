@@ -7,3 +7,6 @@ class Order(models.Model):
     item = models.CharField(max_length=100)
     quantity = models.IntegerField(default=1)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.item} x{self.quantity}"
