@@ -1,4 +1,4 @@
-from django.urls import path
+from django.urls import include, path
 
 from tests import views
 
@@ -13,4 +13,5 @@ urlpatterns = [
     path("stream/", views.streaming_response),
     path("info/", views.idempotency_info),
     path("api/orders/", views.api_create_order),
+    path("drf/", include("tests.drf_urls")),
 ]
