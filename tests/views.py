@@ -34,6 +34,8 @@ class CallCounter:
 
 
 calls = CallCounter()
+# Set by a test to make the next handler run fail after writing, once.
+fail_next = threading.Event()
 
 
 def _create_order(request: HttpRequest) -> HttpResponse:
@@ -49,13 +51,20 @@ def _create_order(request: HttpRequest) -> HttpResponse:
     hold = float(request.GET.get("hold", 0))
     if hold:
         time.sleep(hold)
-    if data.get("raise"):
+    if data.get("raise") or _consume(fail_next):
         raise RuntimeError("handler failed after writing")
     response = JsonResponse({"id": order.pk, "item": order.item}, status=data.get("status", 201))
     response["Location"] = f"/orders/{order.pk}/"
     response["X-Request-Secret"] = "not-in-the-allowlist"
-    response.set_cookie("sessionid", "handler-cookie")
+    response.set_cookie("handler_cookie", "handler-cookie")
     return response
+
+
+def _consume(flag: threading.Event) -> bool:
+    if flag.is_set():
+        flag.clear()
+        return True
+    return False
 
 
 @idempotent

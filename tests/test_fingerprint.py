@@ -1,0 +1,132 @@
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+
+from django.test import RequestFactory
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from django_idempotency.fingerprint import canonical_json, request_fingerprint
+
+factory = RequestFactory()
+
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**30), max_value=10**30)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20)
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+def fingerprint(body: bytes | str, content_type="application/json", path="/orders/", **extra):
+    request = factory.post(path, body, content_type=content_type, **extra)
+    return request_fingerprint(request)
+
+
+def shuffled_dump(value, rng) -> str:
+    """Dump JSON with keys in another order, extra whitespace and floats as x.0."""
+    if isinstance(value, dict):
+        items = list(value.items())
+        rng.shuffle(items)
+        return (
+            "{ "
+            + " , ".join(f"{json.dumps(k)} :\n{shuffled_dump(v, rng)}" for k, v in items)
+            + " }"
+        )
+    if isinstance(value, list):
+        return "[ " + ",\t".join(shuffled_dump(v, rng) for v in value) + " ]"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value}.0" if rng.random() < 0.5 else f"{value}"
+    return json.dumps(value)
+
+
+class JsonCanonicalisationTests:
+    @settings(max_examples=200)
+    @given(json_values, st.randoms(use_true_random=False))
+    def test_reordered_reformatted_json_has_the_same_fingerprint(self, value, rng):
+        assert fingerprint(json.dumps(value)) == fingerprint(shuffled_dump(value, rng))
+
+    @given(json_values, json_values)
+    def test_different_json_values_have_different_canonical_forms(self, a, b):
+        def numeric(v):
+            return json.loads(json.dumps(v), parse_float=Decimal, parse_int=Decimal)
+
+        if numeric(a) != numeric(b):
+            assert canonical_json(json.dumps(a).encode()) != canonical_json(json.dumps(b).encode())
+
+    def test_numbers_compare_by_value(self):
+        assert fingerprint('{"n": 10}') == fingerprint('{"n": 10.0}') == fingerprint('{"n": 1e1}')
+        assert fingerprint('{"n": 0}') == fingerprint('{"n": -0.0}')
+        assert fingerprint('{"n": 10}') != fingerprint('{"n": 11}')
+        big = "1" + "0" * 40
+        assert fingerprint(f'{{"n": {big}1}}') != fingerprint(f'{{"n": {big}2}}')
+
+    def test_array_order_is_kept(self):
+        assert fingerprint("[1, 2]") != fingerprint("[2, 1]")
+
+    def test_strings_are_not_numbers(self):
+        assert fingerprint('{"n": "10"}') != fingerprint('{"n": 10}')
+
+    def test_invalid_json_is_hashed_as_bytes(self):
+        assert fingerprint(b"{not json") == fingerprint(b"{not json")
+        assert fingerprint(b"{not json") != fingerprint(b"{not  json")
+        assert fingerprint(b'{"a": NaN}') != fingerprint(b'{"a": null}')
+        assert fingerprint(b"\xff\xfe{") != fingerprint(b"\xff\xfd{")
+
+    def test_deeply_nested_json_does_not_crash(self):
+        deep = "[" * 100_000 + "]" * 100_000
+        assert len(fingerprint(deep)) == 64
+
+    def test_vendor_json_types_are_canonicalised(self):
+        ct = "application/vnd.api+json"
+        assert fingerprint('{"a":1,"b":2}', ct) == fingerprint('{"b": 2, "a": 1}', ct)
+
+
+class RequestPartsTests:
+    def test_method_path_query_and_content_type_all_count(self):
+        base = fingerprint("{}")
+        assert base != fingerprint("{}", path="/other/")
+        assert base != fingerprint("{}", path="/orders/?a=1")
+        assert base != fingerprint("{}", content_type="text/plain")
+        assert base != request_fingerprint(factory.patch("/orders/", "{}", "application/json"))
+
+    def test_query_string_order_does_not_count(self):
+        assert fingerprint("{}", path="/o/?a=1&b=2") == fingerprint("{}", path="/o/?b=2&a=1")
+
+    def test_content_type_parameters_do_not_count(self):
+        assert fingerprint("{}") == fingerprint(
+            "{}", content_type="application/json; charset=utf-8"
+        )
+
+    def test_form_bodies_are_sorted(self):
+        ct = "application/x-www-form-urlencoded"
+        assert fingerprint("a=1&b=2", ct) == fingerprint("b=2&a=1", ct)
+        assert fingerprint("a=1&b=2", ct) != fingerprint("a=1&b=3", ct)
+
+    def test_other_bodies_are_bytes(self):
+        ct = "application/octet-stream"
+        assert fingerprint(b"\x00\x01", ct) != fingerprint(b"\x01\x00", ct)
+
+    def test_multipart_boundary_does_not_count_but_content_does(self):
+        from django.core.files.uploadedfile import SimpleUploadedFile
+        from django.test.client import encode_multipart
+
+        def multipart(boundary: str, content: bytes) -> str:
+            upload = SimpleUploadedFile("a.txt", content, content_type="text/plain")
+            body = encode_multipart(boundary, {"name": "x", "file": upload})
+            request = factory.post(
+                "/upload/", body, content_type=f"multipart/form-data; boundary={boundary}"
+            )
+            return request_fingerprint(request)
+
+        assert multipart("BoUnDaRy1", b"hello") == multipart("OtherBoundary2", b"hello")
+        assert multipart("BoUnDaRy1", b"hello") != multipart("BoUnDaRy1", b"hellO")

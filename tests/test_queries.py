@@ -1,0 +1,76 @@
+"""SQL statements a protected request adds, counted by Django's query capture.
+
+Transaction control (BEGIN, COMMIT, SAVEPOINT...) is not counted: the bound
+is on the work each request asks of the database.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from tests.views import calls
+
+pytestmark = pytest.mark.django_db
+
+TRANSACTION_CONTROL = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE", "START TRANSACTION")
+
+
+def statements(captured: CaptureQueriesContext) -> list[str]:
+    return [
+        query["sql"]
+        for query in captured.captured_queries
+        if not query["sql"].lstrip().upper().startswith(TRANSACTION_CONTROL)
+    ]
+
+
+def post(client, key: str | None):
+    headers = {"Idempotency-Key": key} if key else {}
+    return client.post(
+        "/orders/", json.dumps({"item": "book"}), content_type="application/json", headers=headers
+    )
+
+
+def test_first_request_adds_at_most_two_statements(client):
+    post(client, "warm-up")  # connection set-up is not per request
+    with CaptureQueriesContext(connection) as unprotected:
+        post(client, None)
+    with CaptureQueriesContext(connection) as first:
+        post(client, "first")
+
+    handler_own = len(statements(unprotected))
+    assert handler_own == 1
+    assert len(statements(first)) - handler_own <= 2, statements(first)
+
+
+def test_replay_uses_at_most_two_statements_and_never_runs_handler(client):
+    post(client, "key")
+    before = calls.value
+    with CaptureQueriesContext(connection) as replay:
+        response = post(client, "key")
+
+    assert response["Idempotent-Replayed"] == "true"
+    assert calls.value == before
+    assert len(statements(replay)) <= 2, statements(replay)
+
+
+def test_mismatch_uses_at_most_two_statements(client):
+    post(client, "key")
+    with CaptureQueriesContext(connection) as rejected:
+        response = client.post(
+            "/orders/", "{}", content_type="application/json", headers={"Idempotency-Key": "key"}
+        )
+
+    assert response.status_code == 422
+    assert len(statements(rejected)) <= 2, statements(rejected)
+
+
+def test_malformed_key_uses_no_statement(client):
+    with CaptureQueriesContext(connection) as rejected:
+        response = post(client, "bad key")
+
+    assert response.status_code == 400
+    assert statements(rejected) == []

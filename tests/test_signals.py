@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from django_idempotency import signals
+from tests import views
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def received():
+    events: list[tuple[str, object, object]] = []
+    receivers = {}
+    for name in ("key_claimed", "response_replayed", "request_conflict", "fingerprint_mismatch"):
+
+        def receiver(sender, request, idempotency, name=name, **kwargs):
+            events.append((name, sender, idempotency))
+
+        receivers[name] = receiver
+        getattr(signals, name).connect(receiver)
+    yield events
+    for name, receiver in receivers.items():
+        getattr(signals, name).disconnect(receiver)
+
+
+def post(client, body: dict):
+    return client.post(
+        "/orders/",
+        json.dumps(body),
+        content_type="application/json",
+        headers={"Idempotency-Key": "k"},
+    )
+
+
+def test_claim_replay_and_mismatch_are_signalled_with_the_view_and_info(client, received):
+    post(client, {"item": "a"})
+    post(client, {"item": "a"})
+    post(client, {"item": "b"})
+
+    assert [name for name, _, _ in received] == [
+        "key_claimed",
+        "response_replayed",
+        "fingerprint_mismatch",
+    ]
+    for _, sender, info in received:
+        assert sender is views.create_order.__wrapped__
+        assert info.key == "k"
+        assert info.scope == "anonymous"
+
+
+def test_conflict_is_signalled(client, received):
+    from tests.factories import IdempotencyKeyFactory
+
+    post(client, {"item": "a"})
+    from django_idempotency.models import IdempotencyKey
+
+    record = IdempotencyKey.objects.get()
+    record.delete()
+    IdempotencyKeyFactory(key="k", in_flight=True, fingerprint=record.fingerprint)
+    response = post(client, {"item": "a"})
+
+    assert response.status_code == 409
+    assert 1 <= int(response["Retry-After"]) <= 300
+    assert received[-1][0] == "request_conflict"

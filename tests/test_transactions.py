@@ -1,0 +1,125 @@
+"""How the claim lives with the surrounding transaction and the schema."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connection, transaction
+from django.test import Client
+from django.utils import timezone
+
+from django_idempotency import store
+from django_idempotency.models import IdempotencyKey
+from tests.models import Order
+from tests.views import calls, fail_next
+
+
+def post(client: Client, url: str = "/orders/", key: str = "k"):
+    return client.post(
+        url,
+        json.dumps({"item": "book"}),
+        content_type="application/json",
+        headers={"Idempotency-Key": key},
+    )
+
+
+@pytest.fixture
+def atomic_requests():
+    connection.settings_dict["ATOMIC_REQUESTS"] = True
+    yield
+    connection.settings_dict["ATOMIC_REQUESTS"] = False
+
+
+def new_claim(key: str) -> store.NewClaim:
+    now = timezone.now()
+    return store.NewClaim(
+        scope="s",
+        key=key,
+        fingerprint="f" * 64,
+        owner_token="",
+        created_at=now,
+        expires_at=now + timedelta(hours=1),
+        locked_until=None,
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+class AtomicRequestsTests:
+    def test_atomic_mode_nests_and_commits_with_the_request(self, client, atomic_requests):
+        first = post(client)
+        retry = post(client)
+
+        assert first.status_code == 201
+        assert retry["Idempotent-Replayed"] == "true"
+        assert Order.objects.count() == 1
+        assert IdempotencyKey.objects.get().state == IdempotencyKey.State.COMPLETED
+
+    def test_failure_rolls_back_record_with_the_request(self, atomic_requests):
+        client = Client(raise_request_exception=False)
+        fail_next.set()
+        assert post(client).status_code == 500
+        assert not IdempotencyKey.objects.exists()
+        assert post(client).status_code == 201
+        assert calls.value == 2
+
+    def test_lease_mode_view_is_excluded_from_the_request_transaction(self, atomic_requests):
+        client = Client(raise_request_exception=False)
+        fail_next.set()
+        assert post(client, "/orders/lease/").status_code == 500
+        assert not IdempotencyKey.objects.exists()  # released, not stuck in progress
+        assert post(client, "/orders/lease/").status_code == 201
+        assert post(client, "/orders/lease/")["Idempotent-Replayed"] == "true"
+        assert Order.objects.count() == 2  # lease mode cannot roll back the failed run's write
+
+    def test_lease_mode_inside_a_transaction_is_refused_clearly(self, rf):
+        from tests.views import create_order_lease
+
+        request = rf.post(
+            "/orders/lease/",
+            b"{}",
+            content_type="application/json",
+            headers={"Idempotency-Key": "k"},
+        )
+        with transaction.atomic(), pytest.raises(ImproperlyConfigured, match="non_atomic_requests"):
+            create_order_lease(request)
+
+
+@pytest.mark.django_db(transaction=True)
+class MissingTableTests:
+    def test_missing_table_says_to_migrate(self):
+        with connection.schema_editor() as editor:
+            editor.delete_model(IdempotencyKey)
+        try:
+            with pytest.raises(ImproperlyConfigured, match="migrate django_idempotency"):
+                post(Client())
+        finally:
+            with connection.schema_editor() as editor:
+                editor.create_model(IdempotencyKey)
+        assert not Order.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL lock_timeout")
+class PostgresLockTimeoutTests:
+    def lock_timeout(self) -> str:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW lock_timeout")
+            return cursor.fetchone()[0]
+
+    def test_claim_restores_lock_timeout_for_the_handler(self):
+        with transaction.atomic():
+            before = self.lock_timeout()
+            assert isinstance(store.claim("default", new_claim("a"), wait=0.25), int)
+            assert self.lock_timeout() == before
+
+    def test_conflict_keeps_the_bounded_wait_for_its_read(self):
+        with transaction.atomic():
+            store.claim("default", new_claim("b"), wait=0.25)
+        with transaction.atomic():
+            record = store.claim("default", new_claim("b"), wait=0.25)
+            assert isinstance(record, IdempotencyKey)
+            assert self.lock_timeout() == "250ms"
+        assert self.lock_timeout() != "250ms"  # transaction-local
