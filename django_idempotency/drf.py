@@ -8,15 +8,18 @@ DRF-authenticated user (token, JWT, session).
 
 from __future__ import annotations
 
+from inspect import ismethod
 from typing import Any
 
 from django.conf import settings
 from django.http import HttpResponseBase
+from django.template.response import SimpleTemplateResponse
 from rest_framework import exceptions, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from django_idempotency import exceptions as core_exceptions
+from django_idempotency.conf import idempotency_settings
 from django_idempotency.core import OPTION_NAMES, protect
 
 
@@ -58,7 +61,9 @@ _EQUIVALENTS: dict[type[core_exceptions.IdempotencyError], type[exceptions.APIEx
 
 
 def to_api_exception(error: core_exceptions.IdempotencyError) -> exceptions.APIException:
-    api_class = _EQUIVALENTS[type(error)]
+    """The DRF exception for a core error, so the project's EXCEPTION_HANDLER renders it."""
+    # Walk the MRO so that a subclass of a core error keeps its HTTP meaning.
+    api_class = next(_EQUIVALENTS[cls] for cls in type(error).__mro__ if cls in _EQUIVALENTS)
     if isinstance(error, core_exceptions.RequestInFlight):
         return RequestInFlight(error.detail, wait=error.retry_after)
     return api_class(error.detail)
@@ -89,9 +94,18 @@ class IdempotentMixin:
 
     @classmethod
     def as_view(cls, *args: Any, **initkwargs: Any) -> Any:
+        """Keep lease-mode views out of ``ATOMIC_REQUESTS``.
+
+        Lease mode must commit its claim before the handler runs, which a
+        request-wide transaction would prevent. Django decides this from the
+        view function before DRF's ``dispatch`` ever runs, so it is settled
+        here, from the attribute, the ``as_view`` argument or the setting.
+        """
         view = super().as_view(*args, **initkwargs)  # type: ignore[misc]
-        if cls.idempotency_atomic is False:
-            # Lease mode commits its claim first; keep it out of ATOMIC_REQUESTS.
+        atomic = initkwargs.get("idempotency_atomic", cls.idempotency_atomic)
+        if atomic is None:
+            atomic = idempotency_settings.atomic
+        if not atomic:
             view._non_atomic_requests = set(settings.DATABASES)
         return view
 
@@ -105,7 +119,7 @@ class IdempotentMixin:
             setattr(self, method, self._protected(handler))
 
     def _protected(self, handler: Any) -> Any:
-        options = {name: getattr(self, f"idempotency_{name}") for name in OPTION_NAMES}
+        options = {name: self._option(name) for name in OPTION_NAMES}
 
         def protected_handler(request: Request, *args: Any, **kwargs: Any) -> HttpResponseBase:
             try:
@@ -121,8 +135,19 @@ class IdempotentMixin:
 
         return protected_handler
 
+    def _option(self, name: str) -> Any:
+        value = getattr(self, f"idempotency_{name}")
+        # A function assigned as a class attribute comes back bound to the
+        # view; the scope and fingerprint callables take only the request.
+        if ismethod(value) and value.__self__ is self:
+            return value.__func__
+        return value
+
     def _render_now(self, request: Request, response: HttpResponseBase) -> HttpResponseBase:
+        # Render before storing, so that what is stored is the bytes DRF
+        # sends; a plain TemplateResponse (which DRF passes through) too.
         if isinstance(response, Response) and not response.is_rendered:
             response = self.finalize_response(request, response)  # type: ignore[attr-defined]
+        if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
             response.render()
         return response

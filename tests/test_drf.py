@@ -1,0 +1,571 @@
+"""``IdempotentMixin`` and ``@idempotent`` on DRF views: the HTTP contract, DRF-shaped.
+
+The contract rows run through a ``ModelViewSet`` behind ``TokenAuthentication``
+so that the scope is the DRF-authenticated user, errors go through DRF's
+exception handling and stored bodies are the bytes DRF rendered.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connection
+from django.test import override_settings
+from django.utils import timezone
+from rest_framework.authtoken.models import Token
+from rest_framework.response import Response
+from rest_framework.test import APIClient
+from rest_framework.views import exception_handler
+
+from django_idempotency import drf
+from django_idempotency.info import IdempotencyInfo
+from django_idempotency.models import IdempotencyKey
+from tests.factories import IdempotencyKeyFactory
+from tests.models import Order
+from tests.views import calls
+
+ORDERS = "/drf/orders/"
+PAYLOAD = {"item": "book", "quantity": 2}
+
+
+def make_client(username: str = "alice") -> tuple[APIClient, User]:
+    user = User.objects.create_user(username)
+    token = Token.objects.create(user=user)
+    client = APIClient(raise_request_exception=False)
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    return client, user
+
+
+def post(
+    client: APIClient, url: str, data: Any = PAYLOAD, key: str | None = "k-1", **extra: Any
+) -> Any:
+    headers = {} if key is None else {"Idempotency-Key": key}
+    return client.post(url, data, format="json", headers=headers, **extra)
+
+
+def enveloping_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """A project's own error shape: ``{"error": {"code", "message"}}``."""
+    response = exception_handler(exc, context)
+    if response is not None:
+        response.data = {"error": {"code": exc.get_codes(), "message": str(exc.detail)}}
+    return response
+
+
+@pytest.fixture
+def alice() -> tuple[APIClient, User]:
+    return make_client("alice")
+
+
+@pytest.mark.django_db
+class ModelViewSetContractTests:
+    """Every row of SPEC 4.3 through a token-authenticated ModelViewSet."""
+
+    def test_method_not_in_methods_runs_untouched(self, alice: Any) -> None:
+        client, _ = alice
+        order = Order.objects.create(item="old")
+        for _ in range(2):
+            response = client.put(
+                f"{ORDERS}{order.pk}/", PAYLOAD, format="json", headers={"Idempotency-Key": "k"}
+            )
+            assert response.status_code == 200
+            assert "Idempotent-Replayed" not in response
+            assert client.get(
+                f"{ORDERS}summary/", headers={"Idempotency-Key": "k"}
+            ).status_code == (200)
+        assert calls.value == 4
+        assert IdempotencyKey.objects.count() == 0
+
+    def test_no_key_not_required_runs_unprotected(self, alice: Any) -> None:
+        client, _ = alice
+        assert post(client, ORDERS, key=None).status_code == 201
+        assert post(client, ORDERS, key=None).status_code == 201
+        assert Order.objects.count() == 2
+        assert IdempotencyKey.objects.count() == 0
+
+    def test_no_key_required_is_400(self, alice: Any) -> None:
+        client, _ = alice
+        response = post(client, "/drf/required-orders/", key=None)
+        assert response.status_code == 400
+        assert response.json() == {"detail": "This endpoint requires an Idempotency-Key header."}
+        assert calls.value == 0
+        assert Order.objects.count() == 0
+
+    @pytest.mark.parametrize(
+        "raw_key",
+        ["", "x" * 256, "has space", "tab\tinside", '"unterminated', '""', '"x"y"'],
+        ids=["empty", "too-long", "space", "control", "bad-quote", "empty-quoted", "junk"],
+    )
+    def test_invalid_key_is_400(self, alice: Any, raw_key: str) -> None:
+        client, _ = alice
+        response = post(client, ORDERS, key=raw_key)
+        assert response.status_code == 400
+        assert response["Content-Type"] == "application/json"
+        assert set(response.json()) == {"detail"}
+        assert calls.value == 0
+        assert IdempotencyKey.objects.count() == 0
+        assert Order.objects.count() == 0
+
+    def test_non_ascii_key_is_400(self, alice: Any) -> None:
+        client, _ = alice
+        # Headers arrive as latin-1 decoded text in WSGI.
+        response = client.post(
+            ORDERS, PAYLOAD, format="json", HTTP_IDEMPOTENCY_KEY="cl\xe9".encode().decode("latin-1")
+        )
+        assert response.status_code == 400
+        assert IdempotencyKey.objects.count() == 0
+
+    def test_bare_and_quoted_key_are_the_same_key(self, alice: Any) -> None:
+        client, _ = alice
+        first = post(client, ORDERS, key="abc-123")
+        retry = post(client, ORDERS, key='"abc-123"')
+        assert first.status_code == retry.status_code == 201
+        assert retry["Idempotent-Replayed"] == "true"
+        assert retry.content == first.content
+        assert IdempotencyKey.objects.get().key == "abc-123"
+
+    def test_first_request_runs_and_is_stored(self, alice: Any) -> None:
+        client, user = alice
+        response = post(client, ORDERS)
+        assert response.status_code == 201
+        assert "Idempotent-Replayed" not in response
+        order = Order.objects.get()
+        assert response.json() == {"id": order.pk, "item": "book", "quantity": 2}
+        record = IdempotencyKey.objects.get()
+        assert record.scope == f"user:{user.pk}"
+        assert record.state == IdempotencyKey.State.COMPLETED
+        assert record.status_code == 201
+        assert bytes(record.response_body) == response.content
+
+    def test_retry_replays_the_rendered_bytes(self, alice: Any) -> None:
+        client, _ = alice
+        first = post(client, ORDERS)
+        retry = post(client, ORDERS, data={"quantity": 2.0, "item": "book"})
+        assert calls.value == 1
+        assert Order.objects.count() == 1
+        assert retry.status_code == 201
+        assert retry.content == first.content
+        assert retry["Content-Type"] == first["Content-Type"] == "application/json"
+        assert retry["Location"] == first["Location"]
+        assert retry["Idempotent-Replayed"] == "true"
+        assert "X-Request-Secret" not in retry
+        assert "sessionid" in first.cookies
+        assert "sessionid" not in retry.cookies
+
+    def test_replay_ignores_the_retry_accept_header(self, alice: Any) -> None:
+        client, _ = alice
+        first = post(client, ORDERS)
+        retry = post(client, ORDERS, HTTP_ACCEPT="text/html")
+        assert retry.status_code == 201
+        assert retry.content == first.content
+        assert retry["Content-Type"] == "application/json"
+
+    def test_different_fingerprint_is_422(self, alice: Any) -> None:
+        client, _ = alice
+        first = post(client, ORDERS)
+        record = IdempotencyKey.objects.get()
+        response = post(client, ORDERS, data={"item": "book", "quantity": 3})
+        assert response.status_code == 422
+        assert response.json() == {"detail": drf.FingerprintMismatch.default_detail}
+        assert calls.value == 1
+        after = IdempotencyKey.objects.get()
+        assert (after.fingerprint, bytes(after.response_body), after.expires_at) == (
+            record.fingerprint,
+            first.content,
+            record.expires_at,
+        )
+
+    @pytest.mark.parametrize("query", ["raise=1", "status=500", "status=503"])
+    def test_failure_stores_nothing_and_retry_runs(self, alice: Any, query: str) -> None:
+        client, _ = alice
+        response = post(client, f"{ORDERS}?{query}")
+        assert response.status_code in (500, 503)
+        assert IdempotencyKey.objects.count() == 0
+        assert Order.objects.count() == 0  # rolled back with the claim
+        retry = post(client, ORDERS)
+        assert retry.status_code == 201
+        assert "Idempotent-Replayed" not in retry
+        assert calls.value == 2
+        assert Order.objects.count() == 1
+
+    def test_validation_error_is_not_stored(self, alice: Any) -> None:
+        client, _ = alice
+        response = post(client, ORDERS, data={"quantity": 1})
+        assert response.status_code == 400
+        assert "item" in response.json()
+        assert IdempotencyKey.objects.count() == 0
+
+    @pytest.mark.parametrize("code", [408, 409, 425, 429])
+    def test_transient_status_is_not_stored(self, alice: Any, code: int) -> None:
+        client, _ = alice
+        assert post(client, f"{ORDERS}?status={code}").status_code == code
+        assert IdempotencyKey.objects.count() == 0
+        assert Order.objects.count() == 0
+        assert post(client, f"{ORDERS}?status={code}").status_code == code
+        assert calls.value == 2
+
+    def test_non_transient_4xx_is_stored(self, alice: Any) -> None:
+        client, _ = alice
+        first = post(client, f"{ORDERS}?status=404")
+        retry = post(client, f"{ORDERS}?status=404")
+        assert first.status_code == retry.status_code == 404
+        assert retry["Idempotent-Replayed"] == "true"
+        assert calls.value == 1
+
+    def test_expired_record_is_treated_as_absent(self, alice: Any) -> None:
+        client, user = alice
+        old = IdempotencyKeyFactory(scope=f"user:{user.pk}", key="k-1", expired=True)
+        response = post(client, ORDERS)
+        assert response.status_code == 201
+        assert "Idempotent-Replayed" not in response
+        record = IdempotencyKey.objects.get()
+        assert record.pk == old.pk
+        assert record.expires_at > timezone.now() + timedelta(hours=23)
+        assert bytes(record.response_body) == response.content
+
+    def test_streaming_response_runs_once_and_replays_without_body(self, alice: Any) -> None:
+        client, _ = alice
+        first = post(client, f"{ORDERS}?stream=1")
+        assert first.status_code == 200
+        assert b"".join(first.streaming_content) == b"chunk-1,chunk-2"
+        retry = post(client, f"{ORDERS}?stream=1")
+        assert retry.status_code == 200
+        assert retry["Idempotent-Replayed"] == "true"
+        assert retry.content == b""
+        assert "Content-Type" not in retry
+        assert calls.value == 1
+        assert Order.objects.count() == 1
+
+    @override_settings(IDEMPOTENCY={"MAX_STORED_BODY": 100})
+    def test_body_over_max_stored_runs_once_and_replays_without_body(self, alice: Any) -> None:
+        client, _ = alice
+        first = post(client, f"{ORDERS}?size=500")
+        assert first.status_code == 201
+        assert len(first.content) > 500
+        retry = post(client, f"{ORDERS}?size=500")
+        assert retry.status_code == 201
+        assert retry["Location"] == first["Location"]
+        assert retry["Idempotent-Replayed"] == "true"
+        assert retry.content == b""
+        assert calls.value == 1
+
+    @override_settings(IDEMPOTENCY={"ENABLED": False})
+    def test_disabled_passes_through(self, alice: Any) -> None:
+        client, _ = alice
+        assert post(client, "/drf/required-orders/", key=None).status_code == 201
+        assert post(client, ORDERS).status_code == 201
+        assert post(client, ORDERS).status_code == 201
+        assert calls.value == 3
+        assert IdempotencyKey.objects.count() == 0
+
+
+@pytest.mark.django_db
+class AuthenticationTests:
+    """Scope comes from DRF authentication; refused requests claim nothing."""
+
+    def test_token_user_is_the_scope(self, alice: Any) -> None:
+        client, user = alice
+        assert post(client, ORDERS).status_code == 201
+        assert IdempotencyKey.objects.get().scope == f"user:{user.pk}"
+
+    def test_two_token_users_with_one_key_are_isolated(self, alice: Any) -> None:
+        alice_client, alice_user = alice
+        bob_client, bob_user = make_client("bob")
+        alice_first = post(alice_client, ORDERS, data={"item": "alice-secret", "quantity": 1})
+        bob_first = post(bob_client, ORDERS, data={"item": "bob-secret", "quantity": 1})
+        assert alice_first.status_code == bob_first.status_code == 201
+        assert "Idempotent-Replayed" not in bob_first
+        assert b"alice-secret" not in bob_first.content
+        bob_retry = post(bob_client, ORDERS, data={"item": "bob-secret", "quantity": 1})
+        alice_retry = post(alice_client, ORDERS, data={"item": "alice-secret", "quantity": 1})
+        assert bob_retry.content == bob_first.content
+        assert alice_retry.content == alice_first.content
+        assert b"bob-secret" not in alice_retry.content
+        scopes = sorted(IdempotencyKey.objects.values_list("scope", "key"))
+        assert scopes == sorted([(f"user:{alice_user.pk}", "k-1"), (f"user:{bob_user.pk}", "k-1")])
+        assert calls.value == 2
+
+    def test_same_key_same_body_in_two_scopes_runs_twice(self, alice: Any) -> None:
+        alice_client, _ = alice
+        bob_client, _ = make_client("bob")
+        first = post(alice_client, ORDERS)
+        second = post(bob_client, ORDERS)
+        assert "Idempotent-Replayed" not in second
+        assert first.json()["id"] != second.json()["id"]
+        assert IdempotencyKey.objects.count() == 2
+
+    @pytest.mark.parametrize(
+        "authorization", [None, "Token not-a-real-token"], ids=["missing", "bad-token"]
+    )
+    def test_unauthenticated_is_401_and_leaves_nothing(self, authorization: str | None) -> None:
+        client = APIClient()
+        if authorization:
+            client.credentials(HTTP_AUTHORIZATION=authorization)
+        response = post(client, ORDERS)
+        assert response.status_code == 401
+        assert response["WWW-Authenticate"] == "Token"
+        assert IdempotencyKey.objects.count() == 0
+        assert Order.objects.count() == 0
+        assert calls.value == 0
+
+    def test_forbidden_is_403_and_leaves_nothing(self) -> None:
+        client, _ = make_client("blocked-carol")
+        response = post(client, ORDERS)
+        assert response.status_code == 403
+        assert IdempotencyKey.objects.count() == 0
+        assert calls.value == 0
+
+    def test_401_then_authenticated_retry_runs(self, alice: Any) -> None:
+        client, _ = alice
+        assert post(APIClient(), ORDERS).status_code == 401
+        assert post(client, ORDERS).status_code == 201
+        assert calls.value == 1
+
+    def test_permission_reading_the_body_still_fingerprints(self) -> None:
+        client = APIClient(raise_request_exception=False)
+        first = post(client, "/drf/reads-data/")
+        retry = post(client, "/drf/reads-data/")
+        assert first.status_code == retry.status_code == 201
+        assert retry["Idempotent-Replayed"] == "true"
+        assert post(client, "/drf/reads-data/", data={"item": "other"}).status_code == 422
+        assert post(client, "/drf/reads-data/", data={"item": "forbidden"}).status_code == 403
+        assert calls.value == 1
+
+
+@pytest.mark.django_db
+class ViewKindsTests:
+    """The mixin on each kind of DRF view, and ``@idempotent`` under ``@api_view``."""
+
+    @pytest.mark.parametrize("url", ["/drf/apiview/", "/drf/generic/", "/drf/plain/"])
+    def test_view_kind_replays(self, url: str) -> None:
+        client = APIClient(raise_request_exception=False)
+        first = post(client, url)
+        retry = post(client, url)
+        assert first.status_code == retry.status_code == 201
+        assert "Idempotent-Replayed" not in first
+        assert retry["Idempotent-Replayed"] == "true"
+        assert retry.content == first.content
+        assert calls.value == 1
+        assert Order.objects.count() == 1
+        assert IdempotencyKey.objects.get().scope == "anonymous"
+
+    def test_apiview_put_not_in_methods_is_untouched(self) -> None:
+        client = APIClient()
+        for _ in range(2):
+            response = client.put(
+                "/drf/apiview/", {}, format="json", headers={"Idempotency-Key": "k"}
+            )
+            assert response.status_code == 200
+        assert calls.value == 2
+        assert IdempotencyKey.objects.count() == 0
+
+    def test_model_viewset_partial_update_replays(self, alice: Any) -> None:
+        client, _ = alice
+        order = Order.objects.create(item="old")
+        url = f"{ORDERS}{order.pk}/"
+        headers = {"Idempotency-Key": "patch-1"}
+        first = client.patch(url, {"quantity": 7}, format="json", headers=headers)
+        retry = client.patch(url, {"quantity": 7}, format="json", headers=headers)
+        assert first.status_code == retry.status_code == 200
+        assert retry["Idempotent-Replayed"] == "true"
+        assert retry.content == first.content
+        assert calls.value == 1
+        assert Order.objects.count() == 2
+
+    def test_model_viewset_update_with_put_in_methods_replays(self, alice: Any) -> None:
+        client, _ = alice
+        order = Order.objects.create(item="old")
+        url = f"/drf/put-orders/{order.pk}/"
+        headers = {"Idempotency-Key": "put-1"}
+        first = client.put(url, PAYLOAD, format="json", headers=headers)
+        retry = client.put(url, PAYLOAD, format="json", headers=headers)
+        assert first.status_code == retry.status_code == 200
+        assert retry["Idempotent-Replayed"] == "true"
+        assert calls.value == 1
+
+    def test_custom_action_replays(self, alice: Any) -> None:
+        client, _ = alice
+        order = Order.objects.create(item="parcel")
+        url = f"{ORDERS}{order.pk}/ship/"
+        first = post(client, url, data={})
+        retry = post(client, url, data={})
+        assert first.status_code == retry.status_code == 201
+        assert retry.content == first.content
+        assert retry["Idempotent-Replayed"] == "true"
+        assert calls.value == 1
+        assert Order.objects.count() == 2
+
+    def test_custom_get_action_is_untouched(self, alice: Any) -> None:
+        client, _ = alice
+        for _ in range(2):
+            response = client.get(f"{ORDERS}summary/", headers={"Idempotency-Key": "k"})
+            assert "Idempotent-Replayed" not in response
+        assert calls.value == 2
+
+    def test_template_response_is_stored_rendered(self) -> None:
+        client = APIClient(raise_request_exception=False)
+        first = post(client, "/drf/template/")
+        retry = post(client, "/drf/template/")
+        assert first.status_code == retry.status_code == 201
+        assert first.content == f"order {Order.objects.get().pk}".encode()
+        assert retry.content == first.content
+        assert calls.value == 1
+
+    def test_api_view_with_decorator_replays(self) -> None:
+        client = APIClient(raise_request_exception=False)
+        first = post(client, "/api/orders/")
+        retry = post(client, "/api/orders/")
+        assert first.status_code == retry.status_code == 201
+        assert retry.content == first.content
+        assert retry["Idempotent-Replayed"] == "true"
+        assert calls.value == 1
+
+    def test_api_view_with_decorator_raises_api_exceptions(self) -> None:
+        client = APIClient(raise_request_exception=False)
+        assert post(client, "/api/orders/", key="bad key").json() == {
+            "detail": (
+                "The idempotency key may only contain visible ASCII characters "
+                "(no spaces, control characters or non-ASCII text)."
+            )
+        }
+        post(client, "/api/orders/")
+        mismatch = post(client, "/api/orders/", data={"item": "other"})
+        assert mismatch.status_code == 422
+        assert mismatch["Content-Type"] == "application/json"
+
+
+@pytest.mark.django_db
+class OptionTests:
+    """``idempotency_<option>`` class attributes."""
+
+    def test_scope_and_fingerprint_as_plain_functions(self) -> None:
+        client = APIClient(raise_request_exception=False)
+        url = "/drf/options-orders/"
+        acme = post(client, url, HTTP_X_TENANT="Acme")
+        assert acme.status_code == 201
+        other = post(client, url, HTTP_X_TENANT="acme")
+        assert "Idempotent-Replayed" not in other
+        assert post(client, url, HTTP_X_TENANT="Acme")["Idempotent-Replayed"] == "true"
+        record = IdempotencyKey.objects.get(scope="tenant:Acme")
+        assert record.fingerprint == json.dumps(PAYLOAD, separators=(",", ":"))
+        assert calls.value == 2
+
+    def test_ttl_attribute_sets_expiry(self) -> None:
+        client = APIClient(raise_request_exception=False)
+        before = timezone.now()
+        post(client, "/drf/options-orders/", HTTP_X_TENANT="Acme")
+        expires_at = IdempotencyKey.objects.get().expires_at
+        assert before + timedelta(seconds=59) < expires_at < timezone.now() + timedelta(seconds=61)
+
+    def test_scope_as_dotted_path(self) -> None:
+        client = APIClient(raise_request_exception=False)
+        assert post(client, "/drf/dotted-orders/", HTTP_X_TENANT="Acme").status_code == 201
+        assert IdempotencyKey.objects.get().scope == "tenant:Acme"
+
+    def test_required_attribute(self, alice: Any) -> None:
+        client, _ = alice
+        assert post(client, "/drf/required-orders/", key=None).status_code == 400
+        assert post(client, "/drf/required-orders/").status_code == 201
+
+    @override_settings(
+        REST_FRAMEWORK={
+            "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.TokenAuthentication"],
+            "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+            "EXCEPTION_HANDLER": "tests.test_drf.enveloping_exception_handler",
+        }
+    )
+    def test_errors_go_through_the_project_exception_handler(self, alice: Any) -> None:
+        client, _ = alice
+        required = post(client, "/drf/required-orders/", key=None)
+        assert required.status_code == 400
+        assert required.json()["error"]["code"] == "idempotency_key_required"
+        invalid = post(client, ORDERS, key="")
+        assert invalid.status_code == 400
+        assert invalid.json()["error"]["code"] == "invalid_idempotency_key"
+        post(client, ORDERS)
+        mismatch = post(client, ORDERS, data={"item": "other"})
+        assert mismatch.status_code == 422
+        assert mismatch.json()["error"]["code"] == "idempotency_key_reused"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.concurrency
+class InFlightTests:
+    """A duplicate arriving while the original still runs, with real threads."""
+
+    def _start(self, client: APIClient, url: str, **extra: Any) -> Callable[[], Any]:
+        result: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                result["response"] = post(client, url, **extra)
+            finally:
+                connection.close()
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        deadline = time.monotonic() + 5
+        while calls.value == 0:
+            assert time.monotonic() < deadline, "the original never started"
+            time.sleep(0.01)
+
+        def join() -> Any:
+            thread.join(timeout=15)
+            assert not thread.is_alive()
+            return result["response"]
+
+        return join
+
+    def test_duplicate_waits_then_replays(self, alice: Any) -> None:
+        client, _ = alice
+        join = self._start(client, f"{ORDERS}?hold=1")
+        duplicate = post(client, f"{ORDERS}?hold=1")
+        original = join()
+        assert original.status_code == duplicate.status_code == 201
+        assert duplicate["Idempotent-Replayed"] == "true"
+        assert duplicate.content == original.content
+        assert calls.value == 1
+        assert Order.objects.count() == 1
+
+    def test_duplicate_past_wait_is_409_with_retry_after(self) -> None:
+        client = APIClient(raise_request_exception=False)
+        url = "/drf/options-orders/?hold=2"
+        join = self._start(client, url, HTTP_X_TENANT="Acme")
+        started = time.monotonic()
+        duplicate = post(client, url, HTTP_X_TENANT="Acme")
+        assert time.monotonic() - started < 1.5
+        original = join()
+        assert original.status_code == 201
+        assert duplicate.status_code == 409
+        assert duplicate["Retry-After"] == "1"
+        assert duplicate.json() == {"detail": drf.RequestInFlight.default_detail}
+        assert calls.value == 1
+
+
+def test_error_mapping_covers_every_core_error() -> None:
+    from django_idempotency import exceptions as core
+
+    for error in (
+        core.IdempotencyKeyRequired(),
+        core.InvalidIdempotencyKey("too long"),
+        core.FingerprintMismatch(),
+        core.RequestInFlight(retry_after=2.2),
+    ):
+        api_error = drf.to_api_exception(error)
+        assert api_error.status_code == error.status
+        assert api_error.get_codes() == error.code
+        assert str(api_error.detail) == error.detail
+    assert drf.to_api_exception(core.RequestInFlight(retry_after=2.2)).wait == 3
+
+
+def test_derive_is_stable_and_scoped() -> None:
+    info = IdempotencyInfo(key="k", scope="user:1", fingerprint="f")
+    assert info.derive("payment") == IdempotencyInfo("k", "user:1", "other").derive("payment")
+    assert info.derive("payment") != IdempotencyInfo("k", "user:2", "f").derive("payment")
+    assert info.derive("payment") != info.derive("email")
