@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""Developer entry points that need nothing but Python.
+
+    python3 dev.py serve   # virtualenv, SQLite migrations, example server on :8000
+    python3 dev.py test    # the test suite on SQLite, plus PostgreSQL and MariaDB when reachable
+    python3 dev.py lint    # ruff, ruff format, makemigrations --check
+    python3 dev.py docs    # build the docs with warnings as errors
+
+The first run creates ``.venv`` next to this file and installs the project
+into it; later runs reuse it. Set ``REQUIRE_BACKENDS=postgresql,mariadb`` to
+make an unreachable database server a failure instead of a note (CI does).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
+PYTHON = BIN / "python"
+STAMP = VENV / ".installed"
+SERVERS = {"postgresql": ("127.0.0.1", 5432), "mariadb": ("127.0.0.1", 3306)}
+
+
+def run(*args: str | Path, env: dict[str, str] | None = None, check: bool = True) -> int:
+    completed = subprocess.run([str(a) for a in args], cwd=ROOT, env=env)
+    if check and completed.returncode != 0:
+        sys.exit(completed.returncode)
+    return completed.returncode
+
+
+def ensure_venv(extras: str) -> None:
+    """Create .venv and install the project with ``extras`` unless already done."""
+    if not PYTHON.exists():
+        print(f"Creating a virtualenv in {VENV.relative_to(ROOT)} ...", flush=True)
+        venv.create(VENV, with_pip=True)
+        run(PYTHON, "-m", "pip", "install", "--quiet", "--upgrade", "pip")
+    wanted = f"{extras}:{(ROOT / 'pyproject.toml').stat().st_mtime_ns}"
+    if STAMP.exists() and wanted in STAMP.read_text().splitlines():
+        return
+    print(f"Installing django-idempotency[{extras}] into the virtualenv ...", flush=True)
+    run(PYTHON, "-m", "pip", "install", "--quiet", "-e", f".[{extras}]")
+    with STAMP.open("a") as stamp:
+        stamp.write(wanted + "\n")
+
+
+def reachable(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def mysqlclient_ready() -> bool:
+    """Install mysqlclient if missing; it compiles, so it needs the MariaDB headers."""
+    probe = [str(PYTHON), "-c", "import MySQLdb"]
+    if subprocess.run(probe, cwd=ROOT, capture_output=True).returncode == 0:
+        return True
+    print("Installing mysqlclient for the MariaDB run ...", flush=True)
+    code = run(PYTHON, "-m", "pip", "install", "--quiet", "-e", ".[mysql]", check=False)
+    return code == 0
+
+
+def serve() -> None:
+    ensure_venv("drf,celery")
+    run(PYTHON, "manage.py", "migrate", "--noinput", "-v", "0")
+    print(
+        "\nThe example shop is starting on http://127.0.0.1:8000/ (SQLite, no server needed).\n"
+        "Try, in another terminal:\n\n"
+        "  curl -i -X POST http://127.0.0.1:8000/orders/ -H 'Idempotency-Key: order-1' \\\n"
+        "       -H 'Content-Type: application/json' -d '{\"item\": \"book\"}'\n"
+        "  # the same command again: same 201, same body, plus Idempotent-Replayed: true\n"
+        "  curl -i -X POST http://127.0.0.1:8000/orders/ -H 'Idempotency-Key: order-1' \\\n"
+        "       -H 'Content-Type: application/json' -d '{\"item\": \"lamp\"}'\n"
+        "  # same key, different body: 422\n",
+        flush=True,
+    )
+    os.execv(str(PYTHON), [str(PYTHON), "manage.py", "runserver", "127.0.0.1:8000"])
+
+
+def test(pytest_args: list[str]) -> None:
+    ensure_venv("test")
+    required = {b for b in os.environ.get("REQUIRE_BACKENDS", "").split(",") if b}
+    unknown = required - {"sqlite", *SERVERS}
+    if unknown:
+        sys.exit(f"REQUIRE_BACKENDS names unknown backends: {', '.join(sorted(unknown))}")
+    backends = ["sqlite"]
+    notes: list[str] = []
+    for name, (host, port) in SERVERS.items():
+        if not reachable(host, port):
+            notes.append(f"{name}: not run, nothing answers on {host}:{port}")
+        elif name == "mariadb" and not mysqlclient_ready():
+            notes.append("mariadb: not run, mysqlclient could not be built (install libmariadb-dev)")
+        else:
+            backends.append(name)
+    missing = required - set(backends)
+    if missing:
+        for note in notes:
+            print(note, file=sys.stderr)
+        sys.exit(f"Required backends not available: {', '.join(sorted(missing))}")
+
+    results: list[tuple[str, int, str, float]] = []
+    for backend in backends:
+        print(f"\n=== tests on {backend} ===", flush=True)
+        env = {**os.environ, "TEST_DATABASE": backend}
+        started = time.monotonic()
+        completed = subprocess.run(
+            [str(PYTHON), "-m", "pytest", *pytest_args],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        sys.stdout.write(completed.stdout)
+        summary = _summary_line(completed.stdout)
+        results.append((backend, completed.returncode, summary, time.monotonic() - started))
+
+    print("\n=== summary ===")
+    for backend, code, summary, seconds in results:
+        verdict = "ok" if code == 0 else f"FAILED (pytest exit {code})"
+        print(f"{backend:<11} {verdict:<22} {summary} [{seconds:.0f}s]")
+    for note in notes:
+        print(note)
+    # Exit 5 (no tests collected) is a failure here too.
+    sys.exit(0 if all(code == 0 for _, code, _, _ in results) else 1)
+
+
+def _summary_line(output: str) -> str:
+    for line in reversed(output.splitlines()):
+        if re.search(r"\d+ (passed|failed|error)", line) or "no tests ran" in line:
+            return line.strip("= ").strip()
+    return "(no pytest summary)"
+
+
+def lint() -> None:
+    ensure_venv("test")
+    run(BIN / "ruff", "check", ".")
+    run(BIN / "ruff", "format", "--check", ".")
+    run(PYTHON, "manage.py", "makemigrations", "--check", "--dry-run")
+
+
+def docs() -> None:
+    ensure_venv("docs")
+    run(PYTHON, "-m", "sphinx", "-W", "--keep-going", "-b", "html", "docs", "docs/_build/html")
+
+
+def main() -> None:
+    command, *rest = sys.argv[1:] or ["help"]
+    if command == "serve":
+        serve()
+    elif command == "test":
+        test(rest)
+    elif command == "lint":
+        lint()
+    elif command == "docs":
+        docs()
+    else:
+        print(__doc__)
+        sys.exit(0 if command == "help" else 2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""Sphinx configuration; the version comes from pyproject.toml."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tomllib
+from pathlib import Path
+
+import django
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+django.setup()
+
+project = "django-idempotency"
+author = "django-idempotency contributors"
+copyright = "2026, django-idempotency contributors"
+release = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+version = release
+
+extensions = [
+    "sphinx.ext.autodoc",
+    "sphinx_copybutton",
+    "myst_parser",
+]
+source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
+exclude_patterns = ["_build"]
+html_theme = "furo"
+html_title = f"django-idempotency {release}"
+autodoc_member_order = "bysource"
+autodoc_typehints = "description"
+nitpicky = False
