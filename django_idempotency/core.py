@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 #: Per-view options; each defaults to the setting of the same name.
 OPTION_NAMES = ("required", "ttl", "methods", "scope", "fingerprint", "atomic", "wait", "lease")
 SCOPE_MAX_LENGTH = 255
+FINGERPRINT_MAX_LENGTH = 64
 
 Handler = Callable[[], HttpResponseBase]
 Finalize = Callable[[HttpResponseBase], HttpResponseBase]
@@ -120,7 +121,7 @@ def protect(
     info = IdempotencyInfo(
         key=key,
         scope=_normalise_scope(options.scope(request)),
-        fingerprint=options.fingerprint(request),
+        fingerprint=_normalise_fingerprint(options.fingerprint(request)),
     )
     request.idempotency = info  # type: ignore[attr-defined]
     call = _ProtectedCall(request, info, handler, finalize, options, sender, conf.database)
@@ -133,6 +134,14 @@ def _normalise_scope(scope: str) -> str:
     if len(scope) <= SCOPE_MAX_LENGTH:
         return scope
     return "sha256:" + hashlib.sha256(scope.encode()).hexdigest()
+
+
+def _normalise_fingerprint(fingerprint: str) -> str:
+    # The column holds a SHA-256 hex digest; a custom function may return
+    # anything, so longer values are digested rather than truncated.
+    if len(fingerprint) <= FINGERPRINT_MAX_LENGTH:
+        return fingerprint
+    return hashlib.sha256(fingerprint.encode()).hexdigest()
 
 
 class _Discard(Exception):
@@ -285,9 +294,9 @@ class _ProtectedCall:
         if record.state == IdempotencyKey.State.COMPLETED:
             self._send(signals.response_replayed)
             return replay(record, idempotency_settings.replay_header)
-        assert record.locked_until is not None
-        remaining = (record.locked_until - timezone.now()).total_seconds()
-        raise self._conflict(retry_after=remaining)
+        # An in-progress record committed by a lease-mode request still running.
+        locked_until = record.locked_until or record.expires_at
+        raise self._conflict(retry_after=(locked_until - timezone.now()).total_seconds())
 
     def _conflict(self, retry_after: float) -> RequestInFlight:
         self._send(signals.request_conflict)

@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 from django.http import HttpRequest
+from django.http.request import RawPostDataException
 from django.utils.http import parse_header_parameters
 
 _CHUNK = 64 * 1024
@@ -32,8 +33,21 @@ def request_fingerprint(request: HttpRequest) -> str:
     if media_type == "multipart/form-data":
         _update_with_multipart(digest, http_request)
     else:
-        digest.update(canonical_body(media_type, http_request.body))
+        try:
+            body = http_request.body
+        except RawPostDataException:
+            # DRF parsed the stream before us (a permission read request.data):
+            # its parsed data is all that is left to fingerprint.
+            body = _dump_parsed(getattr(request, "data", None)).encode()
+            media_type = "parsed"
+        digest.update(canonical_body(media_type, body))
     return digest.hexdigest()
+
+
+def _dump_parsed(data: Any) -> str:
+    if hasattr(data, "lists"):  # QueryDict
+        data = {key: values for key, values in data.lists()}
+    return json.dumps(data, sort_keys=True, default=str)
 
 
 def canonical_body(media_type: str, body: bytes) -> bytes:

@@ -130,3 +130,37 @@ class RequestPartsTests:
 
         assert multipart("BoUnDaRy1", b"hello") == multipart("OtherBoundary2", b"hello")
         assert multipart("BoUnDaRy1", b"hello") != multipart("BoUnDaRy1", b"hellO")
+
+
+class ParsedBodyTests:
+    def test_body_already_parsed_by_drf_is_fingerprinted_from_its_data(self):
+        from rest_framework.parsers import JSONParser
+        from rest_framework.request import Request
+
+        def parsed(body: str) -> str:
+            request = Request(
+                factory.post("/o/", body, content_type="application/json"),
+                parsers=[JSONParser()],
+            )
+            assert request.data is not None  # DRF consumes the stream
+            return request_fingerprint(request)
+
+        assert parsed('{"b": 1, "a": 2}') == parsed('{"a": 2, "b": 1}')
+        assert parsed('{"b": 1, "a": 2}') != parsed('{"b": 1, "a": 3}')
+
+
+class LongFingerprintTests:
+    def test_custom_fingerprint_longer_than_the_column_is_digested(self, client, settings, db):
+        from django_idempotency.models import IdempotencyKey
+
+        settings.IDEMPOTENCY = {"FINGERPRINT": "tests.test_fingerprint.long_fingerprint"}
+        headers = {"Idempotency-Key": "k"}
+        client.post("/orders/", "{}", content_type="application/json", headers=headers)
+        retry = client.post("/orders/", "{}", content_type="application/json", headers=headers)
+
+        assert retry["Idempotent-Replayed"] == "true"
+        assert len(IdempotencyKey.objects.get().fingerprint) == 64
+
+
+def long_fingerprint(request) -> str:
+    return "x" * 500 + request.path
