@@ -18,6 +18,7 @@ urlpatterns = [
     path("generic/", drf_views.OrderCreateView.as_view()),
     path("template/", drf_views.TemplateOrderView.as_view()),
     path("api-lease/", drf_views.api_create_order_lease),
+    path("api-lease-non-atomic/", drf_views.api_create_order_lease_non_atomic),
     path("hold/", drf_views.HoldView.as_view()),
     path("lease-hold/", drf_views.LeaseHoldView.as_view()),
     *router.urls,
