@@ -133,7 +133,7 @@ class RequestPartsTests:
 
 
 class ParsedBodyTests:
-    def test_body_already_parsed_by_drf_is_fingerprinted_from_its_data(self):
+    def test_body_parsed_by_drf_still_fingerprints_by_content(self):
         from rest_framework.parsers import JSONParser
         from rest_framework.request import Request
 
@@ -142,11 +142,24 @@ class ParsedBodyTests:
                 factory.post("/o/", body, content_type="application/json"),
                 parsers=[JSONParser()],
             )
-            assert request.data is not None  # DRF consumes the stream
+            assert request.data is not None
             return request_fingerprint(request)
 
         assert parsed('{"b": 1, "a": 2}') == parsed('{"a": 2, "b": 1}')
         assert parsed('{"b": 1, "a": 2}') != parsed('{"b": 1, "a": 3}')
+
+    def test_stream_consumed_before_us_falls_back_to_parsed_data(self):
+        class Parsed:
+            """What a DRF Request looks like once something read the raw stream."""
+
+            def __init__(self, body: str, data: dict) -> None:
+                self._request = factory.post("/o/", body, content_type="application/json")
+                self._request.read()  # a middleware consumed the stream
+                self.data = data
+
+        first = request_fingerprint(Parsed('{"a": 1}', {"a": 1}))
+        assert first == request_fingerprint(Parsed('{"a":1}', {"a": 1}))
+        assert first != request_fingerprint(Parsed('{"a": 2}', {"a": 2}))
 
 
 class LongFingerprintTests:
