@@ -99,7 +99,7 @@ def test(pytest_args: list[str]) -> None:
         if not reachable(host, port):
             notes.append(f"{name}: not run, nothing answers on {host}:{port}")
         elif name == "mariadb" and not mysqlclient_ready():
-            notes.append("mariadb: not run, mysqlclient could not be built (install libmariadb-dev)")
+            notes.append("mariadb: not run, mysqlclient could not be built (needs libmariadb-dev)")
         else:
             backends.append(name)
     missing = required - set(backends)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
-import tomllib
 from pathlib import Path
 
 import django
@@ -17,7 +17,8 @@ django.setup()
 project = "django-idempotency"
 author = "django-idempotency contributors"
 copyright = "2026, django-idempotency contributors"
-release = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+_pyproject = (ROOT / "pyproject.toml").read_text()
+release = re.search(r'^version = "([^"]+)"', _pyproject, re.MULTILINE).group(1)
 version = release
 
 extensions = [
