@@ -4,6 +4,7 @@ from tests import views
 
 urlpatterns = [
     path("orders/", views.create_order),
+    path("orders/unprotected/", views.create_order_unprotected),
     path("orders/required/", views.create_order_required),
     path("orders/lease/", views.create_order_lease),
     path("orders/short-wait/", views.create_order_short_wait),
