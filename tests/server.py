@@ -74,7 +74,11 @@ class GunicornServer:
         ]
 
     def start(self, probe_path: str = "/drf/orders/summary/") -> None:
-        """Start the server and wait until a request gets any HTTP answer."""
+        """Start the server and wait until a request gets any HTTP answer.
+
+        On any failure the server is stopped before the error propagates, so
+        a broken start never leaves workers behind.
+        """
         self.process = subprocess.Popen(
             self.command(),
             env=self.env,
@@ -82,6 +86,14 @@ class GunicornServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+        try:
+            self._wait_until_answering(probe_path)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_until_answering(self, probe_path: str) -> None:
+        assert self.process is not None
         deadline = time.monotonic() + START_LIMIT
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -93,7 +105,6 @@ class GunicornServer:
                 time.sleep(0.1)
                 continue
             return
-        self.stop()
         raise RuntimeError(f"gunicorn did not answer within {START_LIMIT} s:\n{self.log()}")
 
     def stop(self) -> None:
