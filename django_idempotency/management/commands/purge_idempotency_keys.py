@@ -1,0 +1,85 @@
+"""``manage.py purge_idempotency_keys``: arguments and output over the purge."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError
+from django.utils.connection import ConnectionDoesNotExist
+
+from django_idempotency.conf import idempotency_settings
+from django_idempotency.purge import DEFAULT_BATCH_SIZE, purge_expired
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {value!r}")
+    return number
+
+
+class Command(BaseCommand):
+    help = "Delete expired idempotency records in batches."
+
+    #: Seconds before the first progress line, and between two of them: short
+    #: runs print only their total, long ones show they are still working.
+    progress_interval = 5.0
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="Count the expired records without deleting any.",
+        )
+        parser.add_argument(
+            "--batch-size",
+            type=_positive_int,
+            default=DEFAULT_BATCH_SIZE,
+            help=f"Records deleted per transaction (default {DEFAULT_BATCH_SIZE}).",
+        )
+        parser.add_argument(
+            "--database",
+            default=None,
+            help='Database alias holding the records (default: IDEMPOTENCY["DATABASE"]).',
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        using = options["database"] or idempotency_settings.database
+        dry_run = options["dry_run"]
+        started = time.monotonic()
+        next_report = started + self.progress_interval
+
+        def report(deleted: int) -> None:
+            nonlocal next_report
+            now = time.monotonic()
+            if now >= next_report:
+                next_report = now + self.progress_interval
+                self.stdout.write(
+                    f"... {deleted} expired idempotency records deleted "
+                    f"so far ({now - started:.0f}s)."
+                )
+
+        try:
+            count = purge_expired(
+                using=using,
+                batch_size=options["batch_size"],
+                dry_run=dry_run,
+                progress=report,
+            )
+        except ConnectionDoesNotExist as exc:
+            raise CommandError(f"Unknown database {using!r}: {exc}") from exc
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc)) from exc
+        except DatabaseError as exc:
+            raise CommandError(f"Purging expired idempotency records failed: {exc}") from exc
+        if dry_run:
+            self.stdout.write(f"{count} expired idempotency records would be deleted (dry run).")
+        else:
+            self.stdout.write(self.style.SUCCESS(f"{count} expired idempotency records deleted."))

@@ -1,0 +1,259 @@
+"""The purge and its management command, on whichever backend TEST_DATABASE names."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from datetime import timedelta
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import CommandError, call_command
+from django.db import connection, connections
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+from django.utils.connection import ConnectionDoesNotExist
+
+from django_idempotency.management.commands.purge_idempotency_keys import Command
+from django_idempotency.models import IdempotencyKey
+from django_idempotency.purge import DEFAULT_BATCH_SIZE, purge_expired
+from tests.factories import IdempotencyKeyFactory
+
+State = IdempotencyKey.State
+REPO = Path(__file__).resolve().parent.parent
+
+
+def make_records(expired: int = 3, lease_expired: int = 2) -> set[int]:
+    """Live records of both kinds plus some expired ones; returns the live ids."""
+    live = {
+        IdempotencyKeyFactory().pk,
+        IdempotencyKeyFactory().pk,
+        IdempotencyKeyFactory(in_flight=True).pk,
+        # Expires in the future by a hair: must survive.
+        IdempotencyKeyFactory(expires_at=timezone.now() + timedelta(seconds=30)).pk,
+    }
+    IdempotencyKey.objects.bulk_create(
+        IdempotencyKeyFactory.build_batch(expired, expired=True)
+        + IdempotencyKeyFactory.build_batch(lease_expired, lease_expired=True)
+    )
+    return live
+
+
+def delete_statements(queries: CaptureQueriesContext) -> list[str]:
+    return [q["sql"] for q in queries.captured_queries if q["sql"].lstrip().startswith("DELETE")]
+
+
+@pytest.mark.django_db
+class PurgeExpiredTests:
+    def test_expired_records_deleted_live_ones_kept(self):
+        live = make_records(expired=3, lease_expired=2)
+
+        deleted = purge_expired()
+
+        assert deleted == 5
+        assert set(IdempotencyKey.objects.values_list("pk", flat=True)) == live
+        assert IdempotencyKey.objects.filter(state=State.IN_PROGRESS).count() == 1
+
+    def test_expiry_at_exactly_now_is_expired(self):
+        now = timezone.now()
+        IdempotencyKeyFactory(expires_at=now)
+        kept = IdempotencyKeyFactory(expires_at=now + timedelta(microseconds=1))
+
+        assert purge_expired(now=now) == 1
+        assert list(IdempotencyKey.objects.values_list("pk", flat=True)) == [kept.pk]
+
+    def test_now_fixes_the_cutoff(self):
+        IdempotencyKeyFactory(expires_at=timezone.now() + timedelta(hours=1))
+
+        assert purge_expired() == 0
+        assert purge_expired(now=timezone.now() + timedelta(hours=2)) == 1
+        assert not IdempotencyKey.objects.exists()
+
+    def test_nothing_expired_deletes_nothing(self):
+        live = make_records(expired=0, lease_expired=0)
+
+        assert purge_expired() == 0
+        assert set(IdempotencyKey.objects.values_list("pk", flat=True)) == live
+
+    def test_dry_run_counts_and_deletes_nothing(self):
+        make_records(expired=4, lease_expired=3)
+        total = IdempotencyKey.objects.count()
+
+        assert purge_expired(dry_run=True) == 7
+        assert IdempotencyKey.objects.count() == total
+
+    def test_batch_size_bounds_each_delete(self):
+        live = make_records(expired=7, lease_expired=0)
+        reported = []
+
+        with CaptureQueriesContext(connection) as queries:
+            deleted = purge_expired(batch_size=3, progress=reported.append)
+
+        assert deleted == 7
+        # 3 + 3 + 1, and nothing else: each batch is one DELETE.
+        assert len(delete_statements(queries)) == 3
+        assert reported == [3, 6, 7]
+        assert set(IdempotencyKey.objects.values_list("pk", flat=True)) == live
+
+    def test_default_batch_size_is_in_range(self):
+        assert 1000 <= DEFAULT_BATCH_SIZE <= 10000
+
+    @pytest.mark.parametrize("batch_size", [0, -1])
+    def test_non_positive_batch_size_rejected(self, batch_size):
+        with pytest.raises(ValueError, match="positive"):
+            purge_expired(batch_size=batch_size)
+
+    def test_database_setting_is_the_default(self, settings):
+        IdempotencyKeyFactory(expired=True)
+        settings.IDEMPOTENCY = {"DATABASE": "elsewhere"}
+
+        with pytest.raises(ConnectionDoesNotExist, match="elsewhere"):
+            purge_expired()
+        assert purge_expired(using="default") == 1
+
+    def test_missing_table_says_to_migrate(self, monkeypatch):
+        # A real query against a table that does not exist.
+        monkeypatch.setattr(IdempotencyKey._meta, "db_table", "idempotency_missing_table")
+
+        with pytest.raises(ImproperlyConfigured, match="migrate"):
+            purge_expired()
+
+
+@pytest.mark.django_db
+class PurgeCommandTests:
+    def test_prints_number_deleted(self):
+        live = make_records(expired=2, lease_expired=1)
+        out = StringIO()
+
+        call_command("purge_idempotency_keys", stdout=out)
+
+        assert out.getvalue().strip() == "3 expired idempotency records deleted."
+        assert set(IdempotencyKey.objects.values_list("pk", flat=True)) == live
+
+    def test_dry_run_prints_count_and_deletes_nothing(self):
+        make_records(expired=2, lease_expired=2)
+        total = IdempotencyKey.objects.count()
+        out = StringIO()
+
+        call_command("purge_idempotency_keys", "--dry-run", stdout=out)
+
+        assert out.getvalue().strip() == (
+            "4 expired idempotency records would be deleted (dry run)."
+        )
+        assert IdempotencyKey.objects.count() == total
+
+    def test_batch_size_option(self):
+        make_records(expired=5, lease_expired=0)
+        out = StringIO()
+
+        with CaptureQueriesContext(connection) as queries:
+            call_command("purge_idempotency_keys", "--batch-size", "2", stdout=out)
+
+        assert len(delete_statements(queries)) == 3
+        assert out.getvalue().strip() == "5 expired idempotency records deleted."
+
+    def test_database_option(self):
+        IdempotencyKeyFactory(expired=True)
+        out = StringIO()
+
+        call_command("purge_idempotency_keys", "--database", "default", stdout=out)
+
+        assert "1 expired idempotency records deleted." in out.getvalue()
+
+    def test_progress_lines_on_long_runs(self, monkeypatch):
+        make_records(expired=5, lease_expired=0)
+        # Every batch counts as "a while" once the interval is zero.
+        monkeypatch.setattr(Command, "progress_interval", 0.0)
+        out = StringIO()
+
+        call_command("purge_idempotency_keys", "--batch-size", "2", stdout=out)
+
+        lines = out.getvalue().splitlines()
+        assert [line.split(" expired")[0] for line in lines[:-1]] == ["... 2", "... 4", "... 5"]
+        assert lines[-1] == "5 expired idempotency records deleted."
+
+    def test_short_run_prints_no_progress(self):
+        make_records(expired=5, lease_expired=0)
+        out = StringIO()
+
+        call_command("purge_idempotency_keys", "--batch-size", "2", stdout=out)
+
+        assert out.getvalue().count("\n") == 1
+
+    def test_unknown_database_is_command_error(self):
+        with pytest.raises(CommandError, match="Unknown database 'nowhere'"):
+            call_command("purge_idempotency_keys", "--database", "nowhere", stdout=StringIO())
+
+    def test_missing_table_is_command_error(self, monkeypatch):
+        monkeypatch.setattr(IdempotencyKey._meta, "db_table", "idempotency_missing_table")
+
+        with pytest.raises(CommandError, match=r"Run 'python manage\.py migrate"):
+            call_command("purge_idempotency_keys", stdout=StringIO())
+
+    @pytest.mark.parametrize("value", ["0", "-5", "many"])
+    def test_bad_batch_size_is_command_error(self, value):
+        with pytest.raises(CommandError, match="positive integer"):
+            call_command("purge_idempotency_keys", "--batch-size", value, stdout=StringIO())
+
+
+def test_command_failure_exits_non_zero():
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "django",
+            "purge_idempotency_keys",
+            "--database",
+            "nowhere",
+            "--settings",
+            "tests.settings",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert result.returncode == 1
+    assert "CommandError: Unknown database 'nowhere'" in result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.concurrency
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_purges_delete_each_row_once():
+    expired = 3000
+    live = make_records(expired=expired, lease_expired=200)
+    workers = 4
+    barrier = threading.Barrier(workers)
+    counts: list[int] = []
+    errors: list[BaseException] = []
+
+    def purge() -> None:
+        try:
+            # Connected before the start line, so the purges really overlap.
+            connections["default"].ensure_connection()
+            barrier.wait(timeout=30)
+            counts.append(purge_expired(batch_size=100))
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=purge) for _ in range(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+
+    assert not errors
+    assert all(not thread.is_alive() for thread in threads)
+    assert sum(counts) == expired + 200
+    assert set(IdempotencyKey.objects.values_list("pk", flat=True)) == live
+    if connection.vendor in ("postgresql", "mysql"):
+        # With SKIP LOCKED the work is shared, not done by one purge while
+        # the others wait and then find nothing.
+        assert sum(1 for count in counts if count) > 1
