@@ -2,6 +2,7 @@
 """Developer entry points that need nothing but Python.
 
     python3 dev.py serve   # virtualenv, SQLite migrations, example server on :8000
+    python3 dev.py walkthrough  # while serve runs: a guided tour over real HTTP
     python3 dev.py test    # the test suite on SQLite, plus PostgreSQL and MariaDB when reachable
     python3 dev.py lint    # ruff, ruff format, makemigrations --check
     python3 dev.py docs    # build the docs with warnings as errors
@@ -71,7 +72,7 @@ def mysqlclient_ready() -> bool:
 
 
 def serve() -> None:
-    ensure_venv("drf,celery")
+    ensure_venv("example")
     run(PYTHON, "manage.py", "migrate", "--noinput", "-v", "0")
     print(
         "\nThe example shop is starting on http://127.0.0.1:8000/ (SQLite, no server needed).\n"
@@ -81,10 +82,16 @@ def serve() -> None:
         "  # the same command again: same 201, same body, plus Idempotent-Replayed: true\n"
         "  curl -i -X POST http://127.0.0.1:8000/orders/ -H 'Idempotency-Key: order-1' \\\n"
         "       -H 'Content-Type: application/json' -d '{\"item\": \"lamp\"}'\n"
-        "  # same key, different body: 422\n",
+        "  # same key, different body: 422\n\n"
+        "Or run the guided tour in another terminal: python3 dev.py walkthrough\n",
         flush=True,
     )
     os.execv(str(PYTHON), [str(PYTHON), "manage.py", "runserver", "127.0.0.1:8000"])
+
+
+def walkthrough(args: list[str]) -> None:
+    ensure_venv("example")
+    run(PYTHON, "-m", "example_project.walkthrough", *args)
 
 
 def test(pytest_args: list[str]) -> None:
@@ -158,6 +165,8 @@ def main() -> None:
     command, *rest = sys.argv[1:] or ["help"]
     if command == "serve":
         serve()
+    elif command == "walkthrough":
+        walkthrough(rest)
     elif command == "test":
         test(rest)
     elif command == "lint":

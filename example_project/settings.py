@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import django
@@ -20,8 +21,11 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
     "django_idempotency",
     "example_project.shop",
+    "example_project.provider",
 ]
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -58,6 +62,13 @@ DATABASES = {
         "OPTIONS": _sqlite_options,
     }
 }
+if os.environ.get("DATABASE_URL"):
+    # postgres://user:pass@host:5432/name or mysql://root@127.0.0.1:3306/name
+    import dj_database_url
+
+    DATABASES["default"] = dj_database_url.parse(os.environ["DATABASE_URL"])
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
+        DATABASES["default"].setdefault("OPTIONS", {})["charset"] = "utf8mb4"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
 TIME_ZONE = "UTC"
@@ -65,4 +76,27 @@ STATIC_URL = "static/"
 
 IDEMPOTENCY = {
     "TTL": 24 * 3600,
+}
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+}
+
+# The payment view's lease. Real leases must outlive the longest request the
+# server allows (minutes); the demo keeps it short so a takeover after a
+# simulated crash takes seconds.
+EXAMPLE_PAYMENT_LEASE = timedelta(seconds=float(os.environ.get("EXAMPLE_PAYMENT_LEASE", "5")))
+# Lets the walkthrough's own gunicorn kill a worker mid-payment; never set it in production.
+EXAMPLE_ALLOW_CRASH = os.environ.get("EXAMPLE_ALLOW_CRASH") == "1"
+
+# Celery (optional: the project runs without it, and without a broker).
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0")
+CELERY_BEAT_SCHEDULE = {
+    "purge-idempotency-keys": {
+        "task": "django_idempotency.tasks.purge_expired_keys",
+        "schedule": timedelta(hours=1),
+    },
 }

@@ -1,9 +1,17 @@
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
+from rest_framework.routers import DefaultRouter
 
+from example_project.provider.views import list_charges
 from example_project.shop import views
+
+router = DefaultRouter()
+router.register("bookings", views.BookingViewSet, basename="booking")
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("orders/", views.create_order, name="create-order"),
+    path("payments/", views.create_payment, name="create-payment"),
+    path("api/", include(router.urls)),
+    path("provider/charges/", list_charges, name="provider-charges"),
 ]

@@ -123,3 +123,14 @@ class PostgresLockTimeoutTests:
             assert isinstance(record, IdempotencyKey)
             assert self.lock_timeout() == "250ms"
         assert self.lock_timeout() != "250ms"  # transaction-local
+
+
+@pytest.mark.django_db
+class LeaseInsideTestCaseTests:
+    def test_lease_mode_view_is_testable_inside_a_test_case(self, client):
+        first = post(client, "/orders/lease/")
+        retry = post(client, "/orders/lease/")
+
+        assert first.status_code == 201
+        assert retry["Idempotent-Replayed"] == "true"
+        assert calls.value == 1

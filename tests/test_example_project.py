@@ -1,0 +1,112 @@
+"""The example project as a new user meets it: its tests, and the walkthrough."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = [
+    pytest.mark.server,
+    pytest.mark.skipif(
+        os.environ.get("TEST_DATABASE", "sqlite") != "sqlite",
+        reason="runs once, in the SQLite run: the example project has its own SQLite database",
+    ),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def example_env(tmp_path):
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "example_project.settings",
+        "EXAMPLE_SQLITE_PATH": str(tmp_path / "example.sqlite3"),
+        "EXAMPLE_PAYMENT_LEASE": "2",
+    }
+    env.pop("DATABASE_URL", None)
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
+        cwd=ROOT,
+        env=env,
+        check=True,
+    )
+    return env
+
+
+def test_example_project_tests_pass(example_env):
+    completed = subprocess.run(
+        [sys.executable, "manage.py", "test", "example_project", "-v", "1"],
+        cwd=ROOT,
+        env=example_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "Ran 3 tests" in completed.stderr
+
+
+def test_walkthrough_shows_every_behaviour(example_env):
+    port, crash_port = free_port(), free_port()
+    gunicorn = Path(sys.executable).with_name("gunicorn")
+    server = subprocess.Popen(
+        [str(gunicorn), "example_project.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", "2"],
+        cwd=ROOT,
+        env=example_env,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/provider/charges/", timeout=2)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the example server did not start"
+                time.sleep(0.2)
+        completed = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "example_project.walkthrough",
+                "--base-url",
+                f"http://127.0.0.1:{port}",
+                "--crash-port",
+                str(crash_port),
+            ],
+            cwd=ROOT,
+            env=example_env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        server.terminate()
+        server.wait(10)
+
+    out = completed.stdout
+    assert completed.returncode == 0, out + completed.stderr
+    assert "first request                      -> 201" in out
+    assert "retry                              -> 201  Idempotent-Replayed: true" in out
+    assert "changed body                       -> 422" in out
+    assert re.search(r"^  bookings for table-for-two-\w+: 1$", out, re.MULTILINE)
+    assert "worker was killed mid-request" in out
+    assert "retry at once (lease still held)   -> 409" in out
+    assert "retry after the lease              -> 201" in out
+    assert re.search(
+        r"^  charges at the provider under derive\('charge'\) = \w+\.\.\.: 1$", out, re.M
+    )
