@@ -12,6 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponseBase
 from django.template.response import SimpleTemplateResponse
 
+from django_idempotency.conf import idempotency_settings
 from django_idempotency.core import check_options, protect
 from django_idempotency.exceptions import IdempotencyError
 from django_idempotency.responses import problem
@@ -54,7 +55,8 @@ def idempotent(view: ViewFunc | None = None, /, **options: Any) -> Any:
             except IdempotencyError as error:
                 return _error_response(request, error)
 
-        if options.get("atomic") is False:
+        atomic = options.get("atomic")
+        if atomic is False or (atomic is None and not idempotency_settings.atomic):
             # Lease mode commits its claim before the handler runs, which a
             # request-wide transaction (ATOMIC_REQUESTS) would prevent.
             wrapper._non_atomic_requests = set(settings.DATABASES)  # type: ignore[attr-defined]

@@ -134,3 +134,16 @@ class LeaseInsideTestCaseTests:
         assert first.status_code == 201
         assert retry["Idempotent-Replayed"] == "true"
         assert calls.value == 1
+
+
+class LeaseBySettingTests:
+    def test_views_decorated_while_atomic_is_false_leave_atomic_requests(self, settings):
+        from django_idempotency import idempotent
+
+        settings.IDEMPOTENCY = {"ATOMIC": False}
+
+        @idempotent
+        def view(request):  # pragma: no cover - never called
+            return None
+
+        assert view._non_atomic_requests == set(settings.DATABASES)
