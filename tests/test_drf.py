@@ -547,6 +547,34 @@ class InFlightTests:
         assert duplicate.json() == {"detail": drf.RequestInFlight.default_detail}
         assert calls.value == 1
 
+    def test_simultaneous_duplicates_run_once(self, alice: Any) -> None:
+        client, _ = alice
+        racers = 6
+        barrier = threading.Barrier(racers)
+        responses: list[Any] = []
+        lock = threading.Lock()
+
+        def send() -> None:
+            try:
+                barrier.wait(timeout=10)
+                response = post(client, f"{ORDERS}?hold=0.3")
+                with lock:
+                    responses.append(response)
+            finally:
+                connection.close()
+
+        threads = [threading.Thread(target=send) for _ in range(racers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=20)
+            assert not thread.is_alive()
+        assert [response.status_code for response in responses] == [201] * racers
+        assert sum("Idempotent-Replayed" not in response for response in responses) == 1
+        assert len({response.content for response in responses}) == 1
+        assert calls.value == 1
+        assert Order.objects.count() == 1
+
 
 def test_error_mapping_covers_every_core_error() -> None:
     from django_idempotency import exceptions as core

@@ -348,6 +348,51 @@ class LostLeaseTests:
         assert Order.objects.count() == 2
 
 
+@pytest.mark.concurrency
+class LeaseRaceTests:
+    """Simultaneous duplicates in lease mode: one owner, the rest answered 409, no 500."""
+
+    RACERS = 6
+
+    def _race(self, api: APIClient, url: str) -> list[Any]:
+        barrier = threading.Barrier(self.RACERS)
+
+        def send() -> Any:
+            barrier.wait(timeout=10)
+            return post(api, url)
+
+        joins = [in_background(send) for _ in range(self.RACERS)]
+        return [join() for join in joins]
+
+    def _assert_one_owner(self, responses: list[Any]) -> Any:
+        statuses = sorted(response.status_code for response in responses)
+        assert statuses == [201] + [409] * (self.RACERS - 1)
+        for response in responses:
+            if response.status_code == 409:
+                assert int(response["Retry-After"]) >= 1
+        assert calls.value == 1
+        return next(response for response in responses if response.status_code == 201)
+
+    def test_fresh_key(self, client: Any) -> None:
+        api, _ = client
+        winner = self._assert_one_owner(self._race(api, f"{LEASE_ORDERS}?hold=1"))
+        assert bytes(IdempotencyKey.objects.get().response_body) == winner.content
+
+    def test_expired_lease(self, client: Any) -> None:
+        api, user = client
+        stale = IdempotencyKeyFactory(
+            scope=f"user:{user.pk}",
+            key="lease-1",
+            fingerprint=fingerprint_of(f"{LEASE_ORDERS}?hold=1"),
+            lease_expired=True,
+        )
+        winner = self._assert_one_owner(self._race(api, f"{LEASE_ORDERS}?hold=1"))
+        record = IdempotencyKey.objects.get()
+        assert record.pk == stale.pk
+        assert record.owner_token != stale.owner_token
+        assert bytes(record.response_body) == winner.content
+
+
 class DeriveTests:
     def test_derive_is_the_same_on_every_retry_and_takeover(self, client: Any) -> None:
         api, user = client
