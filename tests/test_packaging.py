@@ -1,0 +1,73 @@
+"""What a release ships: the wheel holds the app and nothing else, the sdist the sources."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TEST_DATABASE", "sqlite") != "sqlite",
+    reason="runs once, in the SQLite run: packaging does not depend on the database",
+)
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Build the sdist, then the wheel from it, as a release does."""
+    outdir = tmp_path_factory.mktemp("dist")
+    completed = subprocess.run(
+        [sys.executable, "-m", "build", "--outdir", str(outdir), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    return outdir
+
+
+def only(outdir: Path, pattern: str) -> Path:
+    found = list(outdir.glob(pattern))
+    assert len(found) == 1, f"expected one {pattern} in {outdir}, found {found}"
+    return found[0]
+
+
+def test_wheel_holds_the_app_its_migrations_and_type_marker(dist: Path) -> None:
+    with zipfile.ZipFile(only(dist, "*.whl")) as wheel:
+        names = set(wheel.namelist())
+
+    assert "django_idempotency/migrations/0001_initial.py" in names
+    assert "django_idempotency/py.typed" in names
+    assert "django_idempotency/management/commands/purge_idempotency_keys.py" in names
+    top_level = {name.split("/")[0] for name in names}
+    unexpected = {entry for entry in top_level if entry != "django_idempotency"}
+    assert all(entry.endswith(".dist-info") for entry in unexpected), (
+        f"the wheel holds more than the app: {sorted(unexpected)}"
+    )
+
+
+def test_sdist_holds_the_readme_license_changelog_docs_and_tests(dist: Path) -> None:
+    with tarfile.open(only(dist, "*.tar.gz")) as sdist:
+        names = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
+
+    for required in (
+        "README.rst",
+        "LICENSE",
+        "CHANGELOG.md",
+        "pyproject.toml",
+        "docs/index.rst",
+        "docs/conf.py",
+        "tests/conftest.py",
+        "tests/settings.py",
+        "example_project/settings.py",
+        "django_idempotency/migrations/0001_initial.py",
+    ):
+        assert required in names, f"{required} is missing from the sdist"
+    assert not any(name.startswith("docs/_build") for name in names)
+    assert not any("__pycache__" in name or name.endswith(".sqlite3") for name in names)
