@@ -1,0 +1,170 @@
+"""The read-only admin: masked keys, filters, and releasing stuck claims."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib import admin
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.auth.models import Permission
+from django.urls import path
+
+from django_idempotency.keys import mask_key
+from django_idempotency.models import IdempotencyKey
+from tests.factories import IdempotencyKeyFactory
+
+State = IdempotencyKey.State
+CHANGELIST = "/admin/django_idempotency/idempotencykey/"
+
+# This module is also the URLconf of its tests: tests.urls has no admin.
+urlpatterns = [path("admin/", admin.site.urls)]
+
+
+@pytest.fixture
+def admin_urls(settings):
+    settings.ROOT_URLCONF = "tests.test_admin"
+
+
+@pytest.fixture
+def staff(admin_client, admin_urls):
+    return admin_client
+
+
+def changelist(client, query: str = "") -> str:
+    response = client.get(CHANGELIST + query)
+    assert response.status_code == 200
+    return response.content.decode()
+
+
+@pytest.mark.django_db
+class ChangelistTests:
+    def test_keys_shown_masked_never_in_clear(self, staff):
+        record = IdempotencyKeyFactory(key="secret-key-4f1d9a", scope="user:42")
+
+        html = changelist(staff)
+
+        assert mask_key(record.key) in html
+        assert "user:42" in html
+        assert "secret-key-4f1d9a" not in html
+
+    def test_filter_by_state(self, staff):
+        done = IdempotencyKeyFactory(key="done-key-aaaa")
+        flying = IdempotencyKeyFactory(key="flying-key-bbbb", in_flight=True)
+
+        html = changelist(staff, "?state__exact=in_progress")
+
+        assert mask_key(flying.key) in html
+        assert mask_key(done.key) not in html
+
+    def test_filter_expired_and_live(self, staff):
+        live = IdempotencyKeyFactory(key="live-key-cccc")
+        old = IdempotencyKeyFactory(key="old-key-dddd", expired=True)
+        lapsed = IdempotencyKeyFactory(key="lapsed-key-eeee", lease_expired=True)
+
+        expired_html = changelist(staff, "?expiry=expired")
+        live_html = changelist(staff, "?expiry=live")
+
+        assert mask_key(old.key) in expired_html
+        assert mask_key(lapsed.key) in expired_html
+        assert mask_key(live.key) not in expired_html
+        assert mask_key(live.key) in live_html
+        assert mask_key(old.key) not in live_html
+        assert mask_key(lapsed.key) not in live_html
+
+    def test_search_matches_scope_exactly(self, staff):
+        mine = IdempotencyKeyFactory(scope="user:4", key="mine-key-ffff")
+        other = IdempotencyKeyFactory(scope="user:42", key="other-key-gggg")
+        upper = IdempotencyKeyFactory(scope="USER:4", key="upper-key-hhhh")
+
+        html = changelist(staff, "?q=user:4")
+
+        assert mask_key(mine.key) in html
+        assert mask_key(other.key) not in html
+        assert mask_key(upper.key) not in html
+
+
+@pytest.mark.django_db
+class DetailTests:
+    def test_detail_is_read_only_and_masked(self, staff):
+        record = IdempotencyKeyFactory(key="detail-key-iiii", response_body=b"0123456789")
+
+        response = staff.get(f"{CHANGELIST}{record.pk}/change/")
+
+        html = response.content.decode()
+        assert response.status_code == 200
+        assert "detail-key-iiii" not in html
+        assert mask_key(record.key) in html
+        assert "10 bytes" in html
+        # Shown as text, with no form field to edit and no button to save.
+        assert 'name="status_code"' not in html
+        assert 'name="scope"' not in html
+        assert 'name="_save"' not in html
+
+    def test_post_to_detail_changes_nothing(self, staff):
+        record = IdempotencyKeyFactory(status_code=201)
+
+        response = staff.post(
+            f"{CHANGELIST}{record.pk}/change/", {"status_code": "500", "scope": "x"}
+        )
+
+        assert response.status_code == 403
+        record.refresh_from_db()
+        assert (record.status_code, record.scope) == (201, "anonymous")
+
+    def test_no_add_and_no_delete(self, staff):
+        record = IdempotencyKeyFactory()
+
+        assert staff.get(f"{CHANGELIST}add/").status_code == 403
+        assert staff.post(f"{CHANGELIST}{record.pk}/delete/", {"post": "yes"}).status_code == 403
+        assert IdempotencyKey.objects.filter(pk=record.pk).exists()
+        assert "delete_selected" not in changelist(staff)
+
+
+@pytest.mark.django_db
+class ReleaseActionTests:
+    def test_release_deletes_only_in_progress_records(self, staff):
+        stuck = IdempotencyKeyFactory(lease_expired=True)
+        running = IdempotencyKeyFactory(in_flight=True)
+        done = IdempotencyKeyFactory()
+        old = IdempotencyKeyFactory(expired=True)
+        selected = [stuck, running, done, old]
+
+        response = staff.post(
+            CHANGELIST,
+            {
+                "action": "release_in_progress",
+                ACTION_CHECKBOX_NAME: [str(record.pk) for record in selected],
+                "index": "0",
+            },
+            follow=True,
+        )
+
+        assert response.status_code == 200
+        assert "Released 2 in-progress records." in response.content.decode()
+        remaining = set(IdempotencyKey.objects.values_list("pk", flat=True))
+        assert remaining == {done.pk, old.pk}
+
+    def test_release_leaves_unselected_records(self, staff):
+        chosen = IdempotencyKeyFactory(lease_expired=True)
+        other = IdempotencyKeyFactory(lease_expired=True)
+
+        staff.post(
+            CHANGELIST,
+            {"action": "release_in_progress", ACTION_CHECKBOX_NAME: [str(chosen.pk)]},
+        )
+
+        assert list(IdempotencyKey.objects.values_list("pk", flat=True)) == [other.pk]
+
+    def test_release_needs_delete_permission(self, client, admin_urls, django_user_model):
+        viewer = django_user_model.objects.create_user("viewer", password="pw", is_staff=True)
+        viewer.user_permissions.add(Permission.objects.get(codename="view_idempotencykey"))
+        client.force_login(viewer)
+        stuck = IdempotencyKeyFactory(lease_expired=True)
+
+        html = changelist(client)
+        client.post(
+            CHANGELIST,
+            {"action": "release_in_progress", ACTION_CHECKBOX_NAME: [str(stuck.pk)]},
+        )
+
+        assert "release_in_progress" not in html
+        assert IdempotencyKey.objects.filter(pk=stuck.pk).exists()
