@@ -220,7 +220,9 @@ class _ProtectedCall:
                 "Lease mode (atomic=False) must commit its claim before the handler "
                 "runs, but this request is already inside a transaction on "
                 f"{self.using!r}. Exclude the view from ATOMIC_REQUESTS with "
-                "django.db.transaction.non_atomic_requests, or use atomic mode."
+                "django.db.transaction.non_atomic_requests (for a DRF @api_view, "
+                "put @transaction.non_atomic_requests above @api_view), or use "
+                "atomic mode."
             )
         token = secrets.token_hex(16)
         for _ in range(store.CLAIM_ATTEMPTS):
@@ -241,7 +243,15 @@ class _ProtectedCall:
             raise
         if not is_storable(response):
             store.release(self.using, claimed, token)
-        elif not self._complete(claimed, token, response):
+            return response
+        try:
+            completed = self._complete(claimed, token, response)
+        except DatabaseError:
+            # Storing failed (the database went away, a body over the packet
+            # limit): give the key back rather than leave it stuck for a lease.
+            store.release(self.using, claimed, token)
+            raise
+        if not completed:
             logger.warning(
                 "Lease for idempotency key %s in scope %r ran out before the handler "
                 "finished; its response was not stored. Raise LEASE above the "
@@ -252,6 +262,7 @@ class _ProtectedCall:
         return response
 
     def _lease_claim(self, token: str) -> int | HttpResponseBase:
+        store.prepare_connection(self.using, self.options.wait)
         now = timezone.now()
         lease_until = now + self.options.lease
         try:

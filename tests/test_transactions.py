@@ -147,3 +147,19 @@ class LeaseBySettingTests:
             return None
 
         assert view._non_atomic_requests == set(settings.DATABASES)
+
+
+@pytest.mark.django_db(transaction=True)
+class LeaseStoreFailureTests:
+    def test_failure_to_store_releases_the_claim(self, monkeypatch):
+        from django.db import DatabaseError
+
+        def broken_complete(*args, **kwargs):
+            raise DatabaseError("injected: storing the response failed")
+
+        monkeypatch.setattr(store, "complete", broken_complete)
+        client = Client(raise_request_exception=False)
+        assert post(client, "/orders/lease/").status_code == 500
+        assert not IdempotencyKey.objects.exists()  # released, not stuck for a lease
+        monkeypatch.undo()
+        assert post(client, "/orders/lease/").status_code == 201
