@@ -27,7 +27,8 @@ extensions = [
     "myst_parser",
 ]
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
-exclude_patterns = ["_build"]
+# _generated/ holds fragments that pages include, not pages of their own.
+exclude_patterns = ["_build", "_generated"]
 html_theme = "furo"
 html_title = f"django-idempotency {release}"
 autodoc_member_order = "bysource"
