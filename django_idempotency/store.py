@@ -1,4 +1,6 @@
-"""Every statement that touches the key table, and how each backend waits.
+"""Every statement a request makes on the key table, and how each backend waits.
+
+(The batched purge of expired records lives in :mod:`django_idempotency.purge`.)
 
 The unique constraint on (scope, key) is the only authority on who owns a
 key. A claim is one statement that either inserts the record, takes over an

@@ -1,8 +1,8 @@
 """Settings for the test suite; ``TEST_DATABASE`` picks the backend.
 
 ``sqlite`` (the default), ``postgresql`` or ``mariadb``. Server backends
-read ``TEST_DATABASE_HOST``/``_PORT``/``_USER``/``_PASSWORD`` and default to
-the local services on 127.0.0.1.
+read ``TEST_DATABASE_HOST``/``_PORT``/``_USER``/``_PASSWORD``/``_NAME`` and
+default to the local services on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import django
 
 BACKEND = os.environ.get("TEST_DATABASE", "sqlite")
 HOST = os.environ.get("TEST_DATABASE_HOST", "127.0.0.1")
+# Django prefixes "test_"; a distinct name lets several runs share a server.
+NAME = os.environ.get("TEST_DATABASE_NAME", "idempotency")
 
 
 def _database() -> dict:
@@ -34,7 +36,7 @@ def _database() -> dict:
     if BACKEND == "postgresql":
         return {
             "ENGINE": "django.db.backends.postgresql",
-            "NAME": "idempotency",
+            "NAME": NAME,
             "HOST": HOST,
             "PORT": os.environ.get("TEST_DATABASE_PORT", "5432"),
             "USER": os.environ.get("TEST_DATABASE_USER", "postgres"),
@@ -43,7 +45,7 @@ def _database() -> dict:
     if BACKEND == "mariadb":
         return {
             "ENGINE": "django.db.backends.mysql",
-            "NAME": "idempotency",
+            "NAME": NAME,
             "HOST": HOST,
             "PORT": os.environ.get("TEST_DATABASE_PORT", "3306"),
             "USER": os.environ.get("TEST_DATABASE_USER", "root"),
