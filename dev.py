@@ -4,7 +4,7 @@
     python3 dev.py serve   # virtualenv, SQLite migrations, example server on :8000
     python3 dev.py walkthrough  # while serve runs: a guided tour over real HTTP
     python3 dev.py test    # the test suite on SQLite, plus PostgreSQL and MariaDB when reachable
-    python3 dev.py lint    # ruff, ruff format, makemigrations --check
+    python3 dev.py lint    # ruff, ruff format, mypy, makemigrations --check
     python3 dev.py docs    # build the docs with warnings as errors
 
 The first run creates ``.venv`` next to this file and installs the project
@@ -150,9 +150,10 @@ def _summary_line(output: str) -> str:
 
 
 def lint() -> None:
-    ensure_venv("test")
+    ensure_venv("test,typing")
     run(BIN / "ruff", "check", ".")
     run(BIN / "ruff", "format", "--check", ".")
+    run(BIN / "mypy", "django_idempotency")
     run(PYTHON, "manage.py", "makemigrations", "--check", "--dry-run")
 
 

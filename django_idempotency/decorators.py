@@ -77,8 +77,8 @@ def _render(request: HttpRequest, response: HttpResponseBase) -> HttpResponseBas
         if _is_drf_request(request):
             from django_idempotency.drf import finalize_api_view_response
 
-            response = finalize_api_view_response(request, response)
-        response.render()
+            response = finalize_api_view_response(request, response)  # type: ignore[arg-type]
+        response.render()  # type: ignore[attr-defined]
     return response
 
 

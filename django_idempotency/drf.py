@@ -113,7 +113,7 @@ class IdempotentMixin:
         super().initial(request, *args, **kwargs)  # type: ignore[misc]
         # DRF looks the handler up after initial(); shadow it on the instance
         # (as ViewSets themselves do) with a protected version.
-        method = request.method.lower()
+        method = (request.method or "").lower()
         handler = getattr(self, method, None)
         if handler is not None:
             setattr(self, method, self._protected(handler))

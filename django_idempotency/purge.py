@@ -123,7 +123,7 @@ def _names(connection: BaseDatabaseWrapper) -> tuple[str, str, str]:
     return (
         quote(meta.db_table),
         quote(meta.pk.column),
-        quote(meta.get_field("expires_at").column),
+        quote(next(str(f.column) for f in meta.concrete_fields if f.name == "expires_at")),
     )
 
 

@@ -60,8 +60,7 @@ class NewClaim:
 
 
 def _columns() -> dict[str, str]:
-    fields = IdempotencyKey._meta
-    return {name: fields.get_field(name).column for name in _CLAIM_FIELDS + _RESPONSE_FIELDS}
+    return {field.name: str(field.column) for field in IdempotencyKey._meta.concrete_fields}
 
 
 _CLAIM_FIELDS = [
@@ -201,7 +200,7 @@ def _insert_params(connection: BaseDatabaseWrapper, new: NewClaim) -> list[Any]:
         new.scope,
         new.key,
         new.fingerprint,
-        State.IN_PROGRESS.value,
+        str(State.IN_PROGRESS),
         new.owner_token,
         adapt(new.created_at),
         adapt(new.expires_at),

@@ -24,7 +24,7 @@ def _database() -> dict:
         # A file, not :memory:, so that concurrent tests use real connections
         # and SQLite's real locking. Django removes it after the run.
         path = Path(tempfile.gettempdir()) / f"django-idempotency-test-{os.getpid()}.sqlite3"
-        options = {"timeout": 5}
+        options: dict[str, object] = {"timeout": 5}
         if django.VERSION >= (5, 1):
             options["transaction_mode"] = "IMMEDIATE"
         return {
