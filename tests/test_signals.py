@@ -65,3 +65,27 @@ def test_conflict_is_signalled(client, received):
     assert response.status_code == 409
     assert 1 <= int(response["Retry-After"]) <= 300
     assert received[-1][0] == "request_conflict"
+
+
+def test_keys_are_never_logged_in_clear(client, caplog):
+    import logging
+
+    from django_idempotency.keys import mask_key
+    from django_idempotency.models import IdempotencyKey
+    from tests.factories import IdempotencyKeyFactory
+
+    secret = "secret-key-4711"
+    caplog.set_level(logging.DEBUG)
+    headers = {"Idempotency-Key": secret}
+    for body in ({"item": "a"}, {"item": "a"}, {"item": "b"}):  # claim, replay, mismatch
+        client.post("/orders/", json.dumps(body), content_type="application/json", headers=headers)
+    record = IdempotencyKey.objects.get()
+    record.delete()
+    IdempotencyKeyFactory(key=secret, in_flight=True, fingerprint=record.fingerprint)
+    client.post(
+        "/orders/", json.dumps({"item": "a"}), content_type="application/json", headers=headers
+    )
+
+    assert caplog.records, "expected the replay, mismatch and conflict to be logged"
+    assert all(secret not in r.getMessage() for r in caplog.records)
+    assert any(mask_key(secret) in r.getMessage() for r in caplog.records)
