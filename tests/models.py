@@ -10,3 +10,19 @@ class Order(models.Model):
 
     def __str__(self) -> str:
         return f"{self.item} x{self.quantity}"
+
+
+class RemoteCharge(models.Model):
+    """A charge at a stand-in payment provider that deduplicates by its reference.
+
+    Lease-mode handlers run outside our transaction, so a handler taken over
+    after a crash runs again; the provider's unique reference (the handler
+    passes ``request.idempotency.derive(...)``) is what keeps it one charge.
+    """
+
+    reference = models.CharField(max_length=64, unique=True)
+    item = models.CharField(max_length=300)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.item

@@ -118,6 +118,21 @@ class GunicornServer:
             self.process.kill()
             self.process.wait(timeout=STOP_LIMIT)
 
+    def worker_pids(self) -> list[int]:
+        """The live worker processes (children of the master), for tests that kill them."""
+        assert self.process is not None
+        master = str(self.process.pid)
+        pids = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                # "pid (comm) state ppid ...": comm may hold spaces, so split after ")".
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue  # the process exited while we looked
+            if fields[1] == master and fields[0] != "Z":
+                pids.append(int(stat.parent.name))
+        return sorted(pids)
+
     def log(self) -> str:
         return self.error_log.read_text() if self.error_log.exists() else ""
 

@@ -15,4 +15,5 @@ urlpatterns = [
     path("info/", views.idempotency_info),
     path("api/orders/", views.api_create_order),
     path("drf/", include("tests.drf_urls")),
+    path("faults/", include("tests.faults.urls")),
 ]
