@@ -1,0 +1,60 @@
+"""Run by tox's ``base`` env: the package works with Django alone.
+
+No DRF, no Celery, no test settings: a bare project protects a view, and a
+retry replays. It fails if importing the package pulls in an optional
+dependency.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import django
+from django.conf import settings
+from django.http import JsonResponse
+from django.urls import path
+
+for optional in ("rest_framework", "celery"):
+    if importlib.util.find_spec(optional) is not None:
+        sys.exit(f"{optional} is installed; the base env must not have it")
+
+
+def create(request):  # type: ignore[no-untyped-def]
+    from django_idempotency import idempotent
+
+    @idempotent
+    def view(request):  # type: ignore[no-untyped-def]
+        return JsonResponse({"ok": True}, status=201)
+
+    return view(request)
+
+
+urlpatterns = [path("create/", create)]
+
+settings.configure(
+    INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "django_idempotency"],
+    DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
+    ROOT_URLCONF=__name__,
+    USE_TZ=True,
+    ALLOWED_HOSTS=["testserver"],
+)
+django.setup()
+
+from django.core.management import call_command  # noqa: E402
+from django.test import Client  # noqa: E402
+
+call_command("check")
+call_command("migrate", verbosity=0)
+client = Client()
+first = client.post(
+    "/create/", b"{}", content_type="application/json", headers={"Idempotency-Key": "k"}
+)
+retry = client.post(
+    "/create/", b"{}", content_type="application/json", headers={"Idempotency-Key": "k"}
+)
+assert first.status_code == retry.status_code == 201, (first.status_code, retry.status_code)
+assert retry["Idempotent-Replayed"] == "true"
+for module in ("rest_framework", "celery"):
+    assert module not in sys.modules, f"{module} was imported"
+print("base: django-idempotency works with Django alone")
