@@ -18,6 +18,7 @@ Connection settings come from ``PGHOST``/``PGPORT``/``PGUSER``/``PGPASSWORD``
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import resource
@@ -169,6 +170,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--batch-size", type=int, nargs="+", default=[1000, 2000, 5000, 10000])
+    parser.add_argument(
+        "--json", action="store_true", help="one JSON object per batch size, for benchmarks/run.py"
+    )
     options = parser.parse_args()
 
     configure()
@@ -178,6 +182,10 @@ def main() -> None:
     admin_sql(f'CREATE DATABASE "{DATABASE_NAME}"')
     try:
         call_command("migrate", "django_idempotency", verbosity=0)
+        if options.json:
+            for batch_size in options.batch_size:
+                print(json.dumps(run(options.rows, batch_size)), flush=True)
+            return
         header = (
             f"{'rows':>9} {'batch':>6} {'seconds':>8} {'rows/s':>8} "
             f"{'peak RSS MB':>11} {'max stall ms':>12} {'claims':>7} {'409s':>5}"
