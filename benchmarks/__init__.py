@@ -1,0 +1,1 @@
+"""Benchmarks: ``python3 benchmarks/run.py`` runs them all (see its docstring)."""

@@ -1,0 +1,80 @@
+"""Settings of the bench project: PostgreSQL, no authentication, persistent connections.
+
+``BENCH_DATABASE_NAME`` names the database (``benchmarks.suite`` creates and
+drops it); ``PGHOST``/``PGPORT``/``PGUSER``/``PGPASSWORD`` reach the server.
+"""
+
+from __future__ import annotations
+
+import os
+
+from benchmarks.bench import peers
+
+SECRET_KEY = "bench-only-not-secret"
+DEBUG = False
+ALLOWED_HOSTS = ["*"]
+USE_TZ = True
+TIME_ZONE = "UTC"
+ROOT_URLCONF = "benchmarks.bench.urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": os.environ.get("BENCH_DATABASE_NAME", "bench_idempotency"),
+        "HOST": os.environ.get("PGHOST", "127.0.0.1"),
+        "PORT": os.environ.get("PGPORT", "5432"),
+        "USER": os.environ.get("PGUSER", "postgres"),
+        "PASSWORD": os.environ.get("PGPASSWORD", ""),
+        # Production setups keep connections open (or pool them); opening one
+        # per request would hide every package's overhead behind its cost.
+        "CONN_MAX_AGE": 600,
+    }
+}
+INSTALLED_APPS = [
+    "django.contrib.contenttypes",
+    "django.contrib.auth",
+    "rest_framework",
+    "django_idempotency",
+    "benchmarks.bench",
+]
+MIDDLEWARE: list[str] = []
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.AllowAny"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "UNAUTHENTICATED_USER": None,
+}
+# No IDEMPOTENCY dict: ours and drf-idempotency both read a setting of that
+# name and each rejects the other's keys, so both run on their defaults.
+
+# django-idempotency-key keeps responses in process memory by default, which
+# four worker processes do not share; its documented shared option is a
+# Django cache, here the database cache on the same PostgreSQL server.
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.db.DatabaseCache",
+        "LOCATION": "bench_cache",
+        # Django culls a third of the table past 300 entries by default,
+        # which would turn replays back into first requests.
+        "OPTIONS": {"MAX_ENTRIES": 10_000_000},
+    }
+}
+IDEMPOTENCY_KEY = {
+    "STORAGE": {"CLASS": "idempotency_key.storage.CacheKeyStorage", "CACHE_NAME": "default"},
+}
+# djangorestframework-idempotency-key has no default for its lock timeout.
+IDEMPOTENCY_KEY_LOCK_TIMEOUT = 60
+
+# The path-limited peer middlewares go outside django-idempotency-key's: a
+# replay they answer skips the view, and django-idempotency-key raises
+# ImproperlyConfigured for any 2xx response whose view it did not see.
+for _peer in peers.installed():
+    if _peer.module == "drf_idempotency":
+        INSTALLED_APPS.append("drf_idempotency")
+        MIDDLEWARE.append("benchmarks.bench.peer_views.DrfIdempotencyOnItsPath")
+    elif _peer.module == "rest_framework_idempotency_key":
+        INSTALLED_APPS.append("rest_framework_idempotency_key")
+        MIDDLEWARE.append("benchmarks.bench.peer_views.DrfIdempotencyKeyOnItsPath")
+if peers.is_installed("dik"):
+    # Views opt in with @idempotency_key; all other views are exempt.
+    MIDDLEWARE.append("idempotency_key.middleware.ExemptIdempotencyKeyMiddleware")

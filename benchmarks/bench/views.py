@@ -1,0 +1,81 @@
+"""The handler and our views around it; the peers' views are in :mod:`.peer_views`.
+
+Every view runs :func:`write_order`: one ``INSERT`` and a small JSON answer.
+Plain Django views are compared with ``plain``, DRF ``APIView`` classes
+with ``drf``, so each package is measured against the framework it needs.
+"""
+
+from __future__ import annotations
+
+import time
+
+from django.http import HttpRequest, JsonResponse
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from benchmarks.bench.models import BenchOrder
+from django_idempotency import idempotent
+from django_idempotency.drf import IdempotentMixin
+
+#: The client's nonce for each request, stored with the row so that a storm
+#: can tell which of many duplicates actually ran the handler.
+NONCE_HEADER = "X-Bench-Nonce"
+
+
+def write_order(request: HttpRequest | Request, variant: str) -> tuple[dict, int]:
+    """The handler every variant shares: one row, and its id in the answer.
+
+    ``?work_ms=N`` stands in for N ms of the handler's own work (a call to a
+    payment provider), so that storms race duplicates against an original
+    that is still running. It is never used to wait for another request.
+    """
+    work_ms = int(request.GET.get("work_ms", "0"))
+    if work_ms:
+        time.sleep(work_ms / 1000)
+    order = BenchOrder.objects.create(
+        variant=variant,
+        key=request.headers.get("Idempotency-Key", ""),
+        nonce=request.headers.get(NONCE_HEADER, ""),
+    )
+    return {"id": order.pk, "variant": variant}, 201
+
+
+def plain(request: HttpRequest) -> JsonResponse:
+    return _json(write_order(request, "plain"))
+
+
+@idempotent
+def ours(request: HttpRequest) -> JsonResponse:
+    return _json(write_order(request, "ours"))
+
+
+@idempotent(atomic=False)
+def ours_lease(request: HttpRequest) -> JsonResponse:
+    return _json(write_order(request, "ours-lease"))
+
+
+def _json(result: tuple[dict, int]) -> JsonResponse:
+    data, status = result
+    return JsonResponse(data, status=status)
+
+
+class BenchAPIView(APIView):
+    """An ``APIView`` independent of the host project's DRF settings.
+
+    The test suite mounts these views under its own settings, which require
+    authentication; the bench measures the packages, not an auth backend.
+    """
+
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+    variant = "drf"
+
+    def post(self, request: Request) -> Response:
+        data, status = write_order(request, self.variant)
+        return Response(data, status=status)
+
+
+class OursMixinView(IdempotentMixin, BenchAPIView):
+    variant = "ours-mixin"

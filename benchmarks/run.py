@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Run every benchmark against PostgreSQL and write the docs table.
+
+    python3 benchmarks/run.py            # the full run (about 15 minutes)
+    python3 benchmarks/run.py --quick    # a smoke run (about 2 minutes)
+
+Needs only a Python 3.10+ and a PostgreSQL server on 127.0.0.1 (settings
+from ``PGHOST``/``PGPORT``/``PGUSER``/``PGPASSWORD``). The first run makes
+``.venv-bench/`` with the project, its peers and the load tools, so the
+peer packages never enter the project's own environment; every later run
+re-executes itself inside that virtualenv.
+
+Sections: SQL statements per request, throughput and latency under
+gunicorn, duplicate storms, and the purge. Each prints one table; all of
+them are written, with the machine and versions they ran on, to
+``docs/_generated/benchmarks.rst``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = ROOT / ".venv-bench"
+#: What the bench itself needs. Django stays on 5.2 because drf-idempotency
+#: caps it there.
+REQUIREMENTS = [
+    "Django>=5.2,<5.3",
+    "djangorestframework>=3.15",
+    "psycopg[binary]>=3.1.8",
+    "gunicorn>=22",
+    "requests>=2.31",
+    "py-spy>=0.3",
+]
+#: The packages a Django user would pick instead, each installed on its own
+#: so that one that fails to install only drops out of the comparison.
+PEERS = [
+    "django-idempotency-key",
+    "drf-idempotency",
+    "djangorestframework-idempotency-key",
+]
+
+
+def _in_bench_venv() -> bool:
+    return Path(sys.prefix).resolve() == VENV.resolve()
+
+
+def _bootstrap() -> None:
+    """Create or refresh ``.venv-bench`` and re-execute this script inside it.
+
+    A stamp of the requirements skips the pip round trips on later runs.
+    """
+    python = VENV / "bin" / "python"
+    if not python.exists():
+        print(f"Creating {VENV.relative_to(ROOT)} ...", flush=True)
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    stamp = VENV / "bench-requirements.sha256"
+    wanted = hashlib.sha256("\n".join(REQUIREMENTS + PEERS).encode()).hexdigest()
+    if not stamp.exists() or stamp.read_text() != wanted:
+        pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+        print("Installing the project, the load tools and the peer packages ...", flush=True)
+        subprocess.run([*pip, "--upgrade", "pip"], check=True)
+        subprocess.run([*pip, "-e", f"{ROOT}[drf,postgres]", *REQUIREMENTS], check=True)
+        for peer in PEERS:
+            result = subprocess.run([*pip, peer], check=False)
+            if result.returncode:
+                print(f"  {peer} did not install; it is left out.", flush=True)
+        stamp.write_text(wanted)
+    os.execv(str(python), [str(python), str(Path(__file__).resolve()), *sys.argv[1:]])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
+    parser.add_argument(
+        "--no-docs", action="store_true", help="print the tables only; leave the docs file alone"
+    )
+    options = parser.parse_args()
+    if not _in_bench_venv():
+        _bootstrap()
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.suite import run_all
+
+    command = "python3 benchmarks/run.py" + (" --quick" if options.quick else "")
+    run_all(quick=options.quick, write_docs=not options.no_docs, command=command)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,494 @@
+"""All four sections, run in order against one throwaway PostgreSQL database.
+
+Runs of the things being compared are interleaved (A B C A B C ...), so that
+the noise of a shared machine falls on all of them alike; each figure is the
+median of several runs with its min-max spread, and the headline is each
+variant's ratio to the undecorated handler measured in the same round.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import django
+
+from benchmarks.report import MISSED, OK, Table, environment, write_rst
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS_TABLE = ROOT / "docs" / "_generated" / "benchmarks.rst"
+DATABASE_NAME = f"bench_idempotency_{os.getpid()}"
+#: Per-run and per-section time limits: every load loop also stops on these.
+RUN_LIMIT = 120.0
+STORM_LIMIT = 60.0
+PURGE_LIMIT = 900.0
+PURGE_BATCH = 5000
+
+
+@dataclass(frozen=True)
+class Plan:
+    requests: int  # per timed run
+    runs: int  # per variant, interleaved
+    threads: int  # client threads
+    replay_pool: int  # completed keys each replay run cycles through
+    storm_keys: int
+    duplicates: int  # simultaneous requests per storm key
+    work_ms: int  # the storm handler's own work
+    purge_rows: tuple[int, ...]
+
+
+FULL = Plan(2000, 5, 4, 300, 40, 50, 50, (100_000, 1_000_000))
+QUICK = Plan(200, 2, 4, 100, 6, 50, 50, (100_000,))
+
+
+@dataclass(frozen=True)
+class Case:
+    label: str
+    variant: str
+    replay: bool = False
+    baseline: str | None = None
+    ours: bool = False
+
+
+def _cases(peers: set[str]) -> list[Case]:
+    cases = [
+        Case("plain view, undecorated", "plain"),
+        Case("@idempotent, first requests", "ours", baseline="plain", ours=True),
+        Case("@idempotent, replays", "ours", replay=True, baseline="plain", ours=True),
+        Case("django-idempotency-key, first", "dik", baseline="plain"),
+        Case("django-idempotency-key, replays", "dik", replay=True, baseline="plain"),
+        Case("DRF APIView, undecorated", "drf"),
+        Case("IdempotentMixin, first requests", "ours-mixin", baseline="drf", ours=True),
+        Case("IdempotentMixin, replays", "ours-mixin", replay=True, baseline="drf", ours=True),
+        Case("drf-idempotency, first", "drfi", baseline="drf"),
+        Case("drf-idempotency, replays", "drfi", replay=True, baseline="drf"),
+        Case("djangorestframework-idempotency-key, first", "drfik", baseline="drf"),
+        Case("djangorestframework-idempotency-key, replays", "drfik", replay=True, baseline="drf"),
+    ]
+    ours = {"plain", "ours", "drf", "ours-mixin"}
+    return [case for case in cases if case.variant in ours | peers]
+
+
+def _spread(values: Sequence[float], fmt: str) -> str:
+    middle, low, high = (
+        format(value, fmt) for value in (statistics.median(values), min(values), max(values))
+    )
+    return f"{middle} ({low}-{high})"
+
+
+def _statuses(counter: Counter) -> str:
+    return ", ".join(f"{status or 'conn. error'}: {n}" for status, n in sorted(counter.items()))
+
+
+def _verdict(met: bool) -> str:
+    return OK if met else MISSED
+
+
+# Set-up -------------------------------------------------------------------
+
+
+def _admin(statement: str) -> None:
+    """CREATE/DROP DATABASE cannot run in a transaction: a raw autocommit connection."""
+    import psycopg
+
+    with psycopg.connect(
+        dbname="postgres",
+        host=os.environ.get("PGHOST", "127.0.0.1"),
+        port=os.environ.get("PGPORT", "5432"),
+        user=os.environ.get("PGUSER", "postgres"),
+        password=os.environ.get("PGPASSWORD") or None,
+        autocommit=True,
+    ) as connection:
+        connection.execute(statement)
+
+
+def _setup_django() -> str:
+    os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.bench.settings"
+    os.environ["BENCH_DATABASE_NAME"] = DATABASE_NAME
+    django.setup()
+    from django.core.management import call_command
+    from django.db import connection
+
+    call_command("migrate", run_syncdb=True, verbosity=0)
+    call_command("createcachetable", verbosity=0)
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW server_version")
+        return str(cursor.fetchone()[0])
+
+
+def _rows(variant: str) -> int:
+    from benchmarks.bench.models import BenchOrder
+
+    return BenchOrder.objects.filter(variant=variant).count()
+
+
+# Section 1 ------------------------------------------------------------------
+
+
+def section_statements(peers: set[str]) -> Table:
+    from benchmarks.statements import count_statements
+
+    table = Table(
+        "1. SQL statements per request",
+        [
+            "variant",
+            "first",
+            "extra vs undecorated",
+            "replay",
+            "handler ran on replay",
+            "same key, other body",
+            "target",
+        ],
+    )
+    table.notes = [
+        "Counted with Django's CaptureQueriesContext; BEGIN/COMMIT/ROLLBACK/SAVEPOINT/"
+        "RELEASE are not counted. The undecorated handler makes one INSERT.",
+        "Target (ours): first request <= 2 statements beyond the handler's own; replay <= 2 "
+        "statements and the handler does not run; the reused key answers 422.",
+    ]
+    rows = [
+        ("plain view, undecorated", "plain", "plain", False),
+        ("@idempotent", "ours", "plain", True),
+        ("@idempotent(atomic=False)", "ours-lease", "plain", True),
+        ("DRF APIView, undecorated", "drf", "drf", False),
+        ("IdempotentMixin", "ours-mixin", "drf", True),
+        ("django-idempotency-key", "dik", "plain", False),
+        ("drf-idempotency", "drfi", "drf", False),
+        ("djangorestframework-idempotency-key", "drfik", "drf", False),
+    ]
+    own: dict[str, int] = {}
+    for label, variant, baseline, ours in rows:
+        if variant not in peers | {"plain", "ours", "ours-lease", "drf", "ours-mixin"}:
+            continue
+        counts = count_statements(variant)
+        if variant == baseline:
+            own[variant] = counts.first
+            table.add(label, counts.first, "-", "(runs again)", "yes", "-", "-")
+            continue
+        extra = counts.first - own[baseline]
+        mismatch = f"{counts.mismatch} ({counts.mismatch_status}"
+        mismatch += ", handler ran)" if counts.mismatch_ran_handler else ")"
+        verdict = "-"
+        if ours:
+            verdict = _verdict(
+                extra <= 2
+                and counts.replay <= 2
+                and not counts.replay_ran_handler
+                and counts.mismatch <= 2
+                and counts.mismatch_status == 422
+            )
+        table.add(
+            label,
+            counts.first,
+            f"+{extra}",
+            counts.replay,
+            "yes" if counts.replay_ran_handler else "no",
+            mismatch,
+            verdict,
+        )
+    return table
+
+
+# Section 2 ------------------------------------------------------------------
+
+
+def section_throughput(port: int, plan: Plan, peers: set[str], progress: Callable) -> Table:
+    from benchmarks.load import cycle, hammer, new_keys, percentile
+
+    cases = _cases(peers)
+    # Warm every worker and fill each variant's pool of completed keys.
+    pools: dict[str, list[str]] = {}
+    for variant in dict.fromkeys(case.variant for case in cases):
+        pools[variant] = new_keys(plan.replay_pool)
+        hammer(port, f"/{variant}/", pools[variant], plan.threads, time.monotonic() + RUN_LIMIT)
+
+    results: dict[str, list] = {case.label: [] for case in cases}
+    ratios: dict[str, list[float]] = {case.label: [] for case in cases}
+    executions: Counter = Counter()
+    for round_number in range(plan.runs):
+        progress(f"throughput round {round_number + 1}/{plan.runs}")
+        this_round = {}
+        for case in cases:
+            if case.replay:
+                keys = cycle(pools[case.variant], plan.requests)
+            else:
+                keys = new_keys(plan.requests)
+            before = _rows(case.variant)
+            run = hammer(
+                port, f"/{case.variant}/", keys, plan.threads, time.monotonic() + RUN_LIMIT
+            )
+            executions[case.label] += _rows(case.variant) - before
+            results[case.label].append(run)
+            this_round[case.variant if case.baseline is None else case.label] = run
+            if case.baseline is not None:
+                ratios[case.label].append(run.rate / this_round[case.baseline].rate)
+
+    table = Table(
+        "2. Throughput and latency (gunicorn, 4 sync workers)",
+        [
+            "variant",
+            "req/s",
+            "x undecorated",
+            "p50 ms",
+            "p99 ms",
+            "handler runs",
+            "answers",
+            "target",
+        ],
+    )
+    table.notes = [
+        f"{plan.runs} interleaved runs of {plan.requests} requests per variant, "
+        f"{plan.threads} client threads with http.client on 127.0.0.1; median (min-max).",
+        "'x undecorated' is the median of per-round ratios to the undecorated view of the same "
+        "framework (plain Django or DRF APIView) measured in the same round.",
+        f"Replays cycle through {plan.replay_pool} keys completed before the timed runs.",
+        "Target (ours): first requests >= 0.85x undecorated; replays >= 1.0x and the handler "
+        "never runs.",
+    ]
+    for case in cases:
+        runs = results[case.label]
+        rates = [run.rate for run in runs]
+        p50 = [percentile(run.latencies, 0.50) * 1000 for run in runs]
+        p99 = [percentile(run.latencies, 0.99) * 1000 for run in runs]
+        statuses: Counter = sum((run.statuses for run in runs), Counter())
+        ratio = _spread(ratios[case.label], ".2f") if case.baseline else "1 (baseline)"
+        verdict = "-"
+        if case.ours:
+            failures = sum(run.failures for run in runs)
+            if case.replay:
+                met = statistics.median(ratios[case.label]) >= 1.0 and executions[case.label] == 0
+            else:
+                met = statistics.median(ratios[case.label]) >= 0.85
+            verdict = _verdict(met and failures == 0)
+        table.add(
+            case.label,
+            _spread(rates, ".0f"),
+            ratio,
+            f"{statistics.median(p50):.1f}",
+            f"{statistics.median(p99):.1f}",
+            executions[case.label],
+            _statuses(statuses),
+            verdict,
+        )
+    return table
+
+
+# Section 3 ------------------------------------------------------------------
+
+
+def section_storms(
+    port: int, plan: Plan, peers: set[str], wait: float, progress: Callable
+) -> Table:
+    from benchmarks.bench.models import BenchOrder
+    from benchmarks.load import percentile, storm
+
+    cases = [
+        Case("@idempotent", "ours", ours=True),
+        Case("@idempotent(atomic=False)", "ours-lease", ours=True),
+        Case("IdempotentMixin", "ours-mixin", ours=True),
+        Case("django-idempotency-key", "dik"),
+        Case("drf-idempotency", "drfi"),
+        Case("djangorestframework-idempotency-key", "drfik"),
+    ]
+    cases = [case for case in cases if case.ours or case.variant in peers]
+    storms: dict[str, list] = {case.label: [] for case in cases}
+    with ThreadPoolExecutor(plan.duplicates) as pool:
+        for number in range(plan.storm_keys):
+            if number % 10 == 0:
+                progress(f"storms {number}/{plan.storm_keys} keys")
+            for case in cases:
+                path = f"/{case.variant}/?work_ms={plan.work_ms}"
+                deadline = time.monotonic() + STORM_LIMIT
+                storms[case.label].append(storm(pool, port, path, plan.duplicates, deadline))
+
+    table = Table(
+        "3. Duplicate storms",
+        [
+            "variant",
+            "handler runs per key",
+            "keys run twice or more",
+            "5xx / errors",
+            "answers",
+            "original p50 ms",
+            "duplicates p50 ms",
+            "duplicates p99 ms",
+            "over original + WAIT",
+            "target",
+        ],
+    )
+    table.notes = [
+        f"{plan.storm_keys} keys x {plan.duplicates} simultaneous requests per key (released by "
+        f"a barrier), interleaved across variants; the handler does {plan.work_ms} ms of work "
+        "besides its INSERT, so duplicates arrive while the original runs.",
+        "Handler runs are the handler's own rows per key; the 'original' is the request whose "
+        "nonce the row holds, every other request is a duplicate.",
+        f"Target (ours): exactly one run per key, no 5xx, and no duplicate slower than its "
+        f"original's latency + WAIT ({wait:g} s).",
+    ]
+    for case in cases:
+        runs_per_key = []
+        original_latencies: list[float] = []
+        duplicate_latencies: list[float] = []
+        over_bound = 0
+        statuses: Counter = Counter()
+        for result in storms[case.label]:
+            executors = set(
+                BenchOrder.objects.filter(variant=case.variant, key=result.key).values_list(
+                    "nonce", flat=True
+                )
+            )
+            runs_per_key.append(len(executors))
+            originals = [result.answers[n][1] for n in executors if n in result.answers]
+            original_latencies += originals
+            bound = (max(originals) if originals else 0.0) + wait
+            for nonce, (status, latency) in result.answers.items():
+                statuses[status] += 1
+                if nonce in executors:
+                    continue
+                duplicate_latencies.append(latency)
+                over_bound += latency > bound
+        failures = sum(n for status, n in statuses.items() if status == 0 or status >= 500)
+        twice = sum(runs > 1 for runs in runs_per_key)
+        verdict = "-"
+        if case.ours:
+            verdict = _verdict(
+                all(runs == 1 for runs in runs_per_key) and failures == 0 and over_bound == 0
+            )
+        table.add(
+            case.label,
+            f"{min(runs_per_key)}-{max(runs_per_key)} (total {sum(runs_per_key)})",
+            twice,
+            failures,
+            _statuses(statuses),
+            f"{percentile(original_latencies, 0.5) * 1000:.0f}",
+            f"{percentile(duplicate_latencies, 0.5) * 1000:.0f}",
+            f"{percentile(duplicate_latencies, 0.99) * 1000:.0f}",
+            over_bound,
+            verdict,
+        )
+    return table
+
+
+# Section 4 ------------------------------------------------------------------
+
+
+def section_purge(plan: Plan, progress: Callable) -> Table:
+    table = Table(
+        "4. Purge (benchmarks/purge.py, PostgreSQL, concurrent writer)",
+        [
+            "expired rows",
+            "batch",
+            "seconds",
+            "rows/s",
+            "peak RSS MB",
+            "longest writer stall ms",
+            "writer claims",
+            "target",
+        ],
+    )
+    table.notes = [
+        "Each size runs in its own process (so peak RSS is its own) while a writer thread "
+        "claims keys, half of them taking over expired rows the purge is deleting.",
+        "Target: 1,000,000 rows in under 20 s, with flat memory (peak RSS within 16 MB of "
+        "the 100,000-row run).",
+    ]
+    results = []
+    for rows in plan.purge_rows:
+        progress(f"purge {rows:,} rows")
+        completed = subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "benchmarks" / "purge.py"),
+                "--rows",
+                str(rows),
+                "--batch-size",
+                str(PURGE_BATCH),
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=PURGE_LIMIT,
+            check=True,
+        )
+        results.append(json.loads(completed.stdout.strip().splitlines()[-1]))
+    baseline_rss = results[0]["rss"]
+    for result in results:
+        verdict = "-"
+        if result["rows"] >= 1_000_000:
+            flat = result["rss"] <= baseline_rss + 16
+            verdict = _verdict(result["seconds"] < 20 and flat)
+        table.add(
+            f"{result['rows']:,.0f}",
+            result["batch"],
+            f"{result['seconds']:.1f}",
+            f"{result['rate']:,.0f}",
+            f"{result['rss']:.0f}",
+            f"{result['stall']:.0f}",
+            result["claims"],
+            verdict,
+        )
+    return table
+
+
+# Orchestration ----------------------------------------------------------------
+
+
+def run_all(*, quick: bool, write_docs: bool, command: str) -> None:
+    from benchmarks.bench import peers as peer_registry
+
+    plan = QUICK if quick else FULL
+    started = time.monotonic()
+
+    def progress(message: str) -> None:
+        print(f"[{time.monotonic() - started:6.0f} s] {message}", file=sys.stderr, flush=True)
+
+    installed = peer_registry.installed()
+    peers = {peer.variant for peer in installed}
+    missing = [peer.name for peer in peer_registry.ALL if peer not in installed]
+    if missing:
+        progress(f"not installed, left out: {', '.join(missing)}")
+
+    _admin(f'CREATE DATABASE "{DATABASE_NAME}"')
+    tables: list[Table] = []
+    try:
+        postgres_version = _setup_django()
+        from benchmarks.load import BenchServer
+        from django_idempotency.conf import idempotency_settings
+
+        progress("statements")
+        tables.append(section_statements(peers))
+        print(tables[-1].text(), "\n", flush=True)
+
+        server = BenchServer({"BENCH_DATABASE_NAME": DATABASE_NAME})
+        server.start(probe_path="/plain/")
+        try:
+            tables.append(section_throughput(server.port, plan, peers, progress))
+            print(tables[-1].text(), "\n", flush=True)
+            tables.append(
+                section_storms(server.port, plan, peers, idempotency_settings.wait, progress)
+            )
+            print(tables[-1].text(), "\n", flush=True)
+        finally:
+            server.stop()
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        _admin(f'DROP DATABASE IF EXISTS "{DATABASE_NAME}" WITH (FORCE)')
+
+    tables.append(section_purge(plan, progress))
+    print(tables[-1].text(), "\n", flush=True)
+    progress("done")
+    if write_docs:
+        facts = environment(postgres_version, [peer.name for peer in installed])
+        write_rst(DOCS_TABLE, facts, command, tables)
+        print(f"Wrote {DOCS_TABLE.relative_to(ROOT)}")
