@@ -6,6 +6,7 @@
     python3 dev.py test    # the test suite on SQLite, plus PostgreSQL and MariaDB when reachable
     python3 dev.py lint    # ruff, ruff format, mypy, makemigrations --check
     python3 dev.py docs    # build the docs with warnings as errors
+    python3 dev.py matrix [ENV ...]  # tox envs (all of tox.ini by default)
 
 The first run creates ``.venv`` next to this file and installs the project
 into it; later runs reuse it. Set ``REQUIRE_BACKENDS=postgresql,mariadb`` to
@@ -162,6 +163,17 @@ def docs() -> None:
     run(PYTHON, "-m", "sphinx", "-W", "--keep-going", "-b", "html", "docs", "docs/_build/html")
 
 
+def matrix(envs: list[str]) -> None:
+    """Run tox envs, with every pyenv-installed CPython on PATH for the interpreters."""
+    ensure_venv("test")
+    run(PYTHON, "-m", "pip", "install", "--quiet", "tox>=4.2")
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    extra_paths = [str(p / "bin") for p in sorted(pyenv.glob("3.*"))] if pyenv.is_dir() else []
+    env = {**os.environ, "PATH": os.pathsep.join([*extra_paths, os.environ.get("PATH", "")])}
+    selection = ["-e", ",".join(envs)] if envs else []
+    run(PYTHON, "-m", "tox", *selection, env=env)
+
+
 def main() -> None:
     command, *rest = sys.argv[1:] or ["help"]
     if command == "serve":
@@ -174,6 +186,8 @@ def main() -> None:
         lint()
     elif command == "docs":
         docs()
+    elif command == "matrix":
+        matrix(rest)
     else:
         print(__doc__)
         sys.exit(0 if command == "help" else 2)
