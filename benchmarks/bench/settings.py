@@ -54,6 +54,9 @@ CACHES = {
     "default": {
         "BACKEND": "django.core.cache.backends.db.DatabaseCache",
         "LOCATION": "bench_cache",
+        # Django's default of 300 s would expire stored responses during the
+        # run; 24 hours is the retry window ours and drf-idempotency keep.
+        "TIMEOUT": 24 * 60 * 60,
         # Django culls a third of the table past 300 entries by default,
         # which would turn replays back into first requests.
         "OPTIONS": {"MAX_ENTRIES": 10_000_000},
