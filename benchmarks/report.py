@@ -53,8 +53,10 @@ class Table:
 
 
 def _rst_cell(cell: str) -> str:
-    # Keep variant names and ratios literal; "*" and "|" would be markup.
-    return cell.replace("*", r"\*").replace("|", r"\|") if cell else "\\-"
+    # Keep variant names and ratios literal: "*" and "|" would be markup,
+    # and a cell that is only "-" would start a nested bullet list.
+    cell = cell.replace("*", r"\*").replace("|", r"\|")
+    return "\\-" if cell in ("", "-") else cell
 
 
 def _cpu_model() -> str:
