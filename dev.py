@@ -116,13 +116,15 @@ def test(pytest_args: list[str]) -> None:
             print(note, file=sys.stderr)
         sys.exit(f"Required backends not available: {', '.join(sorted(missing))}")
 
+    for stale in ROOT.glob(".coverage*"):
+        stale.unlink()
     results: list[tuple[str, int, str, float]] = []
     for backend in backends:
         print(f"\n=== tests on {backend} ===", flush=True)
         env = {**os.environ, "TEST_DATABASE": backend}
         started = time.monotonic()
         completed = subprocess.run(
-            [str(PYTHON), "-m", "pytest", *pytest_args],
+            [str(PYTHON), "-m", "coverage", "run", "--parallel-mode", "-m", "pytest", *pytest_args],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
@@ -133,6 +135,9 @@ def test(pytest_args: list[str]) -> None:
         summary = _summary_line(completed.stdout)
         results.append((backend, completed.returncode, summary, time.monotonic() - started))
 
+    # Branch coverage of the package, all backends together.
+    subprocess.run([str(PYTHON), "-m", "coverage", "combine", "-q"], cwd=ROOT)
+    subprocess.run([str(PYTHON), "-m", "coverage", "report", "--skip-covered"], cwd=ROOT)
     print("\n=== summary ===")
     for backend, code, summary, seconds in results:
         verdict = "ok" if code == 0 else f"FAILED (pytest exit {code})"
