@@ -302,7 +302,9 @@ class _ProtectedCall:
             status_code=stored.status_code,
             headers=stored.headers,
             body=stored.body,
-            expires_at=timezone.now() + self.options.ttl,
+            # Atomic mode's claim already set the expiry (one transaction
+            # earlier); a lease's claim expires with the lease, so reset it.
+            expires_at=None if token is None else timezone.now() + self.options.ttl,
         )
 
     def _answer_duplicate(self, record: IdempotencyKey) -> HttpResponseBase:

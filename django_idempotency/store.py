@@ -11,6 +11,7 @@ itself, never by a sleep loop here.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from datetime import datetime
@@ -104,22 +105,33 @@ def prepare_connection(using: str, wait: float) -> None:
 def claim(using: str, new: NewClaim, wait: float) -> int | IdempotencyKey:
     """Claim the key (returning the record id) or return the live record.
 
-    Must run inside ``transaction.atomic(using=using)``. A returned
-    record is locked for the rest of the transaction on PostgreSQL
-    and MySQL (SQLite locks the whole database anyway).
+    Must run inside ``transaction.atomic(using=using)``. A live record that
+    is returned is committed and changes only when it expires (or, in
+    lease mode, when its owner completes or releases it), so it is read
+    without holding a lock: a replay writes nothing.
     """
     connection = connections[using]
     for _ in range(CLAIM_ATTEMPTS):
-        if connection.vendor == "mysql":
-            claimed: int | IdempotencyKey | None = _claim_mysql(connection, new, wait)
+        claimed: int | IdempotencyKey | None
+        if connection.vendor == "postgresql":
+            claimed = _claim_postgresql(connection, new, wait)
+            if claimed is None:
+                # We waited for an original that committed after this
+                # statement's snapshot was taken: read it now.
+                claimed = _read(using, new)
+        elif connection.vendor == "mysql":
+            claimed = _claim_mysql(connection, new, wait)
         else:
             claimed = _claim_upsert(connection, new, wait)
             if claimed is None:
-                claimed = _read_for_update(using, new)
+                claimed = _read(using, new)
+        if isinstance(claimed, IdempotencyKey) and claimed.expires_at <= new.created_at:
+            # Seen as it was before another request took it over: look again.
+            continue
         if claimed is not None:
             return claimed
-    # Only reachable if the record vanished between two of our own
-    # statements each time: a purge racing us. Start the request over.
+    # Only reachable if the record changed under us each time (a purge or a
+    # takeover racing us). Start the request over.
     raise Retry
 
 
@@ -131,17 +143,24 @@ def complete(
     status_code: int,
     headers: list[list[str]],
     body: bytes | None,
-    expires_at: datetime,
+    expires_at: datetime | None,
 ) -> bool:
-    """Store the response; ``False`` if the claim is no longer ours (lease lost)."""
-    rows = _owned(using, record_id, owner_token).update(
-        state=State.COMPLETED,
-        status_code=status_code,
-        response_headers=headers,
-        response_body=body,
-        expires_at=expires_at,
-        locked_until=None,
-    )
+    """Store the response; ``False`` if the claim is no longer ours (lease lost).
+
+    ``expires_at=None`` keeps the expiry the claim set. Atomic mode does,
+    so the update touches no indexed column and PostgreSQL can make it a
+    heap-only (HOT) update on the same page.
+    """
+    values: dict[str, Any] = {
+        "state": State.COMPLETED,
+        "status_code": status_code,
+        "response_headers": headers,
+        "response_body": body,
+        "locked_until": None,
+    }
+    if expires_at is not None:
+        values["expires_at"] = expires_at
+    rows = _owned(using, record_id, owner_token).update(**values)
     return rows == 1
 
 
@@ -209,59 +228,125 @@ def _insert_params(connection: BaseDatabaseWrapper, new: NewClaim) -> list[Any]:
 
 
 def _claim_upsert(connection: BaseDatabaseWrapper, new: NewClaim, wait: float) -> int | None:
-    """PostgreSQL and SQLite: insert, or take over an expired record, in one statement.
+    """SQLite: insert, or take over an expired record, in one statement.
 
-    On a live conflict nothing is returned, and the conflicting row is left
-    locked (PostgreSQL locks it even when the ``WHERE`` rejects the update).
-    On PostgreSQL the statement also waits for an uncommitted original, so
-    it carries its own ``lock_timeout`` and restores the previous value once
-    it has claimed, so the handler's own statements are not bounded by it.
+    SQLite serialises writers on the whole database, so the wait happened
+    at ``BEGIN`` (or at this statement) under the busy timeout.
     """
     quote = connection.ops.quote_name
     table = quote(IdempotencyKey._meta.db_table)
     columns = _columns()
     names = [quote(columns[field]) for field in _CLAIM_FIELDS]
-    placeholders = ", ".join(["%s"] * len(names))
-    assignments = ", ".join(
-        [f"{name} = EXCLUDED.{name}" for name in names[2:]]
-        + [f"{quote(columns[field])} = NULL" for field in _RESPONSE_FIELDS]
-    )
     expires = quote(columns["expires_at"])
     created = quote(columns["created_at"])
-    conflict = (
-        f"ON CONFLICT ({names[0]}, {names[1]}) DO UPDATE SET {assignments} "
-        f"WHERE {table}.{expires} <= EXCLUDED.{created}"
-    )
     pk = quote(IdempotencyKey._meta.pk.column)
-    params = _insert_params(connection, new)
-    if connection.vendor == "postgresql":
-        sql = (
-            "WITH wait AS (SELECT current_setting('lock_timeout') AS previous, "
-            "set_config('lock_timeout', %s, true) AS applied), "
-            f"claimed AS (INSERT INTO {table} ({', '.join(names)}) "
-            f"SELECT {placeholders} FROM wait {conflict} RETURNING {table}.{pk}) "
-            f"SELECT claimed.{pk}, set_config('lock_timeout', wait.previous, true) "
-            "FROM claimed, wait"
-        )
-        params = [f"{max(1, round(wait * 1000))}ms", *params]
-    else:
-        sql = (
-            f"INSERT INTO {table} ({', '.join(names)}) VALUES ({placeholders}) "
-            f"{conflict} RETURNING {pk}"
-        )
+    takeover = _takeover_assignments(connection, from_excluded=True)
+    sql = (
+        f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join(['%s'] * len(names))}) "
+        f"ON CONFLICT ({names[0]}, {names[1]}) DO UPDATE SET {takeover} "
+        f"WHERE {table}.{expires} <= EXCLUDED.{created} RETURNING {pk}"
+    )
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(sql, _insert_params(connection, new))
         row = cursor.fetchone()
     return None if row is None else int(row[0])
 
 
-def _read_for_update(using: str, new: NewClaim) -> IdempotencyKey | None:
-    return (
-        IdempotencyKey.objects.using(using)
-        .select_for_update()
-        .filter(scope=new.scope, key=new.key)
-        .first()
+def _takeover_assignments(connection: BaseDatabaseWrapper, *, from_excluded: bool) -> str:
+    """SET clause giving an expired record to a new claim: its values, no response.
+
+    The values come from the upsert's ``EXCLUDED`` row, or else from
+    parameters in the order of ``_insert_params(...)[2:]``.
+    """
+    quote = connection.ops.quote_name
+    columns = _columns()
+    claim = [quote(columns[field]) for field in _CLAIM_FIELDS[2:]]
+    values = [f"{name} = EXCLUDED.{name}" if from_excluded else f"{name} = %s" for name in claim]
+    return ", ".join(values + [f"{quote(columns[f])} = NULL" for f in _RESPONSE_FIELDS])
+
+
+#: What the PostgreSQL claim returns about a live record, in this order.
+_RECORD_COLUMNS = [
+    "id",
+    "fingerprint",
+    "state",
+    "status_code",
+    "response_headers",
+    "response_body",
+    "owner_token",
+    "locked_until",
+    "created_at",
+    "expires_at",
+]
+
+
+def _claim_postgresql(
+    connection: BaseDatabaseWrapper, new: NewClaim, wait: float
+) -> int | IdempotencyKey | None:
+    """Claim, take over an expired record, or read the live one, in one statement.
+
+    ``INSERT ... ON CONFLICT DO NOTHING`` waits for an uncommitted original
+    (bounded by ``lock_timeout``, set and restored inside the statement so
+    the view's own statements keep theirs) and locks nothing on conflict.
+    A conditional ``UPDATE`` takes over an expired record. Otherwise the
+    live record comes back in the same round trip, and a replay writes
+    nothing, so its commit needs no disk flush. Returns ``None`` only when
+    the original committed after this statement's snapshot was taken.
+    """
+    quote = connection.ops.quote_name
+    table = quote(IdempotencyKey._meta.db_table)
+    columns = _columns()
+    names = [quote(columns[field]) for field in _CLAIM_FIELDS]
+    scope, key = names[0], names[1]
+    expires = quote(columns["expires_at"])
+    pk = quote(IdempotencyKey._meta.pk.column)
+    record = ", ".join(f"{table}.{quote(columns[name])}" for name in _RECORD_COLUMNS[1:])
+    nulls = ", ".join(["NULL"] * (len(_RECORD_COLUMNS) - 1))
+    sql = (
+        "WITH wait AS (SELECT current_setting('lock_timeout') AS previous, "
+        "set_config('lock_timeout', %s, true) AS applied), "
+        f"inserted AS (INSERT INTO {table} ({', '.join(names)}) "
+        f"SELECT {', '.join(['%s'] * len(names))} FROM wait "
+        f"ON CONFLICT ({scope}, {key}) DO NOTHING RETURNING {pk}), "
+        f"taken AS (UPDATE {table} SET {_takeover_assignments(connection, from_excluded=False)} "
+        f"WHERE {scope} = %s AND {key} = %s AND {expires} <= %s "
+        f"AND NOT EXISTS (SELECT 1 FROM inserted) RETURNING {table}.{pk}), "
+        f"claimed AS (SELECT {pk} FROM inserted UNION ALL SELECT {pk} FROM taken) "
+        f"SELECT true, claimed.{pk}, {nulls}, set_config('lock_timeout', wait.previous, true) "
+        "FROM claimed, wait "
+        f"UNION ALL SELECT false, {table}.{pk}, {record}, NULL FROM {table} "
+        f"WHERE {scope} = %s AND {key} = %s AND NOT EXISTS (SELECT 1 FROM claimed)"
     )
+    insert = _insert_params(connection, new)
+    adapt = connection.ops.adapt_datetimefield_value
+    params = [
+        f"{max(1, round(wait * 1000))}ms",
+        *insert,
+        *insert[2:],
+        new.scope,
+        new.key,
+        adapt(new.created_at),
+        new.scope,
+        new.key,
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    if row[0]:
+        return int(row[1])
+    values = list(row[1:-1])
+    headers_at = _RECORD_COLUMNS.index("response_headers")
+    if isinstance(values[headers_at], str):  # jsonb arrives as text for JSONField to decode
+        values[headers_at] = json.loads(values[headers_at])
+    found = IdempotencyKey.from_db(connection.alias, _RECORD_COLUMNS, values)
+    found.scope, found.key = new.scope, new.key
+    return found
+
+
+def _read(using: str, new: NewClaim) -> IdempotencyKey | None:
+    return IdempotencyKey.objects.using(using).filter(scope=new.scope, key=new.key).first()
 
 
 def _mysql_wait_prefix(connection: BaseDatabaseWrapper, wait: float) -> str:
@@ -325,10 +410,7 @@ def _take_over_mysql(
     quote = connection.ops.quote_name
     table = quote(IdempotencyKey._meta.db_table)
     columns = _columns()
-    assignments = ", ".join(
-        [f"{quote(columns[field])} = %s" for field in _CLAIM_FIELDS[2:]]
-        + [f"{quote(columns[field])} = NULL" for field in _RESPONSE_FIELDS]
-    )
+    assignments = _takeover_assignments(connection, from_excluded=False)
     pk = quote(IdempotencyKey._meta.pk.column)
     expires = quote(columns["expires_at"])
     adapt = connection.ops.adapt_datetimefield_value

@@ -163,3 +163,39 @@ class LeaseStoreFailureTests:
         assert not IdempotencyKey.objects.exists()  # released, not stuck for a lease
         monkeypatch.undo()
         assert post(client, "/orders/lease/").status_code == 201
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL transaction ids")
+class PostgresReplayWritesNothingTests:
+    def test_replay_is_read_only_so_its_commit_needs_no_flush(self, client):
+        from django_idempotency import signals
+
+        seen: list[object] = []
+
+        def inside_replay(**kwargs: object) -> None:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_current_xact_id_if_assigned()")
+                seen.append(cursor.fetchone()[0])
+
+        post(client)
+        signals.response_replayed.connect(inside_replay)
+        try:
+            assert post(client)["Idempotent-Replayed"] == "true"
+        finally:
+            signals.response_replayed.disconnect(inside_replay)
+        assert seen == [None]  # no transaction id: nothing was written or locked
+
+
+@pytest.mark.django_db
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL heap-only updates")
+class PostgresHotUpdateTests:
+    def test_storing_the_response_is_a_heap_only_update(self, client):
+        assert post(client).status_code == 201
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables WHERE relname = %s",
+                [IdempotencyKey._meta.db_table],
+            )
+            updates, hot_updates = cursor.fetchone()
+        assert (updates, hot_updates) == (1, 1)
