@@ -105,12 +105,20 @@ def test_hundred_keys_with_five_duplicates_each_have_hundred_effects():
 
     responses = run_in_threads(shuffled, threads=20)
 
-    assert Order.objects.count() == 100
-    assert calls.value == 100
-    assert IdempotencyKey.objects.count() == 100
     by_key: dict[int, list] = {}
     for position, response in zip(order, responses, strict=True):
         by_key.setdefault(position // 5, []).append(response)
+    # 409 is a valid answer while another copy holds the key (or, on SQLite,
+    # the whole database). A client retries it; so do we, once the storm is
+    # over, for any key none of whose copies got through.
+    for n, group in by_key.items():
+        if all(getattr(r, "status_code", None) == 409 for r in group):
+            group.append(send("/orders/?hold=0.02", f"key-{n}"))
+    connection.close()
+
+    assert Order.objects.count() == 100
+    assert calls.value == 100
+    assert IdempotencyKey.objects.count() == 100
     for group in by_key.values():
         assert_one_original_rest_replays_or_409(group)
 
