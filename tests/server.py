@@ -107,6 +107,13 @@ class GunicornServer:
             return
         raise RuntimeError(f"gunicorn did not answer within {START_LIMIT} s:\n{self.log()}")
 
+    def __enter__(self) -> GunicornServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
     def stop(self) -> None:
         """Stop gracefully, then by force: a test run must never leave workers behind."""
         if self.process is None or self.process.poll() is not None:

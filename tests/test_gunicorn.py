@@ -71,11 +71,8 @@ def server(
         },
         tmp_path_factory.mktemp("gunicorn"),
     )
-    gunicorn.start()
-    try:
+    with gunicorn:
         yield gunicorn
-    finally:
-        gunicorn.stop()
 
 
 @pytest.fixture

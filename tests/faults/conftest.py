@@ -98,11 +98,8 @@ def faults_server(
         },
         tmp_path_factory.mktemp("faults-gunicorn"),
     )
-    gunicorn.start()
-    try:
+    with gunicorn:
         yield gunicorn
-    finally:
-        gunicorn.stop()
 
 
 @pytest.fixture
