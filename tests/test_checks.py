@@ -99,6 +99,7 @@ class CheckSettingsTests:
             "django_idempotency.E005"
         ]
 
+    @pytest.mark.django_db  # Django's own model checks may ask the database (JSONField)
     @override_settings(IDEMPOTENCY={"TTL": -5})
     def test_checks_are_registered(self):
         with pytest.raises(SystemCheckError, match=r"django_idempotency\.E003"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -199,7 +200,12 @@ class PurgeCommandTests:
             call_command("purge_idempotency_keys", "--batch-size", value, stdout=StringIO())
 
 
+@pytest.mark.django_db
 def test_command_failure_exits_non_zero():
+    # The child process reaches this run's test database, which exists, so
+    # start-up checks that connect (JSONField support on MariaDB) succeed and
+    # only the unknown --database fails.
+    env = {**os.environ, "TEST_DATABASE_NAME": connection.settings_dict["NAME"]}
     result = subprocess.run(
         [
             sys.executable,
@@ -212,6 +218,7 @@ def test_command_failure_exits_non_zero():
             "tests.settings",
         ],
         cwd=REPO,
+        env=env,
         capture_output=True,
         text=True,
         timeout=60,

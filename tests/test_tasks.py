@@ -186,6 +186,7 @@ class BeatScheduleTests:
         assert entry.task in app.tasks
         assert entry.schedule.run_every == timedelta(hours=1)
 
+    @pytest.mark.django_db  # Celery's Django fix-up may touch the database on import
     def test_example_celery_app_discovers_the_task(self):
         from example_project import celery_app as example_app
 
