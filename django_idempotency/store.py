@@ -122,7 +122,7 @@ def claim(using: str, new: NewClaim, wait: float) -> int | IdempotencyKey:
         elif connection.vendor == "mysql":
             claimed = _claim_mysql(connection, new, wait)
         else:
-            claimed = _claim_upsert(connection, new, wait)
+            claimed = _claim_upsert(connection, new)
             if claimed is None:
                 claimed = _read(using, new)
         if isinstance(claimed, IdempotencyKey) and claimed.expires_at <= new.created_at:
@@ -227,7 +227,7 @@ def _insert_params(connection: BaseDatabaseWrapper, new: NewClaim) -> list[Any]:
     ]
 
 
-def _claim_upsert(connection: BaseDatabaseWrapper, new: NewClaim, wait: float) -> int | None:
+def _claim_upsert(connection: BaseDatabaseWrapper, new: NewClaim) -> int | None:
     """SQLite: insert, or take over an expired record, in one statement.
 
     SQLite serialises writers on the whole database, so the wait happened

@@ -29,6 +29,7 @@ from django_idempotency.info import IdempotencyInfo
 from django_idempotency.models import IdempotencyKey
 from tests.factories import IdempotencyKeyFactory
 from tests.models import Order
+from tests.polling import wait_until
 from tests.views import calls
 
 ORDERS = "/drf/orders/"
@@ -510,10 +511,7 @@ class InFlightTests:
 
         thread = threading.Thread(target=run)
         thread.start()
-        deadline = time.monotonic() + 5
-        while calls.value == 0:
-            assert time.monotonic() < deadline, "the original never started"
-            time.sleep(0.01)
+        wait_until(lambda: calls.value > 0, "the original to start", 5)
 
         def join() -> Any:
             thread.join(timeout=15)

@@ -30,6 +30,7 @@ from django_idempotency import store
 from django_idempotency.models import IdempotencyKey
 from tests.drf_views import CONTROL_DIR_ENV
 from tests.models import Order
+from tests.polling import wait_until
 from tests.server import DATABASE_NAME_ENV, GunicornServer
 from tests.settings import BACKEND
 
@@ -105,19 +106,13 @@ def in_background(call: Callable[[], Any]) -> Callable[[], Any]:
 
 
 def wait_for_file(path: Path, limit: float = 15) -> dict[str, Any]:
-    deadline = time.monotonic() + limit
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path.name} never appeared"
-        time.sleep(0.02)
+    wait_until(path.exists, f"{path.name} to appear", limit)
     return json.loads(path.read_text())
 
 
 def wait_for_exit(pid: int, limit: float = 10) -> None:
     """Wait until the killed worker is gone (reaped by the gunicorn master)."""
-    deadline = time.monotonic() + limit
-    while Path(f"/proc/{pid}").exists():
-        assert time.monotonic() < deadline, f"worker {pid} did not exit"
-        time.sleep(0.02)
+    wait_until(lambda: not Path(f"/proc/{pid}").exists(), f"worker {pid} to exit", limit)
 
 
 class LoadTests:

@@ -33,6 +33,7 @@ from django_idempotency.models import IdempotencyKey
 from tests import drf_views
 from tests.factories import IdempotencyKeyFactory
 from tests.models import Order
+from tests.polling import wait_until
 from tests.views import calls
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -79,13 +80,6 @@ def in_background(call: Callable[[], Any]) -> Callable[[], Any]:
         return result["value"]
 
     return join
-
-
-def wait_until(condition: Callable[[], bool], what: str, limit: float = 10) -> None:
-    deadline = time.monotonic() + limit
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def fingerprint_of(url: str, data: Any = PAYLOAD) -> str:

@@ -10,7 +10,6 @@ import json
 import os
 import random
 import threading
-import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from django_idempotency.models import IdempotencyKey
 from tests.faults.client import Call, RetryingClient
 from tests.faults.database import APPLICATION_NAME_ENV
 from tests.faults.plugin import Row, record_row, scale
+from tests.polling import wait_until as wait_for
 from tests.server import DATABASE_NAME_ENV, WORKERS, GunicornServer
 
 
@@ -112,13 +112,6 @@ def server(faults_server: GunicornServer) -> GunicornServer:
 @pytest.fixture
 def record(request: pytest.FixtureRequest) -> Callable[[Row], None]:
     return lambda row: record_row(request.node, row)
-
-
-def wait_for(condition: Callable[[], bool], what: str, limit: float = 30.0) -> None:
-    deadline = time.monotonic() + limit
-    while not condition():
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.05)
 
 
 def client_for(server: GunicornServer, **options: Any) -> RetryingClient:
