@@ -19,11 +19,11 @@ HOST = os.environ.get("TEST_DATABASE_HOST", "127.0.0.1")
 NAME = os.environ.get("TEST_DATABASE_NAME", "idempotency")
 
 
-def _database() -> dict:
+def _database(suffix: str = "") -> dict:
     if BACKEND == "sqlite":
         # A file, not :memory:, so that concurrent tests use real connections
         # and SQLite's real locking. Django removes it after the run.
-        path = Path(tempfile.gettempdir()) / f"django-idempotency-test-{os.getpid()}.sqlite3"
+        path = Path(tempfile.gettempdir()) / f"django-idempotency-test-{os.getpid()}{suffix}.sqlite3"
         options: dict[str, object] = {"timeout": 5}
         if django.VERSION >= (5, 1):
             options["transaction_mode"] = "IMMEDIATE"
@@ -36,7 +36,7 @@ def _database() -> dict:
     if BACKEND == "postgresql":
         return {
             "ENGINE": "django.db.backends.postgresql",
-            "NAME": NAME,
+            "NAME": NAME + suffix,
             "HOST": HOST,
             "PORT": os.environ.get("TEST_DATABASE_PORT", "5432"),
             "USER": os.environ.get("TEST_DATABASE_USER", "postgres"),
@@ -45,7 +45,7 @@ def _database() -> dict:
     if BACKEND == "mariadb":
         return {
             "ENGINE": "django.db.backends.mysql",
-            "NAME": NAME,
+            "NAME": NAME + suffix,
             "HOST": HOST,
             "PORT": os.environ.get("TEST_DATABASE_PORT", "3306"),
             "USER": os.environ.get("TEST_DATABASE_USER", "root"),
@@ -63,7 +63,9 @@ DEBUG = False
 ALLOWED_HOSTS = ["*"]
 USE_TZ = True
 TIME_ZONE = "UTC"
-DATABASES = {"default": _database()}
+# "other" is created only for tests that ask for it: IDEMPOTENCY["DATABASE"]
+# pointing away from "default".
+DATABASES = {"default": _database(), "other": _database("_other")}
 DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
 ROOT_URLCONF = "tests.urls"
 INSTALLED_APPS = [

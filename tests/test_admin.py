@@ -123,10 +123,10 @@ class DetailTests:
 class ReleaseActionTests:
     def test_release_deletes_only_in_progress_records(self, staff):
         stuck = IdempotencyKeyFactory(lease_expired=True)
-        running = IdempotencyKeyFactory(in_flight=True)
+        also_stuck = IdempotencyKeyFactory(lease_expired=True)
         done = IdempotencyKeyFactory()
         old = IdempotencyKeyFactory(expired=True)
-        selected = [stuck, running, done, old]
+        selected = [stuck, also_stuck, done, old]
 
         response = staff.post(
             CHANGELIST,
@@ -168,3 +168,80 @@ class ReleaseActionTests:
 
         assert "release_in_progress" not in html
         assert IdempotencyKey.objects.filter(pk=stuck.pk).exists()
+
+    def test_held_lease_asks_for_confirmation_and_releases_nothing(self, staff):
+        running = IdempotencyKeyFactory(in_flight=True, key="running-key-jjjj")
+        stuck = IdempotencyKeyFactory(lease_expired=True)
+
+        response = staff.post(
+            CHANGELIST,
+            {
+                "action": "release_in_progress",
+                ACTION_CHECKBOX_NAME: [str(running.pk), str(stuck.pk)],
+            },
+        )
+
+        html = response.content.decode()
+        assert response.status_code == 200
+        assert "Release leases that are still held?" in html
+        assert mask_key(running.key) in html
+        assert "running-key-jjjj" not in html
+        assert 'name="confirm" value="yes"' in html
+        remaining = set(IdempotencyKey.objects.values_list("pk", flat=True))
+        assert remaining == {running.pk, stuck.pk}
+
+    def test_held_lease_released_once_confirmed(self, staff):
+        running = IdempotencyKeyFactory(in_flight=True)
+        done = IdempotencyKeyFactory()
+
+        response = staff.post(
+            CHANGELIST,
+            {
+                "action": "release_in_progress",
+                ACTION_CHECKBOX_NAME: [str(running.pk), str(done.pk)],
+                "confirm": "yes",
+            },
+            follow=True,
+        )
+
+        assert "Released 1 in-progress record." in response.content.decode()
+        assert list(IdempotencyKey.objects.values_list("pk", flat=True)) == [done.pk]
+
+
+@pytest.mark.django_db(databases=["default", "other"])
+class OtherDatabaseTests:
+    """IDEMPOTENCY["DATABASE"] names the alias the admin reads and writes."""
+
+    @pytest.fixture(autouse=True)
+    def idempotency_on_other(self, settings):
+        settings.IDEMPOTENCY = {"DATABASE": "other"}
+
+    def test_changelist_and_detail_read_the_configured_alias(self, staff):
+        there = IdempotencyKeyFactory._meta.model.objects.using("other").create(
+            scope="user:7",
+            key="other-db-key-kkkk",
+            fingerprint="f" * 64,
+            state=State.COMPLETED,
+            status_code=201,
+            expires_at=IdempotencyKeyFactory.build().expires_at,
+        )
+        here = IdempotencyKeyFactory(key="default-db-key-llll")
+
+        html = changelist(staff)
+        detail = staff.get(f"{CHANGELIST}{there.pk}/change/")
+
+        assert mask_key(there.key) in html
+        assert mask_key(here.key) not in html
+        assert detail.status_code == 200
+        assert mask_key(there.key) in detail.content.decode()
+
+    def test_release_deletes_on_the_configured_alias(self, staff):
+        stuck = IdempotencyKeyFactory.build(lease_expired=True)
+        stuck.save(using="other")
+
+        staff.post(
+            CHANGELIST,
+            {"action": "release_in_progress", ACTION_CHECKBOX_NAME: [str(stuck.pk)]},
+        )
+
+        assert not IdempotencyKey.objects.using("other").filter(pk=stuck.pk).exists()
