@@ -23,7 +23,8 @@ def _database(suffix: str = "") -> dict:
     if BACKEND == "sqlite":
         # A file, not :memory:, so that concurrent tests use real connections
         # and SQLite's real locking. Django removes it after the run.
-        path = Path(tempfile.gettempdir()) / f"django-idempotency-test-{os.getpid()}{suffix}.sqlite3"
+        name = f"django-idempotency-test-{os.getpid()}{suffix}.sqlite3"
+        path = Path(tempfile.gettempdir()) / name
         options: dict[str, object] = {"timeout": 5}
         if django.VERSION >= (5, 1):
             options["transaction_mode"] = "IMMEDIATE"

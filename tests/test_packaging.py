@@ -44,7 +44,8 @@ def test_wheel_holds_the_app_its_migrations_and_type_marker(dist: Path) -> None:
 
     assert "django_idempotency/migrations/0001_initial.py" in names
     assert "django_idempotency/py.typed" in names
-    assert "django_idempotency/templates/admin/django_idempotency/release_confirmation.html" in names
+    templates = "django_idempotency/templates/admin/django_idempotency"
+    assert f"{templates}/release_confirmation.html" in names
     assert "django_idempotency/management/commands/purge_idempotency_keys.py" in names
     top_level = {name.split("/")[0] for name in names}
     unexpected = {entry for entry in top_level if entry != "django_idempotency"}
