@@ -121,7 +121,7 @@ class CheckSettingsTests:
         assert "No module named 'no_such_module_here'" in error.msg
         with override_settings(IDEMPOTENCY={key: "django_idempotency.scopes.missing"}):
             [error] = check_settings()
-        assert "does not define a \"missing\"" in error.msg
+        assert 'does not define a "missing"' in error.msg
 
     def test_dotted_path_to_a_non_callable_says_so(self):
         with override_settings(IDEMPOTENCY={"SCOPE": "django_idempotency.scopes.ANONYMOUS"}):

@@ -449,7 +449,9 @@ class OptionTests:
 
         from django_idempotency import idempotent
 
-        with pytest.raises(ImproperlyConfigured, match=rf"@idempotent\({option}=\.\.\.\)") as raised:
+        with pytest.raises(
+            ImproperlyConfigured, match=rf"@idempotent\({option}=\.\.\.\)"
+        ) as raised:
             idempotent(**{option: value})
         assert re.search(fix, str(raised.value))
 
