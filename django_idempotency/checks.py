@@ -14,14 +14,17 @@ from typing import Any
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error
+from django.urls import get_resolver
 
 from django_idempotency.conf import BY_NAME, DEFAULTS, SETTING_NAME, SETTINGS
+from django_idempotency.options import all_deferred_imports
 
 NOT_A_DICT = "django_idempotency.E001"
 UNKNOWN_KEY = "django_idempotency.E002"
 UNKNOWN_DATABASE = "django_idempotency.E004"
 SET_COOKIE_STORED = "django_idempotency.E005"
 KEY_LENGTHS_CROSSED = "django_idempotency.E117"
+VIEW_IMPORT_FAILED = "django_idempotency.E118"
 
 
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
@@ -102,3 +105,22 @@ def _key_lengths(values: dict[str, Any], invalid: set[str]) -> list[Error]:
             KEY_LENGTHS_CROSSED,
         )
     ]
+
+
+def check_view_options(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Import the dotted paths that views' options defer to their first request.
+
+    Decorating a view does not import them (that would invite import
+    cycles); by the time the checks run every module can be imported, so a
+    wrong path still stops start-up rather than fail every request.
+    """
+    try:
+        get_resolver().url_patterns  # noqa: B018  imports the views
+    except Exception:
+        return []  # Django's own URL checks report a URLconf that fails to import
+    errors: list[CheckMessage] = []
+    for label, setting, path in all_deferred_imports():
+        problem = setting.problem(path)
+        if problem is not None:
+            errors.append(Error(f"{label} {problem}.", hint=setting.hint, id=VIEW_IMPORT_FAILED))
+    return errors

@@ -119,9 +119,9 @@ def _import_request_function(path: str) -> RequestFunction:
     try:
         func = import_string(path)
     except ImportError as exc:
-        raise InvalidValue(f"= {path!r} could not be imported: {exc}") from exc
+        raise InvalidValue(f"names {path!r}, which could not be imported: {exc}") from exc
     if not callable(func):
-        raise InvalidValue(f"= {path!r} names a {type(func).__name__}, not a callable")
+        raise InvalidValue(f"names {path!r}, a {type(func).__name__}, not a callable")
     return cast(RequestFunction, func)
 
 

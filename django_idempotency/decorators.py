@@ -36,7 +36,7 @@ def idempotent(view: ViewFunc | None = None, /, **options: Any) -> Any:
     value an ``ImproperlyConfigured``, both raised here, when the view
     module is imported.
     """
-    view_options = check_options(options)
+    check_options(options)
 
     def decorate(view_func: ViewFunc) -> ViewFunc:
         if iscoroutinefunction(view_func):
@@ -44,6 +44,7 @@ def idempotent(view: ViewFunc | None = None, /, **options: Any) -> Any:
                 f"@idempotent cannot protect the async view {view_func.__qualname__}; "
                 "async views are not supported yet."
             )
+        view_options = check_options(options, view_func)
 
         @wraps(view_func)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
@@ -63,6 +64,8 @@ def idempotent(view: ViewFunc | None = None, /, **options: Any) -> Any:
             # Lease mode commits its claim before the handler runs, which a
             # request-wide transaction (ATOMIC_REQUESTS) would prevent.
             wrapper._non_atomic_requests = set(settings.DATABASES)  # type: ignore[attr-defined]
+        # For system checks that look at a view's options.
+        wrapper.idempotency_options = view_options  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
 
     if view is not None:

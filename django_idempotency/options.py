@@ -11,7 +11,8 @@ its views module is still being imported invites import cycles.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Mapping
+import weakref
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -21,6 +22,11 @@ from django_idempotency.conf import SETTINGS, RequestFunction, Setting, idempote
 #: Per-view options; each defaults to the setting of the same name.
 OPTIONS: dict[str, Setting] = {s.option_name: s for s in SETTINGS if s.option}
 OPTION_NAMES: tuple[str, ...] = tuple(OPTIONS)
+
+# Every view's options, so that the system checks can import the dotted
+# paths that views defer to their first request (see checks.py). Weak: a
+# view that is gone takes its options with it.
+_ALL: weakref.WeakSet[ViewOptions] = weakref.WeakSet()
 
 
 @dataclass(frozen=True)
@@ -69,14 +75,18 @@ class ViewOptions:
                     setting.refuse(label(name), problem)
             else:
                 self._clean[name] = setting.clean(value, label(name))
+        _ALL.add(self)
 
     @property
     def atomic(self) -> bool | None:
         """The view's own mode, or None when it follows the ``ATOMIC`` setting."""
         return self._clean.get("atomic")
 
-    def given(self) -> dict[str, Any]:
-        return dict(self._given)
+    def deferred_imports(self) -> Iterator[tuple[str, Setting, str]]:
+        """``(label, setting, dotted path)`` of each option imported at first use."""
+        for name, value in self._given.items():
+            if name not in self._clean:
+                yield self._label(name), OPTIONS[name], value
 
     def resolve(self) -> Options:
         """The options for one request: settings read now, dotted paths imported on first use."""
@@ -92,13 +102,15 @@ class ViewOptions:
         return Options(**values)
 
 
-def decorator_label(name: str) -> str:
-    return f"@idempotent({name}=...)"
+def all_deferred_imports() -> list[tuple[str, Setting, str]]:
+    found = {item for options in list(_ALL) for item in options.deferred_imports()}
+    return sorted(found, key=lambda item: (item[0], item[2]))
 
 
-def check_options(options: Mapping[str, Any]) -> ViewOptions:
+def check_options(options: Mapping[str, Any], view: Any = None) -> ViewOptions:
     """Validate ``@idempotent`` keyword arguments when the view is decorated."""
-    return ViewOptions(options, decorator_label)
+    where = "" if view is None else f" on {view.__module__}.{view.__qualname__}"
+    return ViewOptions(options, lambda name: f"@idempotent({name}=...){where}")
 
 
 def resolve_options(overrides: Mapping[str, Any] | ViewOptions) -> Options:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gc
 import re
 from datetime import timedelta
 
@@ -126,11 +127,37 @@ class CheckSettingsTests:
     def test_dotted_path_to_a_non_callable_says_so(self):
         with override_settings(IDEMPOTENCY={"SCOPE": "django_idempotency.scopes.ANONYMOUS"}):
             [error] = check_settings()
-        assert "names a str, not a callable" in error.msg
+        assert "names 'django_idempotency.scopes.ANONYMOUS', a str, not a callable" in error.msg
 
     def test_min_key_length_above_max_is_e117(self):
         assert ids({"KEY_MIN_LENGTH": 20, "KEY_MAX_LENGTH": 10}) == ["django_idempotency.E117"]
         assert ids({"KEY_MIN_LENGTH": 10, "KEY_MAX_LENGTH": 10}) == []
+
+    def test_view_dotted_path_that_fails_to_import_is_e118_naming_the_view(self):
+        from django_idempotency import idempotent
+        from django_idempotency.checks import check_view_options
+
+        @idempotent(fingerprint="tests.no_such_module.fingerprint")
+        def broken_view(request):  # pragma: no cover - never called
+            raise AssertionError
+
+        [error] = [e for e in check_view_options() if "broken_view" in e.msg]
+        assert error.id == "django_idempotency.E118"
+        assert "@idempotent(fingerprint=...) on tests.test_checks." in error.msg
+        assert "broken_view names 'tests.no_such_module.fingerprint'" in error.msg
+        assert "No module named 'tests.no_such_module'" in error.msg
+        del broken_view
+        gc.collect()  # the view is gone: so are its options
+        assert not [e for e in check_view_options() if "broken_view" in e.msg]
+
+    def test_views_dotted_paths_that_import_pass(self):
+        from django_idempotency.checks import check_view_options
+        from django_idempotency.options import all_deferred_imports
+
+        # tests.drf_views declares idempotency_scope = "tests.drf_views.tenant_scope".
+        paths = {path for _, _, path in all_deferred_imports()}
+        assert "tests.drf_views.tenant_scope" in paths
+        assert not [e for e in check_view_options() if "tenant_scope" in e.msg]
 
     def test_every_check_id_is_documented(self):
         from pathlib import Path
@@ -138,7 +165,7 @@ class CheckSettingsTests:
         page = (Path(__file__).resolve().parent.parent / "docs" / "settings.rst").read_text()
         documented = set(re.findall(r"``([EW]\d{3})``", page))
         used = {setting.check_id.rsplit(".", 1)[1] for setting in SETTINGS}
-        assert used | {"E001", "E002", "E004", "E005", "E117"} <= documented
+        assert used | {"E001", "E002", "E004", "E005", "E117", "E118"} <= documented
         for setting in SETTINGS:
             assert f"``{setting.name}``" in page
 

@@ -487,8 +487,9 @@ class OptionTests:
         request = rf.post("/", headers={"Idempotency-Key": "k"})
         with pytest.raises(
             ImproperlyConfigured,
-            match=r"@idempotent\(scope=\.\.\.\) = 'tests.no_such_module.scope' could not be "
-            r"imported: No module named 'tests.no_such_module'",
+            match=r"@idempotent\(scope=\.\.\.\) on tests\.test_decorator\..*view names "
+            r"'tests.no_such_module.scope', which could not be imported: "
+            r"No module named 'tests.no_such_module'",
         ):
             view(request)
         assert not IdempotencyKey.objects.exists()
