@@ -4,8 +4,9 @@ Each option is a row of the settings table (:mod:`django_idempotency.conf`)
 and is validated by that row's rule when the view is decorated or its class
 is created, so a wrong value fails where it is written, not on every
 request. Dotted paths (``scope``, ``fingerprint``) are checked for shape
-then, and imported at the first request: importing a project's module while
-its views module is still being imported invites import cycles.
+then but imported later, by a system check or at the first request:
+importing a project's module while its views module is still being
+imported invites import cycles (see docs/decorator.rst).
 """
 
 from __future__ import annotations
