@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-__all__ = ["idempotent"]
+__all__ = ["__version__", "idempotent"]
+
+try:
+    # The version is declared once, in pyproject.toml.
+    __version__ = version("django-idempotency")
+except PackageNotFoundError:  # pragma: no cover - imported from a checkout that was never installed
+    __version__ = "0+unknown"
 
 
 def __getattr__(name: str) -> Any:

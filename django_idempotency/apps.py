@@ -11,6 +11,7 @@ class DjangoIdempotencyConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django_idempotency.checks import check_settings
+        from django_idempotency.checks import check_settings, check_view_options
 
         checks.register(check_settings, checks.Tags.compatibility)
+        checks.register(check_view_options, checks.Tags.urls)

@@ -2,114 +2,29 @@
 
 A typo or a bad value must stop ``runserver``, ``migrate`` and the test run
 with a message naming the key, rather than surface as a 500 on the first
-protected request.
+protected request. Each rule has its own id, so that a project can silence
+exactly one; the value rules come from the settings table in
+:mod:`django_idempotency.conf`. The ids are listed in docs/settings.rst.
 """
 
 from __future__ import annotations
 
 import difflib
-import re
-from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error
-from django.core.exceptions import ImproperlyConfigured
+from django.urls import get_resolver
 
-from django_idempotency.conf import DEFAULTS, SETTING_NAME, resolve_callable
+from django_idempotency.conf import BY_NAME, DEFAULTS, SETTING_NAME, SETTINGS
+from django_idempotency.options import all_deferred_imports
 
-# RFC 9110 token characters: what a header field name may contain.
-_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
-_KNOWN_METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"}
-# The key and scope columns are 255 characters wide.
-KEY_COLUMN_LENGTH = 255
-
-
-def _error(key: str, message: str, hint: str, id: str = "django_idempotency.E003") -> Error:
-    return Error(f"{SETTING_NAME}[{key!r}] {message}", hint=hint, id=id)
-
-
-def _is_bool(value: Any) -> bool:
-    return isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _is_positive_duration(value: Any) -> bool:
-    if isinstance(value, timedelta):
-        return value > timedelta(0)
-    return _is_number(value) and value > 0
-
-
-def _is_header_name(value: Any) -> bool:
-    return isinstance(value, str) and bool(_TOKEN.match(value))
-
-
-def _is_header_list(value: Any) -> bool:
-    return isinstance(value, list | tuple | set | frozenset) and all(
-        _is_header_name(item) for item in value
-    )
-
-
-def _is_method_list(value: Any) -> bool:
-    return (
-        isinstance(value, list | tuple | set | frozenset)
-        and len(value) > 0
-        and all(isinstance(item, str) and item.upper() in _KNOWN_METHODS for item in value)
-    )
-
-
-def _is_request_function(name: str) -> Callable[[Any], bool]:
-    def check(value: Any) -> bool:
-        if callable(value):
-            return True
-        if not isinstance(value, str):
-            return False
-        try:
-            resolve_callable(value, name)
-        except ImproperlyConfigured:
-            return False
-        return True
-
-    return check
-
-
-# One validator and one hint per setting, so every message names its key.
-_VALIDATORS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "HEADER": (_is_header_name, "Use a header field name such as 'Idempotency-Key'."),
-    "REQUIRED": (_is_bool, "Use True or False."),
-    "METHODS": (_is_method_list, "Use a non-empty tuple of HTTP methods, e.g. ('POST', 'PATCH')."),
-    "TTL": (_is_positive_duration, "Use a positive timedelta or number of seconds."),
-    "KEY_MAX_LENGTH": (
-        lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= KEY_COLUMN_LENGTH,
-        f"Use an integer from 1 to {KEY_COLUMN_LENGTH} (the width of the key column).",
-    ),
-    "SCOPE": (
-        _is_request_function("SCOPE"),
-        "Use a callable f(request) -> str or the dotted path of one.",
-    ),
-    "FINGERPRINT": (
-        _is_request_function("FINGERPRINT"),
-        "Use a callable f(request) -> str or the dotted path of one.",
-    ),
-    "ATOMIC": (_is_bool, "Use True (atomic mode) or False (lease mode)."),
-    "WAIT": (
-        lambda v: _is_number(v) and 0 <= v <= 3600,
-        "Use a number of seconds from 0 to 3600.",
-    ),
-    "LEASE": (_is_positive_duration, "Use a positive timedelta or number of seconds."),
-    "REPLAY_HEADER": (_is_header_name, "Use a header field name such as 'Idempotent-Replayed'."),
-    "STORED_HEADERS": (_is_header_list, "Use a tuple of header field names."),
-    "DATABASE": (lambda v: isinstance(v, str), "Use a database alias from DATABASES."),
-    "MAX_STORED_BODY": (
-        lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
-        "Use a number of bytes, 0 or more.",
-    ),
-    "ENABLED": (_is_bool, "Use True or False."),
-}
+NOT_A_DICT = "django_idempotency.E001"
+UNKNOWN_KEY = "django_idempotency.E002"
+UNKNOWN_DATABASE = "django_idempotency.E004"
+SET_COOKIE_STORED = "django_idempotency.E005"
+KEY_LENGTHS_CROSSED = "django_idempotency.E117"
+VIEW_IMPORT_FAILED = "django_idempotency.E118"
 
 
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
@@ -119,42 +34,93 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             Error(
                 f"{SETTING_NAME} must be a dict, not {type(user).__name__}.",
                 hint="See the settings page of the django-idempotency docs.",
-                id="django_idempotency.E001",
+                id=NOT_A_DICT,
             )
         ]
+    errors: list[CheckMessage] = [_unknown_key(key) for key in user if key not in DEFAULTS]
+    invalid = set()
+    for setting in SETTINGS:
+        if setting.name not in user:
+            continue
+        problem = setting.problem(user[setting.name])
+        if problem is not None:
+            invalid.add(setting.name)
+            errors.append(_error(setting.name, f"{problem}.", setting.hint, setting.check_id))
+    values = {name: user.get(name, default) for name, default in DEFAULTS.items()}
+    for rule in (_database_alias, _set_cookie, _key_lengths):
+        errors.extend(rule(values, invalid))
+    return errors
+
+
+def _error(key: str, message: str, hint: str, id: str) -> Error:
+    return Error(f"{SETTING_NAME}[{key!r}] {message}", hint=hint, id=id)
+
+
+def _unknown_key(key: Any) -> Error:
+    close = difflib.get_close_matches(str(key), DEFAULTS, n=1)
+    hint = f"Did you mean {close[0]!r}?" if close else f"Known keys: {', '.join(DEFAULTS)}."
+    return Error(f"{SETTING_NAME}[{key!r}] is not a known setting.", hint=hint, id=UNKNOWN_KEY)
+
+
+# Rules over a valid value and the rest of the project's settings.
+
+
+def _database_alias(values: dict[str, Any], invalid: set[str]) -> list[Error]:
+    database = values["DATABASE"]
+    if "DATABASE" in invalid or database in settings.DATABASES:
+        return []
+    return [
+        _error(
+            "DATABASE",
+            f"names {database!r}, which is not in DATABASES.",
+            f"Use one of: {', '.join(settings.DATABASES)}.",
+            UNKNOWN_DATABASE,
+        )
+    ]
+
+
+def _set_cookie(values: dict[str, Any], invalid: set[str]) -> list[Error]:
+    stored = values["STORED_HEADERS"]
+    if "STORED_HEADERS" in invalid or all(name.lower() != "set-cookie" for name in stored):
+        return []
+    return [
+        _error(
+            "STORED_HEADERS",
+            "includes Set-Cookie, which is never stored or replayed.",
+            "Remove 'Set-Cookie': replaying a session cookie would hand it to whoever retries.",
+            SET_COOKIE_STORED,
+        )
+    ]
+
+
+def _key_lengths(values: dict[str, Any], invalid: set[str]) -> list[Error]:
+    low, high = values["KEY_MIN_LENGTH"], values["KEY_MAX_LENGTH"]
+    if {"KEY_MIN_LENGTH", "KEY_MAX_LENGTH"} & invalid or low <= high:
+        return []
+    return [
+        _error(
+            "KEY_MIN_LENGTH",
+            f"is {low}, above KEY_MAX_LENGTH ({high}): every key would be refused.",
+            BY_NAME["KEY_MIN_LENGTH"].hint + " Keep it at most KEY_MAX_LENGTH.",
+            KEY_LENGTHS_CROSSED,
+        )
+    ]
+
+
+def check_view_options(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Import the dotted paths that views' options defer to their first request.
+
+    Decorating a view does not import them (that would invite import
+    cycles); by the time the checks run every module can be imported, so a
+    wrong path still stops start-up rather than fail every request.
+    """
+    try:
+        get_resolver().url_patterns  # noqa: B018  imports the views
+    except Exception:
+        return []  # Django's own URL checks report a URLconf that fails to import
     errors: list[CheckMessage] = []
-    for key in user:
-        if key not in DEFAULTS:
-            close = difflib.get_close_matches(str(key), DEFAULTS, n=1)
-            hint = f"Did you mean {close[0]!r}?" if close else f"Known keys: {', '.join(DEFAULTS)}."
-            errors.append(
-                Error(
-                    f"{SETTING_NAME}[{key!r}] is not a known setting.",
-                    hint=hint,
-                    id="django_idempotency.E002",
-                )
-            )
-    for key, (is_valid, hint) in _VALIDATORS.items():
-        if key in user and not is_valid(user[key]):
-            errors.append(_error(key, f"has an invalid value: {user[key]!r}.", hint))
-    database = user.get("DATABASE", DEFAULTS["DATABASE"])
-    if isinstance(database, str) and database not in settings.DATABASES:
-        errors.append(
-            _error(
-                "DATABASE",
-                f"names {database!r}, which is not in DATABASES.",
-                f"Use one of: {', '.join(settings.DATABASES)}.",
-                id="django_idempotency.E004",
-            )
-        )
-    stored = user.get("STORED_HEADERS", ())
-    if _is_header_list(stored) and any(name.lower() == "set-cookie" for name in stored):
-        errors.append(
-            _error(
-                "STORED_HEADERS",
-                "includes Set-Cookie, which is never stored or replayed.",
-                "Remove 'Set-Cookie': replaying a session cookie would hand it to whoever retries.",
-                id="django_idempotency.E005",
-            )
-        )
+    for label, setting, path in all_deferred_imports():
+        problem = setting.problem(path)
+        if problem is not None:
+            errors.append(Error(f"{label} {problem}.", hint=setting.hint, id=VIEW_IMPORT_FAILED))
     return errors

@@ -1,51 +1,95 @@
-"""The ``IDEMPOTENCY`` settings dict, read through one object.
+"""The ``IDEMPOTENCY`` settings: each described once, in :data:`SETTINGS`.
 
-Values are looked up on every access rather than cached, so
-``override_settings`` and the ``setting_changed`` signal need no special
-handling. Defaults live here and are never written into
-``django.conf.settings``. Validation lives in :mod:`django_idempotency.checks`;
-the accessors below assume the checks have passed and only normalise types.
+A setting's default, validator, normaliser, check id and hint live in one
+row, and everything else derives from that row: the settings object below,
+the system checks (:mod:`django_idempotency.checks`), the per-view options
+and the ``IdempotentMixin`` attributes (:mod:`django_idempotency.options`).
+A per-view option therefore cannot accept a value its setting would refuse.
+
+Values are normalised once and cached; the cache is dropped on Django's
+``setting_changed`` signal, so ``override_settings`` keeps working. Defaults
+are never written into ``django.conf.settings``.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from functools import lru_cache
-from typing import Any
+from typing import Any, Generic, NoReturn, TypeVar, cast
 
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
 from django.http import HttpRequest
 from django.utils.module_loading import import_string
 
 SETTING_NAME = "IDEMPOTENCY"
-
-DEFAULTS: dict[str, Any] = {
-    "HEADER": "Idempotency-Key",
-    "REQUIRED": False,
-    "METHODS": ("POST", "PATCH"),
-    "TTL": timedelta(hours=24),
-    "KEY_MAX_LENGTH": 255,
-    "SCOPE": "django_idempotency.scopes.user_scope",
-    "FINGERPRINT": "django_idempotency.fingerprint.request_fingerprint",
-    "ATOMIC": True,
-    "WAIT": 5.0,
-    "LEASE": timedelta(minutes=5),
-    "REPLAY_HEADER": "Idempotent-Replayed",
-    "STORED_HEADERS": (
-        "Content-Type",
-        "Location",
-        "ETag",
-        "Last-Modified",
-        "Content-Language",
-    ),
-    "DATABASE": "default",
-    "MAX_STORED_BODY": 1_048_576,
-    "ENABLED": True,
-}
+# The key and scope columns are 255 characters wide.
+KEY_COLUMN_LENGTH = 255
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"})
+# RFC 9110 token characters: what a header field name may contain.
+_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_DOTTED_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
 
 RequestFunction = Callable[[HttpRequest], str]
+
+
+class InvalidValue(ValueError):
+    """A value that passed its type rule but could not be normalised (an import failed)."""
+
+
+# Validators: what each setting accepts.
+
+
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_positive_duration(value: Any) -> bool:
+    if isinstance(value, timedelta):
+        return value > timedelta(0)
+    return _is_number(value) and value > 0
+
+
+def _is_header_name(value: Any) -> bool:
+    return isinstance(value, str) and bool(_TOKEN.match(value))
+
+
+def _is_header_list(value: Any) -> bool:
+    return isinstance(value, list | tuple | set | frozenset) and all(
+        _is_header_name(item) for item in value
+    )
+
+
+def _is_method_list(value: Any) -> bool:
+    # A bare string is refused: iterating "POST" would give {P, O, S, T}.
+    return (
+        isinstance(value, list | tuple | set | frozenset)
+        and len(value) > 0
+        and all(isinstance(item, str) and item.upper() in KNOWN_METHODS for item in value)
+    )
+
+
+def _is_key_length(value: Any) -> bool:
+    return _is_int(value) and 1 <= value <= KEY_COLUMN_LENGTH
+
+
+def _is_request_function(value: Any) -> bool:
+    return callable(value) or (isinstance(value, str) and bool(_DOTTED_PATH.match(value)))
+
+
+# Normalisers: the one type each accessor and option returns.
 
 
 def to_timedelta(value: timedelta | int | float) -> timedelta:
@@ -55,96 +99,312 @@ def to_timedelta(value: timedelta | int | float) -> timedelta:
     return timedelta(seconds=value)
 
 
-def resolve_callable(value: str | RequestFunction, name: str) -> RequestFunction:
-    """Turn a dotted path into the callable it names; a failure names the setting."""
+def _to_methods(value: Any) -> frozenset[str]:
+    return frozenset(method.upper() for method in value)
+
+
+def _to_stored_headers(value: Any) -> frozenset[str]:
+    return frozenset(name.lower() for name in value if name.lower() != "set-cookie")
+
+
+def to_request_function(value: str | RequestFunction) -> RequestFunction:
+    """Turn a dotted path into the callable it names; say why an import failed."""
     if callable(value):
         return value
-    return _import_callable(value, name)
+    return _import_request_function(value)
 
 
 @lru_cache(maxsize=64)
-def _import_callable(path: str, name: str) -> RequestFunction:
+def _import_request_function(path: str) -> RequestFunction:
     try:
         func = import_string(path)
     except ImportError as exc:
-        raise ImproperlyConfigured(
-            f"{SETTING_NAME}[{name!r}] = {path!r} could not be imported: {exc}"
-        ) from exc
+        raise InvalidValue(f"names {path!r}, which could not be imported: {exc}") from exc
     if not callable(func):
-        raise ImproperlyConfigured(f"{SETTING_NAME}[{name!r}] = {path!r} is not callable.")
-    return func
+        raise InvalidValue(f"names {path!r}, a {type(func).__name__}, not a callable")
+    return cast(RequestFunction, func)
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One row of the settings table."""
+
+    name: str
+    default: Any
+    is_valid: Callable[[Any], bool]
+    normalise: Callable[[Any], Any]
+    check_id: str
+    hint: str
+    #: Also a per-view option (``@idempotent(ttl=...)``, ``idempotency_ttl``).
+    option: bool = False
+    #: Normalising imports code: a per-view value is imported at first use,
+    #: not when the view module is imported (see docs/decorator.rst).
+    imports: bool = False
+
+    @property
+    def option_name(self) -> str:
+        return self.name.lower()
+
+    def problem(self, value: Any, *, resolve: bool = True) -> str | None:
+        """What is wrong with ``value``, to follow the name of where it was set; None if fine."""
+        if not self.is_valid(value):
+            return f"has an invalid value: {value!r}"
+        if resolve:
+            try:
+                self.normalise(value)
+            except InvalidValue as exc:
+                return str(exc)
+        return None
+
+    def clean(self, value: Any, label: str) -> Any:
+        """The normalised value, or ``ImproperlyConfigured`` naming ``label`` and the fix."""
+        problem = self.problem(value, resolve=False)
+        if problem is None:
+            try:
+                return self.normalise(value)
+            except InvalidValue as exc:
+                problem = str(exc)
+        self.refuse(label, problem)
+
+    def refuse(self, label: str, problem: str) -> NoReturn:
+        raise ImproperlyConfigured(f"{label} {problem}. {self.hint}")
+
+
+_DURATION_HINT = "Use a positive timedelta or a number of seconds, e.g. timedelta(hours=1) or 3600."
+_FUNCTION_HINT = (
+    "Use a callable f(request) -> str or the dotted path of one, "
+    "e.g. 'myproject.idempotency.tenant_scope'."
+)
+
+#: Every setting, once. Check ids E101... are one per setting's value rule.
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "HEADER",
+        "Idempotency-Key",
+        _is_header_name,
+        str,
+        "django_idempotency.E101",
+        "Use a header field name such as 'Idempotency-Key'.",
+    ),
+    Setting(
+        "REQUIRED",
+        False,
+        _is_bool,
+        bool,
+        "django_idempotency.E102",
+        "Use True or False.",
+        option=True,
+    ),
+    Setting(
+        "METHODS",
+        ("POST", "PATCH"),
+        _is_method_list,
+        _to_methods,
+        "django_idempotency.E103",
+        "Use a non-empty tuple of HTTP methods, e.g. ('POST', 'PATCH'); "
+        "for one method write ('POST',), not 'POST'.",
+        option=True,
+    ),
+    Setting(
+        "TTL",
+        timedelta(hours=24),
+        _is_positive_duration,
+        to_timedelta,
+        "django_idempotency.E104",
+        _DURATION_HINT,
+        option=True,
+    ),
+    Setting(
+        "KEY_MAX_LENGTH",
+        KEY_COLUMN_LENGTH,
+        _is_key_length,
+        int,
+        "django_idempotency.E105",
+        f"Use an integer from 1 to {KEY_COLUMN_LENGTH} (the width of the key column).",
+    ),
+    Setting(
+        "KEY_MIN_LENGTH",
+        1,
+        _is_key_length,
+        int,
+        "django_idempotency.E106",
+        f"Use an integer from 1 to {KEY_COLUMN_LENGTH}, e.g. 16 for public endpoints "
+        "whose clients send random keys.",
+    ),
+    Setting(
+        "SCOPE",
+        "django_idempotency.scopes.user_scope",
+        _is_request_function,
+        to_request_function,
+        "django_idempotency.E107",
+        _FUNCTION_HINT,
+        option=True,
+        imports=True,
+    ),
+    Setting(
+        "FINGERPRINT",
+        "django_idempotency.fingerprint.request_fingerprint",
+        _is_request_function,
+        to_request_function,
+        "django_idempotency.E108",
+        _FUNCTION_HINT,
+        option=True,
+        imports=True,
+    ),
+    Setting(
+        "ATOMIC",
+        True,
+        _is_bool,
+        bool,
+        "django_idempotency.E109",
+        "Use True (atomic mode) or False (lease mode).",
+        option=True,
+    ),
+    Setting(
+        "WAIT",
+        5.0,
+        lambda value: _is_number(value) and 0 <= value <= 3600,
+        float,
+        "django_idempotency.E110",
+        "Use a number of seconds from 0 to 3600.",
+        option=True,
+    ),
+    Setting(
+        "LEASE",
+        timedelta(minutes=5),
+        _is_positive_duration,
+        to_timedelta,
+        "django_idempotency.E111",
+        _DURATION_HINT,
+        option=True,
+    ),
+    Setting(
+        "REPLAY_HEADER",
+        "Idempotent-Replayed",
+        _is_header_name,
+        str,
+        "django_idempotency.E112",
+        "Use a header field name such as 'Idempotent-Replayed'.",
+    ),
+    Setting(
+        "STORED_HEADERS",
+        (
+            "Content-Type",
+            "Location",
+            "ETag",
+            "Last-Modified",
+            "Content-Language",
+            "Content-Encoding",
+            "Content-Disposition",
+        ),
+        _is_header_list,
+        _to_stored_headers,
+        "django_idempotency.E113",
+        "Use a tuple of header field names, e.g. ('Content-Type', 'Location').",
+    ),
+    Setting(
+        "DATABASE",
+        "default",
+        lambda value: isinstance(value, str),
+        str,
+        "django_idempotency.E114",
+        "Use a database alias from DATABASES, e.g. 'default'.",
+    ),
+    Setting(
+        "MAX_STORED_BODY",
+        1_048_576,
+        lambda value: _is_int(value) and value >= 0,
+        int,
+        "django_idempotency.E115",
+        "Use a number of bytes, 0 or more.",
+    ),
+    Setting(
+        "ENABLED",
+        True,
+        _is_bool,
+        bool,
+        "django_idempotency.E116",
+        "Use True or False.",
+    ),
+)
+
+BY_NAME: dict[str, Setting] = {setting.name: setting for setting in SETTINGS}
+DEFAULTS: dict[str, Any] = {setting.name: setting.default for setting in SETTINGS}
+
+T = TypeVar("T")
+
+
+class _Accessor(Generic[T]):
+    """A typed, cached attribute of the settings object, named after its setting."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.setting = BY_NAME[name.upper()]
+
+    def __get__(self, instance: IdempotencySettings | None, owner: type) -> T:
+        assert instance is not None, "read settings from idempotency_settings"
+        return cast(T, instance.value(self.setting))
 
 
 class IdempotencySettings:
-    """Typed accessors over the user's ``IDEMPOTENCY`` dict and the defaults."""
+    """The user's ``IDEMPOTENCY`` dict over the defaults, normalised and cached."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, Any] = {}
+
+    def user_settings(self) -> dict[str, Any]:
+        user = getattr(django_settings, SETTING_NAME, {})
+        if not isinstance(user, dict):
+            raise ImproperlyConfigured(
+                f"{SETTING_NAME} must be a dict, not {type(user).__name__}. "
+                "See the settings page of the django-idempotency docs."
+            )
+        return user
 
     def raw(self, name: str) -> Any:
-        user = getattr(django_settings, SETTING_NAME, None) or {}
-        if not isinstance(user, dict):
-            user = {}
-        return user.get(name, DEFAULTS[name])
+        return self.user_settings().get(name, DEFAULTS[name])
 
-    @property
-    def header(self) -> str:
-        return str(self.raw("HEADER"))
+    def value(self, setting: Setting) -> Any:
+        try:
+            return self._cache[setting.name]
+        except KeyError:
+            pass
+        # The system checks report a bad value at start-up; should they be
+        # silenced, the first use still fails with the same words.
+        value = setting.clean(self.raw(setting.name), f"{SETTING_NAME}[{setting.name!r}]")
+        self._cache[setting.name] = value
+        return value
 
-    @property
-    def required(self) -> bool:
-        return bool(self.raw("REQUIRED"))
+    def reload(self) -> None:
+        self._cache.clear()
 
-    @property
-    def methods(self) -> frozenset[str]:
-        return frozenset(method.upper() for method in self.raw("METHODS"))
-
-    @property
-    def ttl(self) -> timedelta:
-        return to_timedelta(self.raw("TTL"))
-
-    @property
-    def key_max_length(self) -> int:
-        return int(self.raw("KEY_MAX_LENGTH"))
-
-    @property
-    def scope(self) -> RequestFunction:
-        return resolve_callable(self.raw("SCOPE"), "SCOPE")
-
-    @property
-    def fingerprint(self) -> RequestFunction:
-        return resolve_callable(self.raw("FINGERPRINT"), "FINGERPRINT")
-
-    @property
-    def atomic(self) -> bool:
-        return bool(self.raw("ATOMIC"))
-
-    @property
-    def wait(self) -> float:
-        return float(self.raw("WAIT"))
-
-    @property
-    def lease(self) -> timedelta:
-        return to_timedelta(self.raw("LEASE"))
-
-    @property
-    def replay_header(self) -> str:
-        return str(self.raw("REPLAY_HEADER"))
-
-    @property
-    def stored_headers(self) -> frozenset[str]:
-        return frozenset(
-            name.lower() for name in self.raw("STORED_HEADERS") if name.lower() != "set-cookie"
-        )
-
-    @property
-    def database(self) -> str:
-        return str(self.raw("DATABASE"))
-
-    @property
-    def max_stored_body(self) -> int:
-        return int(self.raw("MAX_STORED_BODY"))
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.raw("ENABLED"))
+    header: _Accessor[str] = _Accessor()
+    required: _Accessor[bool] = _Accessor()
+    methods: _Accessor[frozenset[str]] = _Accessor()
+    ttl: _Accessor[timedelta] = _Accessor()
+    key_max_length: _Accessor[int] = _Accessor()
+    key_min_length: _Accessor[int] = _Accessor()
+    scope: _Accessor[RequestFunction] = _Accessor()
+    fingerprint: _Accessor[RequestFunction] = _Accessor()
+    atomic: _Accessor[bool] = _Accessor()
+    wait: _Accessor[float] = _Accessor()
+    lease: _Accessor[timedelta] = _Accessor()
+    replay_header: _Accessor[str] = _Accessor()
+    stored_headers: _Accessor[frozenset[str]] = _Accessor()
+    database: _Accessor[str] = _Accessor()
+    max_stored_body: _Accessor[int] = _Accessor()
+    enabled: _Accessor[bool] = _Accessor()
 
 
 idempotency_settings = IdempotencySettings()
+
+
+def _reload_settings(*, setting: str, **kwargs: Any) -> None:
+    if setting == SETTING_NAME:
+        idempotency_settings.reload()
+
+
+setting_changed.connect(_reload_settings, dispatch_uid="django_idempotency.conf.reload")

@@ -12,7 +12,6 @@ import logging
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -22,12 +21,7 @@ from django.http import HttpRequest, HttpResponseBase
 from django.utils import timezone
 
 from django_idempotency import signals, store
-from django_idempotency.conf import (
-    RequestFunction,
-    idempotency_settings,
-    resolve_callable,
-    to_timedelta,
-)
+from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import (
     FingerprintMismatch,
     IdempotencyKeyRequired,
@@ -36,12 +30,11 @@ from django_idempotency.exceptions import (
 from django_idempotency.info import IdempotencyInfo
 from django_idempotency.keys import mask_key, parse_key
 from django_idempotency.models import IdempotencyKey
+from django_idempotency.options import Options, ViewOptions, resolve_options
 from django_idempotency.responses import capture, is_storable, replay
 
 logger = logging.getLogger(__name__)
 
-#: Per-view options; each defaults to the setting of the same name.
-OPTION_NAMES = ("required", "ttl", "methods", "scope", "fingerprint", "atomic", "wait", "lease")
 SCOPE_MAX_LENGTH = 255
 FINGERPRINT_MAX_LENGTH = 64
 
@@ -49,51 +42,10 @@ Handler = Callable[[], HttpResponseBase]
 Finalize = Callable[[HttpResponseBase], HttpResponseBase]
 
 
-@dataclass(frozen=True)
-class Options:
-    required: bool
-    ttl: timedelta
-    methods: frozenset[str]
-    scope: RequestFunction
-    fingerprint: RequestFunction
-    atomic: bool
-    wait: float
-    lease: timedelta
-
-
-def check_options(options: Mapping[str, Any]) -> None:
-    """Reject misspelt per-view options when the view is decorated, not per request."""
-    unknown = set(options) - set(OPTION_NAMES)
-    if unknown:
-        raise TypeError(
-            f"Unknown idempotency option(s): {', '.join(sorted(unknown))}. "
-            f"Valid options are: {', '.join(OPTION_NAMES)}."
-        )
-
-
-def resolve_options(overrides: Mapping[str, Any]) -> Options:
-    conf = idempotency_settings
-
-    def pick(name: str) -> Any:
-        value = overrides.get(name)
-        return getattr(conf, name) if value is None else value
-
-    return Options(
-        required=bool(pick("required")),
-        ttl=to_timedelta(pick("ttl")),
-        methods=frozenset(method.upper() for method in pick("methods")),
-        scope=resolve_callable(pick("scope"), "SCOPE"),
-        fingerprint=resolve_callable(pick("fingerprint"), "FINGERPRINT"),
-        atomic=bool(pick("atomic")),
-        wait=float(pick("wait")),
-        lease=to_timedelta(pick("lease")),
-    )
-
-
 def protect(
     request: HttpRequest,
     handler: Handler,
-    overrides: Mapping[str, Any],
+    overrides: Mapping[str, Any] | ViewOptions,
     *,
     sender: Any,
     finalize: Finalize = lambda response: response,
@@ -117,7 +69,7 @@ def protect(
         if options.required:
             raise IdempotencyKeyRequired(f"This endpoint requires an {header} header.")
         return handler()
-    key = parse_key(raw_key, conf.key_max_length)
+    key = parse_key(raw_key, conf.key_max_length, conf.key_min_length)
     info = IdempotencyInfo(
         key=key,
         scope=_normalise_scope(options.scope(request)),

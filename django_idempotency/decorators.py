@@ -13,8 +13,9 @@ from django.http import HttpRequest, HttpResponseBase
 from django.template.response import SimpleTemplateResponse
 
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.core import check_options, protect
+from django_idempotency.core import protect
 from django_idempotency.exceptions import IdempotencyError
+from django_idempotency.options import check_options
 from django_idempotency.responses import problem
 
 ViewFunc = TypeVar("ViewFunc", bound=Callable[..., HttpResponseBase])
@@ -31,7 +32,9 @@ def idempotent(view: ViewFunc | None = None, /, **options: Any) -> Any:
 
     Works on function views, through ``method_decorator`` on class-based
     views, and on DRF ``@api_view`` functions when placed below
-    ``@api_view``.
+    ``@api_view``. A misspelt option name is a ``TypeError`` and a wrong
+    value an ``ImproperlyConfigured``, both raised here, when the view
+    module is imported.
     """
     check_options(options)
 
@@ -41,6 +44,7 @@ def idempotent(view: ViewFunc | None = None, /, **options: Any) -> Any:
                 f"@idempotent cannot protect the async view {view_func.__qualname__}; "
                 "async views are not supported yet."
             )
+        view_options = check_options(options, view_func)
 
         @wraps(view_func)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
@@ -48,18 +52,20 @@ def idempotent(view: ViewFunc | None = None, /, **options: Any) -> Any:
                 return protect(
                     request,
                     lambda: view_func(request, *args, **kwargs),
-                    options,
+                    view_options,
                     sender=view_func,
                     finalize=lambda response: _render(request, response),
                 )
             except IdempotencyError as error:
                 return _error_response(request, error)
 
-        atomic = options.get("atomic")
+        atomic = view_options.atomic
         if atomic is False or (atomic is None and not idempotency_settings.atomic):
             # Lease mode commits its claim before the handler runs, which a
             # request-wide transaction (ATOMIC_REQUESTS) would prevent.
             wrapper._non_atomic_requests = set(settings.DATABASES)  # type: ignore[attr-defined]
+        # For system checks that look at a view's options.
+        wrapper.idempotency_options = view_options  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
 
     if view is not None:

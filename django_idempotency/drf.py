@@ -8,19 +8,23 @@ DRF-authenticated user (token, JWT, session).
 
 from __future__ import annotations
 
-from inspect import ismethod
+import difflib
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpResponseBase
 from django.template.response import SimpleTemplateResponse
+from django.views import View
 from rest_framework import exceptions, status
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from django_idempotency import exceptions as core_exceptions
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.core import OPTION_NAMES, protect
+from django_idempotency.core import protect
+from django_idempotency.options import OPTION_NAMES, ViewOptions
 
 
 class IdempotencyKeyRequired(exceptions.APIException):
@@ -75,34 +79,44 @@ def finalize_api_view_response(request: Request, response: HttpResponseBase) -> 
     return view.finalize_response(request, response)
 
 
+ATTRIBUTE_PREFIX = "idempotency_"
+_ATTRIBUTES = tuple(ATTRIBUTE_PREFIX + name for name in OPTION_NAMES)
+
+
 class IdempotentMixin:
     """Protect a DRF view's handlers; options as ``idempotency_<option>`` attributes.
 
     Put it before the DRF base class: ``class OrderViewSet(IdempotentMixin,
     ModelViewSet)``. Attributes left ``None`` fall back to the setting of
-    the same name.
+    the same name. The order, the attribute names and their values are
+    checked when the class is created (see docs/drf.rst).
     """
 
-    idempotency_required: bool | None = None
-    idempotency_ttl: Any = None
-    idempotency_methods: Any = None
-    idempotency_scope: Any = None
-    idempotency_fingerprint: Any = None
-    idempotency_atomic: bool | None = None
-    idempotency_wait: float | None = None
-    idempotency_lease: Any = None
+    # One ``idempotency_<option>`` attribute per option, each None: set below
+    # the class, from the options table.
+    _idempotency_options: ViewOptions
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _check_order(cls)
+        _check_attribute_names(cls)
+        cls._idempotency_options = _class_options(cls, {})
 
     @classmethod
     def as_view(cls, *args: Any, **initkwargs: Any) -> Any:
-        """Keep lease-mode views out of ``ATOMIC_REQUESTS``.
+        """Validate ``idempotency_*`` arguments; keep lease mode out of ``ATOMIC_REQUESTS``.
 
         Lease mode must commit its claim before the handler runs, which a
         request-wide transaction would prevent. Django decides this from the
         view function before DRF's ``dispatch`` ever runs, so it is settled
         here, from the attribute, the ``as_view`` argument or the setting.
         """
+        given = {name: value for name, value in initkwargs.items() if name in _ATTRIBUTES}
+        options = _class_options(cls, given) if given else cls._idempotency_options
+        if given:
+            initkwargs["_idempotency_options"] = options
         view = super().as_view(*args, **initkwargs)  # type: ignore[misc]
-        atomic = initkwargs.get("idempotency_atomic", cls.idempotency_atomic)
+        atomic = options.atomic
         if atomic is None:
             atomic = idempotency_settings.atomic
         if not atomic:
@@ -119,7 +133,13 @@ class IdempotentMixin:
             setattr(self, method, self._protected(handler))
 
     def _protected(self, handler: Any) -> Any:
-        options = {name: self._option(name) for name in OPTION_NAMES}
+        options = self._idempotency_options
+        dynamic = _properties(type(self))
+        if dynamic:
+            # An option given as a property is read per request and checked then.
+            given = {name: getattr(self, name) for name in _ATTRIBUTES}
+            given = {name: given[name] for name in [*dynamic, *vars(self)] if name in given}
+            options = _class_options(type(self), given)
 
         def protected_handler(request: Request, *args: Any, **kwargs: Any) -> HttpResponseBase:
             try:
@@ -135,14 +155,6 @@ class IdempotentMixin:
 
         return protected_handler
 
-    def _option(self, name: str) -> Any:
-        value = getattr(self, f"idempotency_{name}")
-        # A function assigned as a class attribute comes back bound to the
-        # view; the scope and fingerprint callables take only the request.
-        if ismethod(value) and value.__self__ is self:
-            return value.__func__
-        return value
-
     def _render_now(self, request: Request, response: HttpResponseBase) -> HttpResponseBase:
         # Render before storing, so that what is stored is the bytes DRF
         # sends; a plain TemplateResponse (which DRF passes through) too.
@@ -151,3 +163,54 @@ class IdempotentMixin:
         if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
             response.render()
         return response
+
+
+for _attribute in _ATTRIBUTES:
+    setattr(IdempotentMixin, _attribute, None)
+
+
+def _properties(cls: type) -> list[str]:
+    return [name for name in _ATTRIBUTES if isinstance(getattr(cls, name), property)]
+
+
+def _class_options(cls: type, given: dict[str, Any]) -> ViewOptions:
+    """The options of ``cls``: its attributes, then ``given`` (``as_view`` arguments)."""
+    values = {name: getattr(cls, ATTRIBUTE_PREFIX + name) for name in OPTION_NAMES}
+    for name in _properties(cls):
+        values[name[len(ATTRIBUTE_PREFIX) :]] = None  # read per request
+    values.update({name[len(ATTRIBUTE_PREFIX) :]: value for name, value in given.items()})
+    return ViewOptions(values, lambda name: f"{cls.__qualname__}.{ATTRIBUTE_PREFIX}{name}")
+
+
+def _check_order(cls: type) -> None:
+    """The mixin must come before APIView, whose ``initial`` and ``as_view`` never reach it."""
+    mro = cls.__mro__
+    if APIView in mro and mro.index(APIView) < mro.index(IdempotentMixin):
+        ours = next(base for base in cls.__bases__ if issubclass(base, IdempotentMixin))
+        bases = [base for base in cls.__bases__ if base is not ours]
+        fixed = ", ".join(base.__name__ for base in [ours, *bases])
+        raise ImproperlyConfigured(
+            f"{cls.__qualname__} lists {ours.__name__} after a DRF view class, so its "
+            f"requests would not be protected. Put the mixin first: "
+            f"class {cls.__name__}({fixed})."
+        )
+    if APIView not in mro and issubclass(cls, View):
+        raise ImproperlyConfigured(
+            f"{cls.__qualname__} is a Django view, not a DRF one: IdempotentMixin protects "
+            "DRF views only. Decorate its handlers with "
+            "@method_decorator(idempotent, name='post') instead."
+        )
+
+
+def _check_attribute_names(cls: type) -> None:
+    """A misspelt ``idempotency_*`` attribute would be ignored: refuse it instead."""
+    for name in vars(cls):
+        if name in _ATTRIBUTES or name.startswith("__"):
+            continue
+        close = difflib.get_close_matches(name, _ATTRIBUTES, n=1, cutoff=0.85)
+        if name.startswith(ATTRIBUTE_PREFIX) or close:
+            hint = f"Did you mean {close[0]!r}? " if close else ""
+            raise ImproperlyConfigured(
+                f"{cls.__qualname__}.{name} is not an IdempotentMixin option. {hint}"
+                f"The options are: {', '.join(_ATTRIBUTES)}."
+            )

@@ -2,8 +2,9 @@
 
 The IETF draft writes the key as an RFC 8941 sf-string (``"abc-123"``) while
 most clients send it bare (``abc-123``); both denote the same key. The key
-itself is 1 to ``KEY_MAX_LENGTH`` visible ASCII characters (0x21-0x7E), so it
-can be stored and compared byte for byte on every backend.
+itself is ``KEY_MIN_LENGTH`` (default 1) to ``KEY_MAX_LENGTH`` visible ASCII
+characters (0x21-0x7E), so it can be stored and compared byte for byte on
+every backend.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ _SF_STRING = re.compile(r'^"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"$')
 _SF_ESCAPE = re.compile(r'\\(["\\])')
 
 
-def parse_key(value: str, max_length: int) -> str:
+def parse_key(value: str, max_length: int, min_length: int = 1) -> str:
     """Return the key a header value denotes, or raise ``InvalidIdempotencyKey``."""
     if value.startswith('"'):
         match = _SF_STRING.match(value)
@@ -34,6 +35,13 @@ def parse_key(value: str, max_length: int) -> str:
     if len(value) > max_length:
         raise InvalidIdempotencyKey(
             f"The idempotency key is {len(value)} characters long; the limit is {max_length}."
+        )
+    if len(value) < min_length:
+        # A public endpoint's scope may be shared (anonymous callers), so a
+        # short, guessable key could reach another caller's stored response.
+        raise InvalidIdempotencyKey(
+            f"The idempotency key is {len(value)} characters long; keys must be at "
+            f"least {min_length}. Send a random key, such as a UUID."
         )
     if not _VISIBLE_ASCII.match(value):
         raise InvalidIdempotencyKey(

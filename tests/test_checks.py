@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import gc
+import re
 from datetime import timedelta
 
 import pytest
@@ -8,6 +10,7 @@ from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
 from django_idempotency.checks import check_settings
+from django_idempotency.conf import BY_NAME, SETTINGS
 
 
 def ids(settings_value) -> list[str]:
@@ -82,14 +85,89 @@ class CheckSettingsTests:
             ("MAX_STORED_BODY", -1),
             ("MAX_STORED_BODY", 1.5),
             ("ENABLED", None),
+            ("KEY_MIN_LENGTH", 0),
+            ("KEY_MIN_LENGTH", "16"),
         ],
     )
-    def test_bad_value_is_e003_naming_the_key(self, key, value):
+    def test_bad_value_has_its_settings_own_id_naming_the_key(self, key, value):
         with override_settings(IDEMPOTENCY={key: value}):
             errors = check_settings()
-        assert [e.id for e in errors] == ["django_idempotency.E003"]
+        assert [e.id for e in errors] == [BY_NAME[key].check_id]
         assert f"IDEMPOTENCY[{key!r}]" in errors[0].msg
         assert errors[0].hint
+
+    def test_each_setting_has_its_own_check_id(self):
+        ids = [setting.check_id for setting in SETTINGS]
+        assert len(set(ids)) == len(ids)
+        fixed = {"E001", "E002", "E004", "E005", "E117"}
+        assert not fixed & {check_id.rsplit(".", 1)[1] for check_id in ids}
+
+    @pytest.mark.django_db  # Django's own model checks may ask the database (JSONField)
+    def test_one_rule_can_be_silenced_alone(self):
+        bad = {"TTL": "1h", "WAIT": "5"}
+        with (
+            override_settings(IDEMPOTENCY=bad, SILENCED_SYSTEM_CHECKS=[BY_NAME["TTL"].check_id]),
+            pytest.raises(SystemCheckError) as raised,
+        ):
+            call_command("check")
+        assert BY_NAME["WAIT"].check_id in str(raised.value)
+        assert BY_NAME["TTL"].check_id not in str(raised.value)
+
+    @pytest.mark.parametrize("key", ["SCOPE", "FINGERPRINT"])
+    def test_dotted_path_that_fails_to_import_says_why(self, key):
+        with override_settings(IDEMPOTENCY={key: "no_such_module_here.scope"}):
+            [error] = check_settings()
+        assert error.id == BY_NAME[key].check_id
+        assert "could not be imported" in error.msg
+        assert "No module named 'no_such_module_here'" in error.msg
+        with override_settings(IDEMPOTENCY={key: "django_idempotency.scopes.missing"}):
+            [error] = check_settings()
+        assert 'does not define a "missing"' in error.msg
+
+    def test_dotted_path_to_a_non_callable_says_so(self):
+        with override_settings(IDEMPOTENCY={"SCOPE": "django_idempotency.scopes.ANONYMOUS"}):
+            [error] = check_settings()
+        assert "names 'django_idempotency.scopes.ANONYMOUS', a str, not a callable" in error.msg
+
+    def test_min_key_length_above_max_is_e117(self):
+        assert ids({"KEY_MIN_LENGTH": 20, "KEY_MAX_LENGTH": 10}) == ["django_idempotency.E117"]
+        assert ids({"KEY_MIN_LENGTH": 10, "KEY_MAX_LENGTH": 10}) == []
+
+    def test_view_dotted_path_that_fails_to_import_is_e118_naming_the_view(self):
+        from django_idempotency import idempotent
+        from django_idempotency.checks import check_view_options
+
+        @idempotent(fingerprint="tests.no_such_module.fingerprint")
+        def broken_view(request):  # pragma: no cover - never called
+            raise AssertionError
+
+        [error] = [e for e in check_view_options() if "broken_view" in e.msg]
+        assert error.id == "django_idempotency.E118"
+        assert "@idempotent(fingerprint=...) on tests.test_checks." in error.msg
+        assert "broken_view names 'tests.no_such_module.fingerprint'" in error.msg
+        assert "No module named 'tests.no_such_module'" in error.msg
+        del broken_view
+        gc.collect()  # the view is gone: so are its options
+        assert not [e for e in check_view_options() if "broken_view" in e.msg]
+
+    def test_views_dotted_paths_that_import_pass(self):
+        from django_idempotency.checks import check_view_options
+        from django_idempotency.options import all_deferred_imports
+
+        # tests.drf_views declares idempotency_scope = "tests.drf_views.tenant_scope".
+        paths = {path for _, _, path in all_deferred_imports()}
+        assert "tests.drf_views.tenant_scope" in paths
+        assert not [e for e in check_view_options() if "tenant_scope" in e.msg]
+
+    def test_every_check_id_is_documented(self):
+        from pathlib import Path
+
+        page = (Path(__file__).resolve().parent.parent / "docs" / "settings.rst").read_text()
+        documented = set(re.findall(r"``([EW]\d{3})``", page))
+        used = {setting.check_id.rsplit(".", 1)[1] for setting in SETTINGS}
+        assert used | {"E001", "E002", "E004", "E005", "E117", "E118"} <= documented
+        for setting in SETTINGS:
+            assert f"``{setting.name}``" in page
 
     def test_unknown_database_alias_is_e004(self):
         assert ids({"DATABASE": "replica"}) == ["django_idempotency.E004"]
@@ -102,5 +180,5 @@ class CheckSettingsTests:
     @pytest.mark.django_db  # Django's own model checks may ask the database (JSONField)
     @override_settings(IDEMPOTENCY={"TTL": -5})
     def test_checks_are_registered(self):
-        with pytest.raises(SystemCheckError, match=r"django_idempotency\.E003"):
+        with pytest.raises(SystemCheckError, match=r"django_idempotency\.E104"):
             call_command("check")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import timedelta
 
 import pytest
@@ -425,3 +426,70 @@ class OptionTests:
 
         with pytest.raises(ImproperlyConfigured, match="async"):
             idempotent(view)
+
+    @pytest.mark.parametrize(
+        ("option", "value", "fix"),
+        [
+            ("methods", "POST", r"\('POST',\)"),
+            ("methods", ("POST", "FETCH"), "HTTP methods"),
+            ("ttl", "1h", "timedelta"),
+            ("ttl", 0, "timedelta"),
+            ("lease", -1, "timedelta"),
+            ("wait", "5", "seconds"),
+            ("wait", 7200, "seconds"),
+            ("required", "yes", "True or False"),
+            ("atomic", 0, "lease mode"),
+            ("scope", 42, "callable"),
+            ("scope", "not a dotted path", "dotted path"),
+            ("fingerprint", ["a.b"], "callable"),
+        ],
+    )
+    def test_wrong_value_is_refused_at_decoration_naming_option_and_fix(self, option, value, fix):
+        from django.core.exceptions import ImproperlyConfigured
+
+        from django_idempotency import idempotent
+
+        with pytest.raises(
+            ImproperlyConfigured, match=rf"@idempotent\({option}=\.\.\.\)"
+        ) as raised:
+            idempotent(**{option: value})
+        assert re.search(fix, str(raised.value))
+
+    def test_misspelt_option_suggests_the_name(self):
+        from django_idempotency import idempotent
+
+        with pytest.raises(TypeError, match="Did you mean 'required'"):
+            idempotent(requird=True)
+
+    def test_valid_values_of_every_type_are_accepted(self):
+        from django_idempotency import idempotent
+
+        idempotent(
+            required=True,
+            ttl=timedelta(hours=1),
+            methods=["post", "PUT"],
+            scope="tests.views.anything",  # imported at first use, not now
+            fingerprint=lambda request: "f",
+            atomic=False,
+            wait=0,
+            lease=30.5,
+        )
+
+    def test_dotted_path_that_fails_to_import_is_a_clear_error_at_first_use(self, rf):
+        from django.core.exceptions import ImproperlyConfigured
+
+        from django_idempotency import idempotent
+
+        @idempotent(scope="tests.no_such_module.scope")
+        def view(request):  # pragma: no cover - never reached
+            raise AssertionError
+
+        request = rf.post("/", headers={"Idempotency-Key": "k"})
+        with pytest.raises(
+            ImproperlyConfigured,
+            match=r"@idempotent\(scope=\.\.\.\) on tests\.test_decorator\..*view names "
+            r"'tests.no_such_module.scope', which could not be imported: "
+            r"No module named 'tests.no_such_module'",
+        ):
+            view(request)
+        assert not IdempotencyKey.objects.exists()

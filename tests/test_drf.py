@@ -16,17 +16,25 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 from django.test import override_settings
+from django.urls import path
 from django.utils import timezone
+from django.views import View
+from rest_framework import viewsets
 from rest_framework.authtoken.models import Token
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.test import APIClient
-from rest_framework.views import exception_handler
+from rest_framework.views import APIView, exception_handler
 
 from django_idempotency import drf
+from django_idempotency.drf import IdempotentMixin
 from django_idempotency.info import IdempotencyInfo
 from django_idempotency.models import IdempotencyKey
+from tests import drf_views
 from tests.factories import IdempotencyKeyFactory
 from tests.models import Order
 from tests.polling import wait_until
@@ -595,3 +603,127 @@ def test_derive_is_stable_and_scoped() -> None:
     assert info.derive("payment") == IdempotencyInfo("k", "user:1", "other").derive("payment")
     assert info.derive("payment") != IdempotencyInfo("k", "user:2", "f").derive("payment")
     assert info.derive("payment") != info.derive("email")
+
+
+class TenantIdempotent(IdempotentMixin):
+    """An abstract intermediate mixin: project-wide options, no DRF class yet."""
+
+    idempotency_scope = "tests.drf_views.tenant_scope"
+
+
+class CountingView(TenantIdempotent, APIView):
+    authentication_classes: list[type] = []
+    permission_classes = [AllowAny]
+
+    def post(self, request: Request) -> Response:
+        calls.increment()
+        return Response({"call": calls.value}, status=201)
+
+
+class SubclassedCountingView(CountingView):
+    """A subclass of a correctly ordered view keeps its protection."""
+
+
+class RequiredByPropertyView(CountingView):
+    @property
+    def idempotency_required(self) -> bool:
+        return self.request.query_params.get("strict") == "1"
+
+
+urlpatterns = [
+    path("counting/", CountingView.as_view()),
+    path("subclassed/", SubclassedCountingView.as_view()),
+    path("by-property/", RequiredByPropertyView.as_view()),
+    path("as-view-ttl/", CountingView.as_view(idempotency_ttl=60)),
+]
+
+
+class MixinDefinitionTests:
+    """Mistakes in a class using ``IdempotentMixin`` fail when the class is created."""
+
+    def test_mixin_after_the_drf_class_is_refused_with_the_fix(self) -> None:
+        with pytest.raises(ImproperlyConfigured) as raised:
+
+            class Wrong(viewsets.ModelViewSet, IdempotentMixin):  # type: ignore[misc]
+                pass
+
+        assert "class Wrong(IdempotentMixin, ModelViewSet)" in str(raised.value)
+
+    def test_intermediate_mixin_after_the_drf_class_is_refused(self) -> None:
+        with pytest.raises(ImproperlyConfigured, match=r"class Wrong\(TenantIdempotent, APIView\)"):
+
+            class Wrong(APIView, TenantIdempotent):  # type: ignore[misc]
+                pass
+
+    def test_subclasses_of_a_correct_class_are_accepted(self) -> None:
+        class Audited:
+            pass
+
+        class Sub(Audited, drf_views.OrderViewSet):
+            idempotency_ttl = 30
+
+        assert Sub._idempotency_options.resolve().ttl == timedelta(seconds=30)
+
+    @pytest.mark.parametrize("name", ["idempotency_requird", "idempotncy_required"])
+    def test_misspelt_attribute_is_refused_with_a_suggestion(self, name: str) -> None:
+        with pytest.raises(ImproperlyConfigured, match="Did you mean 'idempotency_required'"):
+            type("Misspelt", (IdempotentMixin, APIView), {name: True})
+
+    def test_unknown_idempotency_attribute_is_refused(self) -> None:
+        with pytest.raises(ImproperlyConfigured, match=r"idempotency_retries is not an"):
+            type("Unknown", (IdempotentMixin, APIView), {"idempotency_retries": 3})
+
+    @pytest.mark.parametrize(
+        ("name", "value"),
+        [
+            ("idempotency_methods", "POST"),
+            ("idempotency_ttl", "1h"),
+            ("idempotency_wait", -1),
+            ("idempotency_atomic", "no"),
+            ("idempotency_scope", 42),
+        ],
+    )
+    def test_wrong_attribute_value_is_refused_naming_it(self, name: str, value: Any) -> None:
+        with pytest.raises(ImproperlyConfigured, match=rf"^BadValue\.{name} has an invalid value"):
+            type("BadValue", (IdempotentMixin, APIView), {name: value})
+
+    def test_wrong_value_in_an_intermediate_mixin_is_refused_there(self) -> None:
+        with pytest.raises(ImproperlyConfigured, match=r"Defaults\.idempotency_lease"):
+            type("Defaults", (IdempotentMixin,), {"idempotency_lease": timedelta(0)})
+
+    def test_django_view_is_refused(self) -> None:
+        with pytest.raises(ImproperlyConfigured, match="method_decorator"):
+            type("PlainView", (IdempotentMixin, View), {})
+
+    def test_wrong_as_view_argument_is_refused(self) -> None:
+        with pytest.raises(ImproperlyConfigured, match=r"CountingView\.idempotency_ttl"):
+            CountingView.as_view(idempotency_ttl="1h")
+
+
+@pytest.mark.django_db
+@pytest.mark.urls("tests.test_drf")
+class MixinInheritanceTests:
+    def test_intermediate_mixin_protects_and_applies_its_options(self) -> None:
+        client = APIClient()
+        first = post(client, "/counting/", HTTP_X_TENANT="Acme")
+        retry = post(client, "/counting/", HTTP_X_TENANT="Acme")
+        assert retry["Idempotent-Replayed"] == "true"
+        assert retry.json() == first.json() == {"call": 1}
+        assert IdempotencyKey.objects.get().scope == "tenant:Acme"
+
+    def test_subclass_of_a_protected_view_is_protected(self) -> None:
+        client = APIClient()
+        post(client, "/subclassed/")
+        assert post(client, "/subclassed/")["Idempotent-Replayed"] == "true"
+        assert calls.value == 1
+
+    def test_option_given_as_a_property_is_read_per_request(self) -> None:
+        client = APIClient()
+        assert post(client, "/by-property/?strict=1", key=None).status_code == 400
+        assert post(client, "/by-property/", key=None).status_code == 201
+
+    def test_as_view_argument_applies(self) -> None:
+        before = timezone.now()
+        post(APIClient(), "/as-view-ttl/")
+        expires_at = IdempotencyKey.objects.get().expires_at
+        assert before + timedelta(seconds=59) < expires_at < timezone.now() + timedelta(seconds=61)

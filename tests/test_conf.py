@@ -1,0 +1,229 @@
+"""The settings table and what derives from it; the version; header and scope defaults."""
+
+from __future__ import annotations
+
+import gzip
+import re
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import User
+from django.contrib.sessions.backends.db import SessionStore
+from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpRequest, HttpResponse
+from django.test import Client, override_settings
+from django.urls import path
+from django.views.decorators.csrf import csrf_exempt
+
+import django_idempotency
+from django_idempotency import idempotent
+from django_idempotency.conf import DEFAULTS, SETTINGS, idempotency_settings
+from django_idempotency.drf import IdempotentMixin
+from django_idempotency.models import IdempotencyKey
+from django_idempotency.options import OPTION_NAMES
+from django_idempotency.scopes import session_scope
+from tests.views import calls
+
+ROOT = Path(__file__).resolve().parent.parent
+GZIPPED = gzip.compress(b'{"id": 1, "item": "book"}')
+
+
+@csrf_exempt
+@idempotent
+def gzipped_view(request: HttpRequest) -> HttpResponse:
+    """Returns bytes it compressed itself, as a view serving stored archives does."""
+    calls.increment()
+    response = HttpResponse(GZIPPED, status=201, content_type="application/json")
+    response["Content-Encoding"] = "gzip"
+    response["Content-Disposition"] = 'attachment; filename="order.json"'
+    return response
+
+
+@csrf_exempt
+@idempotent(scope=session_scope)
+def session_view(request: HttpRequest) -> HttpResponse:
+    calls.increment()
+    if request.GET.get("login"):
+        request.session["cart"] = "new"  # the first request creates the session
+    return HttpResponse(f"call {calls.value}", status=201)
+
+
+urlpatterns = [
+    path("gzipped/", gzipped_view),
+    path("session/", session_view),
+]
+
+
+class SettingsTableTests:
+    def test_defaults_match_the_documented_dict(self):
+        assert DEFAULTS["STORED_HEADERS"] == (
+            "Content-Type",
+            "Location",
+            "ETag",
+            "Last-Modified",
+            "Content-Language",
+            "Content-Encoding",
+            "Content-Disposition",
+        )
+        assert DEFAULTS["KEY_MIN_LENGTH"] == 1
+
+    def test_every_setting_has_a_typed_accessor(self):
+        for setting in SETTINGS:
+            value = getattr(idempotency_settings, setting.name.lower())
+            assert value == setting.normalise(setting.default)
+
+    def test_options_and_mixin_attributes_come_from_the_table(self):
+        assert OPTION_NAMES == (
+            "required",
+            "methods",
+            "ttl",
+            "scope",
+            "fingerprint",
+            "atomic",
+            "wait",
+            "lease",
+        )
+        for name in OPTION_NAMES:
+            assert getattr(IdempotentMixin, f"idempotency_{name}") is None
+
+    def test_override_settings_is_followed_although_values_are_cached(self):
+        assert idempotency_settings.ttl == timedelta(hours=24)
+        with override_settings(IDEMPOTENCY={"TTL": 60}):
+            assert idempotency_settings.ttl == timedelta(seconds=60)
+        assert idempotency_settings.ttl == timedelta(hours=24)
+
+    def test_values_are_cached_between_reads(self, monkeypatch):
+        idempotency_settings.reload()
+        reads = []
+        original = idempotency_settings.raw
+
+        def counting_raw(name):
+            reads.append(name)
+            return original(name)
+
+        monkeypatch.setattr(idempotency_settings, "raw", counting_raw)
+        for _ in range(3):
+            assert idempotency_settings.methods == frozenset({"POST", "PATCH"})
+        assert reads == ["METHODS"]
+
+    def test_bad_value_at_run_time_names_the_key_and_the_fix(self):
+        # The system check reports this at start-up; silenced, the first read still refuses it.
+        with (
+            override_settings(IDEMPOTENCY={"METHODS": "POST"}),
+            pytest.raises(ImproperlyConfigured, match=r"IDEMPOTENCY\['METHODS'\].*\('POST',\)"),
+        ):
+            idempotency_settings.methods  # noqa: B018
+
+    def test_bad_dotted_path_at_run_time_says_the_import_failed(self):
+        with (
+            override_settings(IDEMPOTENCY={"SCOPE": "no_such_module_here.scope"}),
+            pytest.raises(ImproperlyConfigured, match="could not be imported: No module named"),
+        ):
+            idempotency_settings.scope  # noqa: B018
+
+    def test_settings_not_a_dict_at_run_time(self):
+        with (
+            override_settings(IDEMPOTENCY=["TTL"]),
+            pytest.raises(ImproperlyConfigured, match="must be a dict"),
+        ):
+            idempotency_settings.ttl  # noqa: B018
+
+
+def test_version_is_the_one_in_pyproject():
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    declared = re.search(r'^version = "([^"]+)"', pyproject, re.MULTILINE).group(1)
+    assert django_idempotency.__version__ == declared
+    assert re.match(r"^\d+\.\d+", django_idempotency.__version__)
+
+
+@pytest.mark.django_db
+@pytest.mark.urls("tests.test_conf")
+class StoredHeadersTests:
+    def test_precompressed_body_replays_decodable(self, client: Client):
+        first = client.post("/gzipped/", headers={"Idempotency-Key": "gzip-1"})
+        retry = client.post("/gzipped/", headers={"Idempotency-Key": "gzip-1"})
+
+        assert calls.value == 1
+        assert retry["Idempotent-Replayed"] == "true"
+        assert retry.status_code == first.status_code == 201
+        assert retry["Content-Encoding"] == "gzip"
+        assert retry["Content-Disposition"] == 'attachment; filename="order.json"'
+        assert gzip.decompress(retry.content) == b'{"id": 1, "item": "book"}'
+
+
+@pytest.mark.django_db
+@pytest.mark.urls("tests.test_conf")
+class KeyMinLengthTests:
+    @override_settings(IDEMPOTENCY={"KEY_MIN_LENGTH": 16})
+    def test_shorter_key_is_400_and_runs_nothing(self, client: Client):
+        response = client.post("/gzipped/", headers={"Idempotency-Key": "x" * 15})
+
+        assert response.status_code == 400
+        assert response["Content-Type"] == "application/problem+json"
+        assert "at least 16" in response.json()["detail"]
+        assert calls.value == 0
+        assert not IdempotencyKey.objects.exists()
+        assert client.post("/gzipped/", headers={"Idempotency-Key": "x" * 16}).status_code == 201
+
+    @override_settings(IDEMPOTENCY={"KEY_MIN_LENGTH": 4})
+    def test_minimum_applies_to_the_key_inside_quotes(self, client: Client):
+        assert client.post("/gzipped/", headers={"Idempotency-Key": '"abc"'}).status_code == 400
+        assert client.post("/gzipped/", headers={"Idempotency-Key": '"abcd"'}).status_code == 201
+
+    def test_default_minimum_accepts_one_character(self, client: Client):
+        assert client.post("/gzipped/", headers={"Idempotency-Key": "a"}).status_code == 201
+
+
+def session_client() -> Client:
+    client = Client()
+    session = SessionStore()
+    session["seen"] = True
+    session.create()
+    client.cookies["sessionid"] = session.session_key
+    return client
+
+
+@pytest.mark.django_db
+@pytest.mark.urls("tests.test_conf")
+class SessionScopeTests:
+    def test_two_anonymous_sessions_with_one_key_are_isolated(self):
+        first, second = session_client(), session_client()
+        a = first.post("/session/", headers={"Idempotency-Key": "shared"})
+        b = second.post("/session/", headers={"Idempotency-Key": "shared"})
+
+        assert a.content == b"call 1"
+        assert b.content == b"call 2"
+        assert "Idempotent-Replayed" not in b
+        replay = first.post("/session/", headers={"Idempotency-Key": "shared"})
+        assert replay.content == b"call 1"
+        assert replay["Idempotent-Replayed"] == "true"
+
+    def test_scope_is_a_digest_never_the_session_key(self):
+        client = session_client()
+        client.post("/session/", headers={"Idempotency-Key": "k"})
+        scope = IdempotencyKey.objects.get().scope
+        assert re.fullmatch(r"session:[0-9a-f]{64}", scope)
+        assert client.cookies["sessionid"].value not in scope
+
+    def test_unknown_session_cookie_is_anonymous(self):
+        client = Client()
+        client.cookies["sessionid"] = "made-up-session-key-0123456789"
+        client.post("/session/", headers={"Idempotency-Key": "k"})
+        assert IdempotencyKey.objects.get().scope == "anonymous"
+
+    def test_no_session_is_anonymous_even_when_the_view_creates_one(self):
+        client = Client()
+        first = client.post("/session/?login=1", headers={"Idempotency-Key": "k"})
+        assert "sessionid" in first.cookies
+        assert IdempotencyKey.objects.get().scope == "anonymous"
+        # A retry resends the request as it was: without the new cookie, it replays.
+        retry = Client().post("/session/?login=1", headers={"Idempotency-Key": "k"})
+        assert retry["Idempotent-Replayed"] == "true"
+
+    def test_authenticated_user_is_scoped_by_user(self):
+        user = User.objects.create_user("alice")
+        client = Client()
+        client.force_login(user)
+        client.post("/session/", headers={"Idempotency-Key": "k"})
+        assert IdempotencyKey.objects.get().scope == f"user:{user.pk}"
