@@ -159,9 +159,7 @@ class ModelViewSetContractTests:
         assert "sessionid" in first.cookies
         assert "sessionid" not in retry.cookies
 
-    def test_retry_asking_for_another_format_is_422_not_the_first_format(
-        self, alice: Any
-    ) -> None:
+    def test_retry_asking_for_another_format_is_422_not_the_first_format(self, alice: Any) -> None:
         client, _ = alice
         first = post(client, ORDERS)
         retry = post(client, ORDERS, HTTP_ACCEPT="text/html")
