@@ -33,7 +33,7 @@ FORM = "application/x-www-form-urlencoded"
 def request_fingerprint(request: HttpRequest) -> str:
     """SHA-256 hex over method, path, query, media type, negotiated format and body.
 
-    See the "Fingerprint" section of ``docs/concepts.rst`` for the rules.
+    The rules are described in ``docs/fingerprint.rst``.
     """
     http_request: HttpRequest = getattr(request, "_request", request)  # DRF wraps it
     media_type, _ = parse_header_parameters(http_request.META.get("CONTENT_TYPE", ""))

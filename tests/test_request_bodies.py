@@ -233,6 +233,22 @@ class NegotiatedFormatTests:
         assert sends[1].content == sends[0].content
         assert calls.value == 1
 
+    def test_browsable_api_form_on_a_required_view_gets_400_on_its_page(self) -> None:
+        user = User.objects.create_user("alice")
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+        # What the browsable API's HTML form sends: a form body, no key header.
+        response = client.post(
+            "/drf/required-orders/",
+            "item=book&quantity=1",
+            content_type="application/x-www-form-urlencoded",
+            HTTP_ACCEPT="text/html,application/xhtml+xml",
+        )
+        assert response.status_code == 400
+        assert response["Content-Type"].startswith("text/html")
+        assert b"Idempotency-Key" in response.content
+        assert not Order.objects.exists()
+
 
 @pytest.fixture(scope="module")
 def server(
