@@ -51,7 +51,7 @@ def readable_body(request: HttpRequest) -> Iterator[IO[bytes] | None]:
         stream = _spool(stream)
         # Django reads the body through request._stream (read(), body, POST,
         # the multipart parser, DRF's parsers all go through it).
-        request._stream = stream  # type: ignore[attr-defined]
+        request._stream = stream
     try:
         yield stream
     finally:

@@ -31,7 +31,10 @@ def parse_digested(
     """
     meta = {"CONTENT_TYPE": content_type, "CONTENT_LENGTH": body_size(body)}
     try:
-        return MultiPartParser(meta, body, [_DigestingUploadHandler()], encoding).parse()
+        handlers = [_DigestingUploadHandler()]
+        # The stubs want read(None), which file objects accept at run time.
+        parser = MultiPartParser(meta, body, handlers, encoding)  # type: ignore[arg-type]
+        return parser.parse()
     except (MultiPartParserError, SuspiciousOperation):
         return None
     finally:
@@ -41,7 +44,7 @@ def parse_digested(
 class DigestedFile(UploadedFile):
     """An uploaded file reduced to its SHA-256; its bytes were never kept."""
 
-    def __init__(self, name: str, content_type: str, sha256: str) -> None:
+    def __init__(self, name: str | None, content_type: str | None, sha256: str) -> None:
         super().__init__(None, name, content_type)
         self.sha256 = sha256
 
