@@ -57,6 +57,21 @@ class LargeRawBodyTests:
             with pytest.raises(RequestDataTooBig):
                 request.body  # noqa: B018
 
+    @pytest.mark.parametrize("kind", ["form", "multipart"])
+    def test_form_past_the_limit_fails_in_request_post_as_it_does_without_a_key(self, kind):
+        if kind == "form":
+            data = ("item=" + "x" * 4 * LIMIT).encode()
+            content_type = "application/x-www-form-urlencoded"
+        else:
+            data = encode_multipart(BOUNDARY, {"item": "x" * 4 * LIMIT})
+            content_type = MULTIPART
+        with_key = factory.post("/upload/", data, content_type=content_type)
+        request_fingerprint(with_key)
+        without_key = factory.post("/upload/", data, content_type=content_type)
+        for request in (with_key, without_key):
+            with pytest.raises(RequestDataTooBig):
+                request.POST  # noqa: B018
+
     def test_body_within_the_limit_reads_as_before(self):
         request = factory.put("/upload/", b'{"a": 1}', content_type="application/json")
         request_fingerprint(request)
