@@ -10,38 +10,90 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from decimal import Decimal
-from typing import Any
+from operator import itemgetter
+from typing import IO, Any
 from urllib.parse import parse_qsl, urlencode
 
-from django.http import HttpRequest
+from django.conf import settings
+from django.core.files.uploadedfile import UploadedFile
+from django.http import HttpRequest, QueryDict
 from django.http.request import RawPostDataException
+from django.utils.datastructures import MultiValueDict
 from django.utils.http import parse_header_parameters
 
-_CHUNK = 64 * 1024
+from django_idempotency.body import CHUNK_SIZE, body_size, readable_body
+from django_idempotency.multipart import DigestedFile, parse_digested
+
+MULTIPART = "multipart/form-data"
+FORM = "application/x-www-form-urlencoded"
 
 
 def request_fingerprint(request: HttpRequest) -> str:
-    """SHA-256 hex over method, path, sorted query, media type and canonical body."""
+    """SHA-256 hex over method, path, query, media type, negotiated format and body.
+
+    The rules are described in ``docs/fingerprint.rst``.
+    """
     http_request: HttpRequest = getattr(request, "_request", request)  # DRF wraps it
     media_type, _ = parse_header_parameters(http_request.META.get("CONTENT_TYPE", ""))
     media_type = media_type.lower()
-    query = sorted(parse_qsl(http_request.META.get("QUERY_STRING", ""), keep_blank_values=True))
-    head = json.dumps([http_request.method, http_request.path, urlencode(query), media_type])
-    digest = hashlib.sha256(head.encode())
+    query = sort_pairs(parse_qsl(http_request.META.get("QUERY_STRING", ""), keep_blank_values=True))
+    head = [http_request.method, http_request.path, urlencode(query), media_type]
+    # DRF renders the response in the format content negotiation picked
+    # (the browsable API's HTML, JSON...): a retry asking for another format
+    # is another request, not a replay of the first one's bytes.
+    accepted_media_type = getattr(request, "accepted_media_type", None)
+    if accepted_media_type is not None:
+        head.append(accepted_media_type)
+    digest = hashlib.sha256(json.dumps(head).encode())
     digest.update(b"\n")
-    if media_type == "multipart/form-data":
-        _update_with_multipart(digest, http_request)
-    else:
-        try:
-            body = http_request.body
-        except RawPostDataException:
-            # DRF parsed the stream before us (a permission read request.data):
-            # its parsed data is all that is left to fingerprint.
-            body = _dump_parsed(getattr(request, "data", None)).encode()
-            media_type = "parsed"
-        digest.update(canonical_body(media_type, body))
+    with readable_body(http_request) as body:
+        if body is None:
+            _update_with_parsed(digest, request, media_type)
+        elif media_type == MULTIPART:
+            _update_with_multipart(digest, http_request, body)
+        else:
+            _update_with_body(digest, media_type, body)
     return digest.hexdigest()
+
+
+def sort_pairs(pairs: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Order by name only: the order of a name's values is meaning (``name=a&name=b``)."""
+    return sorted(pairs, key=itemgetter(0))
+
+
+def _update_with_body(digest: Any, media_type: str, body: IO[bytes]) -> None:
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    if _is_canonicalised(media_type) and (limit is None or body_size(body) <= limit):
+        digest.update(canonical_body(media_type, body.read()))
+        return
+    # Bytes, streamed: a body past the limit is one Django would not load
+    # into memory either (the view can only stream it), so it is hashed as
+    # it is rather than parsed.
+    digest.update(b"bytes:")
+    while chunk := body.read(CHUNK_SIZE):
+        digest.update(chunk)
+
+
+def _is_canonicalised(media_type: str) -> bool:
+    return media_type in ("application/json", FORM) or media_type.endswith("+json")
+
+
+def _update_with_parsed(digest: Any, request: HttpRequest, media_type: str) -> None:
+    # The raw stream was read before us and not kept. DRF's parsed data is
+    # all that is left (a permission read request.data), or for a plain
+    # Django POST the form Django parsed (a middleware read request.POST).
+    if media_type == MULTIPART:
+        try:
+            fields, files = request.POST, request.FILES
+        except RawPostDataException:
+            # Read raw by something else first: the view cannot see it either.
+            fields, files = QueryDict(), MultiValueDict()
+        _update_with_form_data(digest, fields, files)
+        return
+    body = _dump_parsed(getattr(request, "data", None)).encode()
+    digest.update(canonical_body("parsed", body))
 
 
 def _dump_parsed(data: Any) -> str:
@@ -56,13 +108,13 @@ def canonical_body(media_type: str, body: bytes) -> bytes:
         canonical = canonical_json(body)
         if canonical is not None:
             return b"json:" + canonical.encode()
-    elif media_type == "application/x-www-form-urlencoded":
+    elif media_type == FORM:
         try:
             pairs = parse_qsl(body.decode(), keep_blank_values=True, strict_parsing=False)
         except UnicodeDecodeError:
             pass
         else:
-            return b"form:" + urlencode(sorted(pairs)).encode()
+            return b"form:" + urlencode(sort_pairs(pairs)).encode()
     return b"bytes:" + body
 
 
@@ -108,17 +160,33 @@ def _number(value: Decimal) -> str:
     return f"{'-' if sign else ''}{digits_text}e{exponent}"
 
 
-def _update_with_multipart(digest: Any, request: HttpRequest) -> None:
-    # The boundary is random per send, so hash the parsed fields and files
-    # rather than the raw bytes. Reading request.POST here is safe for DRF,
-    # which falls back to Django's parsed data once the stream is consumed.
-    fields = sorted((name, value) for name in request.POST for value in request.POST.getlist(name))
-    digest.update(b"multipart:" + urlencode(fields).encode() + b"\n")
-    for name in sorted(request.FILES):
-        for upload in request.FILES.getlist(name):
-            file_digest = hashlib.sha256()
-            for chunk in upload.chunks(_CHUNK):
-                file_digest.update(chunk)
-            upload.seek(0)
-            header = json.dumps([name, upload.name, upload.content_type, file_digest.hexdigest()])
+def _update_with_multipart(digest: Any, request: HttpRequest, body: IO[bytes]) -> None:
+    # The boundary is random per send, so the parsed fields and files are
+    # hashed rather than the raw bytes, for every method (Django fills
+    # request.POST only for POST).
+    parsed = parse_digested(body, request.META.get("CONTENT_TYPE", ""), request.encoding)
+    if parsed is None:
+        # Malformed, or past Django's field limits: the view decides what to
+        # answer; the fingerprint takes the bytes as they are.
+        _update_with_body(digest, "", body)
+        return
+    _update_with_form_data(digest, *parsed)
+
+
+def _update_with_form_data(digest: Any, fields: Any, files: MultiValueDict) -> None:
+    pairs = sort_pairs((name, value) for name in fields for value in fields.getlist(name))
+    digest.update(b"multipart:" + urlencode(pairs).encode() + b"\n")
+    for name in sorted(files):
+        for upload in files.getlist(name):
+            header = json.dumps([name, upload.name, upload.content_type, _file_digest(upload)])
             digest.update(header.encode() + b"\n")
+
+
+def _file_digest(upload: UploadedFile) -> str:
+    if isinstance(upload, DigestedFile):
+        return upload.sha256
+    file_digest = hashlib.sha256()
+    for chunk in upload.chunks(CHUNK_SIZE):
+        file_digest.update(chunk)
+    upload.seek(0)
+    return file_digest.hexdigest()

@@ -167,13 +167,23 @@ class ModelViewSetContractTests:
         assert "sessionid" in first.cookies
         assert "sessionid" not in retry.cookies
 
-    def test_replay_ignores_the_retry_accept_header(self, alice: Any) -> None:
+    def test_retry_asking_for_another_format_is_422_not_the_first_format(self, alice: Any) -> None:
         client, _ = alice
         first = post(client, ORDERS)
         retry = post(client, ORDERS, HTTP_ACCEPT="text/html")
+        assert first["Content-Type"] == "application/json"
+        assert retry.status_code == 422
+        assert retry.content != first.content
+        assert "Idempotent-Replayed" not in retry
+        assert calls.value == 1
+
+    def test_retry_whose_accept_negotiates_the_same_format_replays(self, alice: Any) -> None:
+        client, _ = alice
+        first = post(client, ORDERS, HTTP_ACCEPT="*/*")
+        retry = post(client, ORDERS, HTTP_ACCEPT="application/json")
         assert retry.status_code == 201
         assert retry.content == first.content
-        assert retry["Content-Type"] == "application/json"
+        assert retry["Idempotent-Replayed"] == "true"
 
     def test_different_fingerprint_is_422(self, alice: Any) -> None:
         client, _ = alice

@@ -177,3 +177,170 @@ class LongFingerprintTests:
 
 def long_fingerprint(request) -> str:
     return "x" * 500 + request.path
+
+
+FORM = "application/x-www-form-urlencoded"
+pairs_strategy = st.lists(
+    st.tuples(st.sampled_from(["a", "b", "name"]), st.text(max_size=3)), max_size=8
+)
+
+
+def interleave_keeping_each_names_order(pairs, rng) -> list:
+    """Any order of ``pairs`` in which each name's values keep their order."""
+    queues: dict[str, list] = {}
+    for name, value in pairs:
+        queues.setdefault(name, []).append(value)
+    order = [name for name, _ in pairs]
+    rng.shuffle(order)
+    return [(name, queues[name].pop(0)) for name in order]
+
+
+def multipart_fingerprint(method: str, fields, boundary: str = "BoUnDaRy", files=()) -> str:
+    from django.core.files.uploadedfile import SimpleUploadedFile
+    from django.test.client import encode_multipart
+
+    data: dict[str, list] = {}
+    for name, value in fields:
+        data.setdefault(name, []).append(value)
+    for name, filename, content in files:
+        upload = SimpleUploadedFile(filename, content, content_type="text/plain")
+        data.setdefault(name, []).append(upload)
+    body = encode_multipart(boundary, data)
+    request = factory.generic(
+        method, "/upload/", body, content_type=f"multipart/form-data; boundary={boundary}"
+    )
+    return request_fingerprint(request)
+
+
+class ValueOrderTests:
+    def test_form_values_of_one_name_keep_their_order(self):
+        assert fingerprint("name=a&name=b", FORM) != fingerprint("name=b&name=a", FORM)
+
+    def test_query_values_of_one_name_keep_their_order(self):
+        assert fingerprint("{}", path="/o/?name=a&name=b") != fingerprint(
+            "{}", path="/o/?name=b&name=a"
+        )
+        assert fingerprint("{}", path="/o/?n=1&m=2&n=3") == fingerprint(
+            "{}", path="/o/?m=2&n=1&n=3"
+        )
+
+    def test_multipart_values_of_one_name_keep_their_order(self):
+        ab = [("name", "a"), ("name", "b")]
+        ba = [("name", "b"), ("name", "a")]
+        for method in ("POST", "PUT"):
+            assert multipart_fingerprint(method, ab) != multipart_fingerprint(method, ba)
+
+    def test_multipart_files_of_one_name_keep_their_order(self):
+        one_two = [("f", "1.txt", b"1"), ("f", "2.txt", b"2")]
+        two_one = [("f", "2.txt", b"2"), ("f", "1.txt", b"1")]
+        assert multipart_fingerprint("PUT", [], files=one_two) != multipart_fingerprint(
+            "PUT", [], files=two_one
+        )
+
+    @settings(max_examples=150)
+    @given(pairs_strategy, st.randoms(use_true_random=False))
+    def test_form_order_counts_only_within_a_name(self, pairs, rng):
+        from urllib.parse import urlencode
+
+        other = interleave_keeping_each_names_order(pairs, rng)
+        assert fingerprint(urlencode(pairs), FORM) == fingerprint(urlencode(other), FORM)
+        assert fingerprint("{}", path="/o/?" + urlencode(pairs)) == fingerprint(
+            "{}", path="/o/?" + urlencode(other)
+        )
+
+    @settings(max_examples=100)
+    @given(pairs_strategy, st.randoms(use_true_random=False))
+    def test_form_values_swapped_within_a_name_differ(self, pairs, rng):
+        from urllib.parse import urlencode
+
+        names = [name for name, _ in pairs]
+        swappable = [
+            (i, j)
+            for i in range(len(pairs))
+            for j in range(i + 1, len(pairs))
+            if names[i] == names[j] and pairs[i][1] != pairs[j][1]
+        ]
+        if not swappable:
+            return
+        i, j = rng.choice(swappable)
+        swapped = list(pairs)
+        swapped[i], swapped[j] = pairs[j], pairs[i]
+        assert fingerprint(urlencode(pairs), FORM) != fingerprint(urlencode(swapped), FORM)
+        assert multipart_fingerprint("PATCH", pairs) != multipart_fingerprint("PATCH", swapped)
+
+
+class MultipartEveryMethodTests:
+    METHODS = ("POST", "PUT", "PATCH", "DELETE")
+
+    def test_changed_field_changes_the_fingerprint(self):
+        for method in self.METHODS:
+            assert multipart_fingerprint(method, [("item", "a")]) != multipart_fingerprint(
+                method, [("item", "b")]
+            ), method
+
+    def test_changed_file_changes_the_fingerprint(self):
+        for method in self.METHODS:
+            hello = multipart_fingerprint(method, [], files=[("f", "a.txt", b"hello")])
+            assert hello != multipart_fingerprint(method, [], files=[("f", "a.txt", b"hellO")])
+            assert hello != multipart_fingerprint(method, [], files=[("f", "b.txt", b"hello")])
+
+    def test_boundary_does_not_count(self):
+        for method in self.METHODS:
+            fields, files = [("item", "a")], [("f", "a.txt", b"hello")]
+            assert multipart_fingerprint(method, fields, "One1", files) == multipart_fingerprint(
+                method, fields, "Two2", files
+            )
+
+    def test_form_parsed_before_us_fingerprints_as_the_raw_body(self):
+        from django.core.files.uploadedfile import SimpleUploadedFile
+        from django.test.client import encode_multipart
+
+        def request():
+            upload = SimpleUploadedFile("a.txt", b"hello", content_type="text/plain")
+            body = encode_multipart("B0undary", {"item": ["a", "b"], "f": upload})
+            ct = "multipart/form-data; boundary=B0undary"
+            return factory.post("/upload/", body, content_type=ct)
+
+        parsed_first = request()
+        assert parsed_first.POST.getlist("item") == ["a", "b"]  # a middleware read the form
+        assert request_fingerprint(parsed_first) == request_fingerprint(request())
+        assert parsed_first.FILES["f"].read() == b"hello"
+
+    def test_multipart_django_cannot_parse_is_hashed_as_bytes(self):
+        def put(body: bytes):
+            return factory.put("/upload/", body, content_type="multipart/form-data")  # no boundary
+
+        broken = put(b"--B\r\nsome bytes")
+        assert request_fingerprint(broken) == request_fingerprint(put(b"--B\r\nsome bytes"))
+        assert request_fingerprint(broken) != request_fingerprint(put(b"--B\r\nsome bytez"))
+        assert broken.read() == b"--B\r\nsome bytes"
+
+    def test_multipart_over_django_field_limits_is_hashed_as_bytes(self, settings):
+        settings.DATA_UPLOAD_MAX_NUMBER_FIELDS = 1
+        fields = [("a", "1"), ("b", "2"), ("c", "3"), ("d", "4")]
+        first = multipart_fingerprint("PUT", fields, "One1")
+        assert first == multipart_fingerprint("PUT", fields, "One1")
+        assert first != multipart_fingerprint("PUT", fields, "Two2")  # raw bytes now
+
+
+class NegotiatedFormatTests:
+    def drf_fingerprint(self, accept: str) -> str:
+        from rest_framework.negotiation import DefaultContentNegotiation
+        from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
+        from rest_framework.request import Request
+
+        request = Request(factory.post("/o/", "{}", "application/json", HTTP_ACCEPT=accept))
+        renderer, media_type = DefaultContentNegotiation().select_renderer(
+            request, [JSONRenderer(), BrowsableAPIRenderer()]
+        )
+        request.accepted_renderer, request.accepted_media_type = renderer, media_type
+        return request_fingerprint(request)
+
+    def test_format_negotiated_by_drf_counts(self):
+        assert self.drf_fingerprint("text/html") != self.drf_fingerprint("application/json")
+
+    def test_accept_headers_negotiating_one_format_agree(self):
+        assert self.drf_fingerprint("*/*") == self.drf_fingerprint("application/json")
+        assert self.drf_fingerprint("text/html") == self.drf_fingerprint(
+            "text/html,application/xhtml+xml;q=0.9"
+        )

@@ -25,6 +25,7 @@ from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
+from rest_framework.request import Request
 from rest_framework.test import APIClient, APIRequestFactory
 
 from django_idempotency import store
@@ -84,7 +85,10 @@ def in_background(call: Callable[[], Any]) -> Callable[[], Any]:
 
 
 def fingerprint_of(url: str, data: Any = PAYLOAD) -> str:
-    return request_fingerprint(APIRequestFactory().post(url, data, format="json"))
+    """The fingerprint the DRF view computes for ``post()``, after negotiating JSON."""
+    request = Request(APIRequestFactory().post(url, data, format="json"))
+    request.accepted_media_type = "application/json"
+    return request_fingerprint(request)
 
 
 class LeaseClaimTests:

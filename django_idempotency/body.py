@@ -1,0 +1,88 @@
+"""Reading the request body for the fingerprint without taking it from the view.
+
+A request body is a stream that can be read once. Loading it with
+``request.body`` would apply ``DATA_UPLOAD_MAX_MEMORY_SIZE`` and turn a
+large upload the view streams into a 400, only because a key was sent. So
+the body is copied, as it arrives, into a temporary file that stays in
+memory up to ``FILE_UPLOAD_MAX_MEMORY_SIZE`` and moves to
+``FILE_UPLOAD_TEMP_DIR`` past it (as Django does for uploads and for ASGI
+bodies), and that copy becomes the stream the view reads. Nothing else
+about the request changes: ``request.body``, ``request.POST``,
+``request.read()`` and DRF's ``request.data`` behave, limits and errors
+included, as they would have without a key.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from io import BytesIO
+from tempfile import SpooledTemporaryFile
+from typing import IO, Any
+
+from django.conf import settings
+from django.http import HttpRequest, UnreadablePostError
+
+CHUNK_SIZE = 64 * 1024
+
+
+@contextmanager
+def readable_body(request: HttpRequest) -> Iterator[IO[bytes] | None]:
+    """The whole body as a seekable stream at its start, or ``None`` if already consumed.
+
+    ``None`` means something (a middleware, DRF's parsers) read the raw
+    stream before us without keeping it, so only its parsed result is left.
+    On exit the view's stream is back at the start of the body.
+    """
+    if hasattr(request, "_body"):
+        # Read before us with request.body: the bytes are kept.
+        yield BytesIO(request._body)
+        return
+    if getattr(request, "_read_started", False):
+        yield None
+        return
+    stream: Any = getattr(request, "_stream", None)
+    if stream is None:
+        # A bare HttpRequest built by hand has no body at all.
+        yield BytesIO()
+        return
+    if not _rewindable(stream):
+        stream = _spool(stream)
+        # Django reads the body through request._stream (read(), body, POST,
+        # the multipart parser, DRF's parsers all go through it).
+        request._stream = stream
+    try:
+        yield stream
+    finally:
+        stream.seek(0)
+
+
+def body_size(body: IO[bytes]) -> int:
+    """The body's length in bytes, leaving the stream at its start."""
+    size = body.seek(0, os.SEEK_END)
+    body.seek(0)
+    return size
+
+
+def _rewindable(stream: Any) -> bool:
+    # Under ASGI the body already is a spooled temporary file at its start.
+    seekable = getattr(stream, "seekable", None)
+    return bool(seekable and seekable() and stream.tell() == 0)
+
+
+def _spool(stream: Any) -> IO[bytes]:
+    spool: IO[bytes] = SpooledTemporaryFile(  # noqa: SIM115 (it outlives this function)
+        max_size=settings.FILE_UPLOAD_MAX_MEMORY_SIZE,
+        mode="w+b",
+        dir=settings.FILE_UPLOAD_TEMP_DIR,
+    )
+    try:
+        while chunk := stream.read(CHUNK_SIZE):
+            spool.write(chunk)
+    except OSError as error:
+        spool.close()
+        # What request.read() raises when the client goes away mid-body.
+        raise UnreadablePostError(*error.args) from error
+    spool.seek(0)
+    return spool

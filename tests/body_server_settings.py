@@ -1,0 +1,5 @@
+"""The gunicorn server settings, with the request-body views routed too."""
+
+from tests.server_settings import *  # noqa: F403
+
+ROOT_URLCONF = "tests.body_urls"

@@ -1,0 +1,13 @@
+from django.urls import include, path
+
+from tests import body_views
+
+urlpatterns = [
+    path("bodies/stream/", body_views.stream_body),
+    path("bodies/stream/unprotected/", body_views.stream_body_unprotected),
+    path("bodies/load/", body_views.load_body),
+    path("bodies/load/unprotected/", body_views.load_body_unprotected),
+    path("bodies/form/", body_views.form),
+    path("bodies/drf-form/", body_views.FormAPIView.as_view()),
+    path("", include("tests.urls")),
+]

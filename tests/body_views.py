@@ -1,0 +1,99 @@
+"""Views that read request bodies the ways real views do: streamed, loaded, parsed as forms.
+
+Each writes one Order as its effect and answers with what it read, so a
+test can tell a replay from a run and see that the view got the whole body.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from rest_framework import status
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from django_idempotency import idempotent
+from django_idempotency.drf import IdempotentMixin
+from tests.models import Order
+from tests.views import calls
+
+EVERY_METHOD = ("POST", "PUT", "PATCH", "DELETE")
+
+
+def _created(summary: dict[str, Any]) -> JsonResponse:
+    calls.increment()
+    order = Order.objects.create(item=str(summary)[:100])
+    return JsonResponse({"id": order.pk, **summary}, status=201)
+
+
+def _streamed(request: HttpRequest) -> HttpResponse:
+    digest, size = hashlib.sha256(), 0
+    while chunk := request.read(64 * 1024):
+        digest.update(chunk)
+        size += len(chunk)
+    return _created({"size": size, "sha256": digest.hexdigest()})
+
+
+@idempotent(methods=EVERY_METHOD)
+def stream_body(request: HttpRequest) -> HttpResponse:
+    """Streams the body with ``request.read()``, as an upload endpoint does."""
+    return _streamed(request)
+
+
+def stream_body_unprotected(request: HttpRequest) -> HttpResponse:
+    return _streamed(request)
+
+
+@idempotent(methods=EVERY_METHOD)
+def load_body(request: HttpRequest) -> HttpResponse:
+    """Loads ``request.body``, which Django caps at ``DATA_UPLOAD_MAX_MEMORY_SIZE``."""
+    return _created({"size": len(request.body)})
+
+
+def load_body_unprotected(request: HttpRequest) -> HttpResponse:
+    return _created({"size": len(request.body)})
+
+
+@idempotent(methods=EVERY_METHOD)
+def form(request: HttpRequest) -> HttpResponse:
+    """Parses a multipart form for any method, as Django documents for PUT."""
+    if request.method == "POST":
+        fields, files = request.POST, request.FILES
+    else:
+        fields, files = request.parse_file_upload(request.META, request)
+    return _created(
+        {
+            "fields": {name: fields.getlist(name) for name in fields},
+            "files": {
+                name: [hashlib.sha256(upload.read()).hexdigest() for upload in files.getlist(name)]
+                for name in files
+            },
+        }
+    )
+
+
+class FormAPIView(IdempotentMixin, APIView):
+    """DRF's parsers for every method: ``request.data`` holds the form and files."""
+
+    authentication_classes: list[type] = []
+    permission_classes = [AllowAny]
+    idempotency_methods = EVERY_METHOD
+
+    def post(self, request: Request) -> Response:
+        calls.increment()
+        data = request.data
+        summary = {
+            name: [
+                hashlib.sha256(value.read()).hexdigest() if hasattr(value, "read") else value
+                for value in data.getlist(name)
+            ]
+            for name in data
+        }
+        order = Order.objects.create(item=str(summary)[:100])
+        return Response({"id": order.pk, **summary}, status=status.HTTP_201_CREATED)
+
+    put = patch = delete = post

@@ -1,0 +1,317 @@
+"""Request bodies through protected views: every method, large uploads, value order, formats.
+
+A key must never change whether a valid request is accepted, and a retry
+whose body (or asked-for format) differs must get 422, not another
+request's stored response. Through the test client here; over real HTTP
+against gunicorn in ``OverHttpTests``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import requests
+from django.contrib.auth.models import User
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.db import connections
+from django.test import Client
+from django.test.client import encode_multipart
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from django_idempotency.models import IdempotencyKey
+from tests.models import Order
+from tests.server import DATABASE_NAME_ENV, GunicornServer
+from tests.views import calls
+
+pytestmark = pytest.mark.urls("tests.body_urls")
+
+LIMIT = 4096
+OCTETS = "application/octet-stream"
+
+
+def key(value: str = "k-1") -> dict[str, str]:
+    return {"Idempotency-Key": value}
+
+
+def body(size: int, seed: bytes = b"") -> bytes:
+    return (seed + bytes(range(256)) * (size // 256 + 1))[:size]
+
+
+def multipart(fields: dict[str, Any], boundary: str = "BoUnDaRy") -> tuple[bytes, str]:
+    data = {
+        name: [
+            SimpleUploadedFile(v[0], v[1], content_type="text/plain") if isinstance(v, tuple) else v
+            for v in values
+        ]
+        for name, values in fields.items()
+    }
+    return encode_multipart(boundary, data), f"multipart/form-data; boundary={boundary}"
+
+
+def send(client: Client, method: str, url: str, fields: dict[str, Any], **extra: Any) -> Any:
+    boundary = extra.pop("boundary", "BoUnDaRy")
+    content, content_type = multipart(fields, boundary)
+    return client.generic(method, url, content, content_type=content_type, **extra)
+
+
+@pytest.fixture
+def small_limits(settings: Any) -> None:
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = LIMIT
+    settings.FILE_UPLOAD_MAX_MEMORY_SIZE = LIMIT // 2
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("small_limits")
+class LargeBodyTests:
+    @pytest.mark.parametrize("method", ["POST", "PUT"])
+    def test_streamed_body_past_the_limit_is_accepted_with_a_key_as_without(
+        self, client: Client, method: str
+    ) -> None:
+        data = body(4 * LIMIT)
+        expected = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        unkeyed = client.generic(method, "/bodies/stream/unprotected/", data, OCTETS)
+        first = client.generic(method, "/bodies/stream/", data, OCTETS, headers=key())
+        retry = client.generic(method, "/bodies/stream/", data, OCTETS, headers=key())
+        changed = client.generic(
+            method, "/bodies/stream/", body(4 * LIMIT, b"x"), OCTETS, headers=key()
+        )
+
+        assert unkeyed.status_code == first.status_code == 201
+        assert {k: first.json()[k] for k in expected} == expected
+        assert retry.status_code == 201
+        assert retry["Idempotent-Replayed"] == "true"
+        assert retry.content == first.content
+        assert changed.status_code == 422
+        assert calls.value == 2  # the unprotected run and the first one
+        assert Order.objects.count() == 2
+
+    def test_loaded_body_past_the_limit_is_refused_with_a_key_as_without(
+        self, client: Client
+    ) -> None:
+        data = body(4 * LIMIT)
+        unkeyed = client.post("/bodies/load/unprotected/", data, OCTETS)
+        keyed = client.post("/bodies/load/", data, OCTETS, headers=key())
+        assert unkeyed.status_code == keyed.status_code == 400
+        assert not IdempotencyKey.objects.exists()
+        assert not Order.objects.exists()
+
+    def test_drf_upload_past_the_limit_is_accepted_and_replayed(self) -> None:
+        client = APIClient()
+        content = body(4 * LIMIT)
+        unkeyed = send(client, "PUT", "/bodies/drf-form/", {"scan": [("a.bin", content)]})
+        first = send(
+            client, "PUT", "/bodies/drf-form/", {"scan": [("a.bin", content)]}, headers=key()
+        )
+        retry = send(
+            client,
+            "PUT",
+            "/bodies/drf-form/",
+            {"scan": [("a.bin", content)]},
+            headers=key(),
+            boundary="AnotherBoundary",
+        )
+        assert unkeyed.status_code == first.status_code == 201
+        assert first.json()["scan"] == [hashlib.sha256(content).hexdigest()]
+        assert retry["Idempotent-Replayed"] == "true"
+        assert calls.value == 2
+
+
+@pytest.mark.django_db
+class MultipartEveryMethodTests:
+    @pytest.mark.parametrize("method", ["PUT", "PATCH", "DELETE"])
+    def test_changed_multipart_body_is_422_and_the_same_replays(
+        self, client: Client, method: str
+    ) -> None:
+        fields = {"item": ["book"], "scan": [("a.txt", b"hello")]}
+        first = send(client, method, "/bodies/form/", fields, headers=key())
+        same = send(client, method, "/bodies/form/", fields, headers=key(), boundary="Other2")
+        field = send(client, method, "/bodies/form/", {**fields, "item": ["pen"]}, headers=key())
+        file = send(
+            client,
+            method,
+            "/bodies/form/",
+            {**fields, "scan": [("a.txt", b"hellO")]},
+            headers=key(),
+        )
+
+        assert first.status_code == 201
+        assert first.json()["fields"] == {"item": ["book"]}
+        assert same.status_code == 201
+        assert same["Idempotent-Replayed"] == "true"
+        assert field.status_code == file.status_code == 422
+        assert calls.value == 1
+
+    @pytest.mark.parametrize("method", ["PUT", "PATCH"])
+    def test_changed_multipart_body_through_drf_is_422(self, method: str) -> None:
+        client = APIClient()
+        first = send(client, method, "/bodies/drf-form/", {"item": ["book"]}, headers=key())
+        changed = send(client, method, "/bodies/drf-form/", {"item": ["pen"]}, headers=key())
+        assert first.status_code == 201
+        assert first.json()["item"] == ["book"]
+        assert changed.status_code == 422
+        assert calls.value == 1
+
+    def test_changed_multipart_update_of_a_model_viewset_is_422(self) -> None:
+        user = User.objects.create_user("alice")
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+        order = Order.objects.create(item="old")
+        url = f"/drf/put-orders/{order.pk}/"
+        first = send(client, "PUT", url, {"item": ["book"], "quantity": ["1"]}, headers=key())
+        changed = send(client, "PUT", url, {"item": ["pen"], "quantity": ["1"]}, headers=key())
+        assert first.status_code == 200
+        assert changed.status_code == 422
+        order.refresh_from_db()
+        assert order.item == "book"
+
+
+@pytest.mark.django_db
+class ValueOrderTests:
+    def test_multipart_values_in_another_order_are_422(self, client: Client) -> None:
+        first = send(client, "POST", "/bodies/form/", {"name": ["a", "b"]}, headers=key())
+        swapped = send(client, "POST", "/bodies/form/", {"name": ["b", "a"]}, headers=key())
+        assert first.json()["fields"] == {"name": ["a", "b"]}
+        assert swapped.status_code == 422
+
+    def test_form_values_in_another_order_are_422(self) -> None:
+        client = APIClient()
+        form = "application/x-www-form-urlencoded"
+        url = "/bodies/drf-form/"
+        first = client.post(url, "name=a&name=b", content_type=form, headers=key())
+        swapped = client.post(url, "name=b&name=a", content_type=form, headers=key())
+        other_names = client.post(url, "x=1&name=a&name=b", content_type=form, headers=key("k-2"))
+        reordered = client.post(url, "name=a&x=1&name=b", content_type=form, headers=key("k-2"))
+        assert first.json()["name"] == ["a", "b"]
+        assert swapped.status_code == 422
+        assert reordered["Idempotent-Replayed"] == "true"
+        assert reordered.content == other_names.content
+
+    def test_query_values_in_another_order_are_422(self, client: Client) -> None:
+        fields = {"item": ["book"]}
+        first = send(client, "POST", "/bodies/form/?tag=a&tag=b", fields, headers=key())
+        swapped = send(client, "POST", "/bodies/form/?tag=b&tag=a", fields, headers=key())
+        assert first.status_code == 201
+        assert swapped.status_code == 422
+
+
+@pytest.mark.django_db
+class NegotiatedFormatTests:
+    @pytest.mark.parametrize(
+        ("first_accept", "retry_accept"),
+        [("text/html", "application/json"), ("application/json", "text/html")],
+    )
+    def test_retry_asking_for_another_format_is_422(
+        self, first_accept: str, retry_accept: str
+    ) -> None:
+        client = APIClient()
+        first = client.post(
+            "/api/orders/", {"item": "book"}, format="json", headers=key(), HTTP_ACCEPT=first_accept
+        )
+        retry = client.post(
+            "/api/orders/", {"item": "book"}, format="json", headers=key(), HTTP_ACCEPT=retry_accept
+        )
+        assert first.status_code == 201
+        assert first["Content-Type"].startswith(first_accept)
+        assert retry.status_code == 422
+        assert not retry.content.startswith(first.content[:50])
+        assert calls.value == 1
+
+    def test_retry_asking_for_the_same_format_replays_it(self) -> None:
+        client = APIClient()
+        sends = [
+            client.post(
+                "/bodies/drf-form/", {"item": "book"}, headers=key(), HTTP_ACCEPT="text/html"
+            )
+            for _ in range(2)
+        ]
+        assert sends[0]["Content-Type"].startswith("text/html")
+        assert sends[1]["Idempotent-Replayed"] == "true"
+        assert sends[1].content == sends[0].content
+        assert calls.value == 1
+
+    def test_browsable_api_form_on_a_required_view_gets_400_on_its_page(self) -> None:
+        user = User.objects.create_user("alice")
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+        # What the browsable API's HTML form sends: a form body, no key header.
+        response = client.post(
+            "/drf/required-orders/",
+            "item=book&quantity=1",
+            content_type="application/x-www-form-urlencoded",
+            HTTP_ACCEPT="text/html,application/xhtml+xml",
+        )
+        assert response.status_code == 400
+        assert response["Content-Type"].startswith("text/html")
+        assert b"Idempotency-Key" in response.content
+        assert not Order.objects.exists()
+
+
+@pytest.fixture(scope="module")
+def server(
+    django_db_setup: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GunicornServer]:
+    name = connections["default"].settings_dict["NAME"]
+    env = {"DJANGO_SETTINGS_MODULE": "tests.body_server_settings", DATABASE_NAME_ENV: name}
+    with GunicornServer(env, tmp_path_factory.mktemp("gunicorn")) as gunicorn:
+        yield gunicorn
+
+
+@pytest.mark.server
+@pytest.mark.django_db(transaction=True)
+class OverHttpTests:
+    """Django's default limits, a real socket and real worker processes."""
+
+    SIZE = 3 * 1024 * 1024  # past the default DATA_UPLOAD_MAX_MEMORY_SIZE (2.5 MB)
+
+    def test_large_streamed_body_is_accepted_with_a_key_as_without(
+        self, server: GunicornServer
+    ) -> None:
+        data = body(self.SIZE)
+        url = f"{server.url}/bodies/stream/"
+        headers = {"Content-Type": OCTETS}
+        unkeyed = requests.put(url + "unprotected/", data=data, headers=headers, timeout=30)
+        first = requests.put(url, data=data, headers={**headers, **key()}, timeout=30)
+        retry = requests.put(url, data=data, headers={**headers, **key()}, timeout=30)
+        changed = requests.put(
+            url, data=body(self.SIZE, b"x"), headers={**headers, **key()}, timeout=30
+        )
+
+        assert unkeyed.status_code == first.status_code == 201, server.log()
+        assert first.json()["size"] == self.SIZE
+        assert first.json()["sha256"] == hashlib.sha256(data).hexdigest()
+        assert retry.headers["Idempotent-Replayed"] == "true"
+        assert retry.content == first.content
+        assert changed.status_code == 422
+        assert Order.objects.count() == 2
+
+    def test_loaded_body_past_the_limit_is_refused_with_a_key_as_without(
+        self, server: GunicornServer
+    ) -> None:
+        data = body(self.SIZE)
+        url = f"{server.url}/bodies/load/"
+        headers = {"Content-Type": OCTETS}
+        unkeyed = requests.post(url + "unprotected/", data=data, headers=headers, timeout=30)
+        keyed = requests.post(url, data=data, headers={**headers, **key()}, timeout=30)
+        assert unkeyed.status_code == keyed.status_code == 400
+        assert not Order.objects.exists()
+        assert not IdempotencyKey.objects.exists()
+
+    def test_large_multipart_put_is_fingerprinted_by_content(self, server: GunicornServer) -> None:
+        url = f"{server.url}/bodies/drf-form/"
+        content = body(self.SIZE)
+
+        def put(scan: bytes) -> requests.Response:
+            # requests picks a new random boundary for every send.
+            files = {"scan": ("scan.bin", scan, OCTETS)}
+            return requests.put(url, data={"item": "book"}, files=files, headers=key(), timeout=30)
+
+        first, retry, changed = put(content), put(content), put(body(self.SIZE, b"x"))
+        assert first.status_code == 201, server.log()
+        assert first.json()["scan"] == [hashlib.sha256(content).hexdigest()]
+        assert retry.headers["Idempotent-Replayed"] == "true"
+        assert changed.status_code == 422
+        assert Order.objects.count() == 1
