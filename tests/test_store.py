@@ -6,6 +6,7 @@ connection is closed and reopened where the bug lived in reconnecting.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import threading
@@ -112,8 +113,11 @@ class PostgresDriverTests:
             pytest.skip("TEST_POSTGRESQL_DRIVER names no driver for this run")
         assert expected in ("psycopg", "psycopg2")
         assert is_psycopg3 == (expected == "psycopg")
-        module = type(connection.connection).__module__
-        assert module.split(".")[0] == expected
+        assert connection.Database.__name__ == expected
+        assert repr(type(connection.connection)).startswith(f"<class '{expected}.")
+        if expected == "psycopg2":
+            # Django would prefer psycopg 3 if it could import it.
+            assert importlib.util.find_spec("psycopg") is None
 
 
 @only_postgresql
