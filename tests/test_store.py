@@ -114,6 +114,7 @@ class PostgresDriverTests:
         assert expected in ("psycopg", "psycopg2")
         assert is_psycopg3 == (expected == "psycopg")
         assert connection.Database.__name__ == expected
+        connection.ensure_connection()
         assert repr(type(connection.connection)).startswith(f"<class '{expected}.")
         if expected == "psycopg2":
             # Django would prefer psycopg 3 if it could import it.
