@@ -96,7 +96,7 @@ def walkthrough(args: list[str]) -> None:
 
 
 def test(pytest_args: list[str]) -> None:
-    ensure_venv("test")
+    ensure_venv("test,postgres")
     required = {b for b in os.environ.get("REQUIRE_BACKENDS", "").split(",") if b}
     unknown = required - {"sqlite", *SERVERS}
     if unknown:

@@ -11,7 +11,9 @@ class DjangoIdempotencyConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django_idempotency.backend_checks import check_backend
         from django_idempotency.checks import check_settings, check_view_options
 
         checks.register(check_settings, checks.Tags.compatibility)
+        checks.register(check_backend, checks.Tags.compatibility)
         checks.register(check_view_options, checks.Tags.urls)

@@ -12,7 +12,7 @@ import logging
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections, transaction
@@ -23,6 +23,7 @@ from django.utils import timezone
 from django_idempotency import signals, store
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import (
+    DatabaseBusy,
     FingerprintMismatch,
     IdempotencyKeyRequired,
     RequestInFlight,
@@ -284,14 +285,20 @@ class _ProtectedCall:
         )
         return RequestInFlight(retry_after=retry_after)
 
-    def _raise_claim_error(self, exc: DatabaseError) -> None:
-        meaning = store.classify(exc, self.using)
-        if isinstance(meaning, store.Busy):
-            raise self._conflict(retry_after=1) from exc
-        if isinstance(meaning, store.Retry):
-            raise meaning from exc
-        if meaning is not exc:
-            raise meaning from exc
+    def _raise_claim_error(self, exc: DatabaseError) -> NoReturn:
+        try:
+            store.claim_failed(self.using, exc)
+        except store.DatabaseLocked as locked:
+            # SQLite has one write lock for the whole database: its holder
+            # may be a request for any key (docs/backends.rst, "SQLite").
+            logger.info(
+                "Database busy; answering 409 to idempotency key %s in scope %r",
+                mask_key(self.info.key),
+                self.info.scope,
+            )
+            raise DatabaseBusy(retry_after=1) from locked
+        except store.Busy as busy:
+            raise self._conflict(retry_after=1) from busy
 
     def _send(self, signal: Signal) -> None:
         signal.send(sender=self.sender, request=self.request, idempotency=self.info)

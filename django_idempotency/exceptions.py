@@ -66,6 +66,22 @@ class RequestInFlight(IdempotencyError):
         return {"Retry-After": str(self.retry_after)}
 
 
+class DatabaseBusy(RequestInFlight):
+    """SQLite's one write lock was held by another request for longer than ``WAIT``.
+
+    A 409 like :class:`RequestInFlight`, which clients already retry after
+    ``Retry-After``: on SQLite the lock's holder may be this key's original
+    or a request for any other key, and the two cannot be told apart.
+    """
+
+    title = "Database busy"
+    code = "database_busy"
+    default_detail = (
+        "The database is busy with another request and this one was not processed. "
+        "Retry after the number of seconds in Retry-After."
+    )
+
+
 class FingerprintMismatch(IdempotencyError):
     status = 422
     title = "Idempotency key reused"

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-from django.db import DatabaseError, connections
+from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
@@ -55,7 +55,10 @@ def purge_expired(
     with the running total, so callers can report on long runs.
 
     A missing table raises :class:`~django.core.exceptions.ImproperlyConfigured`
-    saying to run ``migrate``; other database errors propagate unchanged.
+    saying to run ``migrate``; a lock wait that ran out (the database is
+    locked) raises :class:`~django_idempotency.store.Busy`, a
+    :class:`~django.db.DatabaseError`; other database errors propagate
+    unchanged.
     Rows already deleted by earlier batches stay deleted if a later batch
     fails: every batch commits on its own.
     """
@@ -63,15 +66,10 @@ def purge_expired(
         raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}.")
     using = using or idempotency_settings.database
     cutoff = timezone.now() if now is None else now
-    try:
+    with store.explained(using):
         if dry_run:
             return IdempotencyKey.objects.using(using).filter(expires_at__lte=cutoff).count()
         return _purge(connections[using], cutoff, batch_size, progress)
-    except DatabaseError as exc:
-        meaning = store.classify(exc, using)
-        if meaning is exc:
-            raise
-        raise meaning from exc
 
 
 def _purge(
@@ -109,10 +107,10 @@ def _with_deadlock_retry(
     """
     for attempt in range(1, DEADLOCK_ATTEMPTS + 1):
         try:
-            return delete_batch(connection, cutoff, batch_size)
-        except DatabaseError as exc:
-            retryable = isinstance(store.classify(exc, connection.alias), store.Retry)
-            if not retryable or connection.in_atomic_block or attempt == DEADLOCK_ATTEMPTS:
+            with store.explained(connection.alias):
+                return delete_batch(connection, cutoff, batch_size)
+        except store.Retry:
+            if connection.in_atomic_block or attempt == DEADLOCK_ATTEMPTS:
                 raise
     raise AssertionError("unreachable")  # pragma: no cover
 

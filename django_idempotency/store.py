@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NoReturn
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DatabaseError, IntegrityError, connections
+from django.db import DatabaseError, IntegrityError, OperationalError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.signals import connection_created
 
 from django_idempotency.models import IdempotencyKey
 
@@ -30,7 +33,7 @@ _ER_DUP_ENTRY = 1062
 _ER_LOCK_WAIT_TIMEOUT = 1205
 _ER_LOCK_DEADLOCK = 1213
 _ER_NO_SUCH_TABLE = 1146
-# PostgreSQL SQLSTATEs.
+# PostgreSQL SQLSTATEs (psycopg 3 calls it ``sqlstate``, psycopg2 ``pgcode``).
 _PG_LOCK_NOT_AVAILABLE = "55P03"
 _PG_RETRYABLE = {"40001", "40P01"}  # serialization failure, deadlock
 _PG_UNDEFINED_TABLE = "42P01"
@@ -39,12 +42,24 @@ _PG_UNDEFINED_TABLE = "42P01"
 CLAIM_ATTEMPTS = 3
 
 
-class Busy(Exception):
-    """The wait for an in-flight original ran out."""
+class Busy(OperationalError):
+    """A bounded lock wait ran out: another transaction still holds the key.
+
+    A :class:`~django.db.DatabaseError`, so a caller that does not translate
+    it still sees a database error that says what happened.
+    """
 
 
-class Retry(Exception):
-    """The database aborted the claim (deadlock); it may run again from scratch."""
+class DatabaseLocked(Busy):
+    """SQLite: another connection held the database's one write lock past the wait.
+
+    SQLite locks the whole database, not the key, so the holder may be a
+    request for any key (see "SQLite" in docs/backends.rst).
+    """
+
+
+class Retry(OperationalError):
+    """The database aborted the transaction (deadlock); it may run again from scratch."""
 
 
 @dataclass(frozen=True)
@@ -82,24 +97,55 @@ def prepare_connection(using: str, wait: float) -> None:
 
     SQLite takes its write lock at ``BEGIN IMMEDIATE`` (or the first write),
     so the busy timeout must already be right when ``atomic()`` opens. It is
-    set only when it differs from what the connection has, which with the
-    defaults (5 s both) is never.
+    changed only when ``wait`` differs from the connection's ``timeout``
+    option (with the defaults, 5 s both, never), and put back as soon as the
+    claim is over (:func:`claim` and :func:`claim_failed` do), so the view's
+    own statements wait as long as the connection was configured to.
     """
     connection = connections[using]
     if connection.vendor != "sqlite":
         return
     connection.ensure_connection()
+    own = _sqlite_own_timeout(connection)
     target = max(1, round(wait * 1000))
-    raw_id = id(connection.connection)
-    known = getattr(connection, "_idempotency_busy_timeout", None)
-    if known is None or known[0] != raw_id:
-        opened_with = connection.settings_dict.get("OPTIONS", {}).get("timeout", 5.0)
-        known = (raw_id, round(opened_with * 1000))
-    if known[1] != target:
-        with connection.cursor() as cursor:
-            cursor.execute(f"PRAGMA busy_timeout = {int(target)}")
-        known = (raw_id, target)
-    connection._idempotency_busy_timeout = known  # type: ignore[attr-defined]
+    if target != own:
+        _set_busy_timeout(connection, target)
+        connection._idempotency_restore_busy_timeout = own  # type: ignore[attr-defined]
+
+
+def _sqlite_own_timeout(connection: BaseDatabaseWrapper) -> int:
+    """The busy timeout, in ms, that Django opened the connection with."""
+    return round(connection.settings_dict.get("OPTIONS", {}).get("timeout", 5.0) * 1000)
+
+
+def _set_busy_timeout(connection: BaseDatabaseWrapper, milliseconds: int) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(f"PRAGMA busy_timeout = {int(milliseconds)}")
+
+
+def _restore_wait(connection: BaseDatabaseWrapper) -> None:
+    """Give the connection back the busy timeout :func:`prepare_connection` changed."""
+    own = getattr(connection, "_idempotency_restore_busy_timeout", None)
+    if own is None:
+        return
+    connection._idempotency_restore_busy_timeout = None  # type: ignore[attr-defined]
+    if connection.connection is not None:
+        _set_busy_timeout(connection, own)
+
+
+def _forget_connection_state(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
+    """A new database connection starts with the server's settings, not ours.
+
+    What this module changed on a connection is remembered on Django's
+    wrapper, which outlives the connection (``CONN_MAX_AGE = 0`` closes it
+    after every request); the raw connection's ``id()`` is no identity,
+    since CPython hands the address of a closed connection to the next one.
+    """
+    connection._idempotency_restore_busy_timeout = None  # type: ignore[attr-defined]
+    connection._idempotency_lock_wait = None  # type: ignore[attr-defined]
+
+
+connection_created.connect(_forget_connection_state, dispatch_uid="django_idempotency.store")
 
 
 def claim(using: str, new: NewClaim, wait: float) -> int | IdempotencyKey:
@@ -109,22 +155,39 @@ def claim(using: str, new: NewClaim, wait: float) -> int | IdempotencyKey:
     is returned is committed and changes only when it expires (or, in
     lease mode, when its owner completes or releases it), so it is read
     without holding a lock: a replay writes nothing.
+
+    Raises :class:`Busy` when the wait for an in-flight original runs out,
+    :class:`Retry` when the database aborted the claim to break a deadlock,
+    and :class:`~django.core.exceptions.ImproperlyConfigured` when the table
+    is missing.
     """
     connection = connections[using]
+    try:
+        with explained(using):
+            return _claim(connection, new, wait)
+    finally:
+        _restore_wait(connection)
+
+
+def _claim(connection: BaseDatabaseWrapper, new: NewClaim, wait: float) -> int | IdempotencyKey:
+    # The view's own lock_timeout, as the first PostgreSQL pass found it: a
+    # later pass runs with the bounded wait in force and must not take that
+    # for the view's.
+    view_lock_timeout: str | None = None
     for _ in range(CLAIM_ATTEMPTS):
         claimed: int | IdempotencyKey | None
         if connection.vendor == "postgresql":
-            claimed = _claim_postgresql(connection, new, wait)
+            claimed, view_lock_timeout = _claim_postgresql(connection, new, wait, view_lock_timeout)
             if claimed is None:
                 # We waited for an original that committed after this
                 # statement's snapshot was taken: read it now.
-                claimed = _read(using, new)
+                claimed = _read(connection.alias, new)
         elif connection.vendor == "mysql":
             claimed = _claim_mysql(connection, new, wait)
         else:
             claimed = _claim_upsert(connection, new)
             if claimed is None:
-                claimed = _read(using, new)
+                claimed = _read(connection.alias, new)
         if isinstance(claimed, IdempotencyKey) and claimed.expires_at <= new.created_at:
             # Seen as it was before another request took it over: look again.
             continue
@@ -132,7 +195,19 @@ def claim(using: str, new: NewClaim, wait: float) -> int | IdempotencyKey:
             return claimed
     # Only reachable if the record changed under us each time (a purge or a
     # takeover racing us). Start the request over.
-    raise Retry
+    raise Retry("The idempotency record changed under every claim attempt; start over.")
+
+
+def claim_failed(using: str, exc: DatabaseError) -> NoReturn:
+    """Raise what a database error met while claiming means, as :func:`claim` does.
+
+    For errors raised outside :func:`claim` itself, such as SQLite's
+    ``BEGIN IMMEDIATE`` finding the database locked; the connection gets its
+    own wait back, as after a claim.
+    """
+    _restore_wait(connections[using])
+    with explained(using):
+        raise exc
 
 
 def complete(
@@ -177,33 +252,55 @@ def _owned(using: str, record_id: int, owner_token: str | None) -> Any:
     return records
 
 
-def classify(exc: DatabaseError, using: str) -> Exception:
-    """Turn a database error raised while claiming into what it means for us."""
-    connection = connections[using]
+@contextmanager
+def explained(using: str) -> Iterator[None]:
+    """Raise what a database error on the key table means, where it is known.
+
+    A lock wait that ran out becomes :class:`Busy` (:class:`DatabaseLocked`
+    on SQLite), a deadlock :class:`Retry`, a missing table
+    :class:`~django.core.exceptions.ImproperlyConfigured` saying to migrate;
+    anything else propagates unchanged. Callers translate only what they
+    know: a request answers 409, the purge command a ``CommandError``.
+    """
+    try:
+        yield
+    except (Busy, Retry):
+        raise
+    except DatabaseError as exc:
+        meaning = _meaning(exc, connections[using])
+        if meaning is None:
+            raise
+        raise meaning from exc
+
+
+def _meaning(exc: DatabaseError, connection: BaseDatabaseWrapper) -> Exception | None:
     cause = exc.__cause__
     if connection.vendor == "postgresql":
-        sqlstate = getattr(cause, "sqlstate", None)
-        if sqlstate == _PG_LOCK_NOT_AVAILABLE:
-            return Busy()
-        if sqlstate in _PG_RETRYABLE:
-            return Retry()
-        if sqlstate == _PG_UNDEFINED_TABLE:
+        # psycopg 3 names the SQLSTATE ``sqlstate``; psycopg2 ``pgcode``.
+        code = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+        if code == _PG_LOCK_NOT_AVAILABLE:
+            return Busy(f"A lock wait ran out ({exc}).")
+        if code in _PG_RETRYABLE:
+            return Retry(str(exc))
+        if code == _PG_UNDEFINED_TABLE:
             return missing_table()
     elif connection.vendor == "mysql":
         errno = cause.args[0] if cause is not None and cause.args else None
         if errno == _ER_LOCK_WAIT_TIMEOUT:
-            return Busy()
+            return Busy(f"A lock wait ran out ({exc}).")
         if errno == _ER_LOCK_DEADLOCK:
-            return Retry()
+            return Retry(str(exc))
         if errno == _ER_NO_SUCH_TABLE:
             return missing_table()
     elif connection.vendor == "sqlite":
         message = str(exc)
         if "is locked" in message:
-            return Busy()
+            return DatabaseLocked(
+                "The SQLite database is locked: another connection holds its one write lock."
+            )
         if "no such table" in message:
             return missing_table()
-    return exc
+    return None
 
 
 def missing_table() -> ImproperlyConfigured:
@@ -281,17 +378,22 @@ _RECORD_COLUMNS = [
 
 
 def _claim_postgresql(
-    connection: BaseDatabaseWrapper, new: NewClaim, wait: float
-) -> int | IdempotencyKey | None:
+    connection: BaseDatabaseWrapper, new: NewClaim, wait: float, view_lock_timeout: str | None
+) -> tuple[int | IdempotencyKey | None, str]:
     """Claim, take over an expired record, or read the live one, in one statement.
 
     ``INSERT ... ON CONFLICT DO NOTHING`` waits for an uncommitted original
-    (bounded by ``lock_timeout``, set and restored inside the statement so
-    the view's own statements keep theirs) and locks nothing on conflict.
-    A conditional ``UPDATE`` takes over an expired record. Otherwise the
-    live record comes back in the same round trip, and a replay writes
-    nothing, so its commit needs no disk flush. Returns ``None`` only when
-    the original committed after this statement's snapshot was taken.
+    (bounded by ``lock_timeout``, set inside the statement and, when the key
+    is claimed, put back to the view's own value so that its statements keep
+    theirs) and locks nothing on conflict. A conditional ``UPDATE`` takes
+    over an expired record. Otherwise the live record comes back in the same
+    round trip, and a replay writes nothing, so its commit needs no disk
+    flush. The record is ``None`` only when the original committed after
+    this statement's snapshot was taken.
+
+    Also returns the view's ``lock_timeout``: what it was when the statement
+    began, unless ``view_lock_timeout`` (from an earlier pass of the same
+    claim, which left the bounded wait in force) says otherwise.
     """
     quote = connection.ops.quote_name
     table = quote(IdempotencyKey._meta.db_table)
@@ -302,8 +404,9 @@ def _claim_postgresql(
     pk = quote(IdempotencyKey._meta.pk.column)
     record = ", ".join(f"{table}.{quote(columns[name])}" for name in _RECORD_COLUMNS[1:])
     nulls = ", ".join(["NULL"] * (len(_RECORD_COLUMNS) - 1))
+    found_columns = ", ".join(["mine", *(f"c{i}" for i in range(len(_RECORD_COLUMNS)))])
     sql = (
-        "WITH wait AS (SELECT current_setting('lock_timeout') AS previous, "
+        "WITH wait AS (SELECT COALESCE(%s::text, current_setting('lock_timeout')) AS previous, "
         "set_config('lock_timeout', %s, true) AS applied), "
         f"inserted AS (INSERT INTO {table} ({', '.join(names)}) "
         f"SELECT {', '.join(['%s'] * len(names))} FROM wait "
@@ -311,15 +414,19 @@ def _claim_postgresql(
         f"taken AS (UPDATE {table} SET {_takeover_assignments(connection, from_excluded=False)} "
         f"WHERE {scope} = %s AND {key} = %s AND {expires} <= %s "
         f"AND NOT EXISTS (SELECT 1 FROM inserted) RETURNING {table}.{pk}), "
-        f"claimed AS (SELECT {pk} FROM inserted UNION ALL SELECT {pk} FROM taken) "
-        f"SELECT true, claimed.{pk}, {nulls}, set_config('lock_timeout', wait.previous, true) "
-        "FROM claimed, wait "
-        f"UNION ALL SELECT false, {table}.{pk}, {record}, NULL FROM {table} "
-        f"WHERE {scope} = %s AND {key} = %s AND NOT EXISTS (SELECT 1 FROM claimed)"
+        f"claimed AS (SELECT {pk} FROM inserted UNION ALL SELECT {pk} FROM taken), "
+        f"found ({found_columns}) AS (SELECT true, claimed.{pk}, {nulls} FROM claimed "
+        f"UNION ALL SELECT false, {table}.{pk}, {record} FROM {table} "
+        f"WHERE {scope} = %s AND {key} = %s AND NOT EXISTS (SELECT 1 FROM claimed)) "
+        # Always exactly one row, so the view's lock_timeout always comes back.
+        "SELECT found.*, wait.previous, "
+        "CASE WHEN found.mine THEN set_config('lock_timeout', wait.previous, true) END "
+        "FROM wait LEFT JOIN found ON true"
     )
     insert = _insert_params(connection, new)
     adapt = connection.ops.adapt_datetimefield_value
     params = [
+        view_lock_timeout,
         f"{max(1, round(wait * 1000))}ms",
         *insert,
         *insert[2:],
@@ -332,17 +439,17 @@ def _claim_postgresql(
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
-    if row is None:
-        return None
-    if row[0]:
-        return int(row[1])
-    values = list(row[1:-1])
+    mine, values, previous = row[0], list(row[1:-2]), row[-2]
+    if mine is None:
+        return None, previous
+    if mine:
+        return int(values[0]), previous
     headers_at = _RECORD_COLUMNS.index("response_headers")
     if isinstance(values[headers_at], str):  # jsonb arrives as text for JSONField to decode
         values[headers_at] = json.loads(values[headers_at])
     found = IdempotencyKey.from_db(connection.alias, _RECORD_COLUMNS, values)
     found.scope, found.key = new.scope, new.key
-    return found
+    return found, previous
 
 
 def _read(using: str, new: NewClaim) -> IdempotencyKey | None:
@@ -354,11 +461,11 @@ def _mysql_wait_prefix(connection: BaseDatabaseWrapper, wait: float) -> str:
     if getattr(connection, "mysql_is_mariadb", False):
         return f"SET STATEMENT innodb_lock_wait_timeout={math.ceil(wait)} FOR "
     seconds = max(1, math.ceil(wait))
-    raw_id = id(connection.connection)
-    if getattr(connection, "_idempotency_lock_wait", None) != (raw_id, seconds):
+    # Forgotten when a new connection opens (see _forget_connection_state).
+    if getattr(connection, "_idempotency_lock_wait", None) != seconds:
         with connection.cursor() as cursor:
             cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {seconds}")
-        connection._idempotency_lock_wait = (raw_id, seconds)  # type: ignore[attr-defined]
+        connection._idempotency_lock_wait = seconds  # type: ignore[attr-defined]
     return ""
 
 

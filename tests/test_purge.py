@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from django.utils.connection import ConnectionDoesNotExist
@@ -264,3 +264,35 @@ def test_concurrent_purges_delete_each_row_once():
         # With SKIP LOCKED the work is shared, not done by one purge while
         # the others wait and then find nothing.
         assert sum(1 for count in counts if count) > 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite locks the whole database")
+def test_locked_database_is_command_error():
+    IdempotencyKeyFactory(expired=True)
+    holding, done = threading.Event(), threading.Event()
+
+    def hold_the_write_lock() -> None:
+        try:
+            with transaction.atomic():
+                IdempotencyKeyFactory()
+                holding.set()
+                done.wait(30)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_the_write_lock)
+    holder.start()
+    try:
+        assert holding.wait(30)
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA busy_timeout = 100")
+        with pytest.raises(CommandError, match="Run the command again later") as raised:
+            call_command("purge_idempotency_keys", stdout=StringIO())
+    finally:
+        done.set()
+        holder.join(30)
+        connection.close()  # back to the configured busy timeout
+
+    assert "locked" in str(raised.value)
+    assert IdempotencyKey.objects.count() == 2

@@ -13,6 +13,7 @@ from django.utils.connection import ConnectionDoesNotExist
 
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.purge import DEFAULT_BATCH_SIZE, purge_expired
+from django_idempotency.store import Busy
 
 
 def _positive_int(value: str) -> int:
@@ -56,8 +57,11 @@ class Command(BaseCommand):
         started = time.monotonic()
         next_report = started + self.progress_interval
 
+        deleted_so_far = 0
+
         def report(deleted: int) -> None:
-            nonlocal next_report
+            nonlocal next_report, deleted_so_far
+            deleted_so_far = deleted
             now = time.monotonic()
             if now >= next_report:
                 next_report = now + self.progress_interval
@@ -77,6 +81,12 @@ class Command(BaseCommand):
             raise CommandError(f"Unknown database {using!r}: {exc}") from exc
         except ImproperlyConfigured as exc:
             raise CommandError(str(exc)) from exc
+        except Busy as exc:
+            raise CommandError(
+                f"Database {using!r} stayed locked: {exc} {deleted_so_far} expired "
+                "idempotency records were deleted before that and stay deleted. "
+                "Run the command again later."
+            ) from exc
         except DatabaseError as exc:
             raise CommandError(f"Purging expired idempotency records failed: {exc}") from exc
         if dry_run:

@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from django.db import connection
+from django.test import override_settings
+
+from django_idempotency.backend_checks import check_backend
+
+only_sqlite = pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite")
+
+
+def ids(**kwargs: object) -> list[str]:
+    return [message.id for message in check_backend(**kwargs)]
+
+
+@only_sqlite
+class SqliteVersionTests:
+    def test_sqlite_without_returning_is_e101(self):
+        [error] = check_backend(sqlite_version=lambda connection: (3, 34, 1))
+        assert error.id == "django_idempotency.E201"
+        assert "3.34.1" in error.msg
+        assert "3.35" in error.msg
+        assert error.hint
+
+    def test_sqlite_with_returning_passes(self):
+        assert ids(sqlite_version=lambda connection: (3, 35, 0)) == []
+
+    def test_the_linked_library_passes(self):
+        assert ids() == []
+
+    @pytest.mark.django_db  # Django's own model checks may ask the database
+    def test_check_is_registered(self, monkeypatch):
+        monkeypatch.setattr(
+            "django_idempotency.backend_checks._linked_sqlite_version",
+            lambda connection: (3, 31, 0),
+        )
+        with pytest.raises(SystemCheckError, match=r"django_idempotency\.E201"):
+            call_command("check")
+
+
+@only_sqlite
+class SqliteAtomicRequestsTests:
+    def configure(self, monkeypatch, atomic_requests: bool, mode: str | None) -> None:
+        options = dict(connection.settings_dict.get("OPTIONS", {}))
+        options.pop("transaction_mode", None)
+        if mode is not None:
+            options["transaction_mode"] = mode
+        monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", atomic_requests)
+        monkeypatch.setitem(connection.settings_dict, "OPTIONS", options)
+
+    def test_immediate_with_atomic_requests_is_w101(self, monkeypatch):
+        self.configure(monkeypatch, True, "IMMEDIATE")
+        [warning] = check_backend()
+        assert warning.id == "django_idempotency.W201"
+        assert "ATOMIC_REQUESTS" in warning.msg
+        assert "backends" in warning.hint
+
+    @pytest.mark.parametrize(
+        ("atomic_requests", "mode"), [(False, "IMMEDIATE"), (True, None), (True, "DEFERRED")]
+    )
+    def test_other_combinations_pass(self, monkeypatch, atomic_requests, mode):
+        self.configure(monkeypatch, atomic_requests, mode)
+        assert ids() == []
+
+
+class OtherDatabasesTests:
+    def test_unknown_alias_is_left_to_the_settings_check(self):
+        with override_settings(IDEMPOTENCY={"DATABASE": "nowhere"}):
+            assert ids(sqlite_version=lambda connection: (3, 0)) == []
+
+    @pytest.mark.skipif(connection.vendor == "sqlite", reason="a server database")
+    def test_server_databases_are_not_sqlite(self):
+        assert ids(sqlite_version=lambda connection: (3, 0)) == []

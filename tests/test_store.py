@@ -1,0 +1,277 @@
+"""How the store waits, and what its errors mean, on each backend and driver.
+
+Real connections throughout: a second thread holds the locks, and a
+connection is closed and reopened where the bug lived in reconnecting.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.test import RequestFactory
+from django.utils import timezone
+
+from django_idempotency import idempotent, store
+from django_idempotency.models import IdempotencyKey
+from tests.factories import IdempotencyKeyFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+only_postgresql = pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL")
+only_sqlite = pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite")
+only_mysql = pytest.mark.skipif(connection.vendor != "mysql", reason="MariaDB/MySQL")
+
+
+def new_claim(key: str, *, expires_in: timedelta = timedelta(hours=1)) -> store.NewClaim:
+    now = timezone.now()
+    return store.NewClaim(
+        scope="s",
+        key=key,
+        fingerprint="f" * 64,
+        owner_token="",
+        created_at=now,
+        expires_at=now + expires_in,
+        locked_until=None,
+    )
+
+
+def post(view: Callable[[HttpRequest], HttpResponse], key: str) -> HttpResponse:
+    request = RequestFactory().post(
+        "/", b"{}", content_type="application/json", headers={"Idempotency-Key": key}
+    )
+    return view(request)
+
+
+class Holder:
+    """Another connection, on its own thread, holding a write transaction open."""
+
+    def __init__(self, write: Callable[[], object]) -> None:
+        self.holding = threading.Event()
+        self.done = threading.Event()
+        self.errors: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, args=(write,))
+
+    def _run(self, write: Callable[[], object]) -> None:
+        try:
+            with transaction.atomic():
+                write()
+                self.holding.set()
+                self.done.wait(30)
+        except BaseException as exc:
+            self.errors.append(exc)
+        finally:
+            self.holding.set()
+            connection.close()
+
+    def __enter__(self) -> Holder:
+        self.thread.start()
+        assert self.holding.wait(30)
+        assert not self.errors, self.errors
+        return self
+
+    def release_after(self, seconds: float) -> None:
+        threading.Timer(seconds, self.done.set).start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.done.set()
+        self.thread.join(30)
+        assert not self.errors, self.errors
+
+
+def reopen_at_the_same_address() -> None:
+    """Close the connection and open another, at the old one's address if CPython allows.
+
+    CPython hands a freed object's memory to the next object of its size, so
+    the new raw connection usually has the closed one's ``id()``: the case
+    where a cache keyed by ``id()`` takes a fresh connection for the old one.
+    """
+    old = id(connection.connection)
+    for _ in range(50):
+        connection.close()
+        connection.ensure_connection()
+        if id(connection.connection) == old:
+            return
+    # Still a new connection: the test below stays meaningful, only less sharp.
+
+
+@only_postgresql
+class PostgresDriverTests:
+    def test_the_environment_runs_the_driver_it_names(self):
+        from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+        expected = os.environ.get("TEST_POSTGRESQL_DRIVER")
+        if not expected:
+            pytest.skip("TEST_POSTGRESQL_DRIVER names no driver for this run")
+        assert expected in ("psycopg", "psycopg2")
+        assert is_psycopg3 == (expected == "psycopg")
+        assert connection.Database.__name__ == expected
+        connection.ensure_connection()
+        assert repr(type(connection.connection)).startswith(f"<class '{expected}.")
+        if expected == "psycopg2":
+            # Django would prefer psycopg 3 if it could import it.
+            assert importlib.util.find_spec("psycopg") is None
+
+
+@only_postgresql
+class PostgresErrorMeaningTests:
+    def test_lock_timeout_is_busy(self):
+        record = IdempotencyKeyFactory()
+        holder = Holder(lambda: IdempotencyKey.objects.select_for_update().get(pk=record.pk))
+        with holder, pytest.raises(store.Busy), transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '100ms'")
+            with store.explained("default"):
+                IdempotencyKey.objects.select_for_update().get(pk=record.pk)
+
+    def test_deadlock_is_retry(self):
+        first, second = IdempotencyKeyFactory(), IdempotencyKeyFactory()
+        errors: list[BaseException] = []
+        barrier = threading.Barrier(2)
+
+        def lock(one: int, other: int) -> None:
+            try:
+                with store.explained("default"), transaction.atomic():
+                    IdempotencyKey.objects.select_for_update().get(pk=one)
+                    barrier.wait(10)
+                    IdempotencyKey.objects.select_for_update().get(pk=other)
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                connection.close()
+
+        threads = [
+            threading.Thread(target=lock, args=(first.pk, second.pk)),
+            threading.Thread(target=lock, args=(second.pk, first.pk)),
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+
+        assert [type(error) for error in errors] == [store.Retry]
+
+
+@only_postgresql
+class PostgresLockTimeoutAfterSecondPassTests:
+    def lock_timeout(self) -> str:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW lock_timeout")
+            return cursor.fetchone()[0]
+
+    def test_view_keeps_its_lock_timeout_when_the_claim_looks_twice(self):
+        # The original commits a record that has already expired while our
+        # claim waits on it. Our first pass cannot see it (it committed after
+        # the statement's snapshot), the re-read finds it expired, and the
+        # second pass takes it over: with the bounded wait then in force.
+        def original() -> None:
+            store.claim("default", new_claim("k", expires_in=-timedelta(hours=1)), wait=5)
+
+        with Holder(original) as holder, transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '7s'")
+            holder.release_after(0.5)
+            claimed = store.claim("default", new_claim("k"), wait=3)
+
+            assert isinstance(claimed, int)
+            assert self.lock_timeout() == "7s"
+
+
+@only_sqlite
+class SqliteBusyTimeoutTests:
+    def busy_timeout(self) -> int:
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA busy_timeout")
+            return cursor.fetchone()[0]
+
+    def own_timeout(self) -> int:
+        return round(connection.settings_dict["OPTIONS"].get("timeout", 5) * 1000)
+
+    @pytest.mark.parametrize("atomic", [True, False])
+    def test_handler_runs_with_the_connections_own_timeout(self, atomic):
+        seen: list[int] = []
+
+        @idempotent(wait=0.2, atomic=atomic)
+        def view(request: HttpRequest) -> HttpResponse:
+            seen.append(self.busy_timeout())
+            return JsonResponse({}, status=201)
+
+        assert post(view, "k").status_code == 201
+        assert seen == [self.own_timeout()] != [200]
+        assert self.busy_timeout() == self.own_timeout()
+
+    def test_timeout_restored_when_begin_finds_the_database_locked(self):
+        @idempotent(wait=0.2)
+        def view(request: HttpRequest) -> HttpResponse:  # pragma: no cover - never runs
+            return JsonResponse({}, status=201)
+
+        with Holder(lambda: IdempotencyKeyFactory()):
+            assert post(view, "other").status_code == 409
+        assert self.busy_timeout() == self.own_timeout()
+
+    def test_wait_applies_on_a_new_connection(self):
+        @idempotent(wait=0.2)
+        def view(request: HttpRequest) -> HttpResponse:
+            return JsonResponse({}, status=201)
+
+        assert post(view, "first").status_code == 201
+        reopen_at_the_same_address()
+        with Holder(lambda: IdempotencyKeyFactory()):
+            started = time.monotonic()
+            answer = post(view, "second")
+            waited = time.monotonic() - started
+
+        assert answer.status_code == 409
+        assert waited < self.own_timeout() / 2000  # WAIT, not the connection's timeout
+
+
+@only_sqlite
+class SqliteDatabaseBusyTests:
+    def test_another_keys_write_lock_is_database_busy_not_in_flight(self):
+        @idempotent(wait=0.2)
+        def view(request: HttpRequest) -> HttpResponse:  # pragma: no cover - never runs
+            return JsonResponse({}, status=201)
+
+        with Holder(lambda: IdempotencyKeyFactory(key="someone-else")):
+            answer = post(view, "mine")
+
+        assert answer.status_code == 409
+        assert answer["Content-Type"] == "application/problem+json"
+        assert answer["Retry-After"] == "1"
+        problem = json.loads(answer.content)
+        assert problem["type"].endswith(":database-busy")
+        assert problem["title"] == "Database busy"
+        assert "still being processed" not in problem["detail"]
+        assert "database is busy" in problem["detail"]
+
+
+@only_mysql
+class MysqlSessionWaitTests:
+    def session_wait(self) -> int:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT @@SESSION.innodb_lock_wait_timeout")
+            return int(cursor.fetchone()[0])
+
+    def test_wait_applies_on_a_new_connection(self, monkeypatch):
+        # MySQL has no SET STATEMENT, so the wait is set once per session;
+        # MariaDB runs that path too when it is told it is MySQL.
+        connection.ensure_connection()
+        monkeypatch.setattr(connection, "mysql_is_mariadb", False)
+        with transaction.atomic():
+            store.claim("default", new_claim("first"), wait=2)
+        assert self.session_wait() == 2
+
+        reopen_at_the_same_address()
+        assert self.session_wait() != 2  # the server's default again
+        with transaction.atomic():
+            store.claim("default", new_claim("second"), wait=2)
+
+        assert self.session_wait() == 2
