@@ -96,9 +96,10 @@ class LeaseClaimTests:
         api, user = client
         before = timezone.now()
         join = in_background(lambda: post(api, f"{LEASE_ORDERS}?hold=1"))
-        wait_until(lambda: calls.value == 1, "the handler to start")
-        # Read from this thread's own connection: the claim and the effect
-        # are both committed while the handler is still running.
+        # The handler counts its call before it writes its row, so wait for
+        # the row: the claim and the effect are then both committed, seen
+        # from this thread's own connection, while the handler still holds.
+        wait_until(lambda: calls.value == 1 and Order.objects.exists(), "the handler's effect")
         record = IdempotencyKey.objects.get()
         assert record.scope == f"user:{user.pk}"
         assert record.state == State.IN_PROGRESS
