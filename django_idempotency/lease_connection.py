@@ -6,8 +6,8 @@ request's connection while it is inside a transaction (``ATOMIC_REQUESTS``
 reaching a class-based view through ``method_decorator``, or a DRF
 ``@api_view``), and useless once that connection has died. Those
 statements then run on a second connection to the same database: one per
-thread and alias, opened on first use and closed like Django's own, at the
-start and end of each request (see ``docs/decorator.rst``).
+thread and alias, kept between uses only as ``CONN_MAX_AGE`` keeps Django's
+own (see ``docs/decorator.rst``).
 """
 
 from __future__ import annotations
@@ -15,9 +15,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
-from django.core.signals import request_finished, request_started
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
@@ -57,6 +55,9 @@ def own_connection(using: str, *, fresh: bool = False) -> Iterator[BaseDatabaseW
         yield wrapper
     finally:
         connections[using] = request_connection
+        # With the default CONN_MAX_AGE = 0 this closes it: a long view
+        # does not hold a second connection while it runs.
+        wrapper.close_if_unusable_or_obsolete()
 
 
 def is_usable(connection: BaseDatabaseWrapper) -> bool:
@@ -79,13 +80,3 @@ def needs_own_connection(using: str) -> bool:
     if not blocks or connection.vendor == "sqlite":
         return False
     return not any(getattr(block, "_from_testcase", False) for block in blocks)
-
-
-def close_own_connections(**kwargs: Any) -> None:
-    """Close this thread's own connections if broken or past ``CONN_MAX_AGE``."""
-    for wrapper in _wrappers().values():
-        wrapper.close_if_unusable_or_obsolete()
-
-
-request_started.connect(close_own_connections)
-request_finished.connect(close_own_connections)
