@@ -146,10 +146,10 @@ def api_create_order(request):  # type: ignore[no-untyped-def]
     return Response({"id": order.pk, "item": order.item}, status=201)
 
 
+@method_decorator(idempotent(atomic=False), name="post")
 class LeaseOrderView(View):
     """The class-based lease view the docs show, which ATOMIC_REQUESTS cannot see is excluded."""
 
-    @method_decorator(idempotent(atomic=False))
     def post(self, request: HttpRequest) -> HttpResponse:
         return _create_order(request)
 
