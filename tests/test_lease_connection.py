@@ -141,6 +141,9 @@ class AtomicRequestsTests:
         record = IdempotencyKey.objects.get()
         assert record.state == State.IN_PROGRESS
         assert Order.objects.count() == 0
+        duplicate = post("/orders/class-based-lease/?hold=1")
+        assert duplicate.status_code == 409
+        assert int(duplicate["Retry-After"]) > 200
         assert join().status_code == 201
         record.refresh_from_db()
         assert record.state == State.COMPLETED
