@@ -189,6 +189,50 @@ class LeaseStoreFailureTests:
         assert post(client, "/orders/lease/", key="store-fails").status_code == 409
         assert calls.value == 1
 
+    def test_failure_to_store_an_empty_body_keeps_the_claim(self, monkeypatch, caplog):
+        monkeypatch.setattr(store, "complete", broken)
+        client = Client(raise_request_exception=False)
+        assert post(client, "/lease/large/?size=0").status_code == 201
+        assert IdempotencyKey.objects.get().state == IdempotencyKey.State.IN_PROGRESS
+        assert "could not be stored. The key stays claimed" in caplog.text
+        assert "storing its status and headers only" not in caplog.text
+
+    def test_failure_to_release_keeps_the_handlers_own_error(self, monkeypatch, caplog):
+        monkeypatch.setattr(store, "release", broken)
+        fail_next.set()
+        with pytest.raises(RuntimeError, match="handler failed after writing"):
+            post(Client(), "/orders/lease/", key="release-fails")
+        assert IdempotencyKey.objects.get().state == IdempotencyKey.State.IN_PROGRESS
+        assert "Could not release idempotency key" in caplog.text
+        assert "release-fails" not in caplog.text
+
+
+@pytest.mark.django_db
+class LeaseStoreFailureInsideTestCaseTests:
+    def test_failure_to_store_fails_the_request_whose_transaction_holds_the_claim(
+        self, monkeypatch
+    ):
+        # The claim commits or rolls back with the test's transaction, which
+        # can no longer commit: the error is the request's.
+        from django.db import DatabaseError
+
+        monkeypatch.setattr(store, "complete", broken)
+        with pytest.raises(DatabaseError, match="injected"):
+            post(Client(), "/orders/lease/")
+
+    def test_failure_to_release_keeps_the_handlers_own_error(self, monkeypatch, caplog):
+        monkeypatch.setattr(store, "release", broken)
+        fail_next.set()
+        with pytest.raises(RuntimeError, match="handler failed after writing"):
+            post(Client(), "/orders/lease/")
+        assert "Could not release" not in caplog.text  # it goes with the transaction
+
+
+def broken(*args, **kwargs):
+    from django.db import DatabaseError
+
+    raise DatabaseError("injected: the database refused the statement")
+
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL transaction ids")
