@@ -287,7 +287,7 @@ class _ProtectedCall:
             return step()
 
     def _shares_the_request_transaction(self) -> bool:
-        # A test case's transaction, or SQLite's (see lease_connection): the
+        # A test case's transaction, or SQLite's (see docs/backends.rst): the
         # claim is not visible to another connection, and commits or rolls
         # back with the request.
         return not self.own_connection and connections[self.using].in_atomic_block
@@ -309,7 +309,7 @@ class _ProtectedCall:
             )
 
     def _store_lease_response(self, record_id: int, token: str, stored: StoredResponse) -> None:
-        """Store a successful handler's response, the body last if it must be given up.
+        """Store a successful handler's response, without its body if the database refuses it.
 
         The effect has run, so the key is never released here: a release
         would let a retry run it again. A body the database refuses (over

@@ -29,7 +29,7 @@ def _wrappers() -> dict[str, BaseDatabaseWrapper]:
     return wrappers
 
 
-def own_wrapper(using: str) -> BaseDatabaseWrapper:
+def _own_wrapper(using: str) -> BaseDatabaseWrapper:
     wrappers = _wrappers()
     wrapper = wrappers.get(using)
     if wrapper is None:
@@ -46,7 +46,7 @@ def own_connection(using: str, *, fresh: bool = False) -> Iterator[BaseDatabaseW
     nothing else runs on this thread in between. ``fresh`` first closes the
     connection, so that the next statement runs on a new one.
     """
-    wrapper = own_wrapper(using)
+    wrapper = _own_wrapper(using)
     if fresh:
         wrapper.close()
     request_connection = connections[using]
