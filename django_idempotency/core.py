@@ -11,16 +11,16 @@ import hashlib
 import logging
 import secrets
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field, replace
 from typing import Any, NoReturn
 
-from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections, transaction
 from django.dispatch import Signal
 from django.http import HttpRequest, HttpResponseBase
 from django.utils import timezone
 
-from django_idempotency import signals, store
+from django_idempotency import lease_connection, signals, store
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import (
     DatabaseBusy,
@@ -32,7 +32,7 @@ from django_idempotency.info import IdempotencyInfo
 from django_idempotency.keys import mask_key, parse_key
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.options import Options, ViewOptions, resolve_options
-from django_idempotency.responses import capture, is_storable, replay
+from django_idempotency.responses import StoredResponse, capture, is_storable, replay
 
 logger = logging.getLogger(__name__)
 
@@ -97,18 +97,6 @@ def _normalise_fingerprint(fingerprint: str) -> str:
     return hashlib.sha256(fingerprint.encode()).hexdigest()
 
 
-def _inside_transaction(using: str) -> bool:
-    """Whether a transaction other than a test case's own is open.
-
-    Lease mode must commit its claim before the view runs. The transaction
-    Django's ``TestCase`` wraps each test in is tolerated, so lease-mode views
-    stay testable there: on one connection the claim simply commits with the
-    test's transaction.
-    """
-    blocks = connections[using].atomic_blocks
-    return any(not getattr(block, "_from_testcase", False) for block in blocks)
-
-
 class _Discard(Exception):
     """Leave the atomic block without committing, answering with ``response``."""
 
@@ -125,6 +113,7 @@ class _ProtectedCall:
     options: Options
     sender: Any
     using: str
+    own_connection: bool = field(default=False, init=False)
 
     # Atomic mode (SPEC 4.1): claim, effect and stored response commit together.
 
@@ -155,7 +144,7 @@ class _ProtectedCall:
                 response = self.finalize(self.handler())
                 if not is_storable(response):
                     raise _Discard(response)
-                self._complete(claimed, None, response)
+                self._complete(claimed, None, self._capture(response))
                 return response
         except _Discard as discard:
             return discard.response
@@ -168,15 +157,10 @@ class _ProtectedCall:
     # Lease mode (SPEC 4.2): the claim commits first; the handler runs outside.
 
     def run_lease(self) -> HttpResponseBase:
-        if _inside_transaction(self.using):
-            raise ImproperlyConfigured(
-                "Lease mode (atomic=False) must commit its claim before the handler "
-                "runs, but this request is already inside a transaction on "
-                f"{self.using!r}. Exclude the view from ATOMIC_REQUESTS with "
-                "django.db.transaction.non_atomic_requests (for a DRF @api_view, "
-                "put @transaction.non_atomic_requests above @api_view), or use "
-                "atomic mode."
-            )
+        # Inside a transaction the request's connection cannot commit the
+        # claim first: the lease's statements then use a connection of their
+        # own (see docs/decorator.rst).
+        self.own_connection = lease_connection.needs_own_connection(self.using)
         token = secrets.token_hex(16)
         for _ in range(store.CLAIM_ATTEMPTS):
             try:
@@ -186,24 +170,129 @@ class _ProtectedCall:
             break
         else:
             raise self._conflict(retry_after=1)
-        if isinstance(claimed, HttpResponseBase):
-            return claimed
+        if isinstance(claimed, IdempotencyKey):
+            return self._answer_duplicate(claimed)
+        record_id = claimed
         self._send(signals.key_claimed)
         try:
             response = self.finalize(self.handler())
         except BaseException:
-            store.release(self.using, claimed, token)
+            self._release(record_id, token)
             raise
         if not is_storable(response):
-            store.release(self.using, claimed, token)
+            self._release(record_id, token)
             return response
+        stored = self._capture(response)
+        if not self.own_connection:
+            self._store_lease_response(record_id, token, stored)
+        elif self._request_transaction_will_roll_back():
+            # The view's writes are lost with it: as for a failed handler.
+            self._release(record_id, token)
+        else:
+            # The view's own writes commit with the request's transaction:
+            # store its answer only once they have, so that a replay never
+            # reports an outcome the database rolled back.
+            transaction.on_commit(
+                lambda: self._store_lease_response(record_id, token, stored), using=self.using
+            )
+        return response
+
+    def _request_transaction_will_roll_back(self) -> bool:
+        connection = connections[self.using]
+        return connection.needs_rollback or not lease_connection.is_usable(connection)
+
+    def _lease_claim(self, token: str) -> int | IdempotencyKey:
+        now = timezone.now()
+        lease_until = now + self.options.lease
         try:
-            completed = self._complete(claimed, token, response)
-        except DatabaseError:
-            # Storing failed (the database went away, a body over the packet
-            # limit): give the key back rather than leave it stuck for a lease.
-            store.release(self.using, claimed, token)
+            with self._lease_statements():
+                store.prepare_connection(self.using, self.options.wait)
+                with transaction.atomic(using=self.using):
+                    return store.claim(
+                        self.using, self._new_claim(now, token, lease_until), self.options.wait
+                    )
+        except DatabaseError as exc:
+            self._raise_claim_error(exc)
             raise
+
+    def _lease_statements(self, *, fresh: bool = False) -> AbstractContextManager[Any]:
+        if self.own_connection or fresh:
+            return lease_connection.own_connection(self.using, fresh=fresh)
+        return nullcontext()
+
+    def _on_a_live_connection(self, step: Callable[[], Any]) -> Any:
+        """Run a lease statement; if its connection has died, again on a fresh one.
+
+        A handler can outlive its connection (a server restart, a killed
+        session, a network cut). The statements that end its lease must not
+        die with it, or the key stays stuck until the lease runs out.
+        """
+        try:
+            with self._lease_statements():
+                return step()
+        except DatabaseError:
+            # Whether the connection is still usable cannot be told reliably
+            # afterwards (Django may have dropped it already), and the
+            # statements match on the owner token, so they are safe to repeat.
+            if self._shares_the_request_transaction():
+                raise
+        with self._lease_statements(fresh=True):
+            return step()
+
+    def _shares_the_request_transaction(self) -> bool:
+        # A test case's transaction, or SQLite's (see docs/backends.rst): the
+        # claim is not visible to another connection, and commits or rolls
+        # back with the request.
+        return not self.own_connection and connections[self.using].in_atomic_block
+
+    def _release(self, record_id: int, token: str) -> None:
+        """Give the key back after a failed handler, so that a retry can run."""
+        try:
+            self._on_a_live_connection(lambda: store.release(self.using, record_id, token))
+        except DatabaseError:
+            if self._shares_the_request_transaction():
+                return  # the failed statement rolls the claim back with the request
+            # Raising would hide the handler's own error or response; the
+            # lease still runs out.
+            logger.exception(
+                "Could not release idempotency key %s in scope %r; retries get 409 "
+                "until its lease runs out.",
+                mask_key(self.info.key),
+                self.info.scope,
+            )
+
+    def _store_lease_response(self, record_id: int, token: str, stored: StoredResponse) -> None:
+        """Store a successful handler's response, without its body if the database refuses it.
+
+        The effect has run, so the key is never released here: a release
+        would let a retry run it again. A body the database refuses (over
+        MySQL's ``max_allowed_packet``, say) is dropped as one over
+        ``MAX_STORED_BODY`` is, and status and headers are stored alone.
+        """
+        try:
+            completed = self._on_a_live_connection(lambda: self._complete(record_id, token, stored))
+        except DatabaseError:
+            if self._shares_the_request_transaction():
+                raise  # which can no longer commit: the claim goes with it
+            if not stored.body:
+                self._log_not_stored()
+                return
+            logger.warning(
+                "The response body for idempotency key %s in scope %r (%d bytes) could "
+                "not be stored; storing its status and headers only.",
+                mask_key(self.info.key),
+                self.info.scope,
+                len(stored.body),
+                exc_info=True,
+            )
+            without_body = replace(stored, body=None)
+            try:
+                completed = self._on_a_live_connection(
+                    lambda: self._complete(record_id, token, without_body)
+                )
+            except DatabaseError:
+                self._log_not_stored()
+                return
         if not completed:
             logger.warning(
                 "Lease for idempotency key %s in scope %r ran out before the handler "
@@ -212,23 +301,16 @@ class _ProtectedCall:
                 mask_key(self.info.key),
                 self.info.scope,
             )
-        return response
 
-    def _lease_claim(self, token: str) -> int | HttpResponseBase:
-        store.prepare_connection(self.using, self.options.wait)
-        now = timezone.now()
-        lease_until = now + self.options.lease
-        try:
-            with transaction.atomic(using=self.using):
-                claimed = store.claim(
-                    self.using, self._new_claim(now, token, lease_until), self.options.wait
-                )
-                if isinstance(claimed, IdempotencyKey):
-                    return self._answer_duplicate(claimed)
-                return claimed
-        except DatabaseError as exc:
-            self._raise_claim_error(exc)
-            raise
+    def _log_not_stored(self) -> None:
+        logger.error(
+            "The response for idempotency key %s in scope %r could not be stored. "
+            "The key stays claimed, so that a retry does not repeat the effect, "
+            "and retries get 409 until its lease runs out.",
+            mask_key(self.info.key),
+            self.info.scope,
+            exc_info=True,
+        )
 
     # Shared steps.
 
@@ -245,9 +327,11 @@ class _ProtectedCall:
             locked_until=locked_until,
         )
 
-    def _complete(self, record_id: int, token: str | None, response: HttpResponseBase) -> bool:
+    def _capture(self, response: HttpResponseBase) -> StoredResponse:
         conf = idempotency_settings
-        stored = capture(response, conf.stored_headers, conf.max_stored_body)
+        return capture(response, conf.stored_headers, conf.max_stored_body)
+
+    def _complete(self, record_id: int, token: str | None, stored: StoredResponse) -> bool:
         return store.complete(
             self.using,
             record_id,

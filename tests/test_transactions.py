@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from datetime import timedelta
 
 import pytest
@@ -74,7 +75,7 @@ class AtomicRequestsTests:
         assert post(client, "/orders/lease/")["Idempotent-Replayed"] == "true"
         assert Order.objects.count() == 2  # lease mode cannot roll back the failed run's write
 
-    def test_lease_mode_inside_a_transaction_is_refused_clearly(self, rf):
+    def test_lease_mode_inside_a_transaction_commits_its_claim_first(self, rf):
         from tests.views import create_order_lease
 
         request = rf.post(
@@ -83,8 +84,27 @@ class AtomicRequestsTests:
             content_type="application/json",
             headers={"Idempotency-Key": "k"},
         )
-        with transaction.atomic(), pytest.raises(ImproperlyConfigured, match="non_atomic_requests"):
-            create_order_lease(request)
+        with transaction.atomic():
+            assert create_order_lease(request).status_code == 201
+            if connection.vendor != "sqlite":  # SQLite: one connection, see docs/backends.rst
+                assert in_progress_elsewhere("k")
+        assert IdempotencyKey.objects.get().state == IdempotencyKey.State.COMPLETED
+
+
+def in_progress_elsewhere(key: str) -> bool:
+    """Whether another connection sees the claim committed, in progress."""
+    seen: list[str] = []
+
+    def read() -> None:
+        try:
+            seen.extend(IdempotencyKey.objects.filter(key=key).values_list("state", flat=True))
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    thread.join(timeout=10)
+    return seen == [IdempotencyKey.State.IN_PROGRESS]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -151,7 +171,9 @@ class LeaseBySettingTests:
 
 @pytest.mark.django_db(transaction=True)
 class LeaseStoreFailureTests:
-    def test_failure_to_store_releases_the_claim(self, monkeypatch):
+    def test_failure_to_store_keeps_the_claim_after_the_effect(self, monkeypatch, caplog):
+        # Releasing would let a retry repeat an effect that has run: the key
+        # stays claimed until its lease runs out, as when a process dies.
         from django.db import DatabaseError
 
         def broken_complete(*args, **kwargs):
@@ -159,10 +181,57 @@ class LeaseStoreFailureTests:
 
         monkeypatch.setattr(store, "complete", broken_complete)
         client = Client(raise_request_exception=False)
-        assert post(client, "/orders/lease/").status_code == 500
-        assert not IdempotencyKey.objects.exists()  # released, not stuck for a lease
+        assert post(client, "/orders/lease/", key="store-fails").status_code == 201
+        assert IdempotencyKey.objects.get().state == IdempotencyKey.State.IN_PROGRESS
+        assert "could not be stored" in caplog.text
+        assert "store-fails" not in caplog.text
         monkeypatch.undo()
-        assert post(client, "/orders/lease/").status_code == 201
+        assert post(client, "/orders/lease/", key="store-fails").status_code == 409
+        assert calls.value == 1
+
+    def test_failure_to_store_an_empty_body_keeps_the_claim(self, monkeypatch, caplog):
+        monkeypatch.setattr(store, "complete", broken)
+        client = Client(raise_request_exception=False)
+        assert post(client, "/lease/large/?size=0").status_code == 201
+        assert IdempotencyKey.objects.get().state == IdempotencyKey.State.IN_PROGRESS
+        assert "could not be stored. The key stays claimed" in caplog.text
+        assert "storing its status and headers only" not in caplog.text
+
+    def test_failure_to_release_keeps_the_handlers_own_error(self, monkeypatch, caplog):
+        monkeypatch.setattr(store, "release", broken)
+        fail_next.set()
+        with pytest.raises(RuntimeError, match="handler failed after writing"):
+            post(Client(), "/orders/lease/", key="release-fails")
+        assert IdempotencyKey.objects.get().state == IdempotencyKey.State.IN_PROGRESS
+        assert "Could not release idempotency key" in caplog.text
+        assert "release-fails" not in caplog.text
+
+
+@pytest.mark.django_db
+class LeaseStoreFailureInsideTestCaseTests:
+    def test_failure_to_store_fails_the_request_whose_transaction_holds_the_claim(
+        self, monkeypatch
+    ):
+        # The claim commits or rolls back with the test's transaction, which
+        # can no longer commit: the error is the request's.
+        from django.db import DatabaseError
+
+        monkeypatch.setattr(store, "complete", broken)
+        with pytest.raises(DatabaseError, match="injected"):
+            post(Client(), "/orders/lease/")
+
+    def test_failure_to_release_keeps_the_handlers_own_error(self, monkeypatch, caplog):
+        monkeypatch.setattr(store, "release", broken)
+        fail_next.set()
+        with pytest.raises(RuntimeError, match="handler failed after writing"):
+            post(Client(), "/orders/lease/")
+        assert "Could not release" not in caplog.text  # it goes with the transaction
+
+
+def broken(*args, **kwargs):
+    from django.db import DatabaseError
+
+    raise DatabaseError("injected: the database refused the statement")
 
 
 @pytest.mark.django_db(transaction=True)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import queue
 import threading
 import time
 
+from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.utils.decorators import method_decorator
 from django.views import View
@@ -142,3 +144,56 @@ def api_create_order(request):  # type: ignore[no-untyped-def]
     calls.increment()
     order = Order.objects.create(item=request.data.get("item", "widget"))
     return Response({"id": order.pk, "item": order.item}, status=201)
+
+
+@method_decorator(idempotent(atomic=False), name="post")
+class LeaseOrderView(View):
+    """The class-based lease view the docs show, which ATOMIC_REQUESTS cannot see is excluded."""
+
+    def post(self, request: HttpRequest) -> HttpResponse:
+        return _create_order(request)
+
+
+# A test reads the server-side id of the handler's connection here, kills that
+# connection from its own, then sets ``resume``.
+handler_connection_ids: queue.Queue[int] = queue.Queue()
+resume = threading.Event()
+
+
+def _outlive_connection(request: HttpRequest) -> HttpResponse:
+    """Write the effect, wait while the test kills this connection, then answer or raise."""
+    calls.increment()
+    Order.objects.create(item="lost")
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT pg_backend_pid()")
+        else:
+            cursor.execute("SELECT CONNECTION_ID()")
+        handler_connection_ids.put(cursor.fetchone()[0])
+    if not resume.wait(timeout=20):
+        raise RuntimeError("the test never resumed the handler")
+    resume.clear()
+    if request.GET.get("raise"):
+        raise RuntimeError("handler failed after losing its connection")
+    return HttpResponse(b"created", status=201, content_type="text/plain")
+
+
+@idempotent(atomic=False)
+def lease_outliving_connection(request: HttpRequest) -> HttpResponse:
+    return _outlive_connection(request)
+
+
+class LeaseOutlivingConnectionView(View):
+    @method_decorator(idempotent(atomic=False))
+    def post(self, request: HttpRequest) -> HttpResponse:
+        return _outlive_connection(request)
+
+
+@idempotent(atomic=False)
+def lease_large_response(request: HttpRequest) -> HttpResponse:
+    calls.increment()
+    Order.objects.create(item="large")
+    size = int(request.GET["size"])
+    response = HttpResponse(b"x" * size, content_type="application/octet-stream", status=201)
+    response["Location"] = "/exports/1/"
+    return response

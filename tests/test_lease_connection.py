@@ -1,0 +1,277 @@
+"""Lease mode where the request's connection cannot end the lease: inside a
+transaction (``ATOMIC_REQUESTS``), after the connection died, or when the
+database refuses the response's size.
+
+Every test here is transactional and uses real connections: the claim and
+the stored response are committed on a connection of their own, which one
+test-wide transaction could not show.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+from django.test import Client, override_settings
+
+from django_idempotency.models import IdempotencyKey
+from tests.models import Order
+from tests.polling import wait_until
+from tests.views import calls, handler_connection_ids, resume
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+State = IdempotencyKey.State
+BODY = b'{"item": "book"}'
+server_only = pytest.mark.skipif(
+    connection.vendor == "sqlite", reason="a server-side connection to kill"
+)
+
+
+def post(url: str, key: str = "k") -> Any:
+    client = Client(raise_request_exception=False)
+    return client.post(url, BODY, content_type="application/json", headers={"Idempotency-Key": key})
+
+
+def in_background(call: Callable[[], Any]) -> Callable[[], Any]:
+    """Run ``call`` in a thread with its own connections; return a bounded join."""
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["value"] = call()
+        except BaseException as exc:  # handed to the joining test
+            result["error"] = exc
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+
+    def join() -> Any:
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "the background request did not finish"
+        if "error" in result:
+            raise result["error"]
+        return result["value"]
+
+    return join
+
+
+def kill(server_id: int) -> None:
+    """End another connection from the server side, as an administrator or a failover would."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT pg_terminate_backend(%s)", [server_id])
+            assert cursor.fetchone()[0] is True
+        else:
+            cursor.execute(f"KILL {int(server_id)}")
+
+
+def run_and_kill(url: str) -> Any:
+    """Send a request whose handler loses its connection after writing its effect."""
+    join = in_background(lambda: post(url))
+    kill(handler_connection_ids.get(timeout=20))
+    resume.set()
+    return join()
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers() -> Any:
+    resume.clear()
+    while not handler_connection_ids.empty():
+        handler_connection_ids.get_nowait()
+    yield
+
+
+@pytest.fixture
+def atomic_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", True)
+
+
+def retry_runs_the_handler(url: str) -> None:
+    resume.set()  # the retry's handler does not wait
+    retry = post(url)
+    assert retry.status_code == 201
+    assert "Idempotent-Replayed" not in retry
+    assert calls.value == 2
+    assert IdempotencyKey.objects.get().state == State.COMPLETED
+
+
+@pytest.mark.usefixtures("atomic_requests")
+class AtomicRequestsTests:
+    """Lease mode where ``ATOMIC_REQUESTS`` cannot see that the view left it."""
+
+    @pytest.mark.parametrize("url", ["/orders/class-based-lease/", "/drf/api-lease/"])
+    def test_lease_view_inside_the_request_transaction_replays(self, url: str) -> None:
+        first = post(url)
+        retry = post(url)
+        assert first.status_code == retry.status_code == 201
+        assert retry["Idempotent-Replayed"] == "true"
+        assert retry.content == first.content
+        assert calls.value == 1
+        assert Order.objects.count() == 1
+        assert IdempotencyKey.objects.get().state == State.COMPLETED
+
+    def test_failure_inside_the_request_transaction_releases(self) -> None:
+        client = Client(raise_request_exception=False)
+        url = "/orders/class-based-lease/"
+        failed = client.post(
+            url,
+            b'{"item": "book", "raise": true}',
+            content_type="application/json",
+            headers={"Idempotency-Key": "k"},
+        )
+        assert failed.status_code == 500
+        assert not IdempotencyKey.objects.exists()
+        assert Order.objects.count() == 0  # rolled back with the request
+        assert post(url).status_code == 201
+        assert calls.value == 2
+
+    @server_only
+    def test_claim_commits_before_the_handler_runs(self) -> None:
+        join = in_background(lambda: post("/orders/class-based-lease/?hold=1"))
+        wait_until(lambda: calls.value == 1, "the handler to start")
+        # Seen from another connection: the claim is committed, the view's
+        # own write is still inside the request's transaction.
+        record = IdempotencyKey.objects.get()
+        assert record.state == State.IN_PROGRESS
+        assert Order.objects.count() == 0
+        duplicate = post("/orders/class-based-lease/?hold=1")
+        assert duplicate.status_code == 409
+        assert int(duplicate["Retry-After"]) > 200
+        assert join().status_code == 201
+        record.refresh_from_db()
+        assert record.state == State.COMPLETED
+        assert Order.objects.count() == 1
+
+    @server_only
+    def test_response_is_stored_only_once_the_request_commits(self, rf: Any) -> None:
+        from tests.views import create_order_lease
+
+        request = rf.post(
+            "/orders/lease/",
+            BODY,
+            content_type="application/json",
+            headers={"Idempotency-Key": "k"},
+        )
+        with transaction.atomic():
+            assert create_order_lease(request).status_code == 201
+            assert IdempotencyKey.objects.get().state == State.IN_PROGRESS
+        assert IdempotencyKey.objects.get().state == State.COMPLETED
+
+    @server_only
+    def test_request_transaction_rolled_back_later_keeps_the_key_claimed(self, rf: Any) -> None:
+        # As when the process dies after the view: the effect may have run
+        # outside the database, so the key is neither stored nor released.
+        from tests.views import create_order_lease
+
+        request = rf.post(
+            "/orders/lease/",
+            BODY,
+            content_type="application/json",
+            headers={"Idempotency-Key": "k"},
+        )
+        with pytest.raises(RuntimeError), transaction.atomic():
+            assert create_order_lease(request).status_code == 201
+            raise RuntimeError("the request failed after the view")
+        assert IdempotencyKey.objects.get().state == State.IN_PROGRESS
+        assert Order.objects.count() == 0
+        assert post("/orders/lease/").status_code == 409
+
+    @server_only
+    def test_own_connection_is_closed_after_each_use(self) -> None:
+        # CONN_MAX_AGE = 0: no second connection is held while a view runs.
+        join = in_background(lambda: post("/orders/class-based-lease/?hold=1"))
+        wait_until(lambda: calls.value == 1, "the handler to start")
+        assert self.connections_to_the_database() == 2  # this test's and the view's
+        assert join().status_code == 201
+
+    def connections_to_the_database(self) -> int:
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                )
+            else:
+                cursor.execute(
+                    "SELECT count(*) FROM information_schema.PROCESSLIST WHERE DB = DATABASE()"
+                )
+            return cursor.fetchone()[0]
+
+
+@server_only
+class LostConnectionTests:
+    """The handler's connection is killed from the server side while it runs."""
+
+    @pytest.mark.parametrize(
+        "url", ["/lease/outlive-connection/", "/lease/outlive-connection/class-based/"]
+    )
+    def test_handler_raising_after_losing_its_connection_releases(self, url: str) -> None:
+        assert run_and_kill(f"{url}?raise=1").status_code == 500
+        assert not IdempotencyKey.objects.exists()
+        retry_runs_the_handler(url)
+
+    def test_handler_answering_after_losing_its_connection_is_stored(self) -> None:
+        url = "/lease/outlive-connection/"
+        response = run_and_kill(url)
+        assert response.status_code == 201
+        record = IdempotencyKey.objects.get()
+        assert record.state == State.COMPLETED
+        assert bytes(record.response_body) == b"created"
+        resume.set()  # were the handler to run again, it would not wait
+        replay = post(url)
+        assert replay.status_code == 201
+        assert replay["Idempotent-Replayed"] == "true"
+        assert replay.content == b"created"
+        assert calls.value == 1
+        assert Order.objects.count() == 1
+
+    @pytest.mark.usefixtures("atomic_requests")
+    @pytest.mark.parametrize("query", ["", "?raise=1"])
+    def test_lost_request_transaction_releases(self, query: str) -> None:
+        # Under ATOMIC_REQUESTS the view's write dies with its connection:
+        # the request failed, so a retry runs it again.
+        url = "/lease/outlive-connection/class-based/"
+        assert run_and_kill(f"{url}{query}").status_code == 500
+        assert not IdempotencyKey.objects.exists()
+        assert Order.objects.count() == 0
+        retry_runs_the_handler(url)
+        assert Order.objects.count() == 1
+
+
+@pytest.mark.skipif(connection.vendor != "mysql", reason="MySQL's max_allowed_packet")
+class OversizedBodyTests:
+    def test_body_over_max_allowed_packet_is_stored_without_it(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT @@max_allowed_packet")
+            limit = cursor.fetchone()[0]
+        url = f"/lease/large/?size={limit + 1024}"
+        key = "oversized-body-key"
+        with (
+            override_settings(IDEMPOTENCY={"MAX_STORED_BODY": 4 * limit}),
+            caplog.at_level(logging.WARNING, "django_idempotency"),
+        ):
+            # Each request in a thread of its own, on a connection of its own,
+            # as a server would after the refused packet broke the first one.
+            first = in_background(lambda: post(url, key))()
+            retry = in_background(lambda: post(url, key))()
+        assert first.status_code == 201
+        assert len(first.content) == limit + 1024
+        record = IdempotencyKey.objects.get()
+        assert record.state == State.COMPLETED
+        assert record.response_body is None
+        # Stored as a body over MAX_STORED_BODY is: status and headers only.
+        assert retry.status_code == 201
+        assert retry["Idempotent-Replayed"] == "true"
+        assert retry["Location"] == "/exports/1/"
+        assert retry.content == b""
+        assert calls.value == 1
+        assert "could not be stored; storing its status and headers only" in caplog.text
+        assert key not in caplog.text
