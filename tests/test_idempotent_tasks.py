@@ -337,7 +337,8 @@ class WorkerTests:
             original = slow_order.delay("slow", True)
             wait_until(lambda: prefork_worker.runs("slow") == 1, "the original to start")
             duplicate = slow_order.delay("slow", True)
-            wait_until(lambda: duplicate.state == "RETRY", "the duplicate to be retried", 60)
+            retried = f"slow_order[{duplicate.id}] retry: Retry in 1s: TaskInFlight"
+            wait_until(lambda: retried in prefork_worker.log.read_text(), "a retry", 60)
         finally:
             hold.unlink()
 
