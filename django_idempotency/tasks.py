@@ -99,7 +99,8 @@ def idempotent_task(
             if task is None or not idempotency_settings.enabled:
                 # Called as a plain function, not as this task: nothing to protect.
                 return function(*args, **kwargs)
-            own_args = args[1:] if args and args[0] is task else args
+            with_task = bool(args) and args[0] is task  # bind=True
+            own_args = args[1:] if with_task else args
             if key is None:
                 if task.request.id is None:  # called directly, not as a message
                     return function(*args, **kwargs)
@@ -116,7 +117,7 @@ def idempotent_task(
                     task_name=task.name,
                     key=task_key,
                     args=(),
-                    kwargs=_by_name(function, args, kwargs),
+                    kwargs=_by_name(function, args, kwargs, with_task),
                     body=run,
                     options=options,
                 )
@@ -124,6 +125,8 @@ def idempotent_task(
                 # Never run alongside the original: come back once it is done.
                 raise task.retry(countdown=exc.retry_after, exc=exc) from None
 
+        # Celery checks a publish's arguments against this signature.
+        body.__signature__ = inspect.signature(function)  # type: ignore[attr-defined]
         return body  # type: ignore[return-value]
 
     if func is not None:
@@ -131,20 +134,22 @@ def idempotent_task(
     return decorate
 
 
-def _by_name(function: Callable[..., Any], args: Any, kwargs: Any) -> dict[str, Any]:
+def _by_name(
+    function: Callable[..., Any], args: Any, kwargs: Any, with_task: bool
+) -> dict[str, Any]:
     """The arguments by parameter name, defaults filled in, the bound task left out.
 
     So ``charge(7)``, ``charge(order_id=7)`` and ``charge(7, retries=3)``
     with ``retries=3`` the default are the same work.
     """
     try:
-        bound = inspect.signature(function).bind(*args, **kwargs)
+        call = inspect.signature(function).bind(*args, **kwargs)
     except TypeError:
         # The call itself is wrong; the body will say so when it runs.
         return {"args": list(args), "kwargs": kwargs}
-    bound.apply_defaults()
-    arguments = dict(bound.arguments)
-    if args and args[0] is current_task._get_current_object():
+    call.apply_defaults()
+    arguments = dict(call.arguments)
+    if with_task:
         arguments.pop(next(iter(arguments)))
     return arguments
 

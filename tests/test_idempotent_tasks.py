@@ -90,8 +90,17 @@ class ApplyTests:
     def test_arguments_are_canonicalised_like_json_bodies(self):
         place_order.apply(args=["book"], kwargs={"pause": 0})
         place_order.apply(args=["book"], kwargs={"pause": 0.0})
+        place_order.apply(args=["book", 0])
+        place_order.apply(kwargs={"label": "book"})
 
         assert Order.objects.count() == 1
+
+    def test_bound_task_is_not_an_argument(self):
+        first = charge_and_hold.apply(args=["bound"], task_id="bound-1")
+        again = charge_and_hold.apply(kwargs={"label": "bound"}, task_id="bound-1")
+
+        assert again.get() == first.get()
+        assert RemoteCharge.objects.count() == 1
 
     def test_same_key_with_other_arguments_fails_and_changes_nothing(self):
         place_order.apply(args=["book"])
@@ -205,6 +214,11 @@ class DefinitionTests:
     def test_bad_option_fails_at_definition(self, options, message):
         with pytest.raises(TypeError, match=message.replace("(", r"\(").replace(")", r"\)")):
             idempotent_task(**options)
+
+    def test_publish_with_wrong_arguments_is_refused_before_sending(self):
+        # Celery checks arguments against the body's own signature.
+        with pytest.raises(TypeError):
+            place_order.apply_async(args=["book"], kwargs={"colour": "red"})
 
     def test_key_function_must_return_a_string(self):
         @shared_task(name="tests.definition.bad_key")
