@@ -190,16 +190,18 @@ class ApplyTests:
 
 class DefinitionTests:
     def test_above_shared_task_fails_at_import(self):
-        def body() -> None: ...
+        def misplaced() -> None: ...
 
         with pytest.raises(TypeError, match="below @shared_task"):
-            idempotent_task(shared_task(body))
+            idempotent_task(shared_task(misplaced))
 
     def test_above_app_task_with_options_fails_at_import(self):
         app = Celery("definition-check", set_as_current=False)
 
+        def misplaced_on_app() -> None: ...
+
         with pytest.raises(TypeError, match="below @shared_task"):
-            idempotent_task(atomic=False)(app.task(lambda: None))
+            idempotent_task(atomic=False)(app.task(shared=False)(misplaced_on_app))
 
     @pytest.mark.parametrize(
         ("options", "message"),
@@ -359,6 +361,29 @@ class WorkerTests:
         value = prefork_worker.wait_for(original)
         assert prefork_worker.wait_for(duplicate) == value
         assert prefork_worker.runs("slow") == 1
+        assert Order.objects.count() == 1
+
+    def test_lease_duplicate_is_retried_until_the_original_completes(self, prefork_worker):
+        label = "lease-duplicate"
+        hold = prefork_worker.task_dir / f"{label}.hold"
+        hold.touch()
+        try:
+            original = charge_and_hold.delay(label)
+            wait_until(lambda: prefork_worker.runs(label) == 1, "the original to start")
+            # The same message again, as a visibility timeout would deliver it.
+            charge_and_hold.apply_async(args=[label], task_id=original.id)
+            retried = f"charge_and_hold[{original.id}] retry: Retry in"
+            wait_until(lambda: retried in prefork_worker.log.read_text(), "a retry", 60)
+        finally:
+            hold.unlink()
+
+        value = prefork_worker.wait_for(original)
+        succeeded = f"charge_and_hold[{original.id}] succeeded"
+        wait_until(
+            lambda: prefork_worker.log.read_text().count(succeeded) == 2, "the duplicate", 60
+        )
+        assert prefork_worker.runs(label) == 1
+        assert RemoteCharge.objects.get().pk == value["charge"]
         assert Order.objects.count() == 1
 
 
