@@ -90,3 +90,36 @@ class FingerprintMismatch(IdempotencyError):
         "This idempotency key was already used for a different request. "
         "Send a new key for a new request."
     )
+
+
+class TaskInFlight(RequestInFlight):
+    """An idempotent task's original is still running; Celery retries the duplicate."""
+
+    title = "Task in progress"
+    code = "task_in_flight"
+    default_detail = (
+        "A task with this idempotency key is still running. This message is "
+        "retried later; raise the task's max_retries if its body runs long."
+    )
+
+
+class TaskArgumentsMismatch(FingerprintMismatch):
+    """An idempotent task's key was already used with different arguments."""
+
+    title = "Idempotency key reused with different arguments"
+    code = "task_arguments_mismatch"
+    default_detail = (
+        "This idempotency key was already used by this task with different "
+        "arguments. Give different work a different key."
+    )
+
+
+class UnstorableResult(IdempotencyError):
+    """An idempotent task returned a value that cannot be stored as JSON."""
+
+    title = "Task result cannot be stored"
+    code = "unstorable_result"
+    default_detail = (
+        "An idempotent task must return a JSON-serialisable value (or None), "
+        "since duplicates get the stored value back."
+    )

@@ -1,14 +1,29 @@
-"""The Celery task: the same purge as the management command, on a schedule.
+"""Celery integration: the purge task, and idempotent tasks.
 
 This is the only module that imports Celery, so the app works without it.
-Schedule it hourly with ``CELERY_BEAT_SCHEDULE`` or django-celery-beat.
+Schedule the purge hourly with ``CELERY_BEAT_SCHEDULE`` or django-celery-beat;
+see ``docs/tasks.rst`` for :func:`idempotent_task`.
 """
 
 from __future__ import annotations
 
-from celery import shared_task
+import functools
+import inspect
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, TypeVar, overload
 
+from celery import current_task, shared_task
+from celery.app.task import Task
+from celery.local import Proxy
+
+from django_idempotency import task_protocol
+from django_idempotency.conf import idempotency_settings
+from django_idempotency.exceptions import TaskInFlight
 from django_idempotency.purge import DEFAULT_BATCH_SIZE, purge_expired
+
+F = TypeVar("F", bound=Callable[..., Any])
+KeyFunction = Callable[..., str]
 
 
 @shared_task(name="django_idempotency.tasks.purge_expired_keys")
@@ -17,6 +32,136 @@ def purge_expired_keys(batch_size: int = DEFAULT_BATCH_SIZE, database: str | Non
 
     ``database`` defaults to ``IDEMPOTENCY["DATABASE"]``. Running it on
     several workers at once is safe: each record is deleted, and counted,
-    once.
+    once. Idempotent tasks' records share the table and go with the rest.
     """
     return purge_expired(using=database, batch_size=batch_size)
+
+
+@overload
+def idempotent_task(func: F, /) -> F: ...
+
+
+@overload
+def idempotent_task(
+    *,
+    key: KeyFunction | None = None,
+    atomic: bool | None = None,
+    ttl: timedelta | float | None = None,
+    wait: float | None = None,
+    lease: timedelta | float | None = None,
+) -> Callable[[F], F]: ...
+
+
+def idempotent_task(
+    func: Callable[..., Any] | None = None,
+    /,
+    *,
+    key: KeyFunction | None = None,
+    atomic: bool | None = None,
+    ttl: timedelta | float | None = None,
+    wait: float | None = None,
+    lease: timedelta | float | None = None,
+) -> Any:
+    """Run a Celery task's body once per key, and give duplicates its stored result.
+
+    Goes *below* ``@shared_task`` (or ``@app.task``), next to the function::
+
+        @shared_task(acks_late=True)
+        @idempotent_task(key=lambda order_id, **kwargs: f"charge-{order_id}")
+        def charge(order_id): ...
+
+    The key defaults to the task id, which a redelivered message keeps;
+    ``key`` is called with the task's own arguments (never the bound task)
+    so that two publishes of the same work are one effect. The scope is the
+    task's name. ``atomic``, ``ttl``, ``wait`` and ``lease`` default to the
+    settings of the same name. Inside the body,
+    ``task.request.idempotency`` (``self.request`` in a bound task) has the
+    key and ``derive(name)`` for downstream idempotency keys.
+    """
+    if key is not None and not callable(key):
+        raise TypeError(
+            f"idempotent_task(key=...) must be a callable of the task's arguments, not {key!r}."
+        )
+    options = task_protocol.TaskOptions.build(atomic=atomic, ttl=ttl, wait=wait, lease=lease)
+
+    def decorate(function: F) -> F:
+        if issubclass(type(function), (Task, Proxy)):
+            raise TypeError(
+                "@idempotent_task must go below @shared_task / @app.task, directly above "
+                "the function: it wraps the task's body, not the task."
+            )
+        if not callable(function):
+            raise TypeError(f"@idempotent_task decorates a function, not {function!r}.")
+
+        @functools.wraps(function)
+        def body(*args: Any, **kwargs: Any) -> Any:
+            task = _running_task(body)
+            if task is None or not idempotency_settings.enabled:
+                # Called as a plain function, not as this task: nothing to protect.
+                return function(*args, **kwargs)
+            with_task = bool(args) and args[0] is task  # bind=True
+            own_args = args[1:] if with_task else args
+            if key is None:
+                if task.request.id is None:  # called directly, not as a message
+                    return function(*args, **kwargs)
+                task_key = str(task.request.id)
+            else:
+                task_key = task_protocol.task_key(key(*own_args, **kwargs), task.name)
+
+            def run(info: Any) -> Any:
+                task.request.idempotency = info
+                return function(*args, **kwargs)
+
+            try:
+                return task_protocol.run_once(
+                    task_name=task.name,
+                    key=task_key,
+                    args=(),
+                    kwargs=_by_name(function, args, kwargs, with_task),
+                    body=run,
+                    options=options,
+                )
+            except TaskInFlight as exc:
+                # Never run alongside the original: come back once it is done.
+                raise task.retry(countdown=exc.retry_after, exc=exc) from None
+
+        # Celery checks a publish's arguments against this signature.
+        body.__signature__ = inspect.signature(function)  # type: ignore[attr-defined]
+        return body  # type: ignore[return-value]
+
+    if func is not None:
+        return decorate(func)
+    return decorate
+
+
+def _by_name(
+    function: Callable[..., Any], args: Any, kwargs: Any, with_task: bool
+) -> dict[str, Any]:
+    """The arguments by parameter name, defaults filled in, the bound task left out.
+
+    So ``charge(7)``, ``charge(order_id=7)`` and ``charge(7, retries=3)``
+    with ``retries=3`` the default are the same work.
+    """
+    try:
+        call = inspect.signature(function).bind(*args, **kwargs)
+    except TypeError:
+        # The call itself is wrong; the body will say so when it runs.
+        return {"args": list(args), "kwargs": kwargs}
+    call.apply_defaults()
+    arguments = dict(call.arguments)
+    if with_task:
+        arguments.pop(next(iter(arguments)))
+    return arguments
+
+
+def _running_task(body: Callable[..., Any]) -> Any:
+    """The task whose body this is, if it is the one running now."""
+    task = current_task._get_current_object()
+    if task is None:
+        return None
+    # Celery's autoretry_for keeps the original run as _orig_run.
+    for name in ("_orig_run", "run"):
+        run = getattr(task, name, None)
+        if getattr(run, "__func__", run) is body:
+            return task
+    return None

@@ -94,6 +94,10 @@ EXAMPLE_ALLOW_CRASH = os.environ.get("EXAMPLE_ALLOW_CRASH") == "1"
 
 # Celery (optional: the project runs without it, and without a broker).
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0")
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("EXAMPLE_CELERY_QUEUE", "celery")
+# A directory: the walkthrough's own worker kills itself once per receipt in
+# the middle of send_receipt; never set it in production.
+EXAMPLE_CRASH_TASKS_ONCE = os.environ.get("EXAMPLE_CRASH_TASKS_ONCE", "")
 CELERY_BEAT_SCHEDULE = {
     "purge-idempotency-keys": {
         "task": "django_idempotency.tasks.purge_expired_keys",

@@ -12,6 +12,8 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("orders/", views.create_order, name="create-order"),
     path("payments/", views.create_payment, name="create-payment"),
+    path("receipts/", views.request_receipt, name="request-receipt"),
+    path("receipts/list/", views.list_receipts, name="list-receipts"),
     path("api/", include(router.urls)),
     path("provider/charges/", list_charges, name="provider-charges"),
 ]

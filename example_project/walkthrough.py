@@ -1,9 +1,11 @@
 """A guided tour of the example shop over real HTTP.
 
 Run it while ``python3 dev.py serve`` is up (``python3 dev.py walkthrough``).
-Each step prints what it sent and what came back. The last step starts a
-gunicorn of its own on port 8001, against the same database, so that it can
-kill a worker in the middle of a payment without touching your server.
+Each step prints what it sent and what came back. Step 5 starts a gunicorn
+of its own on port 8001, against the same database, so that it can kill a
+worker in the middle of a payment without touching your server; step 6
+starts a Celery worker of its own (the broker is ``CELERY_BROKER_URL``), which
+dies in the middle of a task.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from django_idempotency.info import IdempotencyInfo
@@ -161,6 +165,87 @@ def payments(base_dir: Path, run: str, port: int) -> None:
         server.wait(10)
 
 
+def receipts(base: str, base_dir: Path, run: str) -> None:
+    step(6, "A receipt task whose Celery worker process dies mid-task, then redelivered")
+    broker = os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0")
+    if not _broker_up(broker):
+        print(f"  skipped: no Celery broker answers at {broker}")
+        return
+    crash_dir = Path(tempfile.mkdtemp(prefix="walkthrough-"))
+    log = crash_dir / "worker.log"
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "example_project.settings",
+        "EXAMPLE_CRASH_TASKS_ONCE": str(crash_dir),
+    }
+    celery = Path(sys.executable).with_name("celery")
+    with log.open("w") as output:
+        worker = subprocess.Popen(
+            [
+                str(celery),
+                "-A",
+                "example_project",
+                "worker",
+                "--pool=prefork",
+                "--concurrency=1",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "--loglevel=INFO",
+                "-n",
+                f"walkthrough-{run}@%h",
+            ],
+            cwd=base_dir,
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        _wait_for_log(log, lambda text: " ready." in text, "the worker to start")
+        order = call(base, "POST", "/orders/", {"item": f"pen-{run}"}, f"pen-{run}").json()["id"]
+        show(
+            "POST /receipts/ (queued on commit)",
+            call(base, "POST", "/receipts/", {"order": order}, f"receipt-{run}"),
+        )
+        _wait_for_log(log, lambda text: text.count("] succeeded in") == 1, "the receipt task")
+        if "signal 9" in log.read_text():
+            print(
+                "  the worker process died mid-task, transaction open (signal 9);"
+                " the broker redelivered the message"
+            )
+        show(
+            "the same order again, new key",
+            call(base, "POST", "/receipts/", {"order": order}, f"receipt-again-{run}"),
+        )
+        _wait_for_log(log, lambda text: text.count("] succeeded in") == 2, "the second message")
+        made = call(base, "GET", f"/receipts/list/?order={order}").json()["receipts"]
+        print(f"  receipts for order {order}: {len(made)} (2 messages, the first run killed)")
+    finally:
+        worker.terminate()
+        worker.wait(20)
+
+
+def _broker_up(url: str) -> bool:
+    try:
+        import kombu
+    except ImportError:
+        return False
+    try:
+        with kombu.Connection(url, connect_timeout=2) as connection:
+            connection.ensure_connection(max_retries=1)
+        return True
+    except Exception:
+        return False
+
+
+def _wait_for_log(log: Path, ready: Callable[[str], bool], what: str, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not ready(log.read_text()):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"gave up waiting for {what}; worker log:\n{log.read_text()}")
+        time.sleep(0.2)
+
+
 def _wait_until_up(base: str, seconds: float = 20) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -188,7 +273,11 @@ def main() -> None:
     orders(args.base_url, run)
     bookings(args.base_url, run)
     payments(ROOT, run, args.crash_port)
-    print("\nDone: one order, one booking and one charge, however many requests were sent.")
+    receipts(args.base_url, ROOT, run)
+    print(
+        "\nDone: one order, one booking, one charge and one receipt, however many"
+        " requests and messages were sent."
+    )
 
 
 if __name__ == "__main__":

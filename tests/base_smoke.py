@@ -55,6 +55,23 @@ retry = client.post(
 )
 assert first.status_code == retry.status_code == 201, (first.status_code, retry.status_code)
 assert retry["Idempotent-Replayed"] == "true"
+
+# The task protocol needs no Celery either (only django_idempotency.tasks does).
+from django_idempotency.task_protocol import TaskOptions, run_once  # noqa: E402
+
+runs = []
+values = [
+    run_once(
+        task_name="smoke.task",
+        key="k",
+        args=(1,),
+        kwargs={},
+        body=lambda info: runs.append(info.key) or {"runs": len(runs)},
+        options=TaskOptions(),
+    )
+    for _ in range(2)
+]
+assert values == [{"runs": 1}, {"runs": 1}] and runs == ["k"], (values, runs)
 for module in ("rest_framework", "celery"):
     assert module not in sys.modules, f"{module} was imported"
 print("base: django-idempotency works with Django alone")

@@ -35,3 +35,13 @@ class Payment(models.Model):
 
     def __str__(self) -> str:
         return f"{self.reference}: {self.amount}"
+
+
+class Receipt(models.Model):
+    """Written by the ``send_receipt`` Celery task: one per order, however often it is sent."""
+
+    order = models.ForeignKey(Order, on_delete=models.CASCADE, related_name="receipts")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"receipt for order {self.order_id}"

@@ -9,7 +9,8 @@ from rest_framework.test import APIClient
 
 from django_idempotency.testing import assert_idempotent
 from example_project.provider.models import Charge
-from example_project.shop.models import Booking, Order, Payment
+from example_project.shop.models import Booking, Order, Payment, Receipt
+from example_project.shop.tasks import send_receipt
 
 
 class OrderTests(TestCase):
@@ -48,3 +49,22 @@ class PaymentTests(TestCase):
             effect=lambda: (Payment.objects.count(), Charge.objects.count()),
         )
         self.assertEqual(Charge.objects.count(), 1)
+
+
+class ReceiptTests(TestCase):
+    def test_receipt_is_published_on_commit_and_written_once(self) -> None:
+        order = Order.objects.create(item="book")
+        headers = {"Idempotency-Key": "receipt-1"}
+        with self.captureOnCommitCallbacks() as published:
+            first = self.client.post(
+                "/receipts/", {"order": order.pk}, "application/json", headers=headers
+            )
+        with self.captureOnCommitCallbacks() as replayed:
+            self.client.post("/receipts/", {"order": order.pk}, "application/json", headers=headers)
+
+        self.assertEqual(first.status_code, 202)
+        self.assertEqual((len(published), len(replayed)), (1, 0))
+        # What the worker does with that message, and with a second publish:
+        results = [send_receipt.apply(args=[order.pk]).get() for _ in range(2)]
+        self.assertEqual(Receipt.objects.filter(order=order).count(), 1)
+        self.assertEqual(results[0], results[1])

@@ -7,16 +7,17 @@ import os
 import signal
 
 from django.conf import settings
+from django.db import transaction
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_POST
 from rest_framework import permissions, viewsets
 from rest_framework.authentication import TokenAuthentication
 
 from django_idempotency import idempotent
 from django_idempotency.drf import IdempotentMixin
 from example_project.provider import client as provider
-from example_project.shop.models import Booking, Order, Payment
+from example_project.shop.models import Booking, Order, Payment, Receipt
 from example_project.shop.serializers import BookingSerializer
 
 
@@ -81,3 +82,32 @@ def create_payment(request: HttpRequest) -> JsonResponse:
     return JsonResponse(
         {"id": payment.pk, "reference": payment.reference, "charge": charge.pk}, status=201
     )
+
+
+@csrf_exempt
+@require_POST
+@idempotent
+def request_receipt(request: HttpRequest) -> JsonResponse:
+    """Atomic mode, publishing a Celery task only once the transaction commits.
+
+    Published inside the transaction, the task could run before the commit
+    (and miss the order) or for a request that then rolls back. A replayed
+    request does not run the view, so it publishes nothing; a new request
+    for the same order does, and the task's own key makes it one receipt.
+    """
+    from example_project.shop.tasks import send_receipt  # Celery is optional
+
+    data = _json(request)
+    order_id = data.get("order")
+    order = Order.objects.filter(pk=order_id).first() if isinstance(order_id, int) else None
+    if order is None:
+        return JsonResponse({"error": "send JSON with the 'order' id"}, status=400)
+    transaction.on_commit(lambda: send_receipt.delay(order.pk))
+    return JsonResponse({"order": order.pk, "receipt": "queued"}, status=202)
+
+
+@require_GET
+def list_receipts(request: HttpRequest) -> JsonResponse:
+    """The receipts of one order, for the walkthrough to count."""
+    receipts = Receipt.objects.filter(order_id=request.GET.get("order")).order_by("pk")
+    return JsonResponse({"receipts": [{"id": r.pk, "order": r.order_id} for r in receipts]})

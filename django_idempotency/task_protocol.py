@@ -1,0 +1,312 @@
+"""Running a task body at most once per (task name, key), without Celery.
+
+:mod:`django_idempotency.tasks` adapts this to Celery; everything here works
+on plain callables, so the protocol is tested once and the package still
+imports without Celery. It uses the same table and the same statements as
+views (:mod:`django_idempotency.store`): the scope is the task's name, the
+fingerprint covers the task's arguments, and the stored response holds the
+body's return value as JSON. See ``docs/tasks.rst``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import DatabaseError, transaction
+from django.utils import timezone
+
+from django_idempotency import store
+from django_idempotency.conf import idempotency_settings, to_timedelta
+from django_idempotency.exceptions import TaskArgumentsMismatch, TaskInFlight, UnstorableResult
+from django_idempotency.fingerprint import canonical_json
+from django_idempotency.info import IdempotencyInfo
+from django_idempotency.keys import mask_key
+from django_idempotency.models import IdempotencyKey
+
+logger = logging.getLogger(__name__)
+
+#: The stored "response" of a task: its return value as a JSON document.
+RESULT_STATUS = 200
+RESULT_HEADERS = [["Content-Type", "application/json"]]
+#: Width of the scope and key columns; longer values are stored as a digest.
+COLUMN_WIDTH = 255
+
+Body = Callable[[IdempotencyInfo], Any]
+
+
+@dataclass(frozen=True)
+class TaskOptions:
+    """Per-task options; ``None`` follows the setting of the same name at run time."""
+
+    atomic: bool | None = None
+    ttl: timedelta | None = None
+    wait: float | None = None
+    lease: timedelta | None = None
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        atomic: bool | None = None,
+        ttl: timedelta | float | None = None,
+        wait: float | None = None,
+        lease: timedelta | float | None = None,
+    ) -> TaskOptions:
+        """Validate the options when the task is defined, not when it first runs."""
+        if atomic is not None and not isinstance(atomic, bool):
+            raise TypeError(f"idempotent_task(atomic=...) must be True or False, not {atomic!r}.")
+        if wait is not None and (
+            isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0
+        ):
+            raise TypeError(f"idempotent_task(wait=...) must be seconds >= 0, not {wait!r}.")
+        return cls(
+            atomic=atomic,
+            ttl=_duration("ttl", ttl),
+            wait=None if wait is None else float(wait),
+            lease=_duration("lease", lease),
+        )
+
+
+def _duration(name: str, value: timedelta | float | None) -> timedelta | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (timedelta, int, float)):
+        raise TypeError(
+            f"idempotent_task({name}=...) must be a timedelta or seconds, not {value!r}."
+        )
+    duration = to_timedelta(value)
+    if duration <= timedelta(0):
+        raise TypeError(f"idempotent_task({name}=...) must be positive, not {value!r}.")
+    return duration
+
+
+def task_key(value: object, task_name: str) -> str:
+    """Check what a ``key=`` callable returned; a long key is stored as its digest."""
+    if not isinstance(value, str) or not value:
+        raise TypeError(
+            f"The key function of task {task_name!r} must return a non-empty string, "
+            f"not {type(value).__name__}."
+        )
+    return _fit(value)
+
+
+def _fit(value: str) -> str:
+    # The columns are 255 wide; a digest keeps a longer value exact and unique.
+    if len(value) <= COLUMN_WIDTH:
+        return value
+    return "sha256:" + hashlib.sha256(value.encode()).hexdigest()
+
+
+def arguments_fingerprint(task_name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+    """SHA-256 over the arguments, canonicalised as JSON request bodies are.
+
+    So ``charge(10)`` and ``charge(10.0)``, or keyword arguments in another
+    order, are the same work, and any change of meaning is not.
+    """
+    try:
+        document = json.dumps([list(args), dict(kwargs)], cls=DjangoJSONEncoder)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"The arguments of idempotent task {task_name!r} must be JSON-serialisable "
+            f"to be fingerprinted: {exc}"
+        ) from exc
+    canonical = canonical_json(document.encode())
+    assert canonical is not None  # it was just written as JSON
+    return hashlib.sha256(b"task:" + canonical.encode()).hexdigest()
+
+
+def run_once(
+    *,
+    task_name: str,
+    key: str,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    body: Body,
+    options: TaskOptions,
+) -> Any:
+    """Run ``body`` once per (task name, key); return its value, stored or fresh.
+
+    Raises :class:`~django_idempotency.exceptions.TaskInFlight` when the
+    original is still running (the caller schedules a retry), and
+    :class:`~django_idempotency.exceptions.TaskArgumentsMismatch` when the key
+    was used with other arguments.
+    """
+    conf = idempotency_settings
+    run = _TaskRun(
+        info=IdempotencyInfo(
+            key=_fit(key),
+            scope=_fit(task_name),
+            fingerprint=arguments_fingerprint(task_name, args, kwargs),
+        ),
+        body=body,
+        using=conf.database,
+        ttl=options.ttl or conf.ttl,
+        wait=conf.wait if options.wait is None else options.wait,
+        lease=options.lease or conf.lease,
+    )
+    atomic = conf.atomic if options.atomic is None else options.atomic
+    return run.atomic() if atomic else run.leased()
+
+
+def _encode(value: Any, task_name: str) -> bytes:
+    try:
+        return json.dumps(value, allow_nan=False, separators=(",", ":")).encode()
+    except (TypeError, ValueError) as exc:
+        raise UnstorableResult(
+            f"Idempotent task {task_name!r} returned {type(value).__name__}, which cannot "
+            f"be stored as JSON ({exc}). Return a JSON-serialisable value (dict, list, "
+            "str, number, bool or None): duplicates get the stored value back."
+        ) from exc
+
+
+@dataclass
+class _TaskRun:
+    info: IdempotencyInfo
+    body: Body
+    using: str
+    ttl: timedelta
+    wait: float
+    lease: timedelta
+
+    def atomic(self) -> Any:
+        """The claim, the body's writes and the stored value commit together."""
+        for _ in range(store.CLAIM_ATTEMPTS):
+            try:
+                return self._atomic_attempt()
+            except store.Retry:
+                # A deadlock aborted the claim before the body ran; nested in
+                # a caller's transaction, that transaction is lost too.
+                if transaction.get_connection(self.using).in_atomic_block:
+                    break
+        raise TaskInFlight(retry_after=1)
+
+    def _atomic_attempt(self) -> Any:
+        store.prepare_connection(self.using, self.wait)
+        body_started = False
+        try:
+            with transaction.atomic(using=self.using):
+                claimed = store.claim(
+                    self.using, self._new_claim(timezone.now(), "", None), self.wait
+                )
+                if isinstance(claimed, IdempotencyKey):
+                    return self._answer_duplicate(claimed)
+                body_started = True
+                payload = _encode(self.body(self.info), self.info.scope)
+                store.complete(
+                    self.using,
+                    claimed,
+                    owner_token=None,
+                    status_code=RESULT_STATUS,
+                    headers=RESULT_HEADERS,
+                    body=payload,
+                    expires_at=None,
+                )
+                return json.loads(payload)
+        except DatabaseError as exc:
+            # SQLite waits at BEGIN, the others in the claim: either way a
+            # database error before the body ran says what the claim met.
+            meaning = exc if body_started else self._claim_error(exc)
+            if meaning is exc:
+                raise
+            raise meaning from exc
+
+    def leased(self) -> Any:
+        """The claim commits first; the body runs outside our transaction."""
+        token = secrets.token_hex(16)
+        for _ in range(store.CLAIM_ATTEMPTS):
+            try:
+                claimed = self._lease_claim(token)
+            except store.Retry:
+                continue
+            break
+        else:
+            raise TaskInFlight(retry_after=1)
+        if isinstance(claimed, IdempotencyKey):
+            return self._answer_duplicate(claimed)
+        try:
+            payload = _encode(self.body(self.info), self.info.scope)
+            completed = store.complete(
+                self.using,
+                claimed,
+                owner_token=token,
+                status_code=RESULT_STATUS,
+                headers=RESULT_HEADERS,
+                body=payload,
+                expires_at=timezone.now() + self.ttl,
+            )
+        except BaseException:
+            store.release(self.using, claimed, token)
+            raise
+        if not completed:
+            logger.warning(
+                "Lease for idempotency key %s of task %r ran out before the body "
+                "finished; its result was not stored. Raise the task's lease above "
+                "its longest run.",
+                mask_key(self.info.key),
+                self.info.scope,
+            )
+        return json.loads(payload)
+
+    def _lease_claim(self, token: str) -> int | IdempotencyKey:
+        store.prepare_connection(self.using, self.wait)
+        now = timezone.now()
+        try:
+            with transaction.atomic(using=self.using):
+                return store.claim(
+                    self.using, self._new_claim(now, token, now + self.lease), self.wait
+                )
+        except DatabaseError as exc:
+            meaning = self._claim_error(exc)
+            if meaning is exc:
+                raise
+            raise meaning from exc
+
+    def _new_claim(
+        self, now: datetime, token: str, locked_until: datetime | None
+    ) -> store.NewClaim:
+        return store.NewClaim(
+            scope=self.info.scope,
+            key=self.info.key,
+            fingerprint=self.info.fingerprint,
+            owner_token=token,
+            created_at=now,
+            # A held lease expires with the lease, so the purge and a takeover
+            # read one column.
+            expires_at=locked_until or now + self.ttl,
+            locked_until=locked_until,
+        )
+
+    def _claim_error(self, exc: DatabaseError) -> Exception:
+        """What a database error met while claiming means for the message."""
+        meaning = store.classify(exc, self.using)
+        if isinstance(meaning, store.Busy):
+            # The original still holds its transaction after WAIT.
+            return TaskInFlight(retry_after=max(1.0, self.wait))
+        return meaning
+
+    def _answer_duplicate(self, record: IdempotencyKey) -> Any:
+        if record.fingerprint != self.info.fingerprint:
+            logger.info(
+                "Idempotency key %s of task %r reused with different arguments",
+                mask_key(self.info.key),
+                self.info.scope,
+            )
+            raise TaskArgumentsMismatch(
+                f"Idempotency key {mask_key(self.info.key)} of task {self.info.scope!r} "
+                "was already used with different arguments; the original's result "
+                "stands. Give different work a different key."
+            )
+        if record.state == IdempotencyKey.State.COMPLETED:
+            stored = record.response_body
+            return None if stored is None else json.loads(bytes(stored))
+        # In progress: a lease-mode original still inside its lease.
+        locked_until = record.locked_until or record.expires_at
+        raise TaskInFlight(retry_after=(locked_until - timezone.now()).total_seconds())

@@ -1,0 +1,113 @@
+"""Idempotent tasks the Celery tests run on a real worker.
+
+A body reports that it started, and can be held there, through files in the
+directory named by ``IDEMPOTENCY_TEST_TASK_DIR``: ``<label>.started`` gets a
+line per run, and the body waits while ``<label>.hold`` exists, so a test can
+kill the worker while the body's transaction is open.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from celery import shared_task
+
+from django_idempotency.tasks import idempotent_task
+from tests.models import Order, RemoteCharge
+
+TASK_DIR_ENV = "IDEMPOTENCY_TEST_TASK_DIR"
+#: The lease of the lease-mode tasks: short, so a takeover takes seconds.
+LEASE_SECONDS = 4
+HOLD_LIMIT = 120.0
+
+
+def checkpoint(label: str) -> int:
+    """Record one run of the body; hold it while the test says so. Returns the run number."""
+    directory = os.environ.get(TASK_DIR_ENV)
+    if not directory:
+        return 1
+    started = Path(directory, f"{label}.started")
+    with started.open("a") as runs:
+        runs.write(f"{os.getpid()}\n")
+    hold = Path(directory, f"{label}.hold")
+    deadline = time.monotonic() + HOLD_LIMIT
+    while hold.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return len(started.read_text().splitlines())
+
+
+@shared_task
+@idempotent_task(key=lambda label, **kwargs: f"order-{label}")
+def place_order(label: str, pause: float = 0.0) -> dict:
+    """Atomic mode, keyed by the work: many publishes of one label are one order."""
+    order = Order.objects.create(item=label)
+    time.sleep(pause)
+    return {"label": label, "order": order.pk}
+
+
+@shared_task
+@idempotent_task(key=lambda label, **kwargs: f"order-{label}")
+def place_other_order(label: str) -> dict:
+    """The same keys as place_order, in another task: another scope."""
+    return {"order": Order.objects.create(item=label).pk}
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True)
+@idempotent_task
+def hold_order(label: str) -> dict:
+    """Atomic mode keyed by the task id; held open for a crash."""
+    order = Order.objects.create(item=label)
+    checkpoint(label)
+    return {"order": order.pk}
+
+
+@shared_task(bind=True, acks_late=True, reject_on_worker_lost=True)
+@idempotent_task(atomic=False, lease=LEASE_SECONDS)
+def charge_and_hold(self, label: str) -> dict:  # type: ignore[no-untyped-def]
+    """Lease mode: a remote charge keyed by derive(), then held for a crash."""
+    reference = self.request.idempotency.derive("charge")
+    charge, _ = RemoteCharge.objects.get_or_create(reference=reference, defaults={"item": label})
+    checkpoint(label)
+    Order.objects.create(item=label)
+    return {"charge": charge.pk, "reference": reference}
+
+
+@shared_task(autoretry_for=(RuntimeError,), default_retry_delay=0, max_retries=5)
+@idempotent_task(key=lambda label, failures: f"flaky-{label}")
+def flaky_order(label: str, failures: int) -> dict:
+    """Writes, then raises on its first ``failures`` runs; Celery's autoretry runs it again."""
+    order = Order.objects.create(item=label)
+    run = checkpoint(label)
+    if run <= failures:
+        raise RuntimeError(f"run {run} fails")
+    return {"order": order.pk, "run": run}
+
+
+@shared_task(bind=True, autoretry_for=(RuntimeError,), default_retry_delay=0, max_retries=5)
+@idempotent_task(atomic=False, key=lambda label, failures: f"flaky-lease-{label}")
+def flaky_lease_order(self, label: str, failures: int) -> dict:  # type: ignore[no-untyped-def]
+    """Lease mode: the claim is released when the body raises, so the retry runs."""
+    run = checkpoint(label)
+    if run <= failures:
+        raise RuntimeError(f"run {run} fails")
+    order = Order.objects.create(item=label)
+    return {"order": order.pk, "run": run}
+
+
+@shared_task
+@idempotent_task(key=lambda label: f"unstorable-{label}")
+def unstorable_order(label: str) -> set:
+    Order.objects.create(item=label)
+    return {label}
+
+
+@shared_task
+@idempotent_task(key=lambda label, hold: f"slow-{label}", wait=0.5)
+def slow_order(label: str, hold: bool) -> dict:
+    """Atomic mode with a short wait: a duplicate outlasts it and is retried later."""
+    order = Order.objects.create(item=label)
+    if hold:
+        checkpoint(label)
+    return {"order": order.pk}
