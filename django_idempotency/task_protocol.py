@@ -17,7 +17,7 @@ import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError, transaction
@@ -213,10 +213,9 @@ class _TaskRun:
         except DatabaseError as exc:
             # SQLite waits at BEGIN, the others in the claim: either way a
             # database error before the body ran says what the claim met.
-            meaning = exc if body_started else self._claim_error(exc)
-            if meaning is exc:
+            if body_started:
                 raise
-            raise meaning from exc
+            self._raise_claim_error(exc)
 
     def leased(self) -> Any:
         """The claim commits first; the body runs outside our transaction."""
@@ -264,10 +263,7 @@ class _TaskRun:
                     self.using, self._new_claim(now, token, now + self.lease), self.wait
                 )
         except DatabaseError as exc:
-            meaning = self._claim_error(exc)
-            if meaning is exc:
-                raise
-            raise meaning from exc
+            self._raise_claim_error(exc)
 
     def _new_claim(
         self, now: datetime, token: str, locked_until: datetime | None
@@ -284,13 +280,14 @@ class _TaskRun:
             locked_until=locked_until,
         )
 
-    def _claim_error(self, exc: DatabaseError) -> Exception:
-        """What a database error met while claiming means for the message."""
-        meaning = store.classify(exc, self.using)
-        if isinstance(meaning, store.Busy):
-            # The original still holds its transaction after WAIT.
-            return TaskInFlight(retry_after=max(1.0, self.wait))
-        return meaning
+    def _raise_claim_error(self, exc: DatabaseError) -> NoReturn:
+        """Raise what a database error met while claiming means for the message."""
+        try:
+            store.claim_failed(self.using, exc)
+        except store.Busy as busy:
+            # The original still holds its transaction after WAIT (or, on
+            # SQLite, another writer holds the database's one write lock).
+            raise TaskInFlight(retry_after=max(1.0, self.wait)) from busy
 
     def _answer_duplicate(self, record: IdempotencyKey) -> Any:
         if record.fingerprint != self.info.fingerprint:
