@@ -6,8 +6,6 @@ import os
 from datetime import timedelta
 from pathlib import Path
 
-import django
-
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "example-project-not-secret")
@@ -51,10 +49,8 @@ TEMPLATES = [
     }
 ]
 
-_sqlite_options: dict = {"timeout": 5}
-if django.VERSION >= (5, 1):
-    # Take the write lock at BEGIN so concurrent duplicates queue up cleanly.
-    _sqlite_options["transaction_mode"] = "IMMEDIATE"
+# Take the write lock at BEGIN so concurrent duplicates queue up cleanly.
+_sqlite_options: dict = {"timeout": 5, "transaction_mode": "IMMEDIATE"}
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",

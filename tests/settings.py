@@ -11,8 +11,6 @@ import os
 import tempfile
 from pathlib import Path
 
-import django
-
 BACKEND = os.environ.get("TEST_DATABASE", "sqlite")
 HOST = os.environ.get("TEST_DATABASE_HOST", "127.0.0.1")
 # Django prefixes "test_"; a distinct name lets several runs share a server.
@@ -24,9 +22,7 @@ def _database() -> dict:
         # A file, not :memory:, so that concurrent tests use real connections
         # and SQLite's real locking. Django removes it after the run.
         path = Path(tempfile.gettempdir()) / f"django-idempotency-test-{os.getpid()}.sqlite3"
-        options: dict[str, object] = {"timeout": 5}
-        if django.VERSION >= (5, 1):
-            options["transaction_mode"] = "IMMEDIATE"
+        options: dict[str, object] = {"timeout": 5, "transaction_mode": "IMMEDIATE"}
         return {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": str(path),
