@@ -10,8 +10,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import secrets
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -21,7 +22,7 @@ from django.dispatch import Signal
 from django.http import HttpRequest, HttpResponseBase
 from django.utils import timezone
 
-from django_idempotency import signals, store
+from django_idempotency import observability, signals, store
 from django_idempotency.conf import (
     RequestFunction,
     idempotency_settings,
@@ -172,6 +173,7 @@ class _ProtectedCall:
     options: Options
     sender: Any
     using: str
+    started: float = field(default_factory=time.monotonic)
 
     # Atomic mode (SPEC 4.1): claim, effect and stored response commit together.
 
@@ -240,9 +242,11 @@ class _ProtectedCall:
             response = self.finalize(self.handler())
         except BaseException:
             store.release(self.using, claimed, token)
+            self._send(signals.claim_released)
             raise
         if not is_storable(response):
             store.release(self.using, claimed, token)
+            self._send(signals.claim_released)
             return response
         try:
             completed = self._complete(claimed, token, response)
@@ -250,6 +254,7 @@ class _ProtectedCall:
             # Storing failed (the database went away, a body over the packet
             # limit): give the key back rather than leave it stuck for a lease.
             store.release(self.using, claimed, token)
+            self._send(signals.claim_released)
             raise
         if not completed:
             logger.warning(
@@ -258,6 +263,7 @@ class _ProtectedCall:
                 "longest request your server allows.",
                 mask_key(self.info.key),
                 self.info.scope,
+                extra=observability.log_fields("lease_lost", self.sender, self.info),
             )
         return response
 
@@ -295,7 +301,7 @@ class _ProtectedCall:
     def _complete(self, record_id: int, token: str | None, response: HttpResponseBase) -> bool:
         conf = idempotency_settings
         stored = capture(response, conf.stored_headers, conf.max_stored_body)
-        return store.complete(
+        completed = store.complete(
             self.using,
             record_id,
             owner_token=token,
@@ -306,6 +312,9 @@ class _ProtectedCall:
             # earlier); a lease's claim expires with the lease, so reset it.
             expires_at=None if token is None else timezone.now() + self.options.ttl,
         )
+        if completed:
+            self._send(signals.response_stored)
+        return completed
 
     def _answer_duplicate(self, record: IdempotencyKey) -> HttpResponseBase:
         if record.fingerprint != self.info.fingerprint:
@@ -314,6 +323,7 @@ class _ProtectedCall:
                 "Idempotency key %s in scope %r reused with a different request",
                 mask_key(self.info.key),
                 self.info.scope,
+                extra=observability.log_fields("mismatch", self.sender, self.info, self.started),
             )
             raise FingerprintMismatch
         if record.state == IdempotencyKey.State.COMPLETED:
@@ -329,12 +339,14 @@ class _ProtectedCall:
             "Idempotency key %s in scope %r is in flight; answering 409",
             mask_key(self.info.key),
             self.info.scope,
+            extra=observability.log_fields("conflict", self.sender, self.info, self.started),
         )
         return RequestInFlight(retry_after=retry_after)
 
     def _raise_claim_error(self, exc: DatabaseError) -> None:
         meaning = store.classify(exc, self.using)
         if isinstance(meaning, store.Busy):
+            self._send(signals.wait_timed_out)
             raise self._conflict(retry_after=1) from exc
         if isinstance(meaning, store.Retry):
             raise meaning from exc
@@ -342,4 +354,4 @@ class _ProtectedCall:
             raise meaning from exc
 
     def _send(self, signal: Signal) -> None:
-        signal.send(sender=self.sender, request=self.request, idempotency=self.info)
+        observability.record(signal, self.sender, self.request, self.info, self.started)
