@@ -21,6 +21,7 @@ from django_idempotency.conf import DEFAULTS, SETTING_NAME, resolve_callable
 
 # RFC 9110 token characters: what a header field name may contain.
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_ABSOLUTE_URL = re.compile(r"^https?://[^\s/?#]+[^\s]*$")
 _KNOWN_METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"}
 # The key and scope columns are 255 characters wide.
 KEY_COLUMN_LENGTH = 255
@@ -109,6 +110,11 @@ _VALIDATORS: dict[str, tuple[Callable[[Any], bool], str]] = {
         "Use a number of bytes, 0 or more.",
     ),
     "ENABLED": (_is_bool, "Use True or False."),
+    "PROBLEM_TYPE_BASE_URL": (
+        lambda v: v is None or (isinstance(v, str) and _ABSOLUTE_URL.match(v) is not None),
+        "Use None (URN problem types) or an absolute http(s) URL such as "
+        "'https://api.example.com/problems/'; each problem's name is appended to it.",
+    ),
 }
 
 

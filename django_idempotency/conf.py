@@ -43,6 +43,7 @@ DEFAULTS: dict[str, Any] = {
     "DATABASE": "default",
     "MAX_STORED_BODY": 1_048_576,
     "ENABLED": True,
+    "PROBLEM_TYPE_BASE_URL": None,
 }
 
 RequestFunction = Callable[[HttpRequest], str]
@@ -145,6 +146,11 @@ class IdempotencySettings:
     @property
     def enabled(self) -> bool:
         return bool(self.raw("ENABLED"))
+
+    @property
+    def problem_type_base_url(self) -> str | None:
+        value = self.raw("PROBLEM_TYPE_BASE_URL")
+        return None if value is None else str(value)
 
 
 idempotency_settings = IdempotencySettings()

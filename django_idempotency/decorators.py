@@ -84,7 +84,7 @@ def _render(request: HttpRequest, response: HttpResponseBase) -> HttpResponseBas
 
 def _error_response(request: HttpRequest, error: IdempotencyError) -> HttpResponseBase:
     if _is_drf_request(request):
-        from django_idempotency.drf import to_api_exception
+        from django_idempotency.drf import error_response
 
-        raise to_api_exception(error) from error
+        return error_response(request, error)  # type: ignore[arg-type]
     return problem(error)
