@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from django.apps import AppConfig
+from django.apps import AppConfig, apps
 from django.core import checks
 
 
@@ -14,3 +14,6 @@ class DjangoIdempotencyConfig(AppConfig):
         from django_idempotency.checks import check_settings
 
         checks.register(check_settings, checks.Tags.compatibility)
+        if apps.is_installed("drf_spectacular"):
+            # Importing it registers the schema extension: nothing else to configure.
+            import django_idempotency.spectacular  # noqa: F401

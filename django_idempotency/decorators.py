@@ -18,6 +18,8 @@ from django_idempotency.exceptions import IdempotencyError
 from django_idempotency.responses import problem
 
 ViewFunc = TypeVar("ViewFunc", bound=Callable[..., HttpResponseBase])
+#: Set on each protected view to its options, for the OpenAPI integration to read.
+OPTIONS_ATTRIBUTE = "_idempotency_options"
 
 
 @overload
@@ -55,6 +57,7 @@ def idempotent(view: ViewFunc | None = None, /, **options: Any) -> Any:
             except IdempotencyError as error:
                 return _error_response(request, error)
 
+        setattr(wrapper, OPTIONS_ATTRIBUTE, dict(options))
         atomic = options.get("atomic")
         if atomic is False or (atomic is None and not idempotency_settings.atomic):
             # Lease mode commits its claim before the handler runs, which a

@@ -1,5 +1,6 @@
 from django.contrib import admin
 from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import DefaultRouter
 
 from example_project.provider.views import list_charges
@@ -13,5 +14,6 @@ urlpatterns = [
     path("orders/", views.create_order, name="create-order"),
     path("payments/", views.create_payment, name="create-payment"),
     path("api/", include(router.urls)),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("provider/charges/", list_charges, name="provider-charges"),
 ]

@@ -15,7 +15,7 @@ from django.conf import settings
 from django.http import JsonResponse
 from django.urls import path
 
-for optional in ("rest_framework", "celery"):
+for optional in ("rest_framework", "celery", "drf_spectacular", "opentelemetry"):
     if importlib.util.find_spec(optional) is not None:
         sys.exit(f"{optional} is installed; the base env must not have it")
 
@@ -55,6 +55,6 @@ retry = client.post(
 )
 assert first.status_code == retry.status_code == 201, (first.status_code, retry.status_code)
 assert retry["Idempotent-Replayed"] == "true"
-for module in ("rest_framework", "celery"):
+for module in ("rest_framework", "celery", "drf_spectacular", "opentelemetry"):
     assert module not in sys.modules, f"{module} was imported"
 print("base: django-idempotency works with Django alone")
