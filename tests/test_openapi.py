@@ -224,3 +224,25 @@ def test_example_project_schema_is_valid_and_documents_bookings(tmp_path):
         ("/api/bookings/{id}/", "delete"),
     ]:
         assert header_parameter(paths[path][method]) is None
+
+
+def test_another_view_extension_for_a_protected_view_is_combined():
+    from drf_spectacular.extensions import OpenApiViewExtension
+
+    class SummaryExtension(OpenApiViewExtension):
+        target_class = "tests.drf_views.OrderCreateView"
+
+        def view_replacement(self):  # type: ignore[no-untyped-def]
+            class Replacement(self.target):
+                """Described by another extension."""
+
+            return Replacement
+
+    try:
+        operation = generate()["paths"]["/generic/"]["post"]
+    finally:
+        OpenApiViewExtension._registry.remove(SummaryExtension)
+
+    assert operation["description"] == "Described by another extension."
+    assert header_parameter(operation) is not None
+    assert "409" in operation["responses"]
