@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from django.apps import AppConfig
+from django.apps import AppConfig, apps
 from django.core import checks
 
 
@@ -17,3 +17,6 @@ class DjangoIdempotencyConfig(AppConfig):
         checks.register(check_settings, checks.Tags.compatibility)
         checks.register(check_backend, checks.Tags.compatibility)
         checks.register(check_view_options, checks.Tags.urls)
+        if apps.is_installed("drf_spectacular"):
+            # Importing it registers the schema extension: nothing else to configure.
+            import django_idempotency.spectacular  # noqa: F401

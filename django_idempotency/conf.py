@@ -33,6 +33,7 @@ KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPT
 # RFC 9110 token characters: what a header field name may contain.
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _DOTTED_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
+_ABSOLUTE_URL = re.compile(r"^https?://[^\s/?#]+[^\s]*$")
 
 RequestFunction = Callable[[HttpRequest], str]
 
@@ -330,6 +331,17 @@ SETTINGS: tuple[Setting, ...] = (
         "django_idempotency.E116",
         "Use True or False.",
     ),
+    Setting(
+        "PROBLEM_TYPE_BASE_URL",
+        None,
+        lambda value: (
+            value is None or (isinstance(value, str) and _ABSOLUTE_URL.match(value) is not None)
+        ),
+        _identity,
+        "django_idempotency.E119",
+        "Use None (URN problem types) or an absolute http(s) URL such as "
+        "'https://api.example.com/problems/'; each problem's name is appended to it.",
+    ),
 )
 
 BY_NAME: dict[str, Setting] = {setting.name: setting for setting in SETTINGS}
@@ -397,6 +409,7 @@ class IdempotencySettings:
     database: _Accessor[str] = _Accessor()
     max_stored_body: _Accessor[int] = _Accessor()
     enabled: _Accessor[bool] = _Accessor()
+    problem_type_base_url: _Accessor[str | None] = _Accessor()
 
 
 idempotency_settings = IdempotencySettings()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import secrets
+import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
@@ -20,7 +21,7 @@ from django.dispatch import Signal
 from django.http import HttpRequest, HttpResponseBase
 from django.utils import timezone
 
-from django_idempotency import lease_connection, signals, store
+from django_idempotency import lease_connection, observability, signals, store
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import (
     DatabaseBusy,
@@ -114,6 +115,7 @@ class _ProtectedCall:
     sender: Any
     using: str
     own_connection: bool = field(default=False, init=False)
+    started: float = field(default_factory=time.monotonic, init=False)
 
     # Atomic mode (SPEC 4.1): claim, effect and stored response commit together.
 
@@ -248,7 +250,9 @@ class _ProtectedCall:
     def _release(self, record_id: int, token: str) -> None:
         """Give the key back after a failed handler, so that a retry can run."""
         try:
-            self._on_a_live_connection(lambda: store.release(self.using, record_id, token))
+            released = self._on_a_live_connection(
+                lambda: store.release(self.using, record_id, token)
+            )
         except DatabaseError:
             if self._shares_the_request_transaction():
                 return  # the failed statement rolls the claim back with the request
@@ -260,6 +264,9 @@ class _ProtectedCall:
                 mask_key(self.info.key),
                 self.info.scope,
             )
+            return
+        if released:
+            self._send(signals.claim_released)
 
     def _store_lease_response(self, record_id: int, token: str, stored: StoredResponse) -> None:
         """Store a successful handler's response, without its body if the database refuses it.
@@ -300,6 +307,7 @@ class _ProtectedCall:
                 "longest request your server allows.",
                 mask_key(self.info.key),
                 self.info.scope,
+                extra=observability.log_fields("lease_lost", self.sender, self.info),
             )
 
     def _log_not_stored(self) -> None:
@@ -332,7 +340,7 @@ class _ProtectedCall:
         return capture(response, conf.stored_headers, conf.max_stored_body)
 
     def _complete(self, record_id: int, token: str | None, stored: StoredResponse) -> bool:
-        return store.complete(
+        completed = store.complete(
             self.using,
             record_id,
             owner_token=token,
@@ -343,6 +351,9 @@ class _ProtectedCall:
             # earlier); a lease's claim expires with the lease, so reset it.
             expires_at=None if token is None else timezone.now() + self.options.ttl,
         )
+        if completed:
+            self._send(signals.response_stored)
+        return completed
 
     def _answer_duplicate(self, record: IdempotencyKey) -> HttpResponseBase:
         if record.fingerprint != self.info.fingerprint:
@@ -351,6 +362,7 @@ class _ProtectedCall:
                 "Idempotency key %s in scope %r reused with a different request",
                 mask_key(self.info.key),
                 self.info.scope,
+                extra=observability.log_fields("mismatch", self.sender, self.info, self.started),
             )
             raise FingerprintMismatch
         if record.state == IdempotencyKey.State.COMPLETED:
@@ -366,6 +378,7 @@ class _ProtectedCall:
             "Idempotency key %s in scope %r is in flight; answering 409",
             mask_key(self.info.key),
             self.info.scope,
+            extra=observability.log_fields("conflict", self.sender, self.info, self.started),
         )
         return RequestInFlight(retry_after=retry_after)
 
@@ -375,6 +388,7 @@ class _ProtectedCall:
         except store.DatabaseLocked as locked:
             # SQLite has one write lock for the whole database: its holder
             # may be a request for any key (docs/backends.rst, "SQLite").
+            self._send(signals.wait_timed_out)
             logger.info(
                 "Database busy; answering 409 to idempotency key %s in scope %r",
                 mask_key(self.info.key),
@@ -382,7 +396,8 @@ class _ProtectedCall:
             )
             raise DatabaseBusy(retry_after=1) from locked
         except store.Busy as busy:
+            self._send(signals.wait_timed_out)
             raise self._conflict(retry_after=1) from busy
 
     def _send(self, signal: Signal) -> None:
-        signal.send(sender=self.sender, request=self.request, idempotency=self.info)
+        observability.record(signal, self.sender, self.request, self.info, self.started)

@@ -19,6 +19,8 @@ from django_idempotency.options import check_options
 from django_idempotency.responses import problem
 
 ViewFunc = TypeVar("ViewFunc", bound=Callable[..., HttpResponseBase])
+#: Set on each protected view to its options, for the OpenAPI integration to read.
+OPTIONS_ATTRIBUTE = "_idempotency_options"
 
 
 @overload
@@ -59,6 +61,7 @@ def idempotent(view: ViewFunc | None = None, /, **options: Any) -> Any:
             except IdempotencyError as error:
                 return _error_response(request, error)
 
+        setattr(wrapper, OPTIONS_ATTRIBUTE, dict(options))
         atomic = view_options.atomic
         if atomic is False or (atomic is None and not idempotency_settings.atomic):
             # Lease mode commits its claim before the handler runs, which a
@@ -90,7 +93,7 @@ def _render(request: HttpRequest, response: HttpResponseBase) -> HttpResponseBas
 
 def _error_response(request: HttpRequest, error: IdempotencyError) -> HttpResponseBase:
     if _is_drf_request(request):
-        from django_idempotency.drf import to_api_exception
+        from django_idempotency.drf import error_response
 
-        raise to_api_exception(error) from error
+        return error_response(request, error)  # type: ignore[arg-type]
     return problem(error)

@@ -73,6 +73,21 @@ def to_api_exception(error: core_exceptions.IdempotencyError) -> exceptions.APIE
     return api_class(error.detail)
 
 
+def error_response(request: Request, error: core_exceptions.IdempotencyError) -> HttpResponseBase:
+    """Answer ``error`` through the view's own exception handling, plus its ``Link``.
+
+    The same as raising the DRF exception from the handler (the project's
+    ``EXCEPTION_HANDLER`` renders it), except that headers DRF has no place
+    for, such as ``Link: <...>; rel="describedby"``, are added to the answer.
+    """
+    view = request.parser_context["view"]
+    response = view.handle_exception(to_api_exception(error))
+    for name, value in error.headers().items():
+        if name not in response:
+            response[name] = value
+    return response
+
+
 def finalize_api_view_response(request: Request, response: HttpResponseBase) -> HttpResponseBase:
     """Give an ``@api_view`` response its renderer now, so it can be rendered and stored."""
     view = request.parser_context["view"]
@@ -151,7 +166,7 @@ class IdempotentMixin:
                     finalize=lambda response: self._render_now(request, response),
                 )
             except core_exceptions.IdempotencyError as error:
-                raise to_api_exception(error) from error
+                return error_response(request, error)
 
         return protected_handler
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+from django_idempotency.conf import idempotency_settings
+
 PROBLEM_TYPE_BASE = "urn:django-idempotency:problem:"
 
 
@@ -26,10 +28,16 @@ class IdempotencyError(Exception):
 
     @property
     def type_uri(self) -> str:
-        return PROBLEM_TYPE_BASE + self.code.replace("_", "-")
+        """The problem ``type``: a stable URN, or a page under ``PROBLEM_TYPE_BASE_URL``."""
+        base = idempotency_settings.problem_type_base_url
+        return (base or PROBLEM_TYPE_BASE) + self.code.replace("_", "-")
 
     def headers(self) -> dict[str, str]:
-        return {}
+        # A URN documents nothing a client could fetch; a URL does, and the
+        # IETF draft's error examples point at such documentation this way.
+        if idempotency_settings.problem_type_base_url is None:
+            return {}
+        return {"Link": f'<{self.type_uri}>; rel="describedby"'}
 
 
 class IdempotencyKeyRequired(IdempotencyError):
@@ -63,7 +71,7 @@ class RequestInFlight(IdempotencyError):
         self.retry_after = max(1, math.ceil(retry_after))
 
     def headers(self) -> dict[str, str]:
-        return {"Retry-After": str(self.retry_after)}
+        return {**super().headers(), "Retry-After": str(self.retry_after)}
 
 
 class DatabaseBusy(RequestInFlight):

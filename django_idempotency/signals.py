@@ -17,3 +17,12 @@ response_replayed = Signal()
 request_conflict = Signal()
 #: A key was reused with a different request and got 422.
 fingerprint_mismatch = Signal()
+#: The response was written to the record (in atomic mode inside the request's
+#: transaction, so it commits with the effect).
+response_stored = Signal()
+#: Lease mode: the handler raised, answered 5xx or a transient status, or its
+#: response could not be stored, and the claim was given back for a retry.
+claim_released = Signal()
+#: A duplicate waited ``WAIT`` seconds for the in-flight original
+#: and gave up; ``request_conflict`` (the 409) follows.
+wait_timed_out = Signal()

@@ -6,7 +6,7 @@ import os
 from datetime import timedelta
 from pathlib import Path
 
-import django
+from corsheaders.defaults import default_headers
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -23,11 +23,14 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "rest_framework.authtoken",
+    "corsheaders",
+    "drf_spectacular",
     "django_idempotency",
     "example_project.shop",
     "example_project.provider",
 ]
 MIDDLEWARE = [
+    "corsheaders.middleware.CorsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -51,10 +54,8 @@ TEMPLATES = [
     }
 ]
 
-_sqlite_options: dict = {"timeout": 5}
-if django.VERSION >= (5, 1):
-    # Take the write lock at BEGIN so concurrent duplicates queue up cleanly.
-    _sqlite_options["transaction_mode"] = "IMMEDIATE"
+# Take the write lock at BEGIN so concurrent duplicates queue up cleanly.
+_sqlite_options: dict = {"timeout": 5, "transaction_mode": "IMMEDIATE"}
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",
@@ -83,7 +84,18 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
+    # drf-spectacular; with drf_spectacular in INSTALLED_APPS the protected
+    # operations document Idempotency-Key on their own (/api/schema/).
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
+SPECTACULAR_SETTINGS = {"TITLE": "Example shop", "VERSION": "1.0.0"}
+
+# A browser front end on another origin can only read the response headers
+# CORS exposes: expose the replay marker and the 409's Retry-After.
+CORS_ALLOWED_ORIGINS = ["http://localhost:3000", "http://127.0.0.1:3000"]
+# ...and let it send the key: a custom request header needs a preflight.
+CORS_ALLOW_HEADERS = (*default_headers, "idempotency-key")
+CORS_EXPOSE_HEADERS = ["Idempotent-Replayed", "Retry-After", "Location"]
 
 # The payment view's lease. Real leases must outlive the longest request the
 # server allows (minutes); the demo keeps it short so a takeover after a

@@ -1,5 +1,6 @@
 from django.contrib import admin
 from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import DefaultRouter
 
 from example_project.provider.views import list_charges
@@ -15,5 +16,6 @@ urlpatterns = [
     path("receipts/", views.request_receipt, name="request-receipt"),
     path("receipts/list/", views.list_receipts, name="list-receipts"),
     path("api/", include(router.urls)),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("provider/charges/", list_charges, name="provider-charges"),
 ]

@@ -15,7 +15,7 @@ from django.conf import settings
 from django.http import JsonResponse
 from django.urls import path
 
-for optional in ("rest_framework", "celery"):
+for optional in ("rest_framework", "celery", "drf_spectacular", "opentelemetry"):
     if importlib.util.find_spec(optional) is not None:
         sys.exit(f"{optional} is installed; the base env must not have it")
 
@@ -72,6 +72,6 @@ values = [
     for _ in range(2)
 ]
 assert values == [{"runs": 1}, {"runs": 1}] and runs == ["k"], (values, runs)
-for module in ("rest_framework", "celery"):
+for module in ("rest_framework", "celery", "drf_spectacular", "opentelemetry"):
     assert module not in sys.modules, f"{module} was imported"
 print("base: django-idempotency works with Django alone")

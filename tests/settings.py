@@ -11,8 +11,6 @@ import os
 import tempfile
 from pathlib import Path
 
-import django
-
 BACKEND = os.environ.get("TEST_DATABASE", "sqlite")
 HOST = os.environ.get("TEST_DATABASE_HOST", "127.0.0.1")
 # Django prefixes "test_"; a distinct name lets several runs share a server.
@@ -25,9 +23,7 @@ def _database(suffix: str = "") -> dict:
         # and SQLite's real locking. Django removes it after the run.
         name = f"django-idempotency-test-{os.getpid()}{suffix}.sqlite3"
         path = Path(tempfile.gettempdir()) / name
-        options: dict[str, object] = {"timeout": 5}
-        if django.VERSION >= (5, 1):
-            options["transaction_mode"] = "IMMEDIATE"
+        options: dict[str, object] = {"timeout": 5, "transaction_mode": "IMMEDIATE"}
         return {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": str(path),
@@ -77,6 +73,7 @@ INSTALLED_APPS = [
     "django.contrib.admin",
     "rest_framework",
     "rest_framework.authtoken",
+    "drf_spectacular",
     "django_idempotency",
     "tests",
 ]
@@ -106,4 +103,5 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }

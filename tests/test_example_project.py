@@ -59,7 +59,7 @@ def test_example_project_tests_pass(example_env):
         timeout=300,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
-    assert "Ran 4 tests" in completed.stderr
+    assert "Ran 6 tests" in completed.stderr
 
 
 def test_walkthrough_shows_every_behaviour(example_env):

@@ -68,3 +68,32 @@ class ReceiptTests(TestCase):
         results = [send_receipt.apply(args=[order.pk]).get() for _ in range(2)]
         self.assertEqual(Receipt.objects.filter(order=order).count(), 1)
         self.assertEqual(results[0], results[1])
+
+
+class CorsTests(TestCase):
+    """A browser front end on another origin can send the key and read the replay marker."""
+
+    origin = "http://localhost:3000"
+
+    def test_preflight_allows_the_key_header(self) -> None:
+        response = self.client.options(
+            "/orders/",
+            headers={
+                "Origin": self.origin,
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "content-type, idempotency-key",
+            },
+        )
+
+        self.assertIn("idempotency-key", response["Access-Control-Allow-Headers"])
+
+    def test_replay_and_retry_after_headers_are_exposed(self) -> None:
+        headers = {"Origin": self.origin, "Idempotency-Key": "cors-1"}
+        for _ in range(2):
+            response = self.client.post(
+                "/orders/", {"item": "book"}, content_type="application/json", headers=headers
+            )
+
+        self.assertEqual(response["Idempotent-Replayed"], "true")
+        exposed = {name.strip() for name in response["Access-Control-Expose-Headers"].split(",")}
+        self.assertLessEqual({"Idempotent-Replayed", "Retry-After"}, exposed)

@@ -1,0 +1,121 @@
+"""Where each outcome of a protected request becomes visible outside the package.
+
+:mod:`django_idempotency.core` calls :func:`record` once per outcome. This
+module turns that into the signal, a ``DEBUG`` log record with structured
+fields, and attributes on the current OpenTelemetry span when
+``opentelemetry-api`` is installed, so the protocol code carries one line
+per outcome instead of three. See the observability page of the docs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from django.dispatch import Signal
+from django.http import HttpRequest
+
+from django_idempotency import signals
+from django_idempotency.info import IdempotencyInfo
+from django_idempotency.keys import mask_key
+
+logger = logging.getLogger(__name__)
+
+#: The ``outcome`` field of log records and the ``idempotency.outcome`` span
+#: attribute, by signal.
+OUTCOMES: dict[Signal, str] = {
+    signals.key_claimed: "claimed",
+    signals.response_stored: "stored",
+    signals.response_replayed: "replayed",
+    signals.request_conflict: "conflict",
+    signals.fingerprint_mismatch: "mismatch",
+    signals.claim_released: "released",
+    signals.wait_timed_out: "wait_timed_out",
+}
+
+# Outcomes decided while claiming the key: their ``waited_ms`` is the time the
+# request spent getting there, mostly waiting on an in-flight original.
+_CLAIM_OUTCOMES = frozenset({"claimed", "replayed", "conflict", "mismatch", "wait_timed_out"})
+
+
+def _load_trace() -> Any:
+    # Imported once: a failed import on every request would scan sys.path.
+    try:
+        from opentelemetry import trace
+    except ImportError:
+        return None
+    return trace
+
+
+_trace = _load_trace()
+
+
+def view_name(sender: Any) -> str:
+    """``module.qualname`` of a view function or DRF view class, for logs and labels."""
+    module = getattr(sender, "__module__", None)
+    name = getattr(sender, "__qualname__", None) or type(sender).__qualname__
+    return f"{module}.{name}" if module else name
+
+
+def log_fields(
+    outcome: str, sender: Any, info: IdempotencyInfo, started: float | None = None
+) -> dict[str, Any]:
+    """The ``extra=`` of a log record: structured fields, the key masked.
+
+    Prefixed, so that they never collide with :class:`logging.LogRecord`'s own
+    attributes, and flat, so JSON formatters and structlog's ``ExtraAdder``
+    pick them up as they are.
+    """
+    fields: dict[str, Any] = {
+        "idempotency_outcome": outcome,
+        "idempotency_scope": info.scope,
+        "idempotency_key": mask_key(info.key),
+        "idempotency_view": view_name(sender),
+    }
+    if started is not None:
+        fields["idempotency_waited_ms"] = waited_ms(started)
+    return fields
+
+
+def waited_ms(started: float) -> float:
+    return round((time.monotonic() - started) * 1000, 1)
+
+
+def record(
+    signal: Signal,
+    sender: Any,
+    request: HttpRequest,
+    info: IdempotencyInfo,
+    started: float,
+) -> None:
+    """Send ``signal`` and report its outcome to the log and the current span.
+
+    ``started`` is the :func:`time.monotonic` reading taken when the request
+    began claiming its key.
+    """
+    outcome = OUTCOMES[signal]
+    fields = log_fields(outcome, sender, info, started if outcome in _CLAIM_OUTCOMES else None)
+    logger.debug(
+        "Idempotency key %s in scope %r: %s",
+        fields["idempotency_key"],
+        info.scope,
+        outcome,
+        extra=fields,
+    )
+    _set_span_attributes(outcome, fields.get("idempotency_waited_ms"))
+    signal.send(sender=sender, request=request, idempotency=info)
+
+
+def _set_span_attributes(outcome: str, waited: float | None) -> None:
+    if _trace is None:
+        return
+    span = _trace.get_current_span()
+    if not span.is_recording():
+        return
+    # Later outcomes of the same request overwrite earlier ones, so the span
+    # ends with the final one (claimed, then stored).
+    span.set_attribute("idempotency.outcome", outcome)
+    span.set_attribute("idempotency.replayed", outcome == "replayed")
+    if waited is not None:
+        span.set_attribute("idempotency.waited_ms", waited)

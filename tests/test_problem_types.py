@@ -1,0 +1,112 @@
+"""Problem ``type`` URIs and ``Link: rel="describedby"`` (PROBLEM_TYPE_BASE_URL)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import override_settings
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from django_idempotency.checks import check_settings
+from django_idempotency.models import IdempotencyKey
+from tests.factories import IdempotencyKeyFactory
+
+BASE = "https://api.example.com/problems/"
+WITH_BASE = {"PROBLEM_TYPE_BASE_URL": BASE}
+
+
+def post(client, url: str = "/orders/", body: dict | None = None, key: str = "k"):
+    return client.post(
+        url,
+        json.dumps(body or {"item": "a"}),
+        content_type="application/json",
+        headers={"Idempotency-Key": key},
+    )
+
+
+@pytest.mark.django_db
+class PlainViewProblemTypeTests:
+    def test_default_type_is_a_urn_without_link(self, client):
+        post(client)
+        response = post(client, body={"item": "b"})
+
+        assert response.status_code == 422
+        assert response.json()["type"] == "urn:django-idempotency:problem:idempotency-key-reused"
+        assert "Link" not in response
+
+    @override_settings(IDEMPOTENCY=WITH_BASE)
+    def test_base_url_makes_type_a_url_with_describedby_link(self, client):
+        post(client)
+        response = post(client, body={"item": "b"})
+
+        url = BASE + "idempotency-key-reused"
+        assert response.json()["type"] == url
+        assert response["Link"] == f'<{url}>; rel="describedby"'
+
+    @override_settings(IDEMPOTENCY=WITH_BASE)
+    def test_invalid_key_has_link_too(self, client):
+        response = post(client, key="")
+
+        assert response.status_code == 400
+        assert response.json()["type"] == BASE + "invalid-idempotency-key"
+        assert response["Link"] == f'<{BASE}invalid-idempotency-key>; rel="describedby"'
+
+    @override_settings(IDEMPOTENCY=WITH_BASE)
+    def test_conflict_keeps_retry_after_beside_link(self, client):
+        post(client)
+        record = IdempotencyKey.objects.get()
+        record.delete()
+        IdempotencyKeyFactory(key="k", in_flight=True, fingerprint=record.fingerprint)
+
+        response = post(client)
+
+        assert response.status_code == 409
+        assert int(response["Retry-After"]) >= 1
+        assert response["Link"] == f'<{BASE}request-in-flight>; rel="describedby"'
+
+
+@pytest.mark.django_db
+class DrfProblemLinkTests:
+    @pytest.fixture
+    def api(self):
+        user = User.objects.create_user("alice")
+        client = APIClient(raise_request_exception=False)
+        client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+        return client
+
+    def send(self, client, url: str, data: dict, key: str = "k"):
+        return client.post(url, data, format="json", headers={"Idempotency-Key": key})
+
+    @pytest.mark.parametrize("url", ["/drf/orders/", "/api/orders/"])
+    @override_settings(IDEMPOTENCY=WITH_BASE)
+    def test_drf_error_keeps_its_body_and_gains_link(self, api, url):
+        self.send(api, url, {"item": "a"})
+        response = self.send(api, url, {"item": "b"})
+
+        assert response.status_code == 422
+        assert set(response.json()) == {"detail"}
+        assert response["Link"] == f'<{BASE}idempotency-key-reused>; rel="describedby"'
+
+    def test_drf_error_without_base_url_has_no_link(self, api):
+        self.send(api, "/drf/orders/", {"item": "a"})
+        response = self.send(api, "/drf/orders/", {"item": "b"})
+
+        assert response.status_code == 422
+        assert "Link" not in response
+
+
+class ProblemTypeBaseUrlCheckTests:
+    @pytest.mark.parametrize("value", [None, BASE, "http://localhost:8000/errors#"])
+    def test_valid_values_pass(self, value):
+        with override_settings(IDEMPOTENCY={"PROBLEM_TYPE_BASE_URL": value}):
+            assert check_settings() == []
+
+    @pytest.mark.parametrize("value", ["problems/", "ftp://example.com/", "https://", 5, b"x"])
+    def test_invalid_values_are_e003_naming_the_key(self, value):
+        with override_settings(IDEMPOTENCY={"PROBLEM_TYPE_BASE_URL": value}):
+            errors = check_settings()
+        assert [error.id for error in errors] == ["django_idempotency.E003"]
+        assert "'PROBLEM_TYPE_BASE_URL'" in errors[0].msg
