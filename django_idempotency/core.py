@@ -389,10 +389,14 @@ class _ProtectedCall:
             # SQLite has one write lock for the whole database: its holder
             # may be a request for any key (docs/backends.rst, "SQLite").
             self._send(signals.wait_timed_out)
+            self._send(signals.request_conflict)
             logger.info(
                 "Database busy; answering 409 to idempotency key %s in scope %r",
                 mask_key(self.info.key),
                 self.info.scope,
+                extra=observability.log_fields(
+                    "database_busy", self.sender, self.info, self.started
+                ),
             )
             raise DatabaseBusy(retry_after=1) from locked
         except store.Busy as busy:

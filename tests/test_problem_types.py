@@ -105,8 +105,8 @@ class ProblemTypeBaseUrlCheckTests:
             assert check_settings() == []
 
     @pytest.mark.parametrize("value", ["problems/", "ftp://example.com/", "https://", 5, b"x"])
-    def test_invalid_values_are_e003_naming_the_key(self, value):
+    def test_invalid_values_are_e119_naming_the_key(self, value):
         with override_settings(IDEMPOTENCY={"PROBLEM_TYPE_BASE_URL": value}):
             errors = check_settings()
-        assert [error.id for error in errors] == ["django_idempotency.E003"]
+        assert [error.id for error in errors] == ["django_idempotency.E119"]
         assert "'PROBLEM_TYPE_BASE_URL'" in errors[0].msg
