@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["idempotent"]
+__all__ = ["idempotency_exempt", "idempotent"]
 
 
 def __getattr__(name: str) -> Any:
@@ -14,4 +14,8 @@ def __getattr__(name: str) -> Any:
         from django_idempotency.decorators import idempotent
 
         return idempotent
+    if name == "idempotency_exempt":
+        from django_idempotency.middleware import idempotency_exempt
+
+        return idempotency_exempt
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

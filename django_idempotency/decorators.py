@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import wraps
-from inspect import iscoroutinefunction
 from typing import Any, TypeVar, overload
 
+from asgiref.sync import iscoroutinefunction
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponseBase
 from django.template.response import SimpleTemplateResponse
 
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.core import check_options, protect
 from django_idempotency.exceptions import IdempotencyError
+from django_idempotency.middleware import PROTECTED_ATTRIBUTE
 from django_idempotency.responses import problem
 
 ViewFunc = TypeVar("ViewFunc", bound=Callable[..., HttpResponseBase])
@@ -29,32 +29,32 @@ def idempotent(view: None = None, /, **options: Any) -> Callable[[ViewFunc], Vie
 def idempotent(view: ViewFunc | None = None, /, **options: Any) -> Any:
     """Protect a view: bare ``@idempotent`` or ``@idempotent(ttl=..., ...)``.
 
-    Works on function views, through ``method_decorator`` on class-based
-    views, and on DRF ``@api_view`` functions when placed below
-    ``@api_view``.
+    Works on function views, sync or ``async def`` (see ``docs/async.rst``),
+    through ``method_decorator`` on class-based views, and on DRF
+    ``@api_view`` functions when placed below ``@api_view``.
     """
     check_options(options)
 
     def decorate(view_func: ViewFunc) -> ViewFunc:
         if iscoroutinefunction(view_func):
-            raise ImproperlyConfigured(
-                f"@idempotent cannot protect the async view {view_func.__qualname__}; "
-                "async views are not supported yet."
-            )
+            wrapper = _async_wrapper(view_func, options)
+        else:
 
-        @wraps(view_func)
-        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-            try:
-                return protect(
-                    request,
-                    lambda: view_func(request, *args, **kwargs),
-                    options,
-                    sender=view_func,
-                    finalize=lambda response: _render(request, response),
-                )
-            except IdempotencyError as error:
-                return _error_response(request, error)
+            @wraps(view_func)
+            def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+                try:
+                    return protect(
+                        request,
+                        lambda: view_func(request, *args, **kwargs),
+                        options,
+                        sender=view_func,
+                        finalize=lambda response: _render(request, response),
+                    )
+                except IdempotencyError as error:
+                    return _error_response(request, error)
 
+        # Read by IdempotencyMiddleware, so that a decorated view is protected once.
+        setattr(wrapper, PROTECTED_ATTRIBUTE, True)
         atomic = options.get("atomic")
         if atomic is False or (atomic is None and not idempotency_settings.atomic):
             # Lease mode commits its claim before the handler runs, which a
@@ -65,6 +65,25 @@ def idempotent(view: ViewFunc | None = None, /, **options: Any) -> Any:
     if view is not None:
         return decorate(view)
     return decorate
+
+
+def _async_wrapper(view_func: Callable[..., Any], options: dict[str, Any]) -> Any:
+    from django_idempotency.asynchronous import protect_async
+
+    @wraps(view_func)
+    async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        try:
+            return await protect_async(
+                request,
+                lambda: view_func(request, *args, **kwargs),
+                options,
+                sender=view_func,
+                finalize=lambda response: _render(request, response),
+            )
+        except IdempotencyError as error:
+            return _error_response(request, error)
+
+    return wrapper
 
 
 def _is_drf_request(request: HttpRequest) -> bool:
