@@ -3,7 +3,8 @@
 The only module that imports ``rest_framework``. The mixin wraps the
 handler after DRF's ``initial()``, so authentication, permissions and
 throttling have answered before any key is claimed, and the scope sees the
-DRF-authenticated user (token, JWT, session).
+DRF-authenticated user (token, JWT, session). Async handlers of ``adrf``
+views go through the same core (``docs/async.rst``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from inspect import ismethod
 from typing import Any
 
+from asgiref.sync import iscoroutinefunction
 from django.conf import settings
 from django.http import HttpResponseBase
 from django.template.response import SimpleTemplateResponse
@@ -120,10 +122,32 @@ class IdempotentMixin:
 
     def _protected(self, handler: Any) -> Any:
         options = {name: self._option(name) for name in OPTION_NAMES}
+        if iscoroutinefunction(handler):
+            # An async handler of an adrf view (docs/async.rst).
+            return self._protected_async(handler, options)
 
         def protected_handler(request: Request, *args: Any, **kwargs: Any) -> HttpResponseBase:
             try:
                 return protect(
+                    request,
+                    lambda: handler(request, *args, **kwargs),
+                    options,
+                    sender=type(self),
+                    finalize=lambda response: self._render_now(request, response),
+                )
+            except core_exceptions.IdempotencyError as error:
+                raise to_api_exception(error) from error
+
+        return protected_handler
+
+    def _protected_async(self, handler: Any, options: dict[str, Any]) -> Any:
+        from django_idempotency.asynchronous import protect_async
+
+        async def protected_handler(
+            request: Request, *args: Any, **kwargs: Any
+        ) -> HttpResponseBase:
+            try:
+                return await protect_async(
                     request,
                     lambda: handler(request, *args, **kwargs),
                     options,

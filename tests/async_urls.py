@@ -1,3 +1,5 @@
+from importlib.util import find_spec
+
 from django.urls import path
 
 from tests import async_views, middleware_views
@@ -16,3 +18,11 @@ urlpatterns = [
     path("sync/exempt-class/", middleware_views.ExemptOrderView.as_view()),
     path("sync/claim/", middleware_views.claim_seen_from_outside),
 ]
+
+if find_spec("adrf") is not None:
+    from tests import adrf_views
+
+    urlpatterns += [
+        path("adrf/apiview/", adrf_views.OrderAPIView.as_view()),
+        path("adrf/viewset/", adrf_views.OrderViewSet.as_view({"post": "create"})),
+    ]

@@ -10,6 +10,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import django
 import pytest
 from asgiref.sync import async_to_sync, iscoroutinefunction
 from django.http import HttpResponse
@@ -22,6 +23,9 @@ from tests import async_views
 from tests.models import Order
 
 pytestmark = pytest.mark.django_db(transaction=True)
+ASYNC_METHOD_DECORATOR = pytest.mark.skipif(
+    django.VERSION < (5, 0), reason="method_decorator supports async methods from Django 5.0"
+)
 State = IdempotencyKey.State
 
 
@@ -93,6 +97,7 @@ class AtomicModeTests:
         assert body["scope"] == "anonymous"
         assert len(body["payment"]) == 64
 
+    @ASYNC_METHOD_DECORATOR
     def test_class_based_async_view_through_method_decorator(self, aclient) -> None:
         assert iscoroutinefunction(async_views.OrderView.post)
         first = post(aclient, "/async/orders/class-based/")
