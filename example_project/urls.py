@@ -11,6 +11,7 @@ router.register("bookings", views.BookingViewSet, basename="booking")
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("orders/", views.create_order, name="create-order"),
+    path("async-orders/", views.create_order_async, name="create-order-async"),
     path("payments/", views.create_payment, name="create-payment"),
     path("api/", include(router.urls)),
     path("provider/charges/", list_charges, name="provider-charges"),

@@ -81,11 +81,18 @@ def orders(base: str, run: str) -> None:
     show("changed body", call(base, "POST", "/orders/", {"item": "lamp"}, key))
 
 
+def async_orders(base: str, run: str) -> None:
+    key = f"async-order-{run}"
+    step(4, f"POST /async-orders/ (an async view) with Idempotency-Key: {key}, then a retry")
+    show("async first request", call(base, "POST", "/async-orders/", {"item": "mug"}, key))
+    show("async retry", call(base, "POST", "/async-orders/", {"item": "mug"}, key))
+
+
 def bookings(base: str, run: str) -> None:
     key = f"booking-{run}"
     slot = f"table-for-two-{run}"
     auth = {"Authorization": f"Token {DEMO_TOKEN}"}
-    step(4, f"20 concurrent POST /api/bookings/ with Idempotency-Key: {key} (DRF, token auth)")
+    step(5, f"20 concurrent POST /api/bookings/ with Idempotency-Key: {key} (DRF, token auth)")
     answers: list[Answer] = []
     lock = threading.Lock()
     gate = threading.Barrier(20)
@@ -111,7 +118,7 @@ def bookings(base: str, run: str) -> None:
 
 
 def payments(base_dir: Path, run: str, port: int) -> None:
-    step(5, "A payment whose worker dies after charging, then retried")
+    step(6, "A payment whose worker dies after charging, then retried")
     env = {
         **os.environ,
         "EXAMPLE_ALLOW_CRASH": "1",
@@ -186,9 +193,13 @@ def main() -> None:
     run = uuid.uuid4().hex[:8]
     print(f"Walkthrough against {args.base_url} (run {run})")
     orders(args.base_url, run)
+    async_orders(args.base_url, run)
     bookings(args.base_url, run)
     payments(ROOT, run, args.crash_port)
-    print("\nDone: one order, one booking and one charge, however many requests were sent.")
+    print(
+        "\nDone: one order per key (sync or async), one booking and one charge, "
+        "however many requests were sent."
+    )
 
 
 if __name__ == "__main__":
