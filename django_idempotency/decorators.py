@@ -36,6 +36,7 @@ def idempotent(view: ViewFunc | None = None, /, **options: Any) -> Any:
     check_options(options)
 
     def decorate(view_func: ViewFunc) -> ViewFunc:
+        wrapper: Any
         if iscoroutinefunction(view_func):
             wrapper = _async_wrapper(view_func, options)
         else:
@@ -59,8 +60,8 @@ def idempotent(view: ViewFunc | None = None, /, **options: Any) -> Any:
         if atomic is False or (atomic is None and not idempotency_settings.atomic):
             # Lease mode commits its claim before the handler runs, which a
             # request-wide transaction (ATOMIC_REQUESTS) would prevent.
-            wrapper._non_atomic_requests = set(settings.DATABASES)  # type: ignore[attr-defined]
-        return wrapper  # type: ignore[return-value]
+            wrapper._non_atomic_requests = set(settings.DATABASES)
+        return wrapper
 
     if view is not None:
         return decorate(view)

@@ -71,7 +71,7 @@ class IdempotencyMiddleware:
             markcoroutinefunction(self)
             # Django adapts a sync process_view to an async stack with a hop
             # to another thread on every request; an async one needs none.
-            self.process_view = self._process_view_async  # type: ignore[method-assign]
+            self.process_view = self._process_view_async  # type: ignore[method-assign,assignment]
 
     def __call__(self, request: HttpRequest) -> Any:
         if self.async_mode:
