@@ -105,7 +105,8 @@ def test_duplicates_across_workers_run_once(server: UvicornServer, path: str) ->
         response = session.post(
             url,
             json={"item": f"item-{index}"},
-            headers={"Idempotency-Key": f"load-{index}"},
+            # A new connection per request, so that duplicates spread over the workers.
+            headers={"Idempotency-Key": f"load-{index}", "Connection": "close"},
             timeout=REQUEST_TIMEOUT,
         )
         return index, response.status_code, response.content, dict(response.headers)
