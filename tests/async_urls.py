@@ -16,6 +16,7 @@ urlpatterns = [
     path("sync/plain/", middleware_views.create_order),
     path("sync/exempt/", middleware_views.create_order_exempt),
     path("sync/exempt-class/", middleware_views.ExemptOrderView.as_view()),
+    path("sync/hidden-decorated/", middleware_views.hidden_decorated),
     path("sync/claim/", middleware_views.claim_seen_from_outside),
 ]
 

@@ -188,6 +188,16 @@ class ProtectedOnceTests:
                 f"user:{user.pk}"
             }
 
+    @pytest.mark.usefixtures("installed")
+    def test_decorated_view_hidden_from_the_middleware_is_protected_once(self, any_client) -> None:
+        first = post(any_client, "/async/sync/hidden-decorated/", key="hidden")
+        retry = post(any_client, "/async/sync/hidden-decorated/", key="hidden")
+
+        assert first.status_code == 201, first.content
+        assert retry["Idempotent-Replayed"] == "true"
+        assert calls.value == 1
+        assert IdempotencyKey.objects.count() == 1
+
     def test_drf_views_are_left_to_the_mixin(self) -> None:
         from rest_framework.decorators import api_view
         from rest_framework.views import APIView
