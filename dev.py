@@ -83,11 +83,27 @@ def serve() -> None:
         "  # the same command again: same 201, same body, plus Idempotent-Replayed: true\n"
         "  curl -i -X POST http://127.0.0.1:8000/orders/ -H 'Idempotency-Key: order-1' \\\n"
         "       -H 'Content-Type: application/json' -d '{\"item\": \"lamp\"}'\n"
-        "  # same key, different body: 422\n\n"
+        "  # same key, different body: 422\n"
+        "  curl -i -X POST http://127.0.0.1:8000/async-orders/ -H 'Idempotency-Key: order-2' \\\n"
+        "       -H 'Content-Type: application/json' -d '{\"item\": \"mug\"}'\n"
+        "  # an async view: the same rules\n\n"
         "Or run the guided tour in another terminal: python3 dev.py walkthrough\n",
         flush=True,
     )
-    os.execv(str(PYTHON), [str(PYTHON), "manage.py", "runserver", "127.0.0.1:8000"])
+    # An ASGI server, so that the async view is served as production would serve it.
+    os.execv(
+        str(PYTHON),
+        [
+            str(PYTHON),
+            "-m",
+            "uvicorn",
+            "example_project.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "8000",
+        ],
+    )
 
 
 def walkthrough(args: list[str]) -> None:

@@ -1,4 +1,4 @@
-"""Sections 2 and 3: a bounded HTTP load generator against gunicorn on 127.0.0.1.
+"""Sections 2, 3 and 5: a bounded HTTP load generator against a local gunicorn or uvicorn.
 
 Every loop here is bounded twice, by a request count and by a deadline, and
 sends traffic only to the local server it started.
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from benchmarks.bench.views import NONCE_HEADER
 from benchmarks.statements import BODY
-from tests.server import GunicornServer
+from tests.server import GunicornServer, UvicornServer
 
 REQUEST_TIMEOUT = 30.0
 PAYLOAD = json.dumps(BODY).encode()
@@ -52,6 +52,21 @@ class BenchServer(GunicornServer):
         self._log_dir.cleanup()
 
 
+class BenchAsgiServer(UvicornServer):
+    """The test suite's uvicorn (4 workers) on the bench settings, with pooled connections."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self._log_dir = tempfile.TemporaryDirectory(prefix="bench-uvicorn-")
+        super().__init__(
+            {**env, "DJANGO_SETTINGS_MODULE": "benchmarks.bench.settings", "BENCH_ASGI": "1"},
+            Path(self._log_dir.name),
+        )
+
+    def stop(self) -> None:
+        super().stop()
+        self._log_dir.cleanup()
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile: a latency some request really had."""
     if not values:
@@ -60,19 +75,15 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
-def post(connection: http.client.HTTPConnection, path: str, key: str, nonce: str) -> int:
+def post(
+    connection: http.client.HTTPConnection, path: str, key: str, nonce: str, close: bool = False
+) -> int:
     """One POST; 0 when the connection failed (counted, never retried)."""
+    headers = {"Content-Type": "application/json", "Idempotency-Key": key, NONCE_HEADER: nonce}
+    if close:
+        headers["Connection"] = "close"
     try:
-        connection.request(
-            "POST",
-            path,
-            body=PAYLOAD,
-            headers={
-                "Content-Type": "application/json",
-                "Idempotency-Key": key,
-                NONCE_HEADER: nonce,
-            },
-        )
+        connection.request("POST", path, body=PAYLOAD, headers=headers)
         response = connection.getresponse()
         response.read()
         return response.status
@@ -98,12 +109,20 @@ class LoadRun:
         return sum(n for status, n in self.statuses.items() if status == 0 or status >= 500)
 
 
-def hammer(port: int, path: str, keys: Sequence[str], threads: int, deadline: float) -> LoadRun:
+def hammer(
+    port: int,
+    path: str,
+    keys: Sequence[str],
+    threads: int,
+    deadline: float,
+    close: bool = False,
+) -> LoadRun:
     """Send one request per key from ``threads`` threads, as fast as the server answers.
 
     Sync gunicorn workers close each connection after answering;
     ``http.client`` then opens a new one for the next request, as a client
-    of such a server would.
+    of such a server would. ``close`` asks a keep-alive server (uvicorn) to
+    do the same, so that both servers are measured alike.
     """
     order = iter(range(len(keys)))
     lock = threading.Lock()
@@ -121,7 +140,9 @@ def hammer(port: int, path: str, keys: Sequence[str], threads: int, deadline: fl
                 if index is None:
                     break
                 started = time.perf_counter()
-                status = post(connection, path, keys[index], uuid.uuid4().hex)
+                status = post(connection, path, keys[index], uuid.uuid4().hex, close)
+                if close:
+                    connection.close()
                 mine.append(time.perf_counter() - started)
                 seen[status] += 1
         finally:

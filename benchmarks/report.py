@@ -102,6 +102,7 @@ def environment(postgres_version: str, peers: list[str]) -> list[tuple[str, str]
         ("Django REST framework", _version("djangorestframework")),
         ("PostgreSQL", postgres_version),
         ("gunicorn", _version("gunicorn")),
+        ("uvicorn", _version("uvicorn")),
     ]
     facts += [(peer, _version(peer)) for peer in peers]
     return facts

@@ -11,7 +11,7 @@ peer packages never enter the project's own environment; every later run
 re-executes itself inside that virtualenv.
 
 Sections: SQL statements per request, throughput and latency under
-gunicorn, duplicate storms, and the purge. Each prints one table; all of
+gunicorn, duplicate storms, the purge, and async views under uvicorn. Each prints one table; all of
 them are written, with the machine and versions they ran on, to
 ``docs/_generated/benchmarks.rst``.
 """
@@ -33,8 +33,9 @@ VENV = ROOT / ".venv-bench"
 REQUIREMENTS = [
     "Django>=5.2,<5.3",
     "djangorestframework>=3.15",
-    "psycopg[binary]>=3.1.8",
+    "psycopg[binary,pool]>=3.1.8",
     "gunicorn>=22",
+    "uvicorn>=0.30",
     "requests>=2.31",
     "py-spy>=0.3",
 ]

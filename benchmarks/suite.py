@@ -1,4 +1,4 @@
-"""All four sections, run in order against one throwaway PostgreSQL database.
+"""All five sections, run in order against one throwaway PostgreSQL database.
 
 Runs of the things being compared are interleaved (A B C A B C ...), so that
 the noise of a shared machine falls on all of them alike; each figure is the
@@ -133,6 +133,8 @@ def _rows(variant: str) -> int:
 
 # Section 1 ------------------------------------------------------------------
 
+OUR_VARIANTS = {"plain", "ours", "ours-lease", "drf", "ours-mixin", "plain-async", "ours-async"}
+
 
 def section_statements(peers: set[str]) -> Table:
     from benchmarks.statements import count_statements
@@ -161,13 +163,15 @@ def section_statements(peers: set[str]) -> Table:
         ("@idempotent(atomic=False)", "ours-lease", "plain", True),
         ("DRF APIView, undecorated", "drf", "drf", False),
         ("IdempotentMixin", "ours-mixin", "drf", True),
+        ("async view, undecorated", "plain-async", "plain-async", False),
+        ("@idempotent async", "ours-async", "plain-async", True),
         ("django-idempotency-key", "dik", "plain", False),
         ("drf-idempotency", "drfi", "drf", False),
         ("djangorestframework-idempotency-key", "drfik", "drf", False),
     ]
     own: dict[str, int] = {}
     for label, variant, baseline, ours in rows:
-        if variant not in peers | {"plain", "ours", "ours-lease", "drf", "ours-mixin"}:
+        if variant not in peers | OUR_VARIANTS:
             continue
         counts = count_statements(variant)
         if variant == baseline:
@@ -202,20 +206,33 @@ def section_statements(peers: set[str]) -> Table:
 
 
 def section_throughput(port: int, plan: Plan, peers: set[str], progress: Callable) -> Table:
+    return _throughput(
+        port, plan, _cases(peers), "2. Throughput and latency (gunicorn, 4 sync workers)", progress
+    )
+
+
+def _throughput(
+    port: int,
+    plan: Plan,
+    cases: list[Case],
+    title: str,
+    progress: Callable,
+    close: bool = False,
+) -> Table:
     from benchmarks.load import cycle, hammer, new_keys, percentile
 
-    cases = _cases(peers)
     # Warm every worker and fill each variant's pool of completed keys.
     pools: dict[str, list[str]] = {}
     for variant in dict.fromkeys(case.variant for case in cases):
         pools[variant] = new_keys(plan.replay_pool)
-        hammer(port, f"/{variant}/", pools[variant], plan.threads, time.monotonic() + RUN_LIMIT)
+        deadline = time.monotonic() + RUN_LIMIT
+        hammer(port, f"/{variant}/", pools[variant], plan.threads, deadline, close)
 
     results: dict[str, list] = {case.label: [] for case in cases}
     ratios: dict[str, list[float]] = {case.label: [] for case in cases}
     executions: Counter = Counter()
     for round_number in range(plan.runs):
-        progress(f"throughput round {round_number + 1}/{plan.runs}")
+        progress(f"{title.split(' (')[0]}: round {round_number + 1}/{plan.runs}")
         this_round = {}
         for case in cases:
             if case.replay:
@@ -223,9 +240,8 @@ def section_throughput(port: int, plan: Plan, peers: set[str], progress: Callabl
             else:
                 keys = new_keys(plan.requests)
             before = _rows(case.variant)
-            run = hammer(
-                port, f"/{case.variant}/", keys, plan.threads, time.monotonic() + RUN_LIMIT
-            )
+            deadline = time.monotonic() + RUN_LIMIT
+            run = hammer(port, f"/{case.variant}/", keys, plan.threads, deadline, close)
             executions[case.label] += _rows(case.variant) - before
             results[case.label].append(run)
             this_round[case.variant if case.baseline is None else case.label] = run
@@ -233,7 +249,7 @@ def section_throughput(port: int, plan: Plan, peers: set[str], progress: Callabl
                 ratios[case.label].append(run.rate / this_round[case.baseline].rate)
 
     table = Table(
-        "2. Throughput and latency (gunicorn, 4 sync workers)",
+        title,
         [
             "variant",
             "req/s",
@@ -249,7 +265,8 @@ def section_throughput(port: int, plan: Plan, peers: set[str], progress: Callabl
         f"{plan.runs} interleaved runs of {plan.requests} requests per variant, "
         f"{plan.threads} client threads with http.client on 127.0.0.1; median (min-max).",
         "'x undecorated' is the median of per-round ratios to the undecorated view of the same "
-        "framework (plain Django or DRF APIView) measured in the same round.",
+        "framework (plain Django, DRF APIView, or the same async view) measured in the same "
+        "round.",
         f"Replays cycle through {plan.replay_pool} keys completed before the timed runs. "
         "django-idempotency-key answers replays with 409 (its default CONFLICT_STATUS_CODE).",
         "Target (ours): first requests >= 0.85x undecorated; replays >= 1.0x and the handler "
@@ -280,6 +297,35 @@ def section_throughput(port: int, plan: Plan, peers: set[str], progress: Callabl
             _statuses(statuses),
             verdict,
         )
+    return table
+
+
+# Section 5 ------------------------------------------------------------------
+
+
+def section_async(port: int, plan: Plan, progress: Callable) -> Table:
+    cases = [
+        Case("async view, undecorated", "plain-async"),
+        Case("@idempotent async, first requests", "ours-async", baseline="plain-async", ours=True),
+        Case(
+            "@idempotent async, replays",
+            "ours-async",
+            replay=True,
+            baseline="plain-async",
+            ours=True,
+        ),
+    ]
+    title = "5. Async views (uvicorn, 4 workers, pooled connections)"
+    table = _throughput(port, plan, cases, title, progress, close=True)
+    table.notes.insert(
+        1,
+        "The same handler as an async def view writing with acreate(), undecorated and with "
+        "@idempotent, served by uvicorn; database connections come from psycopg's pool, since "
+        "under ASGI each request's database work runs in a thread of its own. Each request "
+        "asks for 'Connection: close', as gunicorn's sync workers close every connection: "
+        "kept-alive connections to uvicorn's multi-worker mode added about 45 ms to every "
+        "answer on this machine, for every variant alike.",
+    )
     return table
 
 
@@ -468,7 +514,7 @@ def run_all(*, quick: bool, write_docs: bool, command: str) -> None:
     tables: list[Table] = []
     try:
         postgres_version = _setup_django()
-        from benchmarks.load import BenchServer
+        from benchmarks.load import BenchAsgiServer, BenchServer
         from django_idempotency.conf import idempotency_settings
 
         progress("statements")
@@ -486,6 +532,14 @@ def run_all(*, quick: bool, write_docs: bool, command: str) -> None:
             print(tables[-1].text(), "\n", flush=True)
         finally:
             server.stop()
+
+        asgi_server = BenchAsgiServer({"BENCH_DATABASE_NAME": DATABASE_NAME})
+        asgi_server.start(probe_path="/plain/")
+        try:
+            async_table = section_async(asgi_server.port, plan, progress)
+            print(async_table.text(), "\n", flush=True)
+        finally:
+            asgi_server.stop()
     finally:
         from django.db import connections
 
@@ -494,6 +548,7 @@ def run_all(*, quick: bool, write_docs: bool, command: str) -> None:
 
     tables.append(section_purge(plan, progress))
     print(tables[-1].text(), "\n", flush=True)
+    tables.append(async_table)
     progress("done")
     if write_docs:
         facts = environment(postgres_version, [peer.name for peer in installed])

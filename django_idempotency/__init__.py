@@ -5,7 +5,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-__all__ = ["__version__", "idempotent"]
+__all__ = ["__version__", "idempotency_exempt", "idempotent"]
 
 try:
     # The version is declared once, in pyproject.toml.
@@ -21,4 +21,8 @@ def __getattr__(name: str) -> Any:
         from django_idempotency.decorators import idempotent
 
         return idempotent
+    if name == "idempotency_exempt":
+        from django_idempotency.middleware import idempotency_exempt
+
+        return idempotency_exempt
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -60,7 +60,9 @@ def protect(
     for the 400/409/422 answers; adapters render those.
     """
     conf = idempotency_settings
-    if not conf.enabled:
+    if not conf.enabled or hasattr(request, "idempotency"):
+        # Disabled, or an outer layer (the middleware around a decorated view
+        # it could not recognise) already protects this request: once is all.
         return handler()
     options = resolve_options(overrides)
     if request.method not in options.methods:

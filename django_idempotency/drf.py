@@ -3,7 +3,8 @@
 The only module that imports ``rest_framework``. The mixin wraps the
 handler after DRF's ``initial()``, so authentication, permissions and
 throttling have answered before any key is claimed, and the scope sees the
-DRF-authenticated user (token, JWT, session).
+DRF-authenticated user (token, JWT, session). Async handlers of ``adrf``
+views go through the same core (``docs/async.rst``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
+from asgiref.sync import iscoroutinefunction
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpResponseBase
@@ -155,10 +157,32 @@ class IdempotentMixin:
             given = {name: getattr(self, name) for name in _ATTRIBUTES}
             given = {name: given[name] for name in [*dynamic, *vars(self)] if name in given}
             options = _class_options(type(self), given)
+        if iscoroutinefunction(handler):
+            # An async handler of an adrf view (docs/async.rst).
+            return self._protected_async(handler, options)
 
         def protected_handler(request: Request, *args: Any, **kwargs: Any) -> HttpResponseBase:
             try:
                 return protect(
+                    request,
+                    lambda: handler(request, *args, **kwargs),
+                    options,
+                    sender=type(self),
+                    finalize=lambda response: self._render_now(request, response),
+                )
+            except core_exceptions.IdempotencyError as error:
+                return error_response(request, error)
+
+        return protected_handler
+
+    def _protected_async(self, handler: Any, options: ViewOptions) -> Any:
+        from django_idempotency.asynchronous import protect_async
+
+        async def protected_handler(
+            request: Request, *args: Any, **kwargs: Any
+        ) -> HttpResponseBase:
+            try:
+                return await protect_async(
                     request,
                     lambda: handler(request, *args, **kwargs),
                     options,

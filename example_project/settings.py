@@ -40,6 +40,7 @@ MIDDLEWARE = [
 ]
 ROOT_URLCONF = "example_project.urls"
 WSGI_APPLICATION = "example_project.wsgi.application"
+ASGI_APPLICATION = "example_project.asgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",

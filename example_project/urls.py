@@ -12,6 +12,7 @@ router.register("bookings", views.BookingViewSet, basename="booking")
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("orders/", views.create_order, name="create-order"),
+    path("async-orders/", views.create_order_async, name="create-order-async"),
     path("payments/", views.create_payment, name="create-payment"),
     path("receipts/", views.request_receipt, name="request-receipt"),
     path("receipts/list/", views.list_receipts, name="list-receipts"),

@@ -85,11 +85,18 @@ def orders(base: str, run: str) -> None:
     show("changed body", call(base, "POST", "/orders/", {"item": "lamp"}, key))
 
 
+def async_orders(base: str, run: str) -> None:
+    key = f"async-order-{run}"
+    step(4, f"POST /async-orders/ (an async view) with Idempotency-Key: {key}, then a retry")
+    show("async first request", call(base, "POST", "/async-orders/", {"item": "mug"}, key))
+    show("async retry", call(base, "POST", "/async-orders/", {"item": "mug"}, key))
+
+
 def bookings(base: str, run: str) -> None:
     key = f"booking-{run}"
     slot = f"table-for-two-{run}"
     auth = {"Authorization": f"Token {DEMO_TOKEN}"}
-    step(4, f"20 concurrent POST /api/bookings/ with Idempotency-Key: {key} (DRF, token auth)")
+    step(5, f"20 concurrent POST /api/bookings/ with Idempotency-Key: {key} (DRF, token auth)")
     answers: list[Answer] = []
     lock = threading.Lock()
     gate = threading.Barrier(20)
@@ -115,7 +122,7 @@ def bookings(base: str, run: str) -> None:
 
 
 def payments(base_dir: Path, run: str, port: int) -> None:
-    step(5, "A payment whose worker dies after charging, then retried")
+    step(6, "A payment whose worker dies after charging, then retried")
     env = {
         **os.environ,
         "EXAMPLE_ALLOW_CRASH": "1",
@@ -166,7 +173,7 @@ def payments(base_dir: Path, run: str, port: int) -> None:
 
 
 def receipts(base: str, base_dir: Path, run: str) -> None:
-    step(6, "A receipt task whose Celery worker process dies mid-task, then redelivered")
+    step(7, "A receipt task whose Celery worker process dies mid-task, then redelivered")
     broker = os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0")
     if not _broker_up(broker):
         print(f"  skipped: no Celery broker answers at {broker}")
@@ -271,12 +278,13 @@ def main() -> None:
     run = uuid.uuid4().hex[:8]
     print(f"Walkthrough against {args.base_url} (run {run})")
     orders(args.base_url, run)
+    async_orders(args.base_url, run)
     bookings(args.base_url, run)
     payments(ROOT, run, args.crash_port)
     receipts(args.base_url, ROOT, run)
     print(
-        "\nDone: one order, one booking, one charge and one receipt, however many"
-        " requests and messages were sent."
+        "\nDone: one order per key (sync or async), one booking, one charge and one"
+        " receipt, however many requests and messages were sent."
     )
 
 

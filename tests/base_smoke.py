@@ -1,7 +1,8 @@
 """Run by tox's ``base`` env: the package works with Django alone.
 
-No DRF, no Celery, no test settings: a bare project protects a view, and a
-retry replays. It fails if importing the package pulls in an optional
+No DRF, no Celery, no test settings: a bare project protects a view, an
+async view and (through the middleware) an undecorated view, and a retry
+of each replays. It fails if importing the package pulls in an optional
 dependency.
 """
 
@@ -30,12 +31,31 @@ def create(request):  # type: ignore[no-untyped-def]
     return view(request)
 
 
-urlpatterns = [path("create/", create)]
+async def create_async(request):  # type: ignore[no-untyped-def]
+    from django_idempotency import idempotent
+
+    @idempotent
+    async def view(request):  # type: ignore[no-untyped-def]
+        return JsonResponse({"ok": "async"}, status=201)
+
+    return await view(request)
+
+
+def plain(request):  # type: ignore[no-untyped-def]
+    return JsonResponse({"ok": "plain"}, status=201)
+
+
+urlpatterns = [
+    path("create/", create),
+    path("create-async/", create_async),
+    path("plain/", plain),
+]
 
 settings.configure(
     INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "django_idempotency"],
     DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
     ROOT_URLCONF=__name__,
+    MIDDLEWARE=["django_idempotency.middleware.IdempotencyMiddleware"],
     USE_TZ=True,
     ALLOWED_HOSTS=["testserver"],
 )
@@ -47,14 +67,19 @@ from django.test import Client  # noqa: E402
 call_command("check")
 call_command("migrate", verbosity=0)
 client = Client()
-first = client.post(
-    "/create/", b"{}", content_type="application/json", headers={"Idempotency-Key": "k"}
-)
-retry = client.post(
-    "/create/", b"{}", content_type="application/json", headers={"Idempotency-Key": "k"}
-)
-assert first.status_code == retry.status_code == 201, (first.status_code, retry.status_code)
-assert retry["Idempotent-Replayed"] == "true"
+for url in ("/create/", "/create-async/", "/plain/"):
+    first = client.post(
+        url, b"{}", content_type="application/json", headers={"Idempotency-Key": url}
+    )
+    retry = client.post(
+        url, b"{}", content_type="application/json", headers={"Idempotency-Key": url}
+    )
+    assert first.status_code == retry.status_code == 201, (
+        url,
+        first.status_code,
+        retry.status_code,
+    )
+    assert retry["Idempotent-Replayed"] == "true", url
 
 # The task protocol needs no Celery either (only django_idempotency.tasks does).
 from django_idempotency.task_protocol import TaskOptions, run_once  # noqa: E402

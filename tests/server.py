@@ -1,4 +1,4 @@
-"""Run gunicorn against the test database, for tests over real HTTP and real processes."""
+"""Run gunicorn or uvicorn on the test database, for tests over real HTTP and real processes."""
 
 from __future__ import annotations
 
@@ -73,6 +73,9 @@ class GunicornServer:
             "django.core.wsgi:get_wsgi_application()",
         ]
 
+    #: Shown in errors about the server.
+    name = "gunicorn"
+
     def start(self, probe_path: str = "/drf/orders/summary/") -> None:
         """Start the server and wait until a request gets any HTTP answer.
 
@@ -97,7 +100,9 @@ class GunicornServer:
         deadline = time.monotonic() + START_LIMIT
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"gunicorn exited with {self.process.returncode}:\n{self.log()}")
+                raise RuntimeError(
+                    f"{self.name} exited with {self.process.returncode}:\n{self.log()}"
+                )
             try:
                 requests.get(self.url + probe_path, timeout=2)
             except (requests.ConnectionError, requests.Timeout):
@@ -105,7 +110,7 @@ class GunicornServer:
                 time.sleep(0.1)
                 continue
             return
-        raise RuntimeError(f"gunicorn did not answer within {START_LIMIT} s:\n{self.log()}")
+        raise RuntimeError(f"{self.name} did not answer within {START_LIMIT} s:\n{self.log()}")
 
     def __enter__(self) -> GunicornServer:
         self.start()
@@ -150,3 +155,55 @@ class GunicornServer:
         lines = self.access_log.read_text().splitlines()
         # Gunicorn writes the PID atom as "<1234>".
         return {int(line.split()[0].strip("<>")) for line in lines if line}
+
+
+class UvicornServer(GunicornServer):
+    """Uvicorn serving Django's ASGI application, with ``workers`` processes.
+
+    Its output (uvicorn logs to stderr) goes to ``log_dir``; the other
+    methods are the gunicorn harness's.
+    """
+
+    name = "uvicorn"
+
+    def __init__(self, env: Mapping[str, str], log_dir: Path, workers: int = WORKERS) -> None:
+        super().__init__(env, log_dir)
+        self.workers = workers
+        self.error_log = log_dir / "uvicorn.log"
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "--factory",
+            "django.core.asgi:get_asgi_application",
+            "--workers",
+            str(self.workers),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--app-dir",
+            str(ROOT),
+            "--no-access-log",
+            "--timeout-graceful-shutdown",
+            "5",
+        ]
+
+    def start(self, probe_path: str = "/async/ping/") -> None:
+        self._log_file = self.error_log.open("wb")
+        self.process = subprocess.Popen(
+            self.command(), env=self.env, cwd=ROOT, stdout=self._log_file, stderr=subprocess.STDOUT
+        )
+        try:
+            self._wait_until_answering(probe_path)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        super().stop()
+        log_file = getattr(self, "_log_file", None)
+        if log_file is not None:
+            log_file.close()

@@ -45,9 +45,16 @@ def bench_table():
 @pytest.mark.django_db(transaction=True)
 @override_settings(ROOT_URLCONF="benchmarks.bench.urls")
 def test_section_one_counts_at_most_two_extra_statements(bench_table):
-    undecorated = {"plain": count_statements("plain"), "drf": count_statements("drf")}
-    assert undecorated["plain"].first == 1
-    for variant, baseline in [("ours", "plain"), ("ours-lease", "plain"), ("ours-mixin", "drf")]:
+    undecorated = {
+        variant: count_statements(variant) for variant in ("plain", "drf", "plain-async")
+    }
+    assert undecorated["plain"].first == undecorated["plain-async"].first == 1
+    for variant, baseline in [
+        ("ours", "plain"),
+        ("ours-lease", "plain"),
+        ("ours-mixin", "drf"),
+        ("ours-async", "plain-async"),
+    ]:
         counts = count_statements(variant)
 
         assert counts.first - undecorated[baseline].first <= 2, counts

@@ -416,16 +416,17 @@ class OptionTests:
         with pytest.raises(TypeError, match="tll"):
             idempotent(tll=5)
 
-    def test_async_view_is_refused_at_decoration(self):
-        from django.core.exceptions import ImproperlyConfigured
+    def test_async_view_gets_an_async_wrapper(self):
+        from asgiref.sync import iscoroutinefunction
 
         from django_idempotency import idempotent
 
         async def view(request):  # pragma: no cover - never called
             return None
 
-        with pytest.raises(ImproperlyConfigured, match="async"):
-            idempotent(view)
+        # Async views are protected (tests/test_async.py), not refused.
+        assert iscoroutinefunction(idempotent(view))
+        assert iscoroutinefunction(idempotent(wait=1)(view))
 
     @pytest.mark.parametrize(
         ("option", "value", "fix"),

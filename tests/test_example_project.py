@@ -59,14 +59,23 @@ def test_example_project_tests_pass(example_env):
         timeout=300,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
-    assert "Ran 6 tests" in completed.stderr
+    assert "Ran 7 tests" in completed.stderr
 
 
 def test_walkthrough_shows_every_behaviour(example_env):
     port, crash_port = free_port(), free_port()
-    gunicorn = Path(sys.executable).with_name("gunicorn")
+    # Served as ``dev.py serve`` serves it: through an ASGI server.
     server = subprocess.Popen(
-        [str(gunicorn), "example_project.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", "2"],
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "example_project.asgi:application",
+            "--port",
+            str(port),
+            "--workers",
+            "2",
+        ],
         cwd=ROOT,
         env=example_env,
         stderr=subprocess.DEVNULL,
@@ -105,6 +114,8 @@ def test_walkthrough_shows_every_behaviour(example_env):
     assert "first request                      -> 201" in out
     assert "retry                              -> 201  Idempotent-Replayed: true" in out
     assert "changed body                       -> 422" in out
+    assert "async first request                -> 201" in out
+    assert "async retry                        -> 201  Idempotent-Replayed: true" in out
     assert re.search(r"^  bookings for table-for-two-\w+: 1$", out, re.MULTILINE)
     assert "worker was killed mid-request" in out
     assert "retry at once (lease still held)   -> 409" in out

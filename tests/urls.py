@@ -19,5 +19,6 @@ urlpatterns = [
     path("info/", views.idempotency_info),
     path("api/orders/", views.api_create_order),
     path("drf/", include("tests.drf_urls")),
+    path("async/", include("tests.async_urls")),
     path("faults/", include("tests.faults.urls")),
 ]

@@ -11,6 +11,8 @@ urlpatterns = [
     path("plain/", views.plain),
     path("ours/", views.ours),
     path("ours-lease/", views.ours_lease),
+    path("plain-async/", views.plain_async),
+    path("ours-async/", views.ours_async),
     path("drf/", views.BenchAPIView.as_view()),
     path("ours-mixin/", views.OursMixinView.as_view()),
 ]

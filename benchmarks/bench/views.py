@@ -7,6 +7,7 @@ with ``drf``, so each package is measured against the framework it needs.
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from django.http import HttpRequest, JsonResponse
@@ -42,6 +43,19 @@ def write_order(request: HttpRequest | Request, variant: str) -> tuple[dict, int
     return {"id": order.pk, "variant": variant}, 201
 
 
+async def write_order_async(request: HttpRequest, variant: str) -> tuple[dict, int]:
+    """:func:`write_order` for async views: ``acreate`` instead of ``create``."""
+    work_ms = int(request.GET.get("work_ms", "0"))
+    if work_ms:
+        await asyncio.sleep(work_ms / 1000)
+    order = await BenchOrder.objects.acreate(
+        variant=variant,
+        key=request.headers.get("Idempotency-Key", ""),
+        nonce=request.headers.get(NONCE_HEADER, ""),
+    )
+    return {"id": order.pk, "variant": variant}, 201
+
+
 def plain(request: HttpRequest) -> JsonResponse:
     return _json(write_order(request, "plain"))
 
@@ -54,6 +68,15 @@ def ours(request: HttpRequest) -> JsonResponse:
 @idempotent(atomic=False)
 def ours_lease(request: HttpRequest) -> JsonResponse:
     return _json(write_order(request, "ours-lease"))
+
+
+async def plain_async(request: HttpRequest) -> JsonResponse:
+    return _json(await write_order_async(request, "plain-async"))
+
+
+@idempotent
+async def ours_async(request: HttpRequest) -> JsonResponse:
+    return _json(await write_order_async(request, "ours-async"))
 
 
 def _json(result: tuple[dict, int]) -> JsonResponse:

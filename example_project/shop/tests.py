@@ -19,6 +19,11 @@ class OrderTests(TestCase):
             self.client, "post", "/orders/", {"item": "book"}, effect=Order.objects.count
         )
 
+    def test_async_create_order_is_idempotent(self) -> None:
+        assert_idempotent(
+            self.client, "post", "/async-orders/", {"item": "lamp"}, effect=Order.objects.count
+        )
+
 
 class BookingTests(TransactionTestCase):
     def test_concurrent_bookings_are_one_booking(self) -> None:

@@ -1,0 +1,29 @@
+from importlib.util import find_spec
+
+from django.urls import path
+
+from tests import async_views, middleware_views
+
+urlpatterns = [
+    path("orders/", async_views.create_order),
+    path("orders/lease/", async_views.create_order_lease),
+    path("orders/short-lease/", async_views.create_order_short_lease),
+    path("orders/required/", async_views.create_order_required),
+    path("orders/plain/", async_views.create_order_plain),
+    path("orders/exempt/", async_views.create_order_exempt),
+    path("orders/class-based/", async_views.OrderView.as_view()),
+    path("ping/", async_views.ping),
+    path("sync/plain/", middleware_views.create_order),
+    path("sync/exempt/", middleware_views.create_order_exempt),
+    path("sync/exempt-class/", middleware_views.ExemptOrderView.as_view()),
+    path("sync/hidden-decorated/", middleware_views.hidden_decorated),
+    path("sync/claim/", middleware_views.claim_seen_from_outside),
+]
+
+if find_spec("adrf") is not None:
+    from tests import adrf_views
+
+    urlpatterns += [
+        path("adrf/apiview/", adrf_views.OrderAPIView.as_view()),
+        path("adrf/viewset/", adrf_views.OrderViewSet.as_view({"post": "create"})),
+    ]

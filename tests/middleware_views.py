@@ -1,0 +1,59 @@
+"""Sync views for the middleware tests: plain, exempt, and one that looks at its own claim."""
+
+from __future__ import annotations
+
+import threading
+
+from django.db import connection
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils.decorators import method_decorator
+from django.views import View
+
+from django_idempotency import idempotency_exempt, idempotent
+from django_idempotency.models import IdempotencyKey
+from tests.views import _create_order
+
+
+def create_order(request: HttpRequest) -> HttpResponse:
+    return _create_order(request)
+
+
+@idempotency_exempt
+def create_order_exempt(request: HttpRequest) -> HttpResponse:
+    return _create_order(request)
+
+
+class ExemptOrderView(View):
+    @method_decorator(idempotency_exempt)
+    def post(self, request: HttpRequest) -> HttpResponse:
+        return _create_order(request)
+
+
+def _without_wraps(view):  # type: ignore[no-untyped-def]
+    # A third-party decorator that does not copy attributes: the middleware
+    # cannot see that the view inside protects itself.
+    def outer(request, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return view(request, *args, **kwargs)
+
+    return outer
+
+
+hidden_decorated = _without_wraps(idempotent(create_order))
+
+
+def claim_seen_from_outside(request: HttpRequest) -> JsonResponse:
+    """Whether another connection sees this request's claim: it does once committed."""
+    seen: list[bool] = []
+
+    def look() -> None:
+        try:
+            seen.append(IdempotencyKey.objects.filter(key=request.idempotency.key).exists())  # type: ignore[attr-defined]
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=look)
+    thread.start()
+    thread.join()
+    return JsonResponse(
+        {"claim_committed": seen[0], "in_atomic_block": connection.in_atomic_block}, status=201
+    )

@@ -1,0 +1,195 @@
+"""``@idempotent`` on async views, in process through Django's ASGI test client.
+
+The server tests (``test_uvicorn.py``) race real worker processes; these
+pin down the contract row by row on every backend, SQLite included.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import django
+import pytest
+from asgiref.sync import async_to_sync, iscoroutinefunction
+from django.http import HttpResponse
+from django.test import AsyncClient, override_settings
+from django.views import View
+
+from django_idempotency import idempotent, signals
+from django_idempotency.models import IdempotencyKey
+from tests import async_views
+from tests.models import Order
+
+pytestmark = pytest.mark.django_db(transaction=True)
+ASYNC_METHOD_DECORATOR = pytest.mark.skipif(
+    django.VERSION < (5, 0), reason="method_decorator supports async methods from Django 5.0"
+)
+State = IdempotencyKey.State
+
+
+@pytest.fixture
+def aclient() -> AsyncClient:
+    return AsyncClient(raise_request_exception=False)
+
+
+def post(
+    client: AsyncClient, url: str = "/async/orders/", key: str | None = "k", **data: Any
+) -> HttpResponse:
+    headers = {} if key is None else {"Idempotency-Key": key}
+    response: HttpResponse = async_to_sync(client.post)(
+        url, json.dumps({"item": "book", **data}), content_type="application/json", headers=headers
+    )
+    return response
+
+
+@pytest.fixture
+def sent() -> Iterator[list[str]]:
+    names: list[str] = []
+    receivers = {}
+    for name in ("key_claimed", "response_replayed", "request_conflict", "fingerprint_mismatch"):
+
+        def receiver(sender: Any, name: str = name, **kwargs: Any) -> None:
+            names.append(name)
+
+        receivers[name] = receiver
+        getattr(signals, name).connect(receiver)
+    yield names
+    for name, receiver in receivers.items():
+        getattr(signals, name).disconnect(receiver)
+
+
+class AtomicModeTests:
+    def test_first_request_runs_and_retry_replays(self, aclient, sent) -> None:
+        first = post(aclient)
+        retry = post(aclient)
+
+        assert first.status_code == 201
+        assert "Idempotent-Replayed" not in first
+        assert retry.status_code == 201
+        assert retry["Idempotent-Replayed"] == "true"
+        assert retry["Location"] == first["Location"]
+        assert retry.content == first.content
+        assert async_views.calls.value == 1
+        assert sent == ["key_claimed", "response_replayed"]
+        # The async ORM and sync_to_async both wrote, inside the claim's transaction.
+        assert json.loads(first.content)["in_transaction"] is True
+        assert Order.objects.count() == 2
+        assert IdempotencyKey.objects.get().state == State.COMPLETED
+
+    def test_handler_that_writes_then_raises_commits_nothing(self, aclient) -> None:
+        failed = post(aclient, key="boom", **{"raise": True})
+        assert failed.status_code == 500
+        assert Order.objects.count() == 0
+        assert IdempotencyKey.objects.count() == 0
+
+        retry = post(aclient, key="boom")
+        again = post(aclient, key="boom")
+        assert retry.status_code == 201
+        assert again["Idempotent-Replayed"] == "true"
+        assert async_views.calls.value == 2
+        assert Order.objects.count() == 2
+
+    def test_request_idempotency_is_set_for_the_coroutine(self, aclient) -> None:
+        body = json.loads(post(aclient, key="info").content)
+        assert body["key"] == "info"
+        assert body["scope"] == "anonymous"
+        assert len(body["payment"]) == 64
+
+    @ASYNC_METHOD_DECORATOR
+    def test_class_based_async_view_through_method_decorator(self, aclient) -> None:
+        assert iscoroutinefunction(async_views.OrderView.post)
+        first = post(aclient, "/async/orders/class-based/")
+        retry = post(aclient, "/async/orders/class-based/")
+        assert first.status_code == 201
+        assert retry["Idempotent-Replayed"] == "true"
+        assert retry.content == first.content
+        assert async_views.calls.value == 1
+
+    def test_different_body_same_key_is_422(self, aclient, sent) -> None:
+        post(aclient, key="same")
+        other = post(aclient, key="same", item="lamp")
+        assert other.status_code == 422
+        assert other["Content-Type"] == "application/problem+json"
+        assert "fingerprint_mismatch" in sent
+        assert async_views.calls.value == 1
+
+    def test_bad_and_missing_keys_are_400(self, aclient) -> None:
+        assert post(aclient, key="").status_code == 400
+        missing = post(aclient, "/async/orders/required/", key=None)
+        assert missing.status_code == 400
+        assert missing["Content-Type"] == "application/problem+json"
+        assert async_views.calls.value == 0
+        assert Order.objects.count() == 0
+
+    def test_without_a_key_the_view_runs_unprotected(self, aclient) -> None:
+        post(aclient, key=None)
+        second = post(aclient, key=None)
+        assert second.status_code == 201
+        assert json.loads(second.content)["in_transaction"] is False
+        assert async_views.calls.value == 2
+        assert IdempotencyKey.objects.count() == 0
+
+    def test_other_methods_pass_through(self, aclient) -> None:
+        response = async_to_sync(aclient.put)(
+            "/async/orders/",
+            b"{}",
+            content_type="application/json",
+            headers={"Idempotency-Key": "p"},
+        )
+        assert response.status_code == 201
+        assert IdempotencyKey.objects.count() == 0
+
+    @override_settings(IDEMPOTENCY={"ENABLED": False})
+    def test_disabled_passes_through_required_included(self, aclient) -> None:
+        assert post(aclient, "/async/orders/required/", key=None).status_code == 201
+        assert post(aclient, key="off").status_code == 201
+        assert post(aclient, key="off").status_code == 201
+        assert IdempotencyKey.objects.count() == 0
+
+
+class LeaseModeTests:
+    def test_claim_commits_first_and_the_handler_runs_outside(self, aclient) -> None:
+        first = post(aclient, "/async/orders/lease/", key="lease")
+        retry = post(aclient, "/async/orders/lease/", key="lease")
+
+        assert first.status_code == 201
+        assert json.loads(first.content)["in_transaction"] is False
+        assert retry["Idempotent-Replayed"] == "true"
+        record = IdempotencyKey.objects.get()
+        assert record.state == State.COMPLETED
+        assert record.owner_token != ""
+        assert async_views.calls.value == 1
+
+    def test_handler_that_raises_releases_the_key(self, aclient) -> None:
+        failed = post(aclient, "/async/orders/lease/", key="lease", **{"raise": True})
+        assert failed.status_code == 500
+        # Lease mode: the effect is the handler's own; the key is given back.
+        assert IdempotencyKey.objects.count() == 0
+        assert post(aclient, "/async/orders/lease/", key="lease").status_code == 201
+        assert async_views.calls.value == 2
+
+
+class DecoratorTests:
+    def test_async_wrapper_is_a_coroutine_function_and_keeps_the_name(self) -> None:
+        assert iscoroutinefunction(async_views.create_order)
+        assert async_views.create_order.__name__ == "create_order"
+
+    def test_options_are_checked_when_an_async_view_is_decorated(self) -> None:
+        with pytest.raises(TypeError, match="Unknown idempotency option"):
+
+            @idempotent(atomic=True, tll=5)
+            async def view(request: Any) -> HttpResponse:
+                return HttpResponse()
+
+    def test_async_lease_views_stay_out_of_atomic_requests(self) -> None:
+        assert async_views.create_order_lease._non_atomic_requests  # type: ignore[attr-defined]
+        assert not hasattr(async_views.create_order, "_non_atomic_requests")
+
+    def test_as_view_of_an_async_class_based_view_gets_an_async_wrapper(self) -> None:
+        class Whole(View):
+            async def post(self, request: Any) -> HttpResponse:
+                return HttpResponse(status=201)
+
+        assert iscoroutinefunction(idempotent(Whole.as_view()))

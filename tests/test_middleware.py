@@ -1,0 +1,285 @@
+"""``IdempotencyMiddleware`` and ``@idempotency_exempt``, sync (WSGI) and async (ASGI)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync, iscoroutinefunction
+from django.contrib.auth.models import User
+from django.db import connection
+from django.http import HttpResponse
+from django.test import AsyncClient, Client
+from django.test.utils import CaptureQueriesContext
+from rest_framework.authtoken.models import Token
+
+from django_idempotency import idempotency_exempt
+from django_idempotency.middleware import IdempotencyMiddleware
+from django_idempotency.models import IdempotencyKey
+from tests.models import Order
+from tests.test_async import ASYNC_METHOD_DECORATOR
+from tests.views import calls
+
+pytestmark = pytest.mark.django_db(transaction=True)
+MIDDLEWARE = "django_idempotency.middleware.IdempotencyMiddleware"
+CSRF_MIDDLEWARE = "django.middleware.csrf.CsrfViewMiddleware"
+
+
+@pytest.fixture
+def installed(settings: Any) -> None:
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE, MIDDLEWARE]
+
+
+@pytest.fixture
+def atomic_requests() -> Any:
+    connection.settings_dict["ATOMIC_REQUESTS"] = True
+    yield
+    connection.settings_dict["ATOMIC_REQUESTS"] = False
+
+
+def post(
+    client: Client | AsyncClient,
+    url: str,
+    key: str | None = "k",
+    *,
+    headers: dict[str, str] | None = None,
+    **data: Any,
+) -> HttpResponse:
+    headers = dict(headers or {})
+    if key is not None:
+        headers["Idempotency-Key"] = key
+    send = client.post if isinstance(client, Client) else async_to_sync(client.post)
+    body = json.dumps({"item": "book", **data})
+    response: HttpResponse = send(url, body, content_type="application/json", headers=headers)
+    return response
+
+
+def get(client: Client | AsyncClient, url: str, **headers: str) -> HttpResponse:
+    send = client.get if isinstance(client, Client) else async_to_sync(client.get)
+    response: HttpResponse = send(url, headers=headers)
+    return response
+
+
+def sql(captured: CaptureQueriesContext) -> list[str]:
+    return [query["sql"] for query in captured.captured_queries]
+
+
+@pytest.fixture
+def wsgi() -> Client:
+    return Client(raise_request_exception=False)
+
+
+@pytest.fixture
+def asgi() -> AsyncClient:
+    return AsyncClient(raise_request_exception=False)
+
+
+@pytest.fixture(params=["wsgi", "asgi"])
+def any_client(request: pytest.FixtureRequest) -> Client | AsyncClient:
+    return request.getfixturevalue(request.param)
+
+
+@pytest.mark.usefixtures("installed")
+class ProtectionTests:
+    @pytest.mark.parametrize("url", ["/async/sync/plain/", "/async/orders/plain/"])
+    def test_plain_view_is_protected(self, any_client, url: str) -> None:
+        first = post(any_client, url)
+        retry = post(any_client, url)
+
+        assert first.status_code == 201
+        assert retry.status_code == 201
+        assert retry["Idempotent-Replayed"] == "true"
+        assert retry.content == first.content
+        assert calls.value == 1
+        assert IdempotencyKey.objects.get().state == IdempotencyKey.State.COMPLETED
+
+    @pytest.mark.parametrize(
+        "url", ["/async/sync/exempt/", "/async/sync/exempt-class/", "/async/orders/exempt/"]
+    )
+    def test_exempt_view_runs_unprotected(self, any_client, url: str) -> None:
+        first = post(any_client, url)
+        second = post(any_client, url)
+
+        assert first.status_code == second.status_code == 201
+        assert "Idempotent-Replayed" not in second
+        assert calls.value == 2
+        assert IdempotencyKey.objects.count() == 0
+
+    def test_plain_view_failure_leaves_nothing(self, any_client) -> None:
+        raised = post(any_client, "/async/orders/plain/", key="boom", **{"raise": True})
+        assert raised.status_code == 500
+        assert Order.objects.count() == 0
+        assert IdempotencyKey.objects.count() == 0
+        assert post(any_client, "/async/orders/plain/", key="boom").status_code == 201
+        assert post(any_client, "/async/orders/plain/", key="boom")["Idempotent-Replayed"] == "true"
+        assert calls.value == 2
+
+    def test_other_methods_missing_keys_and_unknown_paths_pass_through(self, any_client) -> None:
+        assert post(any_client, "/async/sync/plain/", key=None).status_code == 201
+        assert post(any_client, "/async/sync/plain/", key=None).status_code == 201
+        assert post(any_client, "/no/such/path/").status_code == 404
+        assert get(any_client, "/async/ping/", **{"Idempotency-Key": "g"}).status_code == 200
+        assert calls.value == 2
+        assert IdempotencyKey.objects.count() == 0
+
+    def test_required_setting_applies_to_plain_views(self, any_client, settings) -> None:
+        settings.IDEMPOTENCY = {"REQUIRED": True}
+        response = post(any_client, "/async/sync/plain/", key=None)
+        assert response.status_code == 400
+        assert response["Content-Type"] == "application/problem+json"
+        assert calls.value == 0
+
+    def test_bad_key_is_a_problem_response(self, any_client) -> None:
+        response = post(any_client, "/async/orders/plain/", key="bad key")
+        assert response.status_code == 400
+        assert response["Content-Type"] == "application/problem+json"
+
+    def test_disabled_passes_through(self, any_client, settings) -> None:
+        settings.IDEMPOTENCY = {"ENABLED": False}
+        post(any_client, "/async/sync/plain/")
+        post(any_client, "/async/sync/plain/")
+        assert calls.value == 2
+        assert IdempotencyKey.objects.count() == 0
+
+
+class ProtectedOnceTests:
+    """A view that protects itself is left alone: same statements, one run per key."""
+
+    @pytest.mark.parametrize(
+        ("kind", "url"),
+        [
+            ("wsgi", "/orders/"),
+            ("wsgi", "/orders/class-based/"),
+            ("wsgi", "/api/orders/"),
+            ("wsgi", "/drf/orders/"),
+            ("asgi", "/async/orders/"),
+            pytest.param("asgi", "/async/orders/class-based/", marks=ASYNC_METHOD_DECORATOR),
+            ("asgi", "/drf/orders/"),
+        ],
+    )
+    def test_decorated_view_makes_the_same_statements(
+        self, request: pytest.FixtureRequest, settings: Any, kind: str, url: str
+    ) -> None:
+        user = User.objects.create_user("alice")
+        auth = {"Authorization": f"Token {Token.objects.create(user=user).key}"}
+
+        def measure(label: str) -> tuple[int, int]:
+            client = Client() if kind == "wsgi" else AsyncClient()
+            post(client, url, key=f"{label}-warm-up", headers=auth)
+            with CaptureQueriesContext(connection) as first:
+                assert post(client, url, key=label, headers=auth).status_code == 201
+            with CaptureQueriesContext(connection) as replay:
+                replayed = post(client, url, key=label, headers=auth)
+                assert replayed["Idempotent-Replayed"] == "true"
+            return len(sql(first)), len(sql(replay))
+
+        without = measure("without")
+        runs_without = calls.value
+        settings.MIDDLEWARE = [*settings.MIDDLEWARE, MIDDLEWARE]
+        with_middleware = measure("with")
+
+        assert without[0] > 0
+        assert with_middleware == without
+        assert calls.value == 2 * runs_without == 4  # warm-up and first, per phase
+        if url.startswith("/drf/"):
+            # The mixin, not the middleware, scoped it: after DRF's token authentication.
+            assert set(IdempotencyKey.objects.values_list("scope", flat=True)) == {
+                f"user:{user.pk}"
+            }
+
+    @pytest.mark.usefixtures("installed")
+    def test_decorated_view_hidden_from_the_middleware_is_protected_once(self, any_client) -> None:
+        first = post(any_client, "/async/sync/hidden-decorated/", key="hidden")
+        retry = post(any_client, "/async/sync/hidden-decorated/", key="hidden")
+
+        assert first.status_code == 201, first.content
+        assert retry["Idempotent-Replayed"] == "true"
+        assert calls.value == 1
+        assert IdempotencyKey.objects.count() == 1
+
+    def test_drf_views_are_left_to_the_mixin(self) -> None:
+        from rest_framework.decorators import api_view
+        from rest_framework.views import APIView
+
+        from django_idempotency.middleware import _handled_elsewhere
+
+        @api_view(["POST"])
+        def function_view(request: Any) -> HttpResponse:
+            return HttpResponse()
+
+        assert _handled_elsewhere(APIView.as_view(), "POST")
+        assert _handled_elsewhere(function_view, "POST")
+
+    def test_exempt_marks_the_view_it_returns(self) -> None:
+        def view(request: Any) -> HttpResponse:
+            return HttpResponse()
+
+        assert idempotency_exempt(view) is view
+        assert view._idempotency_exempt  # type: ignore[attr-defined]
+
+
+class OrderingTests:
+    @pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+    def test_request_refused_before_its_view_keeps_its_key(self, settings, kind: str) -> None:
+        settings.MIDDLEWARE = [*settings.MIDDLEWARE, CSRF_MIDDLEWARE, MIDDLEWARE]
+        strict = (
+            Client(enforce_csrf_checks=True)
+            if kind == "wsgi"
+            else AsyncClient(enforce_csrf_checks=True)
+        )
+        refused = post(strict, "/async/sync/plain/", key="csrf")
+        assert refused.status_code == 403
+        assert IdempotencyKey.objects.count() == 0
+
+        lenient = Client() if kind == "wsgi" else AsyncClient()
+        accepted = post(lenient, "/async/sync/plain/", key="csrf")
+        assert accepted.status_code == 201
+        assert "Idempotent-Replayed" not in accepted
+        assert calls.value == 1
+
+
+@pytest.mark.usefixtures("installed", "atomic_requests")
+class AtomicRequestsTests:
+    """The request's transaction wraps only the view, inside the middleware."""
+
+    def test_atomic_mode_nests_the_request_transaction(self, any_client) -> None:
+        first = post(any_client, "/async/sync/claim/", key="nested")
+        body = json.loads(first.content)
+        assert body == {"claim_committed": False, "in_atomic_block": True}
+        assert post(any_client, "/async/sync/claim/", key="nested")["Idempotent-Replayed"] == "true"
+        assert IdempotencyKey.objects.get().state == IdempotencyKey.State.COMPLETED
+
+    def test_atomic_mode_failure_rolls_back_both(self, any_client) -> None:
+        failed = post(any_client, "/async/sync/plain/", key="boom", **{"raise": True})
+        assert failed.status_code == 500
+        assert Order.objects.count() == 0
+        assert IdempotencyKey.objects.count() == 0
+
+    def test_lease_mode_commits_its_claim_before_the_request_transaction(
+        self, any_client, settings
+    ) -> None:
+        settings.IDEMPOTENCY = {"ATOMIC": False}
+        first = post(any_client, "/async/sync/claim/", key="lease")
+        assert json.loads(first.content) == {"claim_committed": True, "in_atomic_block": True}
+        assert post(any_client, "/async/sync/claim/", key="lease")["Idempotent-Replayed"] == "true"
+
+        failed = post(any_client, "/async/sync/plain/", key="boom", **{"raise": True})
+        assert failed.status_code == 500
+        # The view's transaction rolled back, and the claim was released.
+        assert Order.objects.count() == 0
+        assert not IdempotencyKey.objects.filter(key="boom").exists()
+
+
+class CapabilityTests:
+    def test_sync_and_async_capable(self) -> None:
+        assert IdempotencyMiddleware.sync_capable
+        assert IdempotencyMiddleware.async_capable
+
+    def test_async_mode_follows_get_response(self) -> None:
+        async def get_response(request: Any) -> HttpResponse:
+            return HttpResponse()
+
+        assert iscoroutinefunction(IdempotencyMiddleware(get_response))
+        assert iscoroutinefunction(IdempotencyMiddleware(get_response).process_view)
+        assert not iscoroutinefunction(IdempotencyMiddleware(lambda request: HttpResponse()))
