@@ -3,24 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import wraps
+from functools import partial, wraps
 from typing import Any, TypeVar, overload
 
 from asgiref.sync import iscoroutinefunction
 from django.conf import settings
 from django.http import HttpRequest, HttpResponseBase
-from django.template.response import SimpleTemplateResponse
 
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.core import protect
-from django_idempotency.exceptions import IdempotencyError
+from django_idempotency.guard import guard_for
 from django_idempotency.middleware import PROTECTED_ATTRIBUTE
-from django_idempotency.options import ViewOptions, check_options
-from django_idempotency.responses import problem
+from django_idempotency.options import check_options
 
 ViewFunc = TypeVar("ViewFunc", bound=Callable[..., HttpResponseBase])
-#: Set on each protected view to its options, for the OpenAPI integration to read.
-OPTIONS_ATTRIBUTE = "_idempotency_options"
 
 
 @overload
@@ -45,23 +40,19 @@ def idempotent(view: ViewFunc | None = None, /, **options: Any) -> Any:
         view_options = check_options(options, view_func)
         wrapper: Any
         if iscoroutinefunction(view_func):
-            wrapper = _async_wrapper(view_func, view_options)
+
+            @wraps(view_func)
+            async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+                handler = partial(view_func, request, *args, **kwargs)
+                return await guard_for(request).acall(request, handler, view_options, view_func)
+
         else:
 
             @wraps(view_func)
             def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-                try:
-                    return protect(
-                        request,
-                        lambda: view_func(request, *args, **kwargs),
-                        view_options,
-                        sender=view_func,
-                        finalize=lambda response: _render(request, response),
-                    )
-                except IdempotencyError as error:
-                    return _error_response(request, error)
+                handler = partial(view_func, request, *args, **kwargs)
+                return guard_for(request).call(request, handler, view_options, view_func)
 
-        setattr(wrapper, OPTIONS_ATTRIBUTE, dict(options))
         # Read by IdempotencyMiddleware, so that a decorated view is protected once.
         setattr(wrapper, PROTECTED_ATTRIBUTE, True)
         atomic = view_options.atomic
@@ -69,52 +60,10 @@ def idempotent(view: ViewFunc | None = None, /, **options: Any) -> Any:
             # Lease mode commits its claim before the handler runs, which a
             # request-wide transaction (ATOMIC_REQUESTS) would prevent.
             wrapper._non_atomic_requests = set(settings.DATABASES)
-        # For system checks that look at a view's options.
+        # Its validated options, for the OpenAPI integration and the system checks.
         wrapper.idempotency_options = view_options
         return wrapper
 
     if view is not None:
         return decorate(view)
     return decorate
-
-
-def _async_wrapper(view_func: Callable[..., Any], options: ViewOptions) -> Any:
-    from django_idempotency.asynchronous import protect_async
-
-    @wraps(view_func)
-    async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-        try:
-            return await protect_async(
-                request,
-                lambda: view_func(request, *args, **kwargs),
-                options,
-                sender=view_func,
-                finalize=lambda response: _render(request, response),
-            )
-        except IdempotencyError as error:
-            return _error_response(request, error)
-
-    return wrapper
-
-
-def _is_drf_request(request: HttpRequest) -> bool:
-    return type(request).__module__ == "rest_framework.request"
-
-
-def _render(request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
-    # Render now, inside the transaction, so the bytes stored are the bytes sent.
-    if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
-        if _is_drf_request(request):
-            from django_idempotency.drf import finalize_api_view_response
-
-            response = finalize_api_view_response(request, response)  # type: ignore[arg-type]
-        response.render()  # type: ignore[attr-defined]
-    return response
-
-
-def _error_response(request: HttpRequest, error: IdempotencyError) -> HttpResponseBase:
-    if _is_drf_request(request):
-        from django_idempotency.drf import error_response
-
-        return error_response(request, error)  # type: ignore[arg-type]
-    return problem(error)

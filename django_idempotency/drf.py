@@ -10,13 +10,13 @@ views go through the same core (``docs/async.rst``).
 from __future__ import annotations
 
 import difflib
+from functools import partial
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpResponseBase
-from django.template.response import SimpleTemplateResponse
 from django.views import View
 from rest_framework import exceptions, status
 from rest_framework.request import Request
@@ -25,7 +25,7 @@ from rest_framework.views import APIView
 
 from django_idempotency import exceptions as core_exceptions
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.core import protect
+from django_idempotency.guard import Guard, render
 from django_idempotency.options import OPTION_NAMES, ViewOptions
 
 
@@ -90,10 +90,21 @@ def error_response(request: Request, error: core_exceptions.IdempotencyError) ->
     return response
 
 
-def finalize_api_view_response(request: Request, response: HttpResponseBase) -> HttpResponseBase:
-    """Give an ``@api_view`` response its renderer now, so it can be rendered and stored."""
-    view = request.parser_context["view"]
-    return view.finalize_response(request, response)
+def finish(request: Request, response: HttpResponseBase) -> HttpResponseBase:
+    """One rendering rule for the mixin and ``@api_view``: the view finalises, then it renders.
+
+    DRF gives a ``Response`` its renderer in ``finalize_response``, after the
+    handler returns; doing it now lets the bytes be stored as they will be
+    sent. A plain template response (which DRF passes through) is rendered too.
+    """
+    if isinstance(response, Response) and not response.is_rendered:
+        response = request.parser_context["view"].finalize_response(request, response)
+    return render(response)
+
+
+def guard(request: Request) -> Guard:
+    """How a DRF request's responses are finished and its errors answered."""
+    return Guard(finish=partial(finish, request), answer=partial(error_response, request))
 
 
 ATTRIBUTE_PREFIX = "idempotency_"
@@ -157,51 +168,21 @@ class IdempotentMixin:
             given = {name: getattr(self, name) for name in _ATTRIBUTES}
             given = {name: given[name] for name in [*dynamic, *vars(self)] if name in given}
             options = _class_options(type(self), given)
+        sender = type(self)
         if iscoroutinefunction(handler):
             # An async handler of an adrf view (docs/async.rst).
-            return self._protected_async(handler, options)
 
-        def protected_handler(request: Request, *args: Any, **kwargs: Any) -> HttpResponseBase:
-            try:
-                return protect(
-                    request,
-                    lambda: handler(request, *args, **kwargs),
-                    options,
-                    sender=type(self),
-                    finalize=lambda response: self._render_now(request, response),
-                )
-            except core_exceptions.IdempotencyError as error:
-                return error_response(request, error)
+            async def protected_async(request: Request, *args: Any, **kwargs: Any) -> Any:
+                call = partial(handler, request, *args, **kwargs)
+                return await guard(request).acall(request, call, options, sender)
 
-        return protected_handler
+            return protected_async
 
-    def _protected_async(self, handler: Any, options: ViewOptions) -> Any:
-        from django_idempotency.asynchronous import protect_async
+        def protected(request: Request, *args: Any, **kwargs: Any) -> HttpResponseBase:
+            call = partial(handler, request, *args, **kwargs)
+            return guard(request).call(request, call, options, sender)
 
-        async def protected_handler(
-            request: Request, *args: Any, **kwargs: Any
-        ) -> HttpResponseBase:
-            try:
-                return await protect_async(
-                    request,
-                    lambda: handler(request, *args, **kwargs),
-                    options,
-                    sender=type(self),
-                    finalize=lambda response: self._render_now(request, response),
-                )
-            except core_exceptions.IdempotencyError as error:
-                return error_response(request, error)
-
-        return protected_handler
-
-    def _render_now(self, request: Request, response: HttpResponseBase) -> HttpResponseBase:
-        # Render before storing, so that what is stored is the bytes DRF
-        # sends; a plain TemplateResponse (which DRF passes through) too.
-        if isinstance(response, Response) and not response.is_rendered:
-            response = self.finalize_response(request, response)  # type: ignore[attr-defined]
-        if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
-            response.render()
-        return response
+        return protected
 
 
 for _attribute in _ATTRIBUTES:

@@ -79,6 +79,11 @@ class ViewOptions:
         _ALL.add(self)
 
     @property
+    def given(self) -> dict[str, Any]:
+        """The options as written (those left to their setting omitted)."""
+        return dict(self._given)
+
+    @property
     def atomic(self) -> bool | None:
         """The view's own mode, or None when it follows the ``ATOMIC`` setting."""
         return self._clean.get("atomic")

@@ -27,8 +27,8 @@ from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from django_idempotency.conf import idempotency_settings, to_timedelta
-from django_idempotency.decorators import OPTIONS_ATTRIBUTE
 from django_idempotency.drf import IdempotentMixin
+from django_idempotency.options import ViewOptions
 from django_idempotency.responses import TRANSIENT_STATUSES
 
 ERROR_COMPONENT = "IdempotencyError"
@@ -84,9 +84,9 @@ def _candidates(func: Any, depth: int = 0) -> Iterator[Any]:
 def decorator_options(handler: Any) -> dict[str, Any] | None:
     """The options ``@idempotent`` was given, if ``handler`` runs a decorated view."""
     for candidate in _candidates(handler):
-        options = getattr(candidate, OPTIONS_ATTRIBUTE, None)
-        if isinstance(options, dict):
-            return options
+        options = getattr(candidate, "idempotency_options", None)
+        if isinstance(options, ViewOptions):
+            return options.given
     return None
 
 
