@@ -171,17 +171,30 @@ def _summary_line(output: str) -> str:
     return "(no pytest summary)"
 
 
-def lint() -> None:
-    ensure_venv("test,typing")
-    run(BIN / "ruff", "check", ".")
-    run(BIN / "ruff", "format", "--check", ".")
-    run(BIN / "mypy", "django_idempotency")
-    run(PYTHON, "manage.py", "makemigrations", "--check", "--dry-run")
+def _interpreter(extras: str, args: list[str]) -> Path:
+    """The Python to run with: ``.venv``'s, or with ``--here`` the one running this script.
+
+    tox's ``lint`` and ``docs`` envs call ``dev.py lint --here`` and
+    ``dev.py docs --here`` from their own virtualenvs, so each list of
+    commands is written once, here.
+    """
+    if "--here" in args:
+        return Path(sys.executable)
+    ensure_venv(extras)
+    return PYTHON
 
 
-def docs() -> None:
-    ensure_venv("docs")
-    run(PYTHON, "-m", "sphinx", "-W", "--keep-going", "-b", "html", "docs", "docs/_build/html")
+def lint(args: list[str]) -> None:
+    python = _interpreter("test,typing", args)
+    run(python, "-m", "ruff", "check", ".")
+    run(python, "-m", "ruff", "format", "--check", ".")
+    run(python, "-m", "mypy", "django_idempotency")
+    run(python, "manage.py", "makemigrations", "--check", "--dry-run")
+
+
+def docs(args: list[str]) -> None:
+    python = _interpreter("docs", args)
+    run(python, "-m", "sphinx", "-W", "--keep-going", "-b", "html", "docs", "docs/_build/html")
 
 
 def matrix(envs: list[str]) -> None:
@@ -204,9 +217,9 @@ def main() -> None:
     elif command == "test":
         test(rest)
     elif command == "lint":
-        lint()
+        lint(rest)
     elif command == "docs":
-        docs()
+        docs(rest)
     elif command == "matrix":
         matrix(rest)
     else:
