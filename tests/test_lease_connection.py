@@ -10,6 +10,7 @@ test-wide transaction could not show.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -192,16 +193,43 @@ class AtomicRequestsTests:
         assert join().status_code == 201
 
     def connections_to_the_database(self) -> int:
+        """Connections from this process only: other processes may use the server too."""
+        ours = own_tcp_ports()
         with connection.cursor() as cursor:
             if connection.vendor == "postgresql":
                 cursor.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    "SELECT client_port FROM pg_stat_activity WHERE datname = current_database()"
                 )
+                ports = [row[0] for row in cursor.fetchall()]
             else:
                 cursor.execute(
-                    "SELECT count(*) FROM information_schema.PROCESSLIST WHERE DB = DATABASE()"
+                    "SELECT HOST FROM information_schema.PROCESSLIST WHERE DB = DATABASE()"
                 )
-            return cursor.fetchone()[0]
+                ports = [
+                    int(host.rsplit(":", 1)[1]) for (host,) in cursor.fetchall() if ":" in host
+                ]
+        return sum(1 for port in ports if port in ours)
+
+
+def own_tcp_ports() -> set[int]:
+    """The local ports of this process's TCP sockets, read from /proc."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    ports = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with open(table) as lines:
+            next(lines)
+            for line in lines:
+                fields = line.split()
+                if fields[9] in inodes:
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
 
 
 @server_only
