@@ -151,17 +151,25 @@ def test(pytest_args: list[str]) -> None:
         summary = _summary_line(completed.stdout)
         results.append((backend, completed.returncode, summary, time.monotonic() - started))
 
-    # Branch coverage of the package, all backends together.
+    # Branch coverage of the package, all backends together. The floor
+    # (fail_under in pyproject.toml) holds for a whole run on every backend;
+    # a selection of tests, or a machine without a database server, is told
+    # its figure but not failed for it.
     subprocess.run([str(PYTHON), "-m", "coverage", "combine", "-q"], cwd=ROOT)
-    subprocess.run([str(PYTHON), "-m", "coverage", "report", "--skip-covered"], cwd=ROOT)
+    report = subprocess.run([str(PYTHON), "-m", "coverage", "report", "--skip-covered"], cwd=ROOT)
+    whole_run = not pytest_args and set(backends) == {"sqlite", *SERVERS}
+    coverage_ok = report.returncode == 0 or not whole_run
     print("\n=== summary ===")
     for backend, code, summary, seconds in results:
         verdict = "ok" if code == 0 else f"FAILED (pytest exit {code})"
         print(f"{backend:<11} {verdict:<22} {summary} [{seconds:.0f}s]")
+    if report.returncode != 0:
+        verdict = "FAILED" if whole_run else "not enforced (a partial run)"
+        print(f"coverage    below the floor in pyproject.toml: {verdict}")
     for note in notes:
         print(note)
     # Exit 5 (no tests collected) is a failure here too.
-    sys.exit(0 if all(code == 0 for _, code, _, _ in results) else 1)
+    sys.exit(0 if coverage_ok and all(code == 0 for _, code, _, _ in results) else 1)
 
 
 def _summary_line(output: str) -> str:
