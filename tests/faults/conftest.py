@@ -1,73 +1,22 @@
-"""Fixtures of the fault suite: the server, the scale, fault injectors, the invariant.
+"""Fixtures of the fault suite: the server, the scale, the report's rows.
 
-Session-wide hooks (scale, the SQLite skip, the report) live in
-:mod:`tests.faults.plugin`.
+What scenarios share lives in :mod:`tests.faults.harness`; session-wide
+hooks (scale, the SQLite skip, the report) in :mod:`tests.faults.plugin`.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import random
-import threading
-from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any
 
 import pytest
 from django.db import connections
-from django.db.models import Model
 
-from django_idempotency.models import IdempotencyKey
-from tests.faults.client import Call, RetryingClient
 from tests.faults.database import APPLICATION_NAME_ENV
+from tests.faults.harness import SCALES, Scale
 from tests.faults.plugin import Row, record_row, scale
 from tests.polling import wait_until as wait_for
 from tests.server import DATABASE_NAME_ENV, WORKERS, GunicornServer
-
-
-@dataclass(frozen=True)
-class Scale:
-    load_keys: int
-    load_copies: int
-    crash_keys: int
-    crash_kills: int
-    db_kill_keys: int
-    db_kills: int
-    restart_keys: int
-    slow_keys: int
-    hostile_keys: int
-    conflict_keys: int
-
-
-SCALES = {
-    "full": Scale(
-        load_keys=1000,
-        load_copies=10,
-        crash_keys=600,
-        crash_kills=20,
-        db_kill_keys=600,
-        db_kills=60,
-        restart_keys=400,
-        slow_keys=40,
-        hostile_keys=400,
-        conflict_keys=20,
-    ),
-    "ci": Scale(
-        load_keys=100,
-        load_copies=10,
-        crash_keys=150,
-        crash_kills=6,
-        db_kill_keys=150,
-        db_kills=20,
-        restart_keys=200,
-        slow_keys=12,
-        hostile_keys=80,
-        conflict_keys=5,
-    ),
-}
-CLIENT_THREADS = 40
 
 
 @pytest.fixture(scope="session")
@@ -112,114 +61,3 @@ def server(faults_server: GunicornServer) -> GunicornServer:
 @pytest.fixture
 def record(request: pytest.FixtureRequest) -> Callable[[Row], None]:
     return lambda row: record_row(request.node, row)
-
-
-def client_for(server: GunicornServer, **options: Any) -> RetryingClient:
-    return RetryingClient(server.url, seed=1, **options)
-
-
-def order_call(path: str, key: str, label: str, tenant: str = "t1") -> Call:
-    return Call(
-        key=key,
-        path=path,
-        body=json.dumps({"item": label}).encode(),
-        headers={
-            "Idempotency-Key": key,
-            "Content-Type": "application/json",
-            "X-Tenant": tenant,
-        },
-        label=label,
-        scope=f"tenant:{tenant}",
-    )
-
-
-class Injector:
-    """Runs a fault loop in a thread while the load runs, and counts the faults."""
-
-    def __init__(self, loop: Callable[[threading.Event, random.Random], int]) -> None:
-        self.stop = threading.Event()
-        self.faults = 0
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(loop,), daemon=True)
-
-    def _run(self, loop: Callable[[threading.Event, random.Random], int]) -> None:
-        try:
-            self.faults = loop(self.stop, random.Random(7))
-        except BaseException as exc:
-            self.error = exc
-
-    def __enter__(self) -> Injector:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop.set()
-        self._thread.join(timeout=180)
-        assert not self._thread.is_alive(), "the fault injector did not stop"
-        if self.error is not None:
-            raise self.error
-
-
-def settle(client: RetryingClient, calls: list[Call], rounds: int = 3) -> None:
-    """The client's late retries: every call that never succeeded is sent again."""
-    for _ in range(rounds):
-        pending = [call for call in calls if not call.succeeded and _retryable(call)]
-        if not pending:
-            return
-        client.send_all(pending, threads=min(CLIENT_THREADS, len(pending)))
-
-
-def _retryable(call: Call) -> bool:
-    final = call.final
-    return final is None or final.status is None or final.status >= 409
-
-
-def check_invariant(
-    scenario: str,
-    calls: list[Call],
-    effect_model: type[Model],
-    faults: int,
-    record: Callable[[Row], None],
-) -> Row:
-    """Record the scenario's row, then assert one effect per key, each success carrying it.
-
-    The row is recorded before asserting, so a failing scenario still shows
-    its numbers in the report.
-    """
-    labels = {call.label for call in calls}
-    effects: dict[str, list[int]] = defaultdict(list)
-    rows = effect_model.objects.filter(item__in=labels).values_list("pk", "item")  # type: ignore[attr-defined]
-    for pk, item in rows:
-        effects[item].append(pk)
-    attempts = [attempt for call in calls for attempt in call.attempts]
-    row = Row(
-        scenario=scenario,
-        requests=len(attempts),
-        faults=faults,
-        keys=len(labels),
-        effects=sum(len(pks) for pks in effects.values()),
-        duplicates=sum(len(pks) - 1 for pks in effects.values() if len(pks) > 1),
-        lost=sum(1 for label in labels if not effects.get(label)),
-        server_errors=sum(1 for a in attempts if a.status is not None and a.status >= 500),
-    )
-    record(row)
-    assert row.duplicates == 0, row
-    assert row.lost == 0, row
-    problems = []
-    for call in calls:
-        if not call.succeeded:
-            problems.append(f"{call.key}: never succeeded: {call.attempts[-3:]}")
-            continue
-        (effect,) = effects[call.label]
-        for attempt in call.attempts:
-            if attempt.status is not None and 200 <= attempt.status < 300:
-                answer = json.loads(attempt.body)
-                expected = {"effect": effect, "item": call.label, "scope": call.scope}
-                if answer != expected:
-                    problems.append(f"{call.key}: answered {answer}, expected {expected}")
-    assert not problems, problems[:10]
-    stuck = IdempotencyKey.objects.filter(key__in={call.key for call in calls}).exclude(
-        state=IdempotencyKey.State.COMPLETED
-    )
-    assert not stuck.exists(), list(stuck.values("key", "state"))
-    return row

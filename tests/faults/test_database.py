@@ -13,7 +13,7 @@ from django.db import connection
 
 from tests.faults import database
 from tests.faults.client import RetryingClient
-from tests.faults.conftest import (
+from tests.faults.harness import (
     CLIENT_THREADS,
     Injector,
     Scale,

@@ -18,7 +18,7 @@ import pytest
 
 from django_idempotency.models import IdempotencyKey
 from tests.faults.client import Call, tally
-from tests.faults.conftest import CLIENT_THREADS, Scale, client_for, order_call, settle
+from tests.faults.harness import CLIENT_THREADS, Scale, client_for, order_call, settle
 from tests.faults.plugin import Row
 from tests.models import Order
 from tests.server import GunicornServer

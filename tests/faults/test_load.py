@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 
 from tests.faults.client import Call
-from tests.faults.conftest import (
+from tests.faults.harness import (
     CLIENT_THREADS,
     Injector,
     Scale,

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.faults.conftest import Scale, check_invariant, client_for, order_call, settle
+from tests.faults.harness import Scale, check_invariant, client_for, order_call, settle
 from tests.faults.plugin import Row
 from tests.models import Order, RemoteCharge
 from tests.server import WORKERS, GunicornServer
