@@ -189,6 +189,8 @@ class AtomicRequestsTests:
         # CONN_MAX_AGE = 0: no second connection is held while a view runs.
         join = in_background(lambda: post("/orders/class-based-lease/?hold=1"))
         wait_until(lambda: calls.value == 1, "the handler to start")
+        # The server lists a new connection with a slight delay under load.
+        wait_until(lambda: self.connections_to_the_database() >= 2, "the view's connection")
         assert self.connections_to_the_database() == 2  # this test's and the view's
         assert join().status_code == 201
 
