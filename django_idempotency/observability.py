@@ -104,7 +104,20 @@ def record(
         extra=fields,
     )
     _set_span_attributes(outcome, fields.get("idempotency_waited_ms"))
-    signal.send(sender=sender, request=request, idempotency=info)
+    # Receivers are the project's code (metrics, audit) running inside the
+    # protocol: one that raises must not turn a stored response into a 500,
+    # nor leave a claimed key stuck, so its error is logged, not raised.
+    for receiver, result in signal.send_robust(sender=sender, request=request, idempotency=info):
+        if isinstance(result, Exception):
+            logger.error(
+                "A receiver of the %s signal raised for idempotency key %s in scope %r: %r",
+                outcome,
+                fields["idempotency_key"],
+                info.scope,
+                result,
+                exc_info=result,
+                extra={**fields, "idempotency_receiver": getattr(receiver, "__qualname__", None)},
+            )
 
 
 def _set_span_attributes(outcome: str, waited: float | None) -> None:

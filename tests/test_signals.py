@@ -89,3 +89,31 @@ def test_keys_are_never_logged_in_clear(client, caplog):
     assert caplog.records, "expected the replay, mismatch and conflict to be logged"
     assert all(secret not in r.getMessage() for r in caplog.records)
     assert any(mask_key(secret) in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("url", ["/orders/", "/orders/lease/"])
+@pytest.mark.parametrize("name", ["key_claimed", "response_stored"])
+def test_a_receiver_that_raises_changes_no_answer(client, caplog, url, name):
+    from django_idempotency.models import IdempotencyKey
+    from tests.views import calls
+
+    def broken(**kwargs):
+        raise RuntimeError("the metrics backend is down")
+
+    getattr(signals, name).connect(broken)
+    try:
+        first = client.post(
+            url, b'{"item": "a"}', content_type="application/json", headers={"Idempotency-Key": "k"}
+        )
+        retry = client.post(
+            url, b'{"item": "a"}', content_type="application/json", headers={"Idempotency-Key": "k"}
+        )
+    finally:
+        getattr(signals, name).disconnect(broken)
+
+    assert first.status_code == 201
+    assert retry["Idempotent-Replayed"] == "true"
+    assert calls.value == 1
+    assert IdempotencyKey.objects.get().state == IdempotencyKey.State.COMPLETED
+    assert "the metrics backend is down" in caplog.text
+    assert "'k'" not in caplog.text
