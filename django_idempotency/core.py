@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any, NoReturn
 
 from django.db import DatabaseError, connections, transaction
@@ -118,6 +119,7 @@ class _ProtectedCall:
     using: str
     own_connection: bool = field(default=False, init=False)
     started: float = field(default_factory=time.monotonic, init=False)
+    claimed_at: datetime | None = field(default=None, init=False)
 
     # Atomic mode (SPEC 4.1): claim, effect and stored response commit together.
 
@@ -139,7 +141,7 @@ class _ProtectedCall:
         handler_started = False
         try:
             with transaction.atomic(using=self.using):
-                now = timezone.now()
+                now = self.claimed_at = timezone.now()
                 claimed = store.claim(self.using, self._new_claim(now, "", None), self.options.wait)
                 if isinstance(claimed, IdempotencyKey):
                     return self._answer_duplicate(claimed)
@@ -349,13 +351,28 @@ class _ProtectedCall:
             status_code=stored.status_code,
             headers=stored.headers,
             body=stored.body,
-            # Atomic mode's claim already set the expiry (one transaction
-            # earlier); a lease's claim expires with the lease, so reset it.
-            expires_at=None if token is None else timezone.now() + self.options.ttl,
+            expires_at=self._expiry_on_completion(token),
         )
         if completed:
             self._send(signals.response_stored)
         return completed
+
+    def _expiry_on_completion(self, token: str | None) -> datetime | None:
+        """The record's new expiry, or ``None`` to keep the one its claim set.
+
+        A lease's claim expires with the lease, so its expiry is always reset.
+        Atomic mode's claim set ``now + TTL`` one transaction earlier; keeping
+        it leaves every indexed column untouched, so PostgreSQL can store the
+        response as a heap-only update. That is kept only while the handler
+        took under 1% of ``TTL``: a slower one (or a short ``TTL``) would
+        otherwise commit a record already expired, or soon to be, and a
+        retry could run the handler again.
+        """
+        now = timezone.now()
+        claimed_at = self.claimed_at
+        if token is None and claimed_at is not None and now - claimed_at < self.options.ttl / 100:
+            return None
+        return now + self.options.ttl
 
     def _answer_duplicate(self, record: IdempotencyKey) -> HttpResponseBase:
         if record.fingerprint != self.info.fingerprint:
