@@ -207,6 +207,7 @@ class _ProtectedCall:
         after the view, the claim is released when the request finishes
         (see docs/decorator.rst).
         """
+        completed: bool | None
         try:
             completed = self._complete_in_savepoint(record_id, token, stored)
         except DatabaseError:
