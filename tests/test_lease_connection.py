@@ -16,8 +16,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
-from django.test import Client, override_settings
+from django.test import AsyncClient, Client, override_settings
 
 from django_idempotency import signals
 from django_idempotency.models import IdempotencyKey
@@ -43,6 +44,14 @@ server_only = pytest.mark.skipif(
 def post(url: str, key: str = "k") -> Any:
     client = Client(raise_request_exception=False)
     return client.post(url, BODY, content_type="application/json", headers={"Idempotency-Key": key})
+
+
+def apost(url: str, key: str = "k") -> Any:
+    """``post`` through Django's ASGI handler."""
+    client = AsyncClient(raise_request_exception=False)
+    return async_to_sync(client.post)(
+        url, BODY, content_type="application/json", headers={"Idempotency-Key": key}
+    )
 
 
 def in_background(call: Callable[[], Any]) -> Callable[[], Any]:
@@ -215,9 +224,17 @@ class AtomicRequestsTests:
         fail_after_view.set()
         self.request_failing_after_the_view_releases_the_key()
 
-    def request_failing_after_the_view_releases_the_key(self) -> None:
+    def test_request_failing_after_the_view_releases_the_key_under_asgi(self) -> None:
+        # Under ASGI the view and the request's end run on executor threads:
+        # the release still belongs to this request.
+        fail_after_view.set()
+        self.request_failing_after_the_view_releases_the_key(first=apost)
+
+    def request_failing_after_the_view_releases_the_key(
+        self, first: Callable[[str], Any] = post
+    ) -> None:
         url = "/orders/lease-then-fail/"
-        assert post(url).status_code == 500
+        assert first(url).status_code == 500
         assert not IdempotencyKey.objects.exists()
         assert Order.objects.count() == 0
         retry = post(url)
