@@ -22,7 +22,7 @@ from django.dispatch import Signal
 from django.http import HttpRequest, HttpResponseBase
 from django.utils import timezone
 
-from django_idempotency import lease_connection, observability, signals, store
+from django_idempotency import lease_cleanup, lease_connection, observability, signals, store
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import (
     DatabaseBusy,
@@ -195,13 +195,47 @@ class _ProtectedCall:
             # The view's writes are lost with it: as for a failed handler.
             self._release(record_id, token)
         else:
-            # The view's own writes commit with the request's transaction:
-            # store its answer only once they have, so that a replay never
-            # reports an outcome the database rolled back.
-            transaction.on_commit(
-                lambda: self._store_lease_response(record_id, token, stored), using=self.using
-            )
+            self._store_in_request_transaction(record_id, token, stored)
         return response
+
+    def _store_in_request_transaction(
+        self, record_id: int, token: str, stored: StoredResponse
+    ) -> None:
+        """Store the response in the request's transaction, with the view's writes.
+
+        The claim was committed by lease mode's own connection and is not
+        locked, so the update does not wait. Record and effect then commit,
+        or roll back, together; if the request's transaction rolls back
+        after the view, the claim is released when the request finishes
+        (see docs/decorator.rst).
+        """
+        completed: bool | None
+        try:
+            completed = self._complete_in_savepoint(record_id, token, stored)
+        except DatabaseError:
+            completed = self._complete_without_body(record_id, token, stored)
+        lease_cleanup.release_unless_committed(self.using, lambda: self._release(record_id, token))
+        if completed:
+            self._send(signals.response_stored)
+        elif completed is False:
+            self._log_lease_lost()
+
+    def _complete_in_savepoint(self, record_id: int, token: str, stored: StoredResponse) -> bool:
+        with transaction.atomic(using=self.using):
+            return self._lease_complete(record_id, token, stored)
+
+    def _complete_without_body(
+        self, record_id: int, token: str, stored: StoredResponse
+    ) -> bool | None:
+        """Store status and headers alone once the database refused the body; ``None`` if not."""
+        if stored.body:
+            self._log_body_refused(stored)
+            try:
+                return self._complete_in_savepoint(record_id, token, replace(stored, body=None))
+            except DatabaseError:
+                pass
+        self._log_not_stored()
+        return None
 
     def _request_transaction_will_roll_back(self) -> bool:
         connection = connections[self.using]
@@ -281,38 +315,62 @@ class _ProtectedCall:
         ``MAX_STORED_BODY`` is, and status and headers are stored alone.
         """
         try:
-            completed = self._on_a_live_connection(lambda: self._complete(record_id, token, stored))
+            completed = self._on_a_live_connection(
+                lambda: self._lease_complete(record_id, token, stored)
+            )
         except DatabaseError:
             if self._shares_the_request_transaction():
                 raise  # which can no longer commit: the claim goes with it
             if not stored.body:
                 self._log_not_stored()
                 return
-            logger.warning(
-                "The response body for idempotency key %s in scope %r (%d bytes) could "
-                "not be stored; storing its status and headers only.",
-                mask_key(self.info.key),
-                self.info.scope,
-                len(stored.body),
-                exc_info=True,
-            )
+            self._log_body_refused(stored)
             without_body = replace(stored, body=None)
             try:
                 completed = self._on_a_live_connection(
-                    lambda: self._complete(record_id, token, without_body)
+                    lambda: self._lease_complete(record_id, token, without_body)
                 )
             except DatabaseError:
                 self._log_not_stored()
                 return
-        if not completed:
-            logger.warning(
-                "Lease for idempotency key %s in scope %r ran out before the handler "
-                "finished; its response was not stored. Raise LEASE above the "
-                "longest request your server allows.",
-                mask_key(self.info.key),
-                self.info.scope,
-                extra=observability.log_fields("lease_lost", self.sender, self.info),
-            )
+        # Sent only here, with the request's connection back in place, so
+        # that a receiver's writes join the request's transaction.
+        if completed:
+            self._send(signals.response_stored)
+        else:
+            self._log_lease_lost()
+
+    def _lease_complete(self, record_id: int, token: str, stored: StoredResponse) -> bool:
+        return store.complete(
+            self.using,
+            record_id,
+            owner_token=token,
+            status_code=stored.status_code,
+            headers=stored.headers,
+            body=stored.body,
+            # A lease's claim expires with the lease: the record lives for TTL.
+            expires_at=timezone.now() + self.options.ttl,
+        )
+
+    def _log_body_refused(self, stored: StoredResponse) -> None:
+        logger.warning(
+            "The response body for idempotency key %s in scope %r (%d bytes) could "
+            "not be stored; storing its status and headers only.",
+            mask_key(self.info.key),
+            self.info.scope,
+            len(stored.body or b""),
+            exc_info=True,
+        )
+
+    def _log_lease_lost(self) -> None:
+        logger.warning(
+            "Lease for idempotency key %s in scope %r ran out before the handler "
+            "finished; its response was not stored. Raise LEASE above the "
+            "longest request your server allows.",
+            mask_key(self.info.key),
+            self.info.scope,
+            extra=observability.log_fields("lease_lost", self.sender, self.info),
+        )
 
     def _log_not_stored(self) -> None:
         logger.error(

@@ -23,7 +23,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
-from django_idempotency import store
+from django_idempotency import lease_connection, store
 from django_idempotency.conf import idempotency_settings, to_timedelta
 from django_idempotency.exceptions import TaskArgumentsMismatch, TaskInFlight, UnstorableResult
 from django_idempotency.fingerprint import canonical_json
@@ -231,19 +231,44 @@ class _TaskRun:
         if isinstance(claimed, IdempotencyKey):
             return self._answer_duplicate(claimed)
         try:
-            payload = _encode(self.body(self.info), self.info.scope)
-            completed = store.complete(
-                self.using,
-                claimed,
-                owner_token=token,
-                status_code=RESULT_STATUS,
-                headers=RESULT_HEADERS,
-                body=payload,
-                expires_at=timezone.now() + self.ttl,
-            )
+            value = self.body(self.info)
         except BaseException:
-            store.release(self.using, claimed, token)
+            self._release(claimed, token)
             raise
+        # The body has run: from here on the claim is never released, or a
+        # redelivery would run it again (see docs/tasks.rst, "Lease mode").
+        try:
+            payload = _encode(value, self.info.scope)
+        except UnstorableResult:
+            self._log_claim_held("its return value cannot be stored as JSON")
+            raise
+        self._store(claimed, token, payload)
+        return json.loads(payload)
+
+    def _store(self, record_id: int, token: str, payload: bytes) -> None:
+        """Store the body's value, on a fresh connection if the first attempt fails.
+
+        A long body can outlive its connection (a server restart, a killed
+        session). If the value still cannot be stored, the claim stays held
+        until the lease runs out: a duplicate waits rather than repeat the work.
+        """
+        try:
+            completed = self._on_a_live_connection(
+                lambda: store.complete(
+                    self.using,
+                    record_id,
+                    owner_token=token,
+                    status_code=RESULT_STATUS,
+                    headers=RESULT_HEADERS,
+                    body=payload,
+                    expires_at=timezone.now() + self.ttl,
+                )
+            )
+        except DatabaseError:
+            if self._in_callers_transaction():
+                raise  # which can no longer commit: the claim goes with it
+            self._log_claim_held("its result could not be stored")
+            return
         if not completed:
             logger.warning(
                 "Lease for idempotency key %s of task %r ran out before the body "
@@ -252,7 +277,50 @@ class _TaskRun:
                 mask_key(self.info.key),
                 self.info.scope,
             )
-        return json.loads(payload)
+
+    def _release(self, record_id: int, token: str) -> None:
+        """Give the key back after the body raised, so that a redelivery can run.
+
+        Called while the body's exception propagates: a release that fails
+        is logged, never raised, so that the body's own error is the one seen.
+        """
+        try:
+            self._on_a_live_connection(lambda: store.release(self.using, record_id, token))
+        except DatabaseError:
+            if self._in_callers_transaction():
+                return  # the claim rolls back with the caller's transaction
+            logger.exception(
+                "Could not release idempotency key %s of task %r after its body "
+                "failed; duplicates wait until its lease runs out.",
+                mask_key(self.info.key),
+                self.info.scope,
+            )
+
+    def _on_a_live_connection(self, step: Callable[[], Any]) -> Any:
+        # The statements match on the owner token, so they are safe to repeat.
+        try:
+            return step()
+        except DatabaseError:
+            if self._in_callers_transaction():
+                raise  # a fresh connection would not see the claim
+        with lease_connection.own_connection(self.using, fresh=True):
+            return step()
+
+    def _in_callers_transaction(self) -> bool:
+        # Run inside a transaction (a test case's, say): the claim commits or
+        # rolls back with it, and another connection cannot see it.
+        return transaction.get_connection(self.using).in_atomic_block
+
+    def _log_claim_held(self, reason: str) -> None:
+        logger.error(
+            "Idempotent task %r ran its body for key %s, but %s. The key stays "
+            "claimed so that a redelivery does not run the body again; duplicates "
+            "wait until its lease runs out.",
+            self.info.scope,
+            mask_key(self.info.key),
+            reason,
+            exc_info=True,
+        )
 
     def _lease_claim(self, token: str) -> int | IdempotencyKey:
         store.prepare_connection(self.using, self.wait)

@@ -9,10 +9,12 @@ kill the worker while the body's transaction is open.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
 from celery import shared_task
+from django.db import connection, connections
 
 from django_idempotency.tasks import idempotent_task
 from tests.models import Order, RemoteCharge
@@ -110,4 +112,50 @@ def slow_order(label: str, hold: bool) -> dict:
     order = Order.objects.create(item=label)
     if hold:
         checkpoint(label)
+    return {"order": order.pk}
+
+
+# Set by a test, once: the next lease_order body loses its database
+# connection after writing, or raises after writing.
+lose_connection = threading.Event()
+fail_next_run = threading.Event()
+
+
+def kill_this_connection() -> None:
+    """End this thread's connection from another one, as a server restart would."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT pg_backend_pid()")
+        else:
+            cursor.execute("SELECT CONNECTION_ID()")
+        server_id = cursor.fetchone()[0]
+    other = connections.create_connection("default")
+    try:
+        with other.cursor() as cursor:
+            if other.vendor == "postgresql":
+                cursor.execute("SELECT pg_terminate_backend(%s)", [server_id])
+            else:
+                cursor.execute(f"KILL {int(server_id)}")
+    finally:
+        other.close()
+
+
+def _consume(flag: threading.Event) -> bool:
+    if flag.is_set():
+        flag.clear()
+        return True
+    return False
+
+
+@shared_task
+@idempotent_task(atomic=False, key=lambda label, **kwargs: f"lease-order-{label}")
+def lease_order(label: str, unstorable: bool = False) -> object:
+    """Lease mode: writes its effect, then may lose its connection, raise, or return a set."""
+    order = Order.objects.create(item=label)
+    if _consume(lose_connection):
+        kill_this_connection()
+    if _consume(fail_next_run):
+        raise RuntimeError("the body failed after writing")
+    if unstorable:
+        return {label}
     return {"order": order.pk}

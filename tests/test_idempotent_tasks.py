@@ -8,6 +8,7 @@ one, and count the effects of the redelivered message.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from celery import Celery, current_app, shared_task
-from django.db import connection
+from django.db import connection, connections
 from django.test import override_settings
 from django.utils import timezone
 
@@ -31,9 +32,12 @@ from tests.polling import wait_until
 from tests.tasks import (
     LEASE_SECONDS,
     charge_and_hold,
+    fail_next_run,
     flaky_lease_order,
     flaky_order,
     hold_order,
+    lease_order,
+    lose_connection,
     place_order,
     place_other_order,
     slow_order,
@@ -186,6 +190,119 @@ class ApplyTests:
 
         assert response.status_code == 200
         assert place_order.name in response.content.decode()
+
+
+@pytest.fixture
+def refused_updates() -> Iterator[None]:
+    """Make the database refuse every update of the key table, as a failing store would."""
+    table = IdempotencyKey._meta.db_table
+    statements = {
+        "postgresql": (
+            [
+                "CREATE FUNCTION refuse_update() RETURNS trigger AS "
+                "$$ BEGIN RAISE EXCEPTION 'update refused'; END $$ LANGUAGE plpgsql",
+                f"CREATE TRIGGER refuse_update BEFORE UPDATE ON {table} "
+                "FOR EACH ROW EXECUTE FUNCTION refuse_update()",
+            ],
+            [f"DROP TRIGGER refuse_update ON {table}", "DROP FUNCTION refuse_update()"],
+        ),
+        "mysql": (
+            [
+                f"CREATE TRIGGER refuse_update BEFORE UPDATE ON {table} FOR EACH ROW "
+                "SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'update refused'"
+            ],
+            ["DROP TRIGGER refuse_update"],
+        ),
+        "sqlite": (
+            [
+                f"CREATE TRIGGER refuse_update BEFORE UPDATE ON {table} "
+                "BEGIN SELECT RAISE(ABORT, 'update refused'); END"
+            ],
+            ["DROP TRIGGER refuse_update"],
+        ),
+    }
+    create, drop = statements[connection.vendor]
+    with connection.cursor() as cursor:
+        for statement in create:
+            cursor.execute(statement)
+    yield
+    connection.close()  # it may be the one a test killed
+    with connections["default"].cursor() as cursor:
+        for statement in drop:
+            cursor.execute(statement)
+
+
+server_only = pytest.mark.skipif(
+    connection.vendor == "sqlite", reason="a server-side connection to kill"
+)
+
+
+@pytest.fixture
+def no_leftover_flags() -> Iterator[None]:
+    yield
+    lose_connection.clear()
+    fail_next_run.clear()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("no_leftover_flags")
+class LeaseAfterTheBodyTests:
+    """Lease mode once the body has run: its effect is done, so the key is never released."""
+
+    key = "lease-order-once"
+
+    def orders(self) -> int:
+        return Order.objects.filter(item="once").count()
+
+    @pytest.mark.usefixtures("refused_updates")
+    def test_result_that_cannot_be_stored_keeps_the_key_claimed(self, caplog):
+        with caplog.at_level(logging.ERROR, "django_idempotency"):
+            first = lease_order.apply(args=["once"])
+
+        assert first.get() == {"order": Order.objects.get().pk}
+        assert _record(lease_order.name).state == IdempotencyKey.State.IN_PROGRESS
+        assert "stays claimed" in caplog.text
+        assert self.key not in caplog.text
+        redelivered = lease_order.apply(args=["once"])
+        assert isinstance(redelivered.result, TaskInFlight)
+        assert self.orders() == 1
+
+    def test_unstorable_value_keeps_the_key_claimed(self):
+        first = lease_order.apply(args=["once"], kwargs={"unstorable": True})
+
+        assert isinstance(first.result, UnstorableResult)
+        assert "cannot be stored as JSON" in str(first.result)
+        assert _record(lease_order.name).state == IdempotencyKey.State.IN_PROGRESS
+        redelivered = lease_order.apply(args=["once"], kwargs={"unstorable": True})
+        assert isinstance(redelivered.result, TaskInFlight)
+        assert self.orders() == 1
+
+    @server_only
+    def test_body_answering_after_losing_its_connection_is_stored(self):
+        lose_connection.set()
+        first = lease_order.apply(args=["once"])
+        connection.close()  # as the worker does after a task
+
+        assert first.get() == {"order": Order.objects.get().pk}
+        assert _record(lease_order.name).state == IdempotencyKey.State.COMPLETED
+        assert lease_order.apply(args=["once"]).get() == first.get()
+        assert self.orders() == 1
+
+    @server_only
+    def test_body_raising_after_losing_its_connection_releases(self):
+        lose_connection.set()
+        fail_next_run.set()
+        first = lease_order.apply(args=["once"])
+        connection.close()
+
+        # The body's own error, not the dead connection's.
+        assert isinstance(first.result, RuntimeError)
+        assert "the body failed after writing" in str(first.result)
+        assert not IdempotencyKey.objects.exists()
+        redelivered = lease_order.apply(args=["once"])
+        assert redelivered.successful()
+        assert _record(lease_order.name).state == IdempotencyKey.State.COMPLETED
+        assert self.orders() == 2  # the failed run's write, and the redelivery's
 
 
 class DefinitionTests:

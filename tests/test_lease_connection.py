@@ -16,13 +16,21 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
-from django.test import Client, override_settings
+from asgiref.sync import async_to_sync
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
+from django.test import AsyncClient, Client, override_settings
 
+from django_idempotency import signals
 from django_idempotency.models import IdempotencyKey
 from tests.models import Order
 from tests.polling import wait_until
-from tests.views import calls, handler_connection_ids, resume
+from tests.views import (
+    calls,
+    fail_after_view,
+    fail_at_commit,
+    handler_connection_ids,
+    resume,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -36,6 +44,14 @@ server_only = pytest.mark.skipif(
 def post(url: str, key: str = "k") -> Any:
     client = Client(raise_request_exception=False)
     return client.post(url, BODY, content_type="application/json", headers={"Idempotency-Key": key})
+
+
+def apost(url: str, key: str = "k") -> Any:
+    """``post`` through Django's ASGI handler."""
+    client = AsyncClient(raise_request_exception=False)
+    return async_to_sync(client.post)(
+        url, BODY, content_type="application/json", headers={"Idempotency-Key": key}
+    )
 
 
 def in_background(call: Callable[[], Any]) -> Callable[[], Any]:
@@ -84,6 +100,8 @@ def run_and_kill(url: str) -> Any:
 @pytest.fixture(autouse=True)
 def no_leftovers() -> Any:
     resume.clear()
+    fail_at_commit.clear()
+    fail_after_view.clear()
     while not handler_connection_ids.empty():
         handler_connection_ids.get_nowait()
     yield
@@ -151,7 +169,11 @@ class AtomicRequestsTests:
         assert Order.objects.count() == 1
 
     @server_only
-    def test_response_is_stored_only_once_the_request_commits(self, rf: Any) -> None:
+    def test_response_is_stored_in_the_request_transaction(self, rf: Any) -> None:
+        # The response is stored by the request's own connection, inside its
+        # transaction: other connections see the committed claim until the
+        # request commits, and then the record and the view's write at once.
+        # A crash between the two can no longer commit one without the other.
         from tests.views import create_order_lease
 
         request = rf.post(
@@ -162,13 +184,19 @@ class AtomicRequestsTests:
         )
         with transaction.atomic():
             assert create_order_lease(request).status_code == 201
-            assert IdempotencyKey.objects.get().state == State.IN_PROGRESS
+            assert IdempotencyKey.objects.get().state == State.COMPLETED
+            seen_elsewhere = in_background(
+                lambda: (IdempotencyKey.objects.get().state, Order.objects.count())
+            )()
+            assert seen_elsewhere == (State.IN_PROGRESS, 0)
         assert IdempotencyKey.objects.get().state == State.COMPLETED
+        assert Order.objects.count() == 1
 
     @server_only
-    def test_request_transaction_rolled_back_later_keeps_the_key_claimed(self, rf: Any) -> None:
-        # As when the process dies after the view: the effect may have run
-        # outside the database, so the key is neither stored nor released.
+    def test_rolled_back_outside_a_request_cycle_keeps_the_key_claimed(self, rf: Any) -> None:
+        # With no request to finish, nothing releases the claim: the record
+        # and the view's write roll back together, and the key stays claimed
+        # until its lease runs out (see docs/decorator.rst).
         from tests.views import create_order_lease
 
         request = rf.post(
@@ -183,6 +211,74 @@ class AtomicRequestsTests:
         assert IdempotencyKey.objects.get().state == State.IN_PROGRESS
         assert Order.objects.count() == 0
         assert post("/orders/lease/").status_code == 409
+
+    @pytest.mark.skipif(connection.vendor != "postgresql", reason="foreign keys checked at COMMIT")
+    def test_request_failing_at_commit_releases_the_key(self) -> None:
+        # The view returned, its response was stored in the request's
+        # transaction, then COMMIT failed: effect and record are both gone,
+        # and the claim is released when the request finishes.
+        fail_at_commit.set()
+        self.request_failing_after_the_view_releases_the_key()
+
+    def test_request_failing_after_the_view_releases_the_key(self) -> None:
+        fail_after_view.set()
+        self.request_failing_after_the_view_releases_the_key()
+
+    def test_request_failing_after_the_view_releases_the_key_under_asgi(self) -> None:
+        # Under ASGI the view and the request's end run on executor threads:
+        # the release still belongs to this request.
+        fail_after_view.set()
+        self.request_failing_after_the_view_releases_the_key(first=apost)
+
+    def request_failing_after_the_view_releases_the_key(
+        self, first: Callable[[str], Any] = post
+    ) -> None:
+        url = "/orders/lease-then-fail/"
+        assert first(url).status_code == 500
+        assert not IdempotencyKey.objects.exists()
+        assert Order.objects.count() == 0
+        retry = post(url)
+        assert retry.status_code == 201
+        assert "Idempotent-Replayed" not in retry
+        replay = post(url)
+        assert replay["Idempotent-Replayed"] == "true"
+        assert replay.content == retry.content
+        assert calls.value == 2
+        assert Order.objects.count() == 1
+        assert IdempotencyKey.objects.get().state == State.COMPLETED
+
+    @server_only
+    def test_signal_receivers_run_on_the_request_connection(self) -> None:
+        # A receiver's own writes (an audit row) must join the request's
+        # transaction, not land on lease mode's connection.
+        seen: list[tuple[str, Any]] = []
+
+        def receiver(signal: Any, **kwargs: Any) -> None:
+            seen.append((signal_names[signal], connections[DEFAULT_DB_ALIAS]))
+
+        signal_names = {
+            signals.key_claimed: "key_claimed",
+            signals.response_stored: "response_stored",
+            signals.claim_released: "claim_released",
+        }
+        for signal in signal_names:
+            signal.connect(receiver)
+        try:
+            assert post("/orders/class-based-lease/").status_code == 201
+            fail_after_view.set()
+            assert post("/orders/lease-then-fail/", key="k2").status_code == 500
+        finally:
+            for signal in signal_names:
+                signal.disconnect(receiver)
+        request_connection = connections[DEFAULT_DB_ALIAS]
+        assert [name for name, _ in seen] == [
+            "key_claimed",
+            "response_stored",
+            "key_claimed",
+            "response_stored",
+            "claim_released",
+        ]
+        assert all(used is request_connection for _, used in seen)
 
     @server_only
     def test_own_connection_is_closed_after_each_use(self) -> None:

@@ -154,6 +154,35 @@ class LeaseOrderView(View):
         return _create_order(request)
 
 
+# Set by a test to make the next request fail after its lease view returned,
+# once: at its transaction's COMMIT, or later in the view's dispatch.
+fail_at_commit = threading.Event()
+fail_after_view = threading.Event()
+
+
+class LeaseThenFailView(View):
+    """A lease view whose request can still fail after the protected handler returned."""
+
+    def dispatch(self, request: HttpRequest, *args: object, **kwargs: object) -> HttpResponse:
+        response = super().dispatch(request, *args, **kwargs)
+        if _consume(fail_after_view):
+            raise RuntimeError("the request failed after the view")
+        return response
+
+    @method_decorator(idempotent(atomic=False))
+    def post(self, request: HttpRequest) -> HttpResponse:
+        response = _create_order(request)
+        if _consume(fail_at_commit):
+            # PostgreSQL checks Django's foreign keys (DEFERRABLE INITIALLY
+            # DEFERRED) only at COMMIT, after the view has returned.
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "INSERT INTO auth_user_groups (user_id, group_id) VALUES (%s, %s)",
+                    [999999, 999999],
+                )
+        return response
+
+
 # A test reads the server-side id of the handler's connection here, kills that
 # connection from its own, then sets ``resume``.
 handler_connection_ids: queue.Queue[int] = queue.Queue()
