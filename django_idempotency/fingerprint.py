@@ -148,8 +148,22 @@ def canonical_parsed(value: Any) -> str:
         return "set[" + ",".join(sorted(canonical_parsed(item) for item in value)) + "]"
     kind = f"{type(value).__module__}.{type(value).__qualname__}"
     if type(value).__str__ is object.__str__ and type(value).__repr__ is object.__repr__:
-        return kind + canonical_parsed(getattr(value, "__dict__", {}))
+        return kind + canonical_parsed(_attributes(value))
     return kind + json.dumps(str(value))
+
+
+def _attributes(value: Any) -> dict[str, Any]:
+    names: list[str] = []
+    for cls in type(value).__mro__:
+        slots = getattr(cls, "__slots__", ())
+        names.extend([slots] if isinstance(slots, str) else slots)
+    attributes = {
+        name: getattr(value, name)
+        for name in names
+        if name not in ("__dict__", "__weakref__") and hasattr(value, name)
+    }
+    attributes.update(getattr(value, "__dict__", {}))
+    return attributes
 
 
 def _parsed_number(value: int | float | Decimal) -> str:
@@ -161,7 +175,7 @@ def _parsed_number(value: int | float | Decimal) -> str:
     elif isinstance(value, int):
         value = Decimal(value)
     if not value.is_finite():
-        return json.dumps(str(value))  # NaN, Infinity: no canonical form needed
+        return str(value)  # NaN, Infinity, -Infinity: bare, unlike any string or number
     return _number(value)
 
 

@@ -208,6 +208,17 @@ class CanonicalParsedTests:
         assert canonical_parsed(Plain(10)) == canonical_parsed(Plain(10))
         assert canonical_parsed(Plain(10)) != canonical_parsed(Plain(11))
         assert "0x" not in canonical_parsed(Plain(10))
+
+        class Slotted:
+            __slots__ = ("amount",)
+
+            def __init__(self, amount: int) -> None:
+                self.amount = amount
+
+        assert canonical_parsed(Slotted(10)) == canonical_parsed(Slotted(10))
+        assert canonical_parsed(Slotted(10)) != canonical_parsed(Slotted(11))
+        assert canonical_parsed(float("inf")) != canonical_parsed("Infinity")
+        assert canonical_parsed(float("inf")) == canonical_parsed(Decimal("Infinity"))
         day = datetime.date(2026, 12, 1)
         assert canonical_parsed(day) == canonical_parsed(datetime.date(2026, 12, 1))
         assert canonical_parsed(day) != canonical_parsed("2026-12-01")
