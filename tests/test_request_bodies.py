@@ -375,6 +375,20 @@ class OverHttpTests:
         assert not Order.objects.exists()
         assert not IdempotencyKey.objects.exists()
 
+    def test_loaded_json_past_the_limit_is_refused_with_a_key_as_without(
+        self, server: GunicornServer
+    ) -> None:
+        data = b'{"item": "' + b"x" * self.SIZE + b'"}'
+        url = f"{server.url}/bodies/load/"
+        headers = {"Content-Type": "application/json"}
+        unkeyed = requests.post(url + "unprotected/", data=data, headers=headers, timeout=30)
+        keyed = requests.post(url, data=data, headers={**headers, **key()}, timeout=30)
+        small = requests.post(url, data=b'{"item": 1}', headers={**headers, **key()}, timeout=30)
+        assert unkeyed.status_code == keyed.status_code == 400, server.log()
+        assert keyed.content == unkeyed.content
+        assert small.status_code == 201, server.log()
+        assert small.json()["size"] == len(b'{"item": 1}')
+
     def test_large_multipart_put_is_fingerprinted_by_content(self, server: GunicornServer) -> None:
         url = f"{server.url}/bodies/drf-form/"
         content = body(self.SIZE)
