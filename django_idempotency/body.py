@@ -67,7 +67,6 @@ def readable_body(request: HttpRequest, limit: int | None = None) -> Iterator[IO
             finally:
                 spool.seek(0)
                 request._stream = cast(Any, _KeptPrefix(spool))
-                past_limit.drain()
             return
         stream = spool
         # Django reads the body through request._stream (read(), body, POST,
@@ -125,7 +124,10 @@ def _read(stream: Any, size: int) -> bytes:
 
 
 class _PastLimit:
-    """The whole body, read once: the kept prefix, then the client's stream, copied nowhere."""
+    """The whole body, read once: the kept prefix, then the client's stream, copied nowhere.
+
+    The fingerprint reads it to its end, so the whole body is hashed.
+    """
 
     def __init__(self, prefix: IO[bytes], rest: bytes, stream: Any) -> None:
         self._prefix: IO[bytes] | None = prefix
@@ -145,11 +147,6 @@ class _PastLimit:
             chunk, self._rest = self._rest[:size], self._rest[size:]
             return chunk
         return _read(self._stream, size)
-
-    def drain(self) -> None:
-        self._prefix, self._rest = None, b""
-        while _read(self._stream, CHUNK_SIZE):
-            pass
 
 
 class _KeptPrefix:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import sys
 from decimal import Decimal
 
 from django.core.files.uploadedfile import SimpleUploadedFile
@@ -199,6 +200,33 @@ class CanonicalParsedTests:
         assert canonical_parsed({"file": one}) == canonical_parsed({"file": upload(b"pay 10 EUR")})
         assert canonical_parsed({"file": one}) != canonical_parsed({"file": upload(b"pay 99 EUR")})
         assert one.read() == b"pay 10 EUR"
+
+    def test_bytes_and_sets_count_by_content(self):
+        assert canonical_parsed(b"abc") == canonical_parsed(bytearray(b"abc"))
+        assert canonical_parsed(b"abc") != canonical_parsed(b"abd")
+        assert canonical_parsed({1, 2.0}) == canonical_parsed(frozenset({2, 1}))
+        assert canonical_parsed({1, 2}) != canonical_parsed([1, 2])
+
+    def test_data_nested_deeper_than_the_canonical_form_goes_still_fingerprints(self):
+        class Parsed:
+            def __init__(self, data: object) -> None:
+                self._request = factory.post("/o/", "[]", content_type="application/json")
+                self._request.read()  # a parser consumed the stream
+                self.data = data
+
+        def nested(depth: int, leaf: object) -> list:
+            value: list = [leaf]
+            for _ in range(depth):
+                value = [value]
+            return value
+
+        depth = sys.getrecursionlimit() * 3 // 4
+        assert request_fingerprint(Parsed(nested(depth, 1))) == request_fingerprint(
+            Parsed(nested(depth, 1))
+        )
+        assert request_fingerprint(Parsed(nested(depth, 1))) != request_fingerprint(
+            Parsed(nested(depth, 2))
+        )
 
     def test_other_objects_have_a_deterministic_form(self):
         class Plain:
