@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from decimal import Decimal
 from operator import itemgetter
 from typing import IO, Any
@@ -38,8 +38,11 @@ def request_fingerprint(request: HttpRequest) -> str:
     http_request: HttpRequest = getattr(request, "_request", request)  # DRF wraps it
     media_type, _ = parse_header_parameters(http_request.META.get("CONTENT_TYPE", ""))
     media_type = media_type.lower()
-    query = sort_pairs(parse_qsl(http_request.META.get("QUERY_STRING", ""), keep_blank_values=True))
-    head = [http_request.method, http_request.path, urlencode(query), media_type]
+    query_string = http_request.META.get("QUERY_STRING", "")
+    query = _form_pairs(query_string.encode())
+    if query is not None:
+        query_string = urlencode(sort_pairs(query))
+    head = [http_request.method, http_request.path, query_string, media_type]
     # DRF renders the response in the format content negotiation picked
     # (the browsable API's HTML, JSON...): a retry asking for another format
     # is another request, not a replay of the first one's bytes.
@@ -48,7 +51,7 @@ def request_fingerprint(request: HttpRequest) -> str:
         head.append(accepted_media_type)
     digest = hashlib.sha256(json.dumps(head).encode())
     digest.update(b"\n")
-    with readable_body(http_request) as body:
+    with readable_body(http_request, _kept_limit(media_type)) as body:
         if body is None:
             _update_with_parsed(digest, request, media_type)
         elif media_type == MULTIPART:
@@ -63,9 +66,24 @@ def sort_pairs(pairs: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
     return sorted(pairs, key=itemgetter(0))
 
 
+def _kept_limit(media_type: str) -> int | None:
+    """How much of the body to keep for the view, ``None`` for all of it.
+
+    JSON and form bodies are loaded whole by whatever reads them, which
+    Django refuses past ``DATA_UPLOAD_MAX_MEMORY_SIZE``: nothing past it is
+    kept. Multipart and other bodies may be streamed by the view (uploads),
+    so they are kept whole, as Django keeps uploads (docs/fingerprint.rst).
+    """
+    return settings.DATA_UPLOAD_MAX_MEMORY_SIZE if _is_canonicalised(media_type) else None
+
+
 def _update_with_body(digest: Any, media_type: str, body: IO[bytes]) -> None:
     limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-    if _is_canonicalised(media_type) and (limit is None or body_size(body) <= limit):
+    if (
+        _is_canonicalised(media_type)
+        and body.seekable()
+        and (limit is None or body_size(body) <= limit)
+    ):
         digest.update(canonical_body(media_type, body.read()))
         return
     # Bytes, streamed: a body past the limit is one Django would not load
@@ -92,14 +110,73 @@ def _update_with_parsed(digest: Any, request: HttpRequest, media_type: str) -> N
             fields, files = QueryDict(), MultiValueDict()
         _update_with_form_data(digest, fields, files)
         return
-    body = _dump_parsed(getattr(request, "data", None)).encode()
-    digest.update(canonical_body("parsed", body))
+    data = getattr(request, "data", None)
+    try:
+        canonical = "parsed:" + canonical_parsed(data)
+    except RecursionError:
+        # Nested deeper than this function recurses; json's encoder goes
+        # further. Still deterministic, only without numbers by value.
+        canonical = "parsed-deep:" + json.dumps(data, sort_keys=True, default=canonical_parsed)
+    digest.update(canonical.encode())
 
 
-def _dump_parsed(data: Any) -> str:
-    if hasattr(data, "lists"):  # QueryDict
-        data = {key: values for key, values in data.lists()}
-    return json.dumps(data, sort_keys=True, default=str)
+def canonical_parsed(value: Any) -> str:
+    """Parsed request data in canonical form, as close to ``canonical_json`` as types allow.
+
+    Keys sorted, numbers by value (``10``, ``10.0`` and ``1e1`` agree, as in
+    a JSON body), the order of a key's values kept, an uploaded file by its
+    name, content type and the SHA-256 of its content. Other objects a
+    custom parser returns count by their type and their ``str()``, or their
+    attributes when ``str()`` is the default one (it shows an address).
+    """
+    if value is None or isinstance(value, (bool, str)):
+        return json.dumps(value)
+    if isinstance(value, (int, float, Decimal)):
+        return _parsed_number(value)
+    if isinstance(value, UploadedFile):
+        return "file:" + json.dumps([value.name, value.content_type, _file_digest(value)])
+    if isinstance(value, (bytes, bytearray)):
+        return "bytes:" + hashlib.sha256(value).hexdigest()
+    if hasattr(value, "lists"):  # QueryDict, MultiValueDict: every value of a key
+        value = dict(value.lists())
+    if isinstance(value, Mapping):
+        items = sorted((canonical_parsed(k), canonical_parsed(v)) for k, v in value.items())
+        return "{" + ",".join(f"{k}:{v}" for k, v in items) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(canonical_parsed(item) for item in value) + "]"
+    if isinstance(value, (set, frozenset)):
+        return "set[" + ",".join(sorted(canonical_parsed(item) for item in value)) + "]"
+    kind = f"{type(value).__module__}.{type(value).__qualname__}"
+    if type(value).__str__ is object.__str__ and type(value).__repr__ is object.__repr__:
+        return kind + canonical_parsed(_attributes(value))
+    return kind + json.dumps(str(value))
+
+
+def _attributes(value: Any) -> dict[str, Any]:
+    names: list[str] = []
+    for cls in type(value).__mro__:
+        slots = getattr(cls, "__slots__", ())
+        names.extend([slots] if isinstance(slots, str) else slots)
+    attributes = {
+        name: getattr(value, name)
+        for name in names
+        if name not in ("__dict__", "__weakref__") and hasattr(value, name)
+    }
+    attributes.update(getattr(value, "__dict__", {}))
+    return attributes
+
+
+def _parsed_number(value: int | float | Decimal) -> str:
+    if isinstance(value, float):
+        # repr() is the shortest text that parses back to this float: the
+        # number the client wrote, as far as the float can tell (0.1, not
+        # the binary 0.1000000000000000055...).
+        value = Decimal(repr(value))
+    elif isinstance(value, int):
+        value = Decimal(value)
+    if not value.is_finite():
+        return str(value)  # NaN, Infinity, -Infinity: bare, unlike any string or number
+    return _number(value)
 
 
 def canonical_body(media_type: str, body: bytes) -> bytes:
@@ -109,13 +186,27 @@ def canonical_body(media_type: str, body: bytes) -> bytes:
         if canonical is not None:
             return b"json:" + canonical.encode()
     elif media_type == FORM:
-        try:
-            pairs = parse_qsl(body.decode(), keep_blank_values=True, strict_parsing=False)
-        except UnicodeDecodeError:
-            pass
-        else:
+        pairs = _form_pairs(body)
+        if pairs is not None:
             return b"form:" + urlencode(sort_pairs(pairs)).encode()
     return b"bytes:" + body
+
+
+def _form_pairs(body: bytes) -> list[tuple[str, str]] | None:
+    """The fields, or ``None`` where Django's ``QueryDict`` would refuse them.
+
+    Past ``DATA_UPLOAD_MAX_NUMBER_FIELDS`` the body counts as its bytes and
+    the view answers ``TooManyFieldsSent`` itself; the limit also keeps a
+    body of a million empty fields from becoming a million tuples here.
+    """
+    try:
+        return parse_qsl(
+            body.decode(),
+            keep_blank_values=True,
+            max_num_fields=settings.DATA_UPLOAD_MAX_NUMBER_FIELDS,
+        )
+    except ValueError:  # too many fields, or not UTF-8
+        return None
 
 
 def canonical_json(body: bytes) -> str | None:

@@ -18,6 +18,26 @@ from django_idempotency.models import IdempotencyKey
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 # Transient answers a client is expected to retry: never stored.
 TRANSIENT_STATUSES = frozenset({408, 409, 425, 429})
+# Headers that describe the body (RFC 9110's representation metadata and
+# validators): a replay without the stored body must not claim one, or a
+# client would decode, save or cache an empty body as the original.
+BODY_HEADERS = frozenset(
+    {
+        "content-type",
+        "content-encoding",
+        "content-language",
+        "content-length",
+        "content-disposition",
+        "content-range",
+        "content-location",
+        "content-md5",
+        "content-digest",
+        "repr-digest",
+        "digest",
+        "etag",
+        "last-modified",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -51,8 +71,8 @@ def replay(record: IdempotencyKey, replay_header: str) -> HttpResponse:
     response = HttpResponse(b"" if body is None else bytes(body), status=record.status_code)
     del response["Content-Type"]  # only what was stored goes back out
     for name, value in record.response_headers or []:
-        if body is None and name.lower() == "content-type":
-            continue  # no body to describe
+        if body is None and name.lower() in BODY_HEADERS:
+            continue  # no body to describe, see docs/http.rst
         response[name] = value
     response[replay_header] = "true"
     return response

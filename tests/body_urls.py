@@ -9,5 +9,9 @@ urlpatterns = [
     path("bodies/load/unprotected/", body_views.load_body_unprotected),
     path("bodies/form/", body_views.form),
     path("bodies/drf-form/", body_views.FormAPIView.as_view()),
+    path("bodies/upload/<str:filename>/", body_views.UploadAPIView.as_view()),
+    path("bodies/stream-json/", body_views.StreamJSONAPIView.as_view()),
+    path("bodies/form-fields/", body_views.form_fields),
+    path("bodies/form-fields/unprotected/", body_views.form_fields_unprotected),
     path("", include("tests.urls")),
 ]

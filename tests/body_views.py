@@ -7,11 +7,13 @@ test can tell a replay from a run and see that the view got the whole body.
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from rest_framework import status
-from rest_framework.permissions import AllowAny
+from rest_framework.parsers import BaseParser, FileUploadParser
+from rest_framework.permissions import AllowAny, BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -97,3 +99,55 @@ class FormAPIView(IdempotentMixin, APIView):
         return Response({"id": order.pk, **summary}, status=status.HTTP_201_CREATED)
 
     put = patch = delete = post
+
+
+class ReadsData(BasePermission):
+    """A permission that looks at ``request.data``: the stream is parsed before the key is."""
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return request.data is not None
+
+
+class StreamJSONParser(BaseParser):
+    """A JSON parser that reads the stream and keeps nothing, as older DRF releases did."""
+
+    media_type = "application/json"
+
+    def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> Any:
+        return json.load(stream)
+
+
+class ParsedFirstAPIView(IdempotentMixin, APIView):
+    """The body is parsed by a permission before the fingerprint is computed."""
+
+    authentication_classes: list[type] = []
+    permission_classes = [ReadsData]
+
+    def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        calls.increment()
+        summary = {
+            name: hashlib.sha256(value.read()).hexdigest() if hasattr(value, "read") else value
+            for name, value in request.data.items()
+        }
+        order = Order.objects.create(item=str(summary)[:100])
+        return Response({"id": order.pk, **summary}, status=status.HTTP_201_CREATED)
+
+    put = post
+
+
+class UploadAPIView(ParsedFirstAPIView):
+    parser_classes = [FileUploadParser]
+
+
+class StreamJSONAPIView(ParsedFirstAPIView):
+    parser_classes = [StreamJSONParser]
+
+
+@idempotent
+def form_fields(request: HttpRequest) -> HttpResponse:
+    """Reads ``request.POST``, which Django caps at ``DATA_UPLOAD_MAX_NUMBER_FIELDS``."""
+    return _created({"fields": len(request.POST)})
+
+
+def form_fields_unprotected(request: HttpRequest) -> HttpResponse:
+    return _created({"fields": len(request.POST)})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from io import BytesIO
 from tempfile import SpooledTemporaryFile
 from typing import Any
@@ -71,6 +72,37 @@ class LargeRawBodyTests:
         for request in (with_key, without_key):
             with pytest.raises(RequestDataTooBig):
                 request.POST  # noqa: B018
+
+    @pytest.mark.parametrize(
+        "content_type", ["application/json", "application/x-www-form-urlencoded"]
+    )
+    def test_loaded_body_past_the_limit_is_kept_only_as_far_as_django_reads(self, content_type):
+        data = big_body(40 * LIMIT)
+        request = factory.post("/upload/", data, content_type=content_type)
+        fingerprint = request_fingerprint(request)
+
+        kept = request._stream
+        assert kept.seekable()
+        assert kept.seek(0, os.SEEK_END) == LIMIT + 1  # what request.body reads to refuse it
+        kept.seek(0)
+        assert kept.tell() == 0
+        changed = factory.post("/upload/", data[:-1] + b"!", content_type=content_type)
+        assert request_fingerprint(changed) != fingerprint  # yet every byte counts
+        with pytest.raises(RequestDataTooBig):
+            request.body  # noqa: B018
+        assert request.read(LIMIT) == data[:LIMIT]
+        with pytest.raises(RequestDataTooBig):
+            request.read()  # not a truncated body
+        request._stream.close()
+
+    def test_loaded_body_past_the_limit_reads_by_line_up_to_the_kept_bytes(self):
+        data = b"\n".join([b"x" * 100] * (4 * LIMIT // 100))
+        request = factory.post("/upload/", data, content_type="application/json")
+        request_fingerprint(request)
+        assert request.readline() == b"x" * 100 + b"\n"
+        assert request.readline(10) == b"x" * 10
+        with pytest.raises(RequestDataTooBig):
+            list(request)  # runs into the end of what was kept
 
     def test_body_within_the_limit_reads_as_before(self):
         request = factory.put("/upload/", b'{"a": 1}', content_type="application/json")

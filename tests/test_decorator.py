@@ -359,6 +359,31 @@ class LargeAndStreamingTests:
         assert "Content-Type" not in retry.headers
         assert IdempotencyKey.objects.get().response_body is None
 
+    def test_replay_without_the_body_drops_the_headers_describing_it(self, client):
+        first = post(client, "/large/")
+        retry = post(client, "/large/")
+
+        assert first["Content-Encoding"] == "gzip"
+        assert retry.content == b""
+        for name in (
+            "Content-Encoding",
+            "Content-Disposition",
+            "Content-Language",
+            "ETag",
+            "Last-Modified",
+        ):
+            assert name not in retry.headers, name
+        assert retry["Location"] == "/exports/1/"
+
+    @override_settings(IDEMPOTENCY={"MAX_STORED_BODY": 100})
+    def test_replay_with_the_body_keeps_the_headers_describing_it(self, client):
+        post(client, "/large/?size=100")
+        retry = post(client, "/large/?size=100")
+
+        assert retry.content == b"x" * 100
+        assert retry["Content-Encoding"] == "gzip"
+        assert retry["ETag"] == '"export-1"'
+
     @override_settings(IDEMPOTENCY={"MAX_STORED_BODY": 100})
     def test_max_stored_body_follows_the_setting(self, client):
         post(client, "/large/?size=100")

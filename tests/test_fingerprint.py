@@ -1,13 +1,17 @@
 from __future__ import annotations
 
+import datetime
 import json
+import sys
 from decimal import Decimal
 
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.http import QueryDict
 from django.test import RequestFactory
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from django_idempotency.fingerprint import canonical_json, request_fingerprint
+from django_idempotency.fingerprint import canonical_json, canonical_parsed, request_fingerprint
 
 factory = RequestFactory()
 
@@ -112,6 +116,16 @@ class RequestPartsTests:
         assert fingerprint("a=1&b=2", ct) == fingerprint("b=2&a=1", ct)
         assert fingerprint("a=1&b=2", ct) != fingerprint("a=1&b=3", ct)
 
+    def test_form_past_django_field_limit_is_hashed_as_bytes(self, settings):
+        settings.DATA_UPLOAD_MAX_NUMBER_FIELDS = 3
+        form = "application/x-www-form-urlencoded"
+        assert fingerprint("a=1&b=2&c=3", form) == fingerprint("c=3&b=2&a=1", form)
+        assert fingerprint("a=1&b=2&c=3&d=4", form) != fingerprint("d=4&c=3&b=2&a=1", form)
+        assert fingerprint("", path="/o/?a=1&b=2&c=3") == fingerprint("", path="/o/?c=3&b=2&a=1")
+        assert fingerprint("", path="/o/?a=1&b=2&c=3&d=4") != fingerprint(
+            "", path="/o/?d=4&c=3&b=2&a=1"
+        )
+
     def test_other_bodies_are_bytes(self):
         ct = "application/octet-stream"
         assert fingerprint(b"\x00\x01", ct) != fingerprint(b"\x01\x00", ct)
@@ -160,6 +174,82 @@ class ParsedBodyTests:
         first = request_fingerprint(Parsed('{"a": 1}', {"a": 1}))
         assert first == request_fingerprint(Parsed('{"a":1}', {"a": 1}))
         assert first != request_fingerprint(Parsed('{"a": 2}', {"a": 2}))
+
+
+class CanonicalParsedTests:
+    def test_numbers_compare_by_value_whatever_their_type(self):
+        forms = [{"q": 10}, {"q": 10.0}, {"q": Decimal("1e1")}, {"q": Decimal("10.00")}]
+        assert len({canonical_parsed(value) for value in forms}) == 1
+        assert canonical_parsed({"q": 0.1}) == canonical_parsed({"q": Decimal("0.1")})
+        assert canonical_parsed({"q": 0.1}) != canonical_parsed({"q": 0.2})
+        assert canonical_parsed({"q": 1}) != canonical_parsed({"q": True})
+        assert canonical_parsed({"q": 1}) != canonical_parsed({"q": "1"})
+
+    def test_keys_are_sorted_and_values_keep_their_order(self):
+        assert canonical_parsed({"b": 1, "a": [1, 2]}) == canonical_parsed({"a": [1, 2], "b": 1})
+        assert canonical_parsed({"a": [1, 2]}) != canonical_parsed({"a": [2, 1]})
+        first, second = QueryDict("a=1&a=2&b=3"), QueryDict("b=3&a=1&a=2")
+        assert canonical_parsed(first) == canonical_parsed(second)
+        assert canonical_parsed(first) != canonical_parsed(QueryDict("a=2&a=1&b=3"))
+
+    def test_uploads_count_by_content_and_are_rewound(self):
+        def upload(content: bytes) -> SimpleUploadedFile:
+            return SimpleUploadedFile("invoice.pdf", content, content_type="application/pdf")
+
+        one = upload(b"pay 10 EUR")
+        assert canonical_parsed({"file": one}) == canonical_parsed({"file": upload(b"pay 10 EUR")})
+        assert canonical_parsed({"file": one}) != canonical_parsed({"file": upload(b"pay 99 EUR")})
+        assert one.read() == b"pay 10 EUR"
+
+    def test_bytes_and_sets_count_by_content(self):
+        assert canonical_parsed(b"abc") == canonical_parsed(bytearray(b"abc"))
+        assert canonical_parsed(b"abc") != canonical_parsed(b"abd")
+        assert canonical_parsed({1, 2.0}) == canonical_parsed(frozenset({2, 1}))
+        assert canonical_parsed({1, 2}) != canonical_parsed([1, 2])
+
+    def test_data_nested_deeper_than_the_canonical_form_goes_still_fingerprints(self):
+        class Parsed:
+            def __init__(self, data: object) -> None:
+                self._request = factory.post("/o/", "[]", content_type="application/json")
+                self._request.read()  # a parser consumed the stream
+                self.data = data
+
+        def nested(depth: int, leaf: object) -> list:
+            value: list = [leaf]
+            for _ in range(depth):
+                value = [value]
+            return value
+
+        depth = sys.getrecursionlimit() * 3 // 4
+        assert request_fingerprint(Parsed(nested(depth, 1))) == request_fingerprint(
+            Parsed(nested(depth, 1))
+        )
+        assert request_fingerprint(Parsed(nested(depth, 1))) != request_fingerprint(
+            Parsed(nested(depth, 2))
+        )
+
+    def test_other_objects_have_a_deterministic_form(self):
+        class Plain:
+            def __init__(self, amount: int) -> None:
+                self.amount = amount
+
+        assert canonical_parsed(Plain(10)) == canonical_parsed(Plain(10))
+        assert canonical_parsed(Plain(10)) != canonical_parsed(Plain(11))
+        assert "0x" not in canonical_parsed(Plain(10))
+
+        class Slotted:
+            __slots__ = ("amount",)
+
+            def __init__(self, amount: int) -> None:
+                self.amount = amount
+
+        assert canonical_parsed(Slotted(10)) == canonical_parsed(Slotted(10))
+        assert canonical_parsed(Slotted(10)) != canonical_parsed(Slotted(11))
+        assert canonical_parsed(float("inf")) != canonical_parsed("Infinity")
+        assert canonical_parsed(float("inf")) == canonical_parsed(Decimal("Infinity"))
+        day = datetime.date(2026, 12, 1)
+        assert canonical_parsed(day) == canonical_parsed(datetime.date(2026, 12, 1))
+        assert canonical_parsed(day) != canonical_parsed("2026-12-01")
 
 
 class LongFingerprintTests:

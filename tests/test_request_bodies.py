@@ -121,6 +121,81 @@ class LargeBodyTests:
 
 
 @pytest.mark.django_db
+@pytest.mark.usefixtures("small_limits")
+class LimitsTests:
+    """Bodies Django refuses are refused with a key exactly as without one."""
+
+    @pytest.mark.parametrize(
+        "content_type", ["application/json", "application/x-www-form-urlencoded"]
+    )
+    def test_loaded_body_past_the_limit_gets_the_answer_it_gets_without_a_key(
+        self, client: Client, content_type: str
+    ) -> None:
+        data = b"q=" + b"x" * (40 * LIMIT)
+        unkeyed = client.post("/bodies/load/unprotected/", data, content_type)
+        keyed = client.post("/bodies/load/", data, content_type, headers=key())
+        assert unkeyed.status_code == keyed.status_code == 400
+        assert keyed.content == unkeyed.content
+        assert not IdempotencyKey.objects.exists()
+        assert not Order.objects.exists()
+
+    def test_form_with_too_many_fields_gets_the_answer_it_gets_without_a_key(
+        self, client: Client, settings: Any
+    ) -> None:
+        settings.DATA_UPLOAD_MAX_NUMBER_FIELDS = 10
+        form = "application/x-www-form-urlencoded"
+        data = "&".join(f"f{i}=x" for i in range(11))
+        unkeyed = client.post("/bodies/form-fields/unprotected/", data, form)
+        keyed = client.post("/bodies/form-fields/", data, form, headers=key())
+        assert unkeyed.status_code == keyed.status_code == 400
+        assert keyed.content == unkeyed.content
+        assert not IdempotencyKey.objects.exists()
+        within = client.post("/bodies/form-fields/", data.rsplit("&", 1)[0], form, headers=key())
+        assert within.status_code == 201
+        assert within.json()["fields"] == 10
+
+
+@pytest.mark.django_db
+class ParsedBeforeTheKeyTests:
+    """A permission read ``request.data``, so the fingerprint has only the parsed data."""
+
+    def test_different_files_of_one_name_under_one_key_are_422(self) -> None:
+        client = APIClient()
+        url = "/bodies/upload/invoice.pdf/"
+        content = b"%PDF-1 pay 10 EUR"
+        first = client.post(url, content, content_type=OCTETS, headers=key())
+        same = client.post(url, content, content_type=OCTETS, headers=key())
+        other = client.post(url, b"%PDF-1 pay 9999 EUR", content_type=OCTETS, headers=key())
+
+        assert first.status_code == 201
+        # The view still reads the whole file after the fingerprint digested it.
+        assert first.json()["file"] == hashlib.sha256(content).hexdigest()
+        assert same["Idempotent-Replayed"] == "true"
+        assert other.status_code == 422
+        assert calls.value == 1
+
+    def test_numbers_compare_by_value_when_a_parser_consumed_the_stream(self) -> None:
+        client = APIClient()
+        url = "/bodies/stream-json/"
+        answers = [
+            client.post(url, body, content_type="application/json", headers=key())
+            for body in (
+                '{"q": 10, "r": [1, 2]}',
+                '{"r": [1, 2.0], "q": 10.0}',
+                '{"q": 1e1, "r": [1, 2]}',
+            )
+        ]
+        changed = client.post(
+            url, '{"q": 10, "r": [2, 1]}', content_type="application/json", headers=key()
+        )
+
+        assert [answer.status_code for answer in answers] == [201, 201, 201]
+        assert [answer.get("Idempotent-Replayed") for answer in answers[1:]] == ["true", "true"]
+        assert changed.status_code == 422
+        assert calls.value == 1
+
+
+@pytest.mark.django_db
 class MultipartEveryMethodTests:
     @pytest.mark.parametrize("method", ["PUT", "PATCH", "DELETE"])
     def test_changed_multipart_body_is_422_and_the_same_replays(
@@ -299,6 +374,20 @@ class OverHttpTests:
         assert unkeyed.status_code == keyed.status_code == 400
         assert not Order.objects.exists()
         assert not IdempotencyKey.objects.exists()
+
+    def test_loaded_json_past_the_limit_is_refused_with_a_key_as_without(
+        self, server: GunicornServer
+    ) -> None:
+        data = b'{"item": "' + b"x" * self.SIZE + b'"}'
+        url = f"{server.url}/bodies/load/"
+        headers = {"Content-Type": "application/json"}
+        unkeyed = requests.post(url + "unprotected/", data=data, headers=headers, timeout=30)
+        keyed = requests.post(url, data=data, headers={**headers, **key()}, timeout=30)
+        small = requests.post(url, data=b'{"item": 1}', headers={**headers, **key()}, timeout=30)
+        assert unkeyed.status_code == keyed.status_code == 400, server.log()
+        assert keyed.content == unkeyed.content
+        assert small.status_code == 201, server.log()
+        assert small.json()["size"] == len(b'{"item": 1}')
 
     def test_large_multipart_put_is_fingerprinted_by_content(self, server: GunicornServer) -> None:
         url = f"{server.url}/bodies/drf-form/"

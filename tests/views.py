@@ -107,6 +107,12 @@ def large_response(request: HttpRequest) -> HttpResponse:
     size = int(request.GET.get("size", 2_000_000))
     response = HttpResponse(b"x" * size, content_type="application/octet-stream", status=201)
     response["Location"] = "/exports/1/"
+    # Headers that describe the body: a replay without the body must drop them.
+    response["Content-Encoding"] = "gzip"
+    response["Content-Disposition"] = 'attachment; filename="export.csv.gz"'
+    response["Content-Language"] = "en"
+    response["ETag"] = '"export-1"'
+    response["Last-Modified"] = "Tue, 01 Dec 2026 00:00:00 GMT"
     return response
 
 
