@@ -9,6 +9,7 @@ urlpatterns = [
     path("bodies/load/unprotected/", body_views.load_body_unprotected),
     path("bodies/form/", body_views.form),
     path("bodies/drf-form/", body_views.FormAPIView.as_view()),
+    path("bodies/drf-json/", body_views.JSONAPIView.as_view()),
     path("bodies/upload/<str:filename>/", body_views.UploadAPIView.as_view()),
     path("bodies/stream-json/", body_views.StreamJSONAPIView.as_view()),
     path("bodies/form-fields/", body_views.form_fields),

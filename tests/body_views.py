@@ -151,3 +151,16 @@ def form_fields(request: HttpRequest) -> HttpResponse:
 
 def form_fields_unprotected(request: HttpRequest) -> HttpResponse:
     return _created({"fields": len(request.POST)})
+
+
+class JSONAPIView(IdempotentMixin, APIView):
+    """DRF's JSONParser reads the raw stream and sets no size limit of its own."""
+
+    authentication_classes: list[type] = []
+    permission_classes = [AllowAny]
+
+    def post(self, request: Request) -> Response:
+        calls.increment()
+        items = request.data["items"]
+        order = Order.objects.create(item=f"json:{len(items)}")
+        return Response({"id": order.pk, "items": len(items)}, status=status.HTTP_201_CREATED)

@@ -99,6 +99,25 @@ class LargeBodyTests:
         assert not IdempotencyKey.objects.exists()
         assert not Order.objects.exists()
 
+    def test_drf_json_past_the_limit_is_answered_with_a_key_as_without(self) -> None:
+        # DRF before 3.17.2 read JSON from the raw stream, with no size limit
+        # of its own; later releases go through request.body and refuse it.
+        # Whichever DRF is installed, the key must not change the answer.
+        client = APIClient()
+        data = {"items": ["x" * 100] * (4 * LIMIT // 100)}
+        unkeyed = client.post("/bodies/drf-json/", data, format="json")
+        first = client.post("/bodies/drf-json/", data, format="json", headers=key())
+        retry = client.post("/bodies/drf-json/", data, format="json", headers=key())
+        assert first.status_code == unkeyed.status_code
+        if unkeyed.status_code == 201:
+            assert first.json()["items"] == len(data["items"])
+            assert retry["Idempotent-Replayed"] == "true"
+            assert retry.content == first.content
+            assert calls.value == 2
+        else:
+            assert unkeyed.status_code == retry.status_code == 400
+            assert not IdempotencyKey.objects.exists()
+
     def test_drf_upload_past_the_limit_is_accepted_and_replayed(self) -> None:
         client = APIClient()
         content = body(4 * LIMIT)
