@@ -8,6 +8,12 @@ themselves (``@idempotent``), that opt out (``@idempotency_exempt``), and
 every DRF view: DRF authenticates inside the view, after any middleware, so
 only the DRF mixin can compute the right scope. ``docs/middleware.rst`` has
 the details.
+
+One thing Django does around a view shapes what the middleware does:
+
+- an exception the view raises reaches us as the response Django made of
+  it (403, 404, 500): we hear of it through ``process_exception`` and
+  treat the response as the handler's failure, never stored.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from django.urls import Resolver404, resolve
 from django_idempotency.asynchronous import may_claim, protect_async
 from django_idempotency.core import protect
 from django_idempotency.exceptions import IdempotencyError
-from django_idempotency.responses import problem
+from django_idempotency.responses import discard, problem
 
 ViewFunc = TypeVar("ViewFunc", bound=Callable[..., Any])
 
@@ -34,6 +40,9 @@ EXEMPT_ATTRIBUTE = "_idempotency_exempt"
 # Set on the request by process_view: the request got past every earlier
 # middleware's checks (CSRF, login) and reached the view.
 _REACHED_VIEW = "_idempotency_reached_view"
+# Set on the request by process_exception: the view raised, and the response
+# get_response returns is the one Django made of the exception.
+_VIEW_RAISED = "_idempotency_view_raised"
 
 
 def idempotency_exempt(view: ViewFunc) -> ViewFunc:
@@ -116,10 +125,18 @@ class IdempotencyMiddleware:
     ) -> None:
         setattr(request, _REACHED_VIEW, True)
 
+    def process_exception(self, request: HttpRequest, exception: Exception) -> None:
+        # Django always calls this hook synchronously, in either mode.
+        setattr(request, _VIEW_RAISED, True)
+
     @staticmethod
     def _reached_view(request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
         if not getattr(request, _REACHED_VIEW, False):
             raise _NotReached(response)
+        if getattr(request, _VIEW_RAISED, False):
+            # SPEC: a handler that raises leaves nothing stored, and atomic
+            # mode rolls back what it wrote before raising.
+            return discard(response)
         return response
 
     @staticmethod

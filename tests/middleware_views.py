@@ -1,11 +1,13 @@
-"""Sync views for the middleware tests: plain, exempt, and one that looks at its own claim."""
+"""Sync views for the middleware tests: plain, exempt, one that looks at its own claim,
+and one that raises after writing."""
 
 from __future__ import annotations
 
 import threading
 
+from django.core.exceptions import PermissionDenied
 from django.db import connection
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.utils.decorators import method_decorator
 from django.views import View
 
@@ -57,3 +59,11 @@ def claim_seen_from_outside(request: HttpRequest) -> JsonResponse:
     return JsonResponse(
         {"claim_committed": seen[0], "in_atomic_block": connection.in_atomic_block}, status=201
     )
+
+
+def create_order_then_refuse(request: HttpRequest, refusal: str) -> HttpResponse:
+    """Write, then raise an exception Django turns into a 403 or a 404."""
+    _create_order(request)
+    if refusal == "forbidden":
+        raise PermissionDenied("not yours")
+    raise Http404("gone")

@@ -271,6 +271,43 @@ class AtomicRequestsTests:
         assert not IdempotencyKey.objects.filter(key="boom").exists()
 
 
+@pytest.mark.usefixtures("installed")
+class ViewRaisedTests:
+    """An exception Django turns into a response is still the handler's failure."""
+
+    @pytest.mark.parametrize(("refusal", "status"), [("forbidden", 403), ("missing", 404)])
+    def test_atomic_mode_rolls_back_and_stores_nothing(
+        self, any_client, refusal: str, status: int
+    ) -> None:
+        url = f"/async/sync/refuse/{refusal}/"
+        refused = post(any_client, url, key="refused")
+
+        assert refused.status_code == status
+        assert Order.objects.count() == 0
+        assert IdempotencyKey.objects.count() == 0
+        retry = post(any_client, url, key="refused")
+        assert retry.status_code == status
+        assert "Idempotent-Replayed" not in retry
+        assert calls.value == 2
+
+    def test_lease_mode_releases_the_key(self, any_client, settings) -> None:
+        settings.IDEMPOTENCY = {"ATOMIC": False}
+        refused = post(any_client, "/async/sync/refuse/forbidden/", key="refused")
+
+        assert refused.status_code == 403
+        assert IdempotencyKey.objects.count() == 0
+        assert post(any_client, "/async/sync/refuse/forbidden/", key="refused").status_code == 403
+        assert calls.value == 2
+
+    def test_a_view_answering_4xx_itself_is_stored(self, any_client) -> None:
+        first = post(any_client, "/async/sync/plain/", key="teapot", status=418)
+        retry = post(any_client, "/async/sync/plain/", key="teapot", status=418)
+
+        assert first.status_code == retry.status_code == 418
+        assert retry["Idempotent-Replayed"] == "true"
+        assert calls.value == 1
+
+
 class CapabilityTests:
     def test_sync_and_async_capable(self) -> None:
         assert IdempotencyMiddleware.sync_capable
