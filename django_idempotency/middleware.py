@@ -9,8 +9,11 @@ every DRF view: DRF authenticates inside the view, after any middleware, so
 only the DRF mixin can compute the right scope. ``docs/middleware.rst`` has
 the details.
 
-One thing Django does around a view shapes what the middleware does:
+Two things Django does around a view shape what the middleware does:
 
+- a view marked ``transaction.non_atomic_requests`` for our database
+  manages its own transactions: it runs in lease mode, outside any
+  transaction of ours;
 - an exception the view raises reaches us as the response Django made of
   it (403, 404, 500): we hear of it through ``process_exception`` and
   treat the response as the handler's failure, never stored.
@@ -27,6 +30,7 @@ from django.http import HttpRequest, HttpResponseBase
 from django.urls import Resolver404, resolve
 
 from django_idempotency.asynchronous import may_claim, protect_async
+from django_idempotency.conf import idempotency_settings
 from django_idempotency.core import protect
 from django_idempotency.exceptions import IdempotencyError
 from django_idempotency.responses import discard, problem
@@ -93,7 +97,7 @@ class IdempotencyMiddleware:
             return self._reached_view(request, self.get_response(request))
 
         try:
-            return protect(request, handler, {}, sender=view)
+            return protect(request, handler, _options_for(view), sender=view)
         except _NotReached as not_reached:
             return not_reached.response
         except IdempotencyError as error:
@@ -109,7 +113,7 @@ class IdempotencyMiddleware:
             return self._reached_view(request, await self.get_response(request))
 
         try:
-            return await protect_async(request, handler, {}, sender=view)
+            return await protect_async(request, handler, _options_for(view), sender=view)
         except _NotReached as not_reached:
             return not_reached.response
         except IdempotencyError as error:
@@ -152,6 +156,17 @@ class IdempotencyMiddleware:
         if _handled_elsewhere(view, request.method or ""):
             return None
         return view
+
+
+def _options_for(view: Any) -> dict[str, Any]:
+    """The options the middleware protects ``view`` with: the settings', adapted."""
+    options: dict[str, Any] = {}
+    if idempotency_settings.database in getattr(view, "_non_atomic_requests", ()):
+        # The view opted out of request transactions (a durable block, its own
+        # commits): wrapping it in ours would break it. Lease mode commits the
+        # claim first and runs the view outside any transaction.
+        options["atomic"] = False
+    return options
 
 
 def _handled_elsewhere(view: Any, method: str) -> bool:

@@ -1,12 +1,12 @@
 """Sync views for the middleware tests: plain, exempt, one that looks at its own claim,
-and one that raises after writing."""
+one with its own transactions, and one that raises after writing."""
 
 from __future__ import annotations
 
 import threading
 
 from django.core.exceptions import PermissionDenied
-from django.db import connection
+from django.db import connection, transaction
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.utils.decorators import method_decorator
 from django.views import View
@@ -59,6 +59,13 @@ def claim_seen_from_outside(request: HttpRequest) -> JsonResponse:
     return JsonResponse(
         {"claim_committed": seen[0], "in_atomic_block": connection.in_atomic_block}, status=201
     )
+
+
+@transaction.non_atomic_requests
+def create_order_durable(request: HttpRequest) -> HttpResponse:
+    """A view that manages its own transactions: a durable block cannot nest in another."""
+    with transaction.atomic(durable=True):
+        return _create_order(request)
 
 
 def create_order_then_refuse(request: HttpRequest, refusal: str) -> HttpResponse:

@@ -272,6 +272,39 @@ class AtomicRequestsTests:
 
 
 @pytest.mark.usefixtures("installed")
+class OwnTransactionsTests:
+    """A view marked non_atomic_requests runs in lease mode, outside any transaction of ours."""
+
+    def test_durable_block_runs_once_per_key(self, any_client) -> None:
+        first = post(any_client, "/async/sync/durable/", key="durable")
+        retry = post(any_client, "/async/sync/durable/", key="durable")
+
+        assert first.status_code == 201, first.content
+        assert retry["Idempotent-Replayed"] == "true"
+        assert retry.content == first.content
+        assert calls.value == 1
+        assert Order.objects.count() == 1
+        assert IdempotencyKey.objects.get().state == IdempotencyKey.State.COMPLETED
+
+    def test_lease_mode_even_with_atomic_requests(self, any_client, atomic_requests) -> None:
+        first = post(any_client, "/async/sync/durable/", key="durable")
+        assert first.status_code == 201, first.content
+        assert post(any_client, "/async/sync/durable/", key="durable")["Idempotent-Replayed"]
+        assert calls.value == 1
+
+    def test_opting_out_for_another_database_keeps_atomic_mode(self) -> None:
+        from django_idempotency.middleware import _options_for
+
+        def view(request: Any) -> HttpResponse:
+            return HttpResponse()
+
+        view._non_atomic_requests = {"other"}  # type: ignore[attr-defined]
+        assert "atomic" not in _options_for(view)
+        view._non_atomic_requests = {"default"}  # type: ignore[attr-defined]
+        assert _options_for(view)["atomic"] is False
+
+
+@pytest.mark.usefixtures("installed")
 class ViewRaisedTests:
     """An exception Django turns into a response is still the handler's failure."""
 
