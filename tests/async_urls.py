@@ -20,6 +20,7 @@ urlpatterns = [
     path("sync/claim/", middleware_views.claim_seen_from_outside),
     path("sync/durable/", middleware_views.create_order_durable),
     path("sync/refuse/<str:refusal>/", middleware_views.create_order_then_refuse),
+    path("sync/token-auth/", middleware_views.create_order_token_auth),
 ]
 
 if find_spec("adrf") is not None:

@@ -1,5 +1,5 @@
 """Sync views for the middleware tests: plain, exempt, one that looks at its own claim,
-one with its own transactions, and one that raises after writing."""
+one with its own transactions, one that raises after writing, one that authenticates itself."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from django.views import View
 
 from django_idempotency import idempotency_exempt, idempotent
 from django_idempotency.models import IdempotencyKey
-from tests.views import _create_order
+from tests.models import Order
+from tests.views import _create_order, calls
 
 
 def create_order(request: HttpRequest) -> HttpResponse:
@@ -74,3 +75,13 @@ def create_order_then_refuse(request: HttpRequest, refusal: str) -> HttpResponse
     if refusal == "forbidden":
         raise PermissionDenied("not yours")
     raise Http404("gone")
+
+
+def create_order_token_auth(request: HttpRequest) -> JsonResponse:
+    """Authenticate by a bearer token inside the view, as non-DRF frameworks do."""
+    calls.increment()
+    caller = request.headers.get("Authorization", "").removeprefix("Bearer ")
+    if not caller:
+        return JsonResponse({"detail": "no credentials"}, status=401)
+    order = Order.objects.create(item=f"for {caller}")
+    return JsonResponse({"id": order.pk, "caller": caller}, status=201)

@@ -341,6 +341,38 @@ class ViewRaisedTests:
         assert calls.value == 1
 
 
+@pytest.mark.usefixtures("installed")
+class CredentialScopeTests:
+    """A view that authenticates by itself: the Authorization header narrows the scope."""
+
+    def test_other_credentials_never_replay_an_answer(self, any_client) -> None:
+        url = "/async/sync/token-auth/"
+        alice = post(any_client, url, key="shared", headers={"Authorization": "Bearer alice"})
+        bob = post(any_client, url, key="shared", headers={"Authorization": "Bearer bob"})
+
+        assert alice.status_code == bob.status_code == 201
+        assert "Idempotent-Replayed" not in bob
+        assert json.loads(alice.content)["caller"] == "alice"
+        assert json.loads(bob.content)["caller"] == "bob"
+        assert calls.value == 2
+
+        again = post(any_client, url, key="shared", headers={"Authorization": "Bearer alice"})
+        assert again["Idempotent-Replayed"] == "true"
+        assert again.content == alice.content
+        assert calls.value == 2
+        scopes = set(IdempotencyKey.objects.values_list("scope", flat=True))
+        assert len(scopes) == 2
+        assert all(scope.startswith("anonymous|credential:") for scope in scopes)
+        assert not any("alice" in scope or "bob" in scope for scope in scopes)
+
+    def test_authenticated_user_keeps_the_user_scope(self, any_client) -> None:
+        user = User.objects.create_user("carol")
+        any_client.force_login(user)
+        post(any_client, "/async/sync/plain/", key="u", headers={"Authorization": "Bearer x"})
+
+        assert IdempotencyKey.objects.get().scope == f"user:{user.pk}"
+
+
 class CapabilityTests:
     def test_sync_and_async_capable(self) -> None:
         assert IdempotencyMiddleware.sync_capable
