@@ -145,8 +145,8 @@ class IdempotencyMiddleware:
         if not getattr(request, _REACHED_VIEW, False):
             raise _NotReached(response)
         if getattr(request, _VIEW_RAISED, False):
-            # SPEC: a handler that raises leaves nothing stored, and atomic
-            # mode rolls back what it wrote before raising.
+            # A handler that raises leaves nothing stored, and atomic mode
+            # rolls back what it wrote before raising (docs/concepts.rst).
             return discard(response)
         return response
 
