@@ -8,6 +8,18 @@ themselves (``@idempotent``), that opt out (``@idempotency_exempt``), and
 every DRF view: DRF authenticates inside the view, after any middleware, so
 only the DRF mixin can compute the right scope. ``docs/middleware.rst`` has
 the details.
+
+Three things Django does around a view shape what the middleware does:
+
+- a view marked ``transaction.non_atomic_requests`` for our database
+  manages its own transactions: it runs in lease mode, outside any
+  transaction of ours;
+- an exception the view raises reaches us as the response Django made of
+  it (403, 404, 500): we hear of it through ``process_exception`` and
+  treat the response as the handler's failure, never stored;
+- a view that authenticates the request itself runs after the scope is
+  taken: an unauthenticated request's ``Authorization`` header is folded
+  into its scope, so one client's token never replays another's answer.
 """
 
 from __future__ import annotations
@@ -19,11 +31,13 @@ from typing import Any, TypeVar
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest, HttpResponseBase
 from django.urls import Resolver404, resolve
+from django.utils.crypto import salted_hmac
 
 from django_idempotency.asynchronous import may_claim, protect_async
+from django_idempotency.conf import idempotency_settings
 from django_idempotency.core import protect
 from django_idempotency.exceptions import IdempotencyError
-from django_idempotency.responses import problem
+from django_idempotency.responses import discard, problem
 
 ViewFunc = TypeVar("ViewFunc", bound=Callable[..., Any])
 
@@ -34,6 +48,12 @@ EXEMPT_ATTRIBUTE = "_idempotency_exempt"
 # Set on the request by process_view: the request got past every earlier
 # middleware's checks (CSRF, login) and reached the view.
 _REACHED_VIEW = "_idempotency_reached_view"
+# Set on the request by process_exception: the view raised, and the response
+# get_response returns is the one Django made of the exception.
+_VIEW_RAISED = "_idempotency_view_raised"
+# The hex digits of the Authorization header's digest kept in the scope.
+CREDENTIAL_DIGEST_LENGTH = 32
+_CREDENTIAL_SALT = "django_idempotency.middleware.credential"
 
 
 def idempotency_exempt(view: ViewFunc) -> ViewFunc:
@@ -84,7 +104,7 @@ class IdempotencyMiddleware:
             return self._reached_view(request, self.get_response(request))
 
         try:
-            return protect(request, handler, {}, sender=view)
+            return protect(request, handler, _options_for(view), sender=view)
         except _NotReached as not_reached:
             return not_reached.response
         except IdempotencyError as error:
@@ -100,7 +120,7 @@ class IdempotencyMiddleware:
             return self._reached_view(request, await self.get_response(request))
 
         try:
-            return await protect_async(request, handler, {}, sender=view)
+            return await protect_async(request, handler, _options_for(view), sender=view)
         except _NotReached as not_reached:
             return not_reached.response
         except IdempotencyError as error:
@@ -116,10 +136,18 @@ class IdempotencyMiddleware:
     ) -> None:
         setattr(request, _REACHED_VIEW, True)
 
+    def process_exception(self, request: HttpRequest, exception: Exception) -> None:
+        # Django always calls this hook synchronously, in either mode.
+        setattr(request, _VIEW_RAISED, True)
+
     @staticmethod
     def _reached_view(request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
         if not getattr(request, _REACHED_VIEW, False):
             raise _NotReached(response)
+        if getattr(request, _VIEW_RAISED, False):
+            # A handler that raises leaves nothing stored, and atomic mode
+            # rolls back what it wrote before raising (docs/concepts.rst).
+            return discard(response)
         return response
 
     @staticmethod
@@ -135,6 +163,37 @@ class IdempotencyMiddleware:
         if _handled_elsewhere(view, request.method or ""):
             return None
         return view
+
+
+def _options_for(view: Any) -> dict[str, Any]:
+    """The options the middleware protects ``view`` with: the settings', adapted."""
+    options: dict[str, Any] = {"scope": _scope_with_credentials}
+    if idempotency_settings.database in getattr(view, "_non_atomic_requests", ()):
+        # The view opted out of request transactions (a durable block, its own
+        # commits): wrapping it in ours would break it. Lease mode commits the
+        # claim first and runs the view outside any transaction.
+        options["atomic"] = False
+    return options
+
+
+def _scope_with_credentials(request: HttpRequest) -> str:
+    """The ``SCOPE`` setting's scope, narrowed by the credentials of an unauthenticated request.
+
+    A view that authenticates the request itself (a token checked in the
+    view, django-ninja, GraphQL) does so after the scope is taken, when
+    every client still looks anonymous: without its credentials in the
+    scope, one client sending another's key and body would get the other's
+    stored response. Only a digest of the header is kept, never its value,
+    and a keyed one: a Basic ``Authorization`` holds a password, which a
+    plain hash in the scope column would expose to a guessing attack.
+    """
+    scope = idempotency_settings.scope(request)
+    credentials = request.headers.get("Authorization")
+    user = getattr(request, "user", None)
+    if not credentials or (user is not None and user.is_authenticated):
+        return scope
+    digest = salted_hmac(_CREDENTIAL_SALT, credentials, algorithm="sha256").hexdigest()
+    return f"{scope}|credential:{digest[:CREDENTIAL_DIGEST_LENGTH]}"
 
 
 def _handled_elsewhere(view: Any, method: str) -> bool:

@@ -38,6 +38,8 @@ BODY_HEADERS = frozenset(
         "last-modified",
     }
 )
+# Set by discard() on a response that stands for a failed handler.
+_DISCARDED = "_idempotency_discarded"
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,22 @@ class StoredResponse:
     body: bytes | None  # None: too large or streaming, replayed without a body
 
 
+def discard(response: HttpResponseBase) -> HttpResponseBase:
+    """Mark ``response`` as the answer to a handler that raised.
+
+    Such a response is never stored, and the protocol treats it as it treats
+    the handler's exception: atomic mode rolls the handler's writes back,
+    lease mode gives the key back. The client still receives ``response``.
+    For adapters whose framework turns a view's exception into a response
+    before they see it (the middleware, see docs/middleware.rst).
+    """
+    setattr(response, _DISCARDED, True)
+    return response
+
+
 def is_storable(response: HttpResponseBase) -> bool:
+    if getattr(response, _DISCARDED, False):
+        return False
     status = response.status_code
     return status < 500 and status not in TRANSIENT_STATUSES
 

@@ -18,6 +18,9 @@ urlpatterns = [
     path("sync/exempt-class/", middleware_views.ExemptOrderView.as_view()),
     path("sync/hidden-decorated/", middleware_views.hidden_decorated),
     path("sync/claim/", middleware_views.claim_seen_from_outside),
+    path("sync/durable/", middleware_views.create_order_durable),
+    path("sync/refuse/<str:refusal>/", middleware_views.create_order_then_refuse),
+    path("sync/token-auth/", middleware_views.create_order_token_auth),
 ]
 
 if find_spec("adrf") is not None:

@@ -271,6 +271,108 @@ class AtomicRequestsTests:
         assert not IdempotencyKey.objects.filter(key="boom").exists()
 
 
+@pytest.mark.usefixtures("installed")
+class OwnTransactionsTests:
+    """A view marked non_atomic_requests runs in lease mode, outside any transaction of ours."""
+
+    def test_durable_block_runs_once_per_key(self, any_client) -> None:
+        first = post(any_client, "/async/sync/durable/", key="durable")
+        retry = post(any_client, "/async/sync/durable/", key="durable")
+
+        assert first.status_code == 201, first.content
+        assert retry["Idempotent-Replayed"] == "true"
+        assert retry.content == first.content
+        assert calls.value == 1
+        assert Order.objects.count() == 1
+        assert IdempotencyKey.objects.get().state == IdempotencyKey.State.COMPLETED
+
+    def test_lease_mode_even_with_atomic_requests(self, any_client, atomic_requests) -> None:
+        first = post(any_client, "/async/sync/durable/", key="durable")
+        assert first.status_code == 201, first.content
+        assert post(any_client, "/async/sync/durable/", key="durable")["Idempotent-Replayed"]
+        assert calls.value == 1
+
+    def test_opting_out_for_another_database_keeps_atomic_mode(self) -> None:
+        from django_idempotency.middleware import _options_for
+
+        def view(request: Any) -> HttpResponse:
+            return HttpResponse()
+
+        view._non_atomic_requests = {"other"}  # type: ignore[attr-defined]
+        assert "atomic" not in _options_for(view)
+        view._non_atomic_requests = {"default"}  # type: ignore[attr-defined]
+        assert _options_for(view)["atomic"] is False
+
+
+@pytest.mark.usefixtures("installed")
+class ViewRaisedTests:
+    """An exception Django turns into a response is still the handler's failure."""
+
+    @pytest.mark.parametrize(("refusal", "status"), [("forbidden", 403), ("missing", 404)])
+    def test_atomic_mode_rolls_back_and_stores_nothing(
+        self, any_client, refusal: str, status: int
+    ) -> None:
+        url = f"/async/sync/refuse/{refusal}/"
+        refused = post(any_client, url, key="refused")
+
+        assert refused.status_code == status
+        assert Order.objects.count() == 0
+        assert IdempotencyKey.objects.count() == 0
+        retry = post(any_client, url, key="refused")
+        assert retry.status_code == status
+        assert "Idempotent-Replayed" not in retry
+        assert calls.value == 2
+
+    def test_lease_mode_releases_the_key(self, any_client, settings) -> None:
+        settings.IDEMPOTENCY = {"ATOMIC": False}
+        refused = post(any_client, "/async/sync/refuse/forbidden/", key="refused")
+
+        assert refused.status_code == 403
+        assert IdempotencyKey.objects.count() == 0
+        assert post(any_client, "/async/sync/refuse/forbidden/", key="refused").status_code == 403
+        assert calls.value == 2
+
+    def test_a_view_answering_4xx_itself_is_stored(self, any_client) -> None:
+        first = post(any_client, "/async/sync/plain/", key="teapot", status=418)
+        retry = post(any_client, "/async/sync/plain/", key="teapot", status=418)
+
+        assert first.status_code == retry.status_code == 418
+        assert retry["Idempotent-Replayed"] == "true"
+        assert calls.value == 1
+
+
+@pytest.mark.usefixtures("installed")
+class CredentialScopeTests:
+    """A view that authenticates by itself: the Authorization header narrows the scope."""
+
+    def test_other_credentials_never_replay_an_answer(self, any_client) -> None:
+        url = "/async/sync/token-auth/"
+        alice = post(any_client, url, key="shared", headers={"Authorization": "Bearer alice"})
+        bob = post(any_client, url, key="shared", headers={"Authorization": "Bearer bob"})
+
+        assert alice.status_code == bob.status_code == 201
+        assert "Idempotent-Replayed" not in bob
+        assert json.loads(alice.content)["caller"] == "alice"
+        assert json.loads(bob.content)["caller"] == "bob"
+        assert calls.value == 2
+
+        again = post(any_client, url, key="shared", headers={"Authorization": "Bearer alice"})
+        assert again["Idempotent-Replayed"] == "true"
+        assert again.content == alice.content
+        assert calls.value == 2
+        scopes = set(IdempotencyKey.objects.values_list("scope", flat=True))
+        assert len(scopes) == 2
+        assert all(scope.startswith("anonymous|credential:") for scope in scopes)
+        assert not any("alice" in scope or "bob" in scope for scope in scopes)
+
+    def test_authenticated_user_keeps_the_user_scope(self, any_client) -> None:
+        user = User.objects.create_user("carol")
+        any_client.force_login(user)
+        post(any_client, "/async/sync/plain/", key="u", headers={"Authorization": "Bearer x"})
+
+        assert IdempotencyKey.objects.get().scope == f"user:{user.pk}"
+
+
 class CapabilityTests:
     def test_sync_and_async_capable(self) -> None:
         assert IdempotencyMiddleware.sync_capable
