@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -77,6 +77,19 @@ class NewClaim:
 
 def _columns() -> dict[str, str]:
     return {field.name: str(field.column) for field in IdempotencyKey._meta.concrete_fields}
+
+
+#: Each statement's SQL, built once per (vendor, statement) rather than per
+#: request: see "Performance" in docs/backends.rst.
+_SQL: dict[tuple[str, Any], str] = {}
+
+
+def _sql(connection: BaseDatabaseWrapper, name: Any, build: Callable[..., str]) -> str:
+    cache_key = (connection.vendor, name)
+    sql = _SQL.get(cache_key)
+    if sql is None:
+        sql = _SQL[cache_key] = build(connection)
+    return sql
 
 
 _CLAIM_FIELDS = [
@@ -226,17 +239,51 @@ def complete(
     so the update touches no indexed column and PostgreSQL can make it a
     heap-only (HOT) update on the same page.
     """
-    values: dict[str, Any] = {
-        "state": State.COMPLETED,
-        "status_code": status_code,
-        "response_headers": headers,
-        "response_body": body,
-        "locked_until": None,
-    }
+    connection = connections[using]
+    with_expiry, with_token = expires_at is not None, owner_token is not None
+    sql = _sql(
+        connection,
+        ("complete", with_expiry, with_token),
+        lambda c: _complete_sql(c, with_expiry=with_expiry, with_token=with_token),
+    )
+    # The fields' own conversions (jsonb on PostgreSQL, bytes on each driver),
+    # without building and compiling an ORM query per request.
+    params: list[Any] = [
+        _STATE_COMPLETED,
+        status_code,
+        _HEADERS_FIELD.get_db_prep_save(headers, connection),
+        _BODY_FIELD.get_db_prep_save(body, connection),
+    ]
     if expires_at is not None:
-        values["expires_at"] = expires_at
-    rows = _owned(using, record_id, owner_token).update(**values)
-    return rows == 1
+        params.append(connection.ops.adapt_datetimefield_value(expires_at))
+    params.append(record_id)
+    if owner_token is not None:
+        params.append(owner_token)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount == 1
+
+
+_STATE_COMPLETED = str(State.COMPLETED)
+_HEADERS_FIELD = IdempotencyKey._meta.get_field("response_headers")
+_BODY_FIELD = IdempotencyKey._meta.get_field("response_body")
+
+
+def _complete_sql(connection: BaseDatabaseWrapper, *, with_expiry: bool, with_token: bool) -> str:
+    quote = connection.ops.quote_name
+    columns = _columns()
+    assigned = ["state", "status_code", "response_headers", "response_body"]
+    if with_expiry:
+        assigned.append("expires_at")
+    assignments = [f"{quote(columns[name])} = %s" for name in assigned]
+    assignments.insert(4, f"{quote(columns['locked_until'])} = NULL")
+    where = [f"{quote(IdempotencyKey._meta.pk.column)} = %s"]
+    if with_token:
+        where.append(f"{quote(columns['owner_token'])} = %s")
+    return (
+        f"UPDATE {quote(IdempotencyKey._meta.db_table)} SET {', '.join(assignments)} "
+        f"WHERE {' AND '.join(where)}"
+    )
 
 
 def release(using: str, record_id: int, owner_token: str) -> bool:
@@ -330,6 +377,14 @@ def _claim_upsert(connection: BaseDatabaseWrapper, new: NewClaim) -> int | None:
     SQLite serialises writers on the whole database, so the wait happened
     at ``BEGIN`` (or at this statement) under the busy timeout.
     """
+    sql = _sql(connection, "claim", _upsert_sql)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, _insert_params(connection, new))
+        row = cursor.fetchone()
+    return None if row is None else int(row[0])
+
+
+def _upsert_sql(connection: BaseDatabaseWrapper) -> str:
     quote = connection.ops.quote_name
     table = quote(IdempotencyKey._meta.db_table)
     columns = _columns()
@@ -338,15 +393,11 @@ def _claim_upsert(connection: BaseDatabaseWrapper, new: NewClaim) -> int | None:
     created = quote(columns["created_at"])
     pk = quote(IdempotencyKey._meta.pk.column)
     takeover = _takeover_assignments(connection, from_excluded=True)
-    sql = (
+    return (
         f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join(['%s'] * len(names))}) "
         f"ON CONFLICT ({names[0]}, {names[1]}) DO UPDATE SET {takeover} "
         f"WHERE {table}.{expires} <= EXCLUDED.{created} RETURNING {pk}"
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, _insert_params(connection, new))
-        row = cursor.fetchone()
-    return None if row is None else int(row[0])
 
 
 def _takeover_assignments(connection: BaseDatabaseWrapper, *, from_excluded: bool) -> str:
@@ -395,34 +446,7 @@ def _claim_postgresql(
     began, unless ``view_lock_timeout`` (from an earlier pass of the same
     claim, which left the bounded wait in force) says otherwise.
     """
-    quote = connection.ops.quote_name
-    table = quote(IdempotencyKey._meta.db_table)
-    columns = _columns()
-    names = [quote(columns[field]) for field in _CLAIM_FIELDS]
-    scope, key = names[0], names[1]
-    expires = quote(columns["expires_at"])
-    pk = quote(IdempotencyKey._meta.pk.column)
-    record = ", ".join(f"{table}.{quote(columns[name])}" for name in _RECORD_COLUMNS[1:])
-    nulls = ", ".join(["NULL"] * (len(_RECORD_COLUMNS) - 1))
-    found_columns = ", ".join(["mine", *(f"c{i}" for i in range(len(_RECORD_COLUMNS)))])
-    sql = (
-        "WITH wait AS (SELECT COALESCE(%s::text, current_setting('lock_timeout')) AS previous, "
-        "set_config('lock_timeout', %s, true) AS applied), "
-        f"inserted AS (INSERT INTO {table} ({', '.join(names)}) "
-        f"SELECT {', '.join(['%s'] * len(names))} FROM wait "
-        f"ON CONFLICT ({scope}, {key}) DO NOTHING RETURNING {pk}), "
-        f"taken AS (UPDATE {table} SET {_takeover_assignments(connection, from_excluded=False)} "
-        f"WHERE {scope} = %s AND {key} = %s AND {expires} <= %s "
-        f"AND NOT EXISTS (SELECT 1 FROM inserted) RETURNING {table}.{pk}), "
-        f"claimed AS (SELECT {pk} FROM inserted UNION ALL SELECT {pk} FROM taken), "
-        f"found ({found_columns}) AS (SELECT true, claimed.{pk}, {nulls} FROM claimed "
-        f"UNION ALL SELECT false, {table}.{pk}, {record} FROM {table} "
-        f"WHERE {scope} = %s AND {key} = %s AND NOT EXISTS (SELECT 1 FROM claimed)) "
-        # Always exactly one row, so the view's lock_timeout always comes back.
-        "SELECT found.*, wait.previous, "
-        "CASE WHEN found.mine THEN set_config('lock_timeout', wait.previous, true) END "
-        "FROM wait LEFT JOIN found ON true"
-    )
+    sql = _sql(connection, "claim", _postgresql_claim_sql)
     insert = _insert_params(connection, new)
     adapt = connection.ops.adapt_datetimefield_value
     params = [
@@ -452,6 +476,37 @@ def _claim_postgresql(
     return found, previous
 
 
+def _postgresql_claim_sql(connection: BaseDatabaseWrapper) -> str:
+    quote = connection.ops.quote_name
+    table = quote(IdempotencyKey._meta.db_table)
+    columns = _columns()
+    names = [quote(columns[field]) for field in _CLAIM_FIELDS]
+    scope, key = names[0], names[1]
+    expires = quote(columns["expires_at"])
+    pk = quote(IdempotencyKey._meta.pk.column)
+    record = ", ".join(f"{table}.{quote(columns[name])}" for name in _RECORD_COLUMNS[1:])
+    nulls = ", ".join(["NULL"] * (len(_RECORD_COLUMNS) - 1))
+    found_columns = ", ".join(["mine", *(f"c{i}" for i in range(len(_RECORD_COLUMNS)))])
+    return (
+        "WITH wait AS (SELECT COALESCE(%s::text, current_setting('lock_timeout')) AS previous, "
+        "set_config('lock_timeout', %s, true) AS applied), "
+        f"inserted AS (INSERT INTO {table} ({', '.join(names)}) "
+        f"SELECT {', '.join(['%s'] * len(names))} FROM wait "
+        f"ON CONFLICT ({scope}, {key}) DO NOTHING RETURNING {pk}), "
+        f"taken AS (UPDATE {table} SET {_takeover_assignments(connection, from_excluded=False)} "
+        f"WHERE {scope} = %s AND {key} = %s AND {expires} <= %s "
+        f"AND NOT EXISTS (SELECT 1 FROM inserted) RETURNING {table}.{pk}), "
+        f"claimed AS (SELECT {pk} FROM inserted UNION ALL SELECT {pk} FROM taken), "
+        f"found ({found_columns}) AS (SELECT true, claimed.{pk}, {nulls} FROM claimed "
+        f"UNION ALL SELECT false, {table}.{pk}, {record} FROM {table} "
+        f"WHERE {scope} = %s AND {key} = %s AND NOT EXISTS (SELECT 1 FROM claimed)) "
+        # Always exactly one row, so the view's lock_timeout always comes back.
+        "SELECT found.*, wait.previous, "
+        "CASE WHEN found.mine THEN set_config('lock_timeout', wait.previous, true) END "
+        "FROM wait LEFT JOIN found ON true"
+    )
+
+
 def _read(using: str, new: NewClaim) -> IdempotencyKey | None:
     return IdempotencyKey.objects.using(using).filter(scope=new.scope, key=new.key).first()
 
@@ -479,16 +534,11 @@ def _claim_mysql(
     the failed INSERT already holds a shared lock on the row, and many
     duplicates upgrading it to exclusive at once would deadlock.
     """
-    quote = connection.ops.quote_name
-    table = quote(IdempotencyKey._meta.db_table)
-    columns = _columns()
-    names = [quote(columns[field]) for field in _CLAIM_FIELDS]
     prefix = _mysql_wait_prefix(connection, wait)
     with connection.cursor() as cursor:
         try:
             cursor.execute(
-                f"{prefix}INSERT INTO {table} ({', '.join(names)}) "
-                f"VALUES ({', '.join(['%s'] * len(names))})",
+                prefix + _sql(connection, "claim", _mysql_insert_sql),
                 _insert_params(connection, new),
             )
             return int(cursor.lastrowid)
@@ -498,9 +548,7 @@ def _claim_mysql(
     # A raw query, for the per-statement wait; the ORM still converts the row.
     found = list(
         IdempotencyKey.objects.db_manager(connection.alias).raw(
-            f"{prefix}SELECT * FROM {table} "
-            f"WHERE {names[0]} = %s AND {names[1]} = %s LOCK IN SHARE MODE",
-            [new.scope, new.key],
+            prefix + _sql(connection, "read", _mysql_read_sql), [new.scope, new.key]
         )
     )
     if not found:
@@ -509,6 +557,25 @@ def _claim_mysql(
     if record.expires_at > new.created_at:
         return record
     return _take_over_mysql(connection, record.pk, new, prefix)
+
+
+def _mysql_insert_sql(connection: BaseDatabaseWrapper) -> str:
+    quote = connection.ops.quote_name
+    names = [quote(_columns()[field]) for field in _CLAIM_FIELDS]
+    return (
+        f"INSERT INTO {quote(IdempotencyKey._meta.db_table)} ({', '.join(names)}) "
+        f"VALUES ({', '.join(['%s'] * len(names))})"
+    )
+
+
+def _mysql_read_sql(connection: BaseDatabaseWrapper) -> str:
+    quote = connection.ops.quote_name
+    columns = _columns()
+    return (
+        f"SELECT * FROM {quote(IdempotencyKey._meta.db_table)} "
+        f"WHERE {quote(columns['scope'])} = %s AND {quote(columns['key'])} = %s "
+        "LOCK IN SHARE MODE"
+    )
 
 
 def _take_over_mysql(
