@@ -7,6 +7,7 @@ is on the work each request asks of the database.
 from __future__ import annotations
 
 import json
+import tempfile
 
 import pytest
 from django.db import connection
@@ -74,3 +75,57 @@ def test_malformed_key_uses_no_statement(client):
 
     assert response.status_code == 400
     assert statements(rejected) == []
+
+
+class _RoundTrips:
+    """Messages the client sends PostgreSQL, read from libpq's own trace.
+
+    Unlike the query capture above this sees transaction control too (the
+    BEGIN psycopg sends before the first statement, the COMMIT), so it
+    counts what each request waits for: one simple query is one round trip.
+    """
+
+    def __init__(self, raw_connection) -> None:
+        self._pgconn = raw_connection.pgconn
+        self._file = tempfile.TemporaryFile(mode="w+")
+
+    def __enter__(self) -> _RoundTrips:
+        self._pgconn.trace(self._file.fileno())
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._pgconn.untrace()
+
+    def queries(self) -> list[str]:
+        self._file.seek(0)
+        sent = [line.split("\t") for line in self._file.read().splitlines()]
+        return [
+            fields[4].strip('" ')[:30]
+            for fields in sent
+            if fields[1] == "F" and fields[3] == "Query"
+        ]
+
+
+def _traced(client, key: str | None) -> list[str]:
+    connection.ensure_connection()
+    with _RoundTrips(connection.connection) as trips:
+        post(client, key)
+    return trips.queries()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_round_trips_on_postgresql(client):
+    if connection.vendor != "postgresql" or not hasattr(connection.connection, "pgconn"):
+        pytest.skip("libpq's trace: PostgreSQL with psycopg 3")
+    post(client, "warm-up")
+    post(client, "warm-up")
+
+    handler = _traced(client, None)
+    first = _traced(client, "first")
+    replay = _traced(client, "first")
+
+    assert [query.split()[0] for query in handler] == ["INSERT"]
+    # BEGIN, the claim, the handler's INSERT, the stored response, COMMIT.
+    assert [query.split()[0] for query in first] == ["BEGIN", "WITH", "INSERT", "UPDATE", "COMMIT"]
+    # A replay waits for BEGIN, the claim and COMMIT only.
+    assert [query.split()[0] for query in replay] == ["BEGIN", "WITH", "COMMIT"]
