@@ -87,7 +87,7 @@ class _RoundTrips:
 
     def __init__(self, raw_connection) -> None:
         self._pgconn = raw_connection.pgconn
-        self._file = tempfile.TemporaryFile(mode="w+")
+        self._file = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115  closed in queries()
 
     def __enter__(self) -> _RoundTrips:
         self._pgconn.trace(self._file.fileno())
@@ -97,8 +97,9 @@ class _RoundTrips:
         self._pgconn.untrace()
 
     def queries(self) -> list[str]:
-        self._file.seek(0)
-        sent = [line.split("\t") for line in self._file.read().splitlines()]
+        with self._file:
+            self._file.seek(0)
+            sent = [line.split("\t") for line in self._file.read().splitlines()]
         return [
             fields[4].strip('" ')[:30]
             for fields in sent
