@@ -447,19 +447,7 @@ def _claim_postgresql(
     claim, which left the bounded wait in force) says otherwise.
     """
     sql = _sql(connection, "claim", _postgresql_claim_sql)
-    insert = _insert_params(connection, new)
-    adapt = connection.ops.adapt_datetimefield_value
-    params = [
-        view_lock_timeout,
-        f"{max(1, round(wait * 1000))}ms",
-        *insert,
-        *insert[2:],
-        new.scope,
-        new.key,
-        adapt(new.created_at),
-        new.scope,
-        new.key,
-    ]
+    params = _postgresql_claim_params(connection, new, wait, view_lock_timeout)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
@@ -474,6 +462,24 @@ def _claim_postgresql(
     found = IdempotencyKey.from_db(connection.alias, _RECORD_COLUMNS, values)
     found.scope, found.key = new.scope, new.key
     return found, previous
+
+
+def _postgresql_claim_params(
+    connection: BaseDatabaseWrapper, new: NewClaim, wait: float, view_lock_timeout: str | None
+) -> list[Any]:
+    insert = _insert_params(connection, new)
+    adapt = connection.ops.adapt_datetimefield_value
+    return [
+        view_lock_timeout,
+        f"{max(1, round(wait * 1000))}ms",
+        *insert,
+        *insert[2:],
+        new.scope,
+        new.key,
+        adapt(new.created_at),
+        new.scope,
+        new.key,
+    ]
 
 
 def _postgresql_claim_sql(connection: BaseDatabaseWrapper) -> str:
