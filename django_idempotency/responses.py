@@ -24,7 +24,9 @@ TRANSIENT_STATUSES = frozenset({408, 409, 425, 429})
 class StoredResponse:
     status_code: int
     headers: list[list[str]]
-    body: bytes | None  # None: too large or streaming, replayed without a body
+    # None: too large or streaming, replayed without a body. A memoryview
+    # when read back through psycopg2.
+    body: bytes | memoryview | None
 
 
 def is_storable(response: HttpResponseBase) -> bool:

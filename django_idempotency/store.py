@@ -23,6 +23,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, IntegrityError, OperationalError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
+from django.db.models import Field
 
 from django_idempotency.models import IdempotencyKey
 
@@ -230,7 +231,7 @@ def complete(
     owner_token: str | None,
     status_code: int,
     headers: list[list[str]],
-    body: bytes | None,
+    body: bytes | memoryview | None,
     expires_at: datetime | None,
 ) -> bool:
     """Store the response; ``False`` if the claim is no longer ours (lease lost).
@@ -265,8 +266,8 @@ def complete(
 
 
 _STATE_COMPLETED = str(State.COMPLETED)
-_HEADERS_FIELD = IdempotencyKey._meta.get_field("response_headers")
-_BODY_FIELD = IdempotencyKey._meta.get_field("response_body")
+_HEADERS_FIELD: Field[Any, Any] = IdempotencyKey._meta.get_field("response_headers")  # type: ignore[assignment]
+_BODY_FIELD: Field[Any, Any] = IdempotencyKey._meta.get_field("response_body")  # type: ignore[assignment]
 
 
 def _complete_sql(connection: BaseDatabaseWrapper, *, with_expiry: bool, with_token: bool) -> str:

@@ -32,7 +32,7 @@ def _database(suffix: str = "") -> dict:
             "TEST": {"NAME": str(path)},
         }
     if BACKEND == "postgresql":
-        database = {
+        database: dict[str, object] = {
             "ENGINE": "django.db.backends.postgresql",
             "NAME": NAME + suffix,
             "HOST": HOST,
