@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Run every benchmark against PostgreSQL and write the docs table.
 
-    python3 benchmarks/run.py            # the full run (under 15 minutes)
-    python3 benchmarks/run.py --quick    # a smoke run (under 2 minutes)
+    python3 benchmarks/run.py            # the full run (about 30 minutes)
+    python3 benchmarks/run.py --quick    # a smoke run (under 5 minutes)
 
 Needs a Python 3.10+ and a PostgreSQL server on 127.0.0.1 (settings from
 ``PGHOST``/``PGPORT``/``PGUSER``/``PGPASSWORD``); the in-process rows also
