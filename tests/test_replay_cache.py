@@ -86,6 +86,24 @@ def _settings(alias: str | None, **more):
     return override_settings(CACHES=CACHES, IDEMPOTENCY={"REPLAY_CACHE": alias, **more})
 
 
+@pytest.fixture(autouse=True, scope="module")
+def leave_redis_as_found():
+    """Delete this module's entries from the shared Redis server (its own prefix only)."""
+    yield
+    try:
+        import redis
+    except ImportError:
+        return
+    client = redis.Redis(host="127.0.0.1", port=6379, socket_connect_timeout=1)
+    try:
+        for key in client.scan_iter(match=f"{PREFIX}:*", count=1000):
+            client.delete(key)
+    except redis.RedisError:
+        pass
+    finally:
+        client.close()
+
+
 @pytest.fixture(autouse=True)
 def clear_caches():
     with override_settings(CACHES=CACHES):
