@@ -417,3 +417,18 @@ def test_a_response_whose_outer_transaction_rolls_back_is_never_cached(client, r
     assert retry.status_code == 201
     assert "Idempotent-Replayed" not in retry
     assert calls.value == 2
+
+
+def test_a_drf_view_replays_from_the_cache_as_from_the_database(client):
+    with _settings("replay"):
+        first = post(client, "k1", path="/drf/apiview/")
+        from_database = _settings(None)
+        with from_database:
+            database = post(client, "k1", path="/drf/apiview/")
+        with CaptureQueriesContext(connection) as replay:
+            cached = post(client, "k1", path="/drf/apiview/")
+    assert statements(replay) == []
+    assert first.status_code == database.status_code == cached.status_code
+    assert cached.content == database.content == first.content
+    assert dict(cached.headers) == dict(database.headers)
+    assert calls.value == 1
