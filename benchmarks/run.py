@@ -1,17 +1,22 @@
 #!/usr/bin/env python3
 """Run every benchmark against PostgreSQL and write the docs table.
 
-    python3 benchmarks/run.py            # the full run (under 15 minutes)
-    python3 benchmarks/run.py --quick    # a smoke run (under 2 minutes)
+    python3 benchmarks/run.py            # the full run (about 30 minutes)
+    python3 benchmarks/run.py --quick    # a smoke run (under 5 minutes)
 
-Needs only a Python 3.10+ and a PostgreSQL server on 127.0.0.1 (settings
-from ``PGHOST``/``PGPORT``/``PGUSER``/``PGPASSWORD``). The first run makes
+Needs a Python 3.10+ and a PostgreSQL server on 127.0.0.1 (settings from
+``PGHOST``/``PGPORT``/``PGUSER``/``PGPASSWORD``); the in-process rows also
+use MariaDB on 127.0.0.1:3306 (``MYSQL_*``) and Redis on 127.0.0.1:6379
+(``BENCH_REDIS_URL``), and drop only their own rows when one is missing. The first run makes
 ``.venv-bench/`` with the project, its peers and the load tools, so the
 peer packages never enter the project's own environment; every later run
 re-executes itself inside that virtualenv.
 
 Sections: SQL statements per request, throughput and latency under
-gunicorn, duplicate storms, the purge, and async views under uvicorn. Each prints one table; all of
+gunicorn (persistent connections, then a connection per request with and
+without the replay cache), duplicate storms, the purge, async views under
+uvicorn, per-request time in one process on each database, and PostgreSQL
+behind added latency. Each prints one table; all of
 them are written, with the machine and versions they ran on, to
 ``docs/_generated/benchmarks.rst``.
 """
@@ -38,7 +43,11 @@ REQUIREMENTS = [
     "uvicorn>=0.30",
     "requests>=2.31",
     "py-spy>=0.3",
+    "redis>=4.5",
 ]
+#: Drivers for the in-process rows of other databases; one that fails to
+#: install drops only its rows.
+OPTIONAL = ["mysqlclient>=2.2"]
 #: The packages a Django user would pick instead, each installed on its own
 #: so that one that fails to install only drops out of the comparison.
 PEERS = [
@@ -62,12 +71,15 @@ def _bootstrap() -> None:
         print(f"Creating {VENV.relative_to(ROOT)} ...", flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
     stamp = VENV / "bench-requirements.sha256"
-    wanted = hashlib.sha256("\n".join(REQUIREMENTS + PEERS).encode()).hexdigest()
+    wanted = hashlib.sha256("\n".join(REQUIREMENTS + OPTIONAL + PEERS).encode()).hexdigest()
     if not stamp.exists() or stamp.read_text() != wanted:
         pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
         print("Installing the project, the load tools and the peer packages ...", flush=True)
         subprocess.run([*pip, "--upgrade", "pip"], check=True)
         subprocess.run([*pip, "-e", f"{ROOT}[drf,postgres]", *REQUIREMENTS], check=True)
+        for optional in OPTIONAL:
+            if subprocess.run([*pip, optional], check=False).returncode:
+                print(f"  {optional} did not install; its rows are left out.", flush=True)
         for peer in PEERS:
             result = subprocess.run([*pip, peer], check=False)
             if result.returncode:

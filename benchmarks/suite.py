@@ -1,4 +1,4 @@
-"""All five sections, run in order against one throwaway PostgreSQL database.
+"""Every section, run in order against throwaway databases.
 
 Runs of the things being compared are interleaved (A B C A B C ...), so that
 the noise of a shared machine falls on all of them alike; each figure is the
@@ -38,6 +38,9 @@ PURGE_BATCH = 5000
 class Plan:
     requests: int  # per timed run
     runs: int  # per variant, interleaved
+    inprocess_requests: int  # per variant and round, section 5
+    inprocess_rounds: int
+    latency_requests: int  # the same, behind added latency
     threads: int  # client threads
     replay_pool: int  # completed keys each replay run cycles through
     storm_keys: int
@@ -46,8 +49,10 @@ class Plan:
     purge_rows: tuple[int, ...]
 
 
-FULL = Plan(1500, 7, 4, 300, 40, 50, 50, (100_000, 1_000_000))
-QUICK = Plan(200, 2, 4, 100, 6, 50, 50, (100_000,))
+FULL = Plan(1500, 7, 1500, 5, 300, 4, 300, 40, 50, 50, (100_000, 1_000_000))
+QUICK = Plan(200, 2, 200, 2, 100, 4, 100, 6, 50, 50, (100_000,))
+#: Round-trip delays of the latency rows, in milliseconds.
+LATENCIES_MS = (0.0, 0.5, 1.0)
 
 
 @dataclass(frozen=True)
@@ -329,6 +334,280 @@ def section_async(port: int, plan: Plan, progress: Callable) -> Table:
     return table
 
 
+def section_throughput_per_request(plan: Plan, progress: Callable) -> Table:
+    """Our views over HTTP with a connection per request, the replay cache on Redis too.
+
+    Two servers of our views only (the peers refuse an ``IDEMPOTENCY`` dict
+    with our keys): one without the cache, one with it on Redis, used in
+    turn round by round.
+    """
+    from benchmarks.load import BenchServer, cycle, hammer, new_keys
+
+    prefix = f"bench-{os.getpid()}"
+    common = {"BENCH_DATABASE_NAME": DATABASE_NAME, "BENCH_CONN_MAX_AGE": "0"}
+    common["BENCH_OURS_ONLY"] = "1"
+    plain_server = BenchServer(common)
+    cache_server = BenchServer(
+        {**common, "BENCH_REPLAY_CACHE": "redis", "BENCH_REDIS_PREFIX": prefix}
+    )
+    rows = [
+        ("plain view, undecorated", plain_server, "plain", None),
+        ("@idempotent, first requests", plain_server, "ours", "new"),
+        ("@idempotent, replays", plain_server, "ours", "pool"),
+        ("@idempotent, replays from the cache (Redis)", cache_server, "ours", "cached"),
+    ]
+    results: dict[str, list] = {row[0]: [] for row in rows}
+    ratios: dict[str, list[float]] = {row[0]: [] for row in rows}
+    executions: Counter = Counter()
+    plain_server.start(probe_path="/plain/")
+    try:
+        cache_server.start(probe_path="/plain/")
+        try:
+            pool = new_keys(plan.replay_pool)
+            deadline = time.monotonic() + RUN_LIMIT
+            hammer(plain_server.port, "/ours/", pool, plan.threads, deadline)
+            # One replay of each key through the cache server fills the cache.
+            hammer(cache_server.port, "/ours/", pool, plan.threads, deadline)
+            hammer(plain_server.port, "/plain/", new_keys(plan.replay_pool), plan.threads, deadline)
+            for round_number in range(plan.runs):
+                progress(f"per-request throughput round {round_number + 1}/{plan.runs}")
+                baseline = None
+                for label, server, path, keys_kind in rows:
+                    keys = (
+                        new_keys(plan.requests)
+                        if keys_kind in (None, "new")
+                        else cycle(pool, plan.requests)
+                    )
+                    before = _rows(path)
+                    run = hammer(
+                        server.port, f"/{path}/", keys, plan.threads, time.monotonic() + RUN_LIMIT
+                    )
+                    if keys_kind is not None:
+                        executions[label] += _rows(path) - before
+                    results[label].append(run)
+                    if baseline is None:
+                        baseline = run
+                    else:
+                        ratios[label].append(run.rate / baseline.rate)
+        finally:
+            cache_server.stop()
+    finally:
+        plain_server.stop()
+    _clear_redis(prefix)
+    table = Table(
+        "2b. Throughput, a connection per request, replay cache (gunicorn, 4 sync workers)",
+        ["variant", "req/s", "x undecorated", "handler runs", "answers", "target"],
+    )
+    table.notes = [
+        "CONN_MAX_AGE = 0: every request opens and closes its own PostgreSQL connection. "
+        f"{plan.runs} interleaved runs of {plan.requests} requests, {plan.threads} client threads; "
+        "median (min-max).",
+        "The cached row runs on a second server with REPLAY_CACHE on the local Redis; its "
+        f"{plan.replay_pool} keys were replayed once through it before the timed runs.",
+        "Target: first requests >= 0.8x undecorated; replays >= 1.0x; replays from the cache "
+        ">= 1.3x; the handler never runs on a replay.",
+    ]
+    targets = {rows[1][0]: 0.8, rows[2][0]: 1.0, rows[3][0]: 1.3}
+    for label, _server, _path, keys_kind in rows:
+        runs = results[label]
+        statuses: Counter = sum((run.statuses for run in runs), Counter())
+        verdict = "-"
+        ratio = "1 (baseline)"
+        if label in targets:
+            ratio = _spread(ratios[label], ".2f")
+            met = statistics.median(ratios[label]) >= targets[label]
+            if keys_kind != "new":
+                met = met and executions[label] == 0
+            verdict = _verdict(met and sum(run.failures for run in runs) == 0)
+        table.add(
+            label,
+            _spread([run.rate for run in runs], ".0f"),
+            ratio,
+            executions[label] if keys_kind not in (None, "new") else "-",
+            _statuses(statuses),
+            verdict,
+        )
+    return table
+
+
+def _clear_redis(prefix: str) -> None:
+    """Delete this run's cache entries (only keys under its own prefix)."""
+    try:
+        import redis
+    except ImportError:
+        return
+    client = redis.Redis.from_url(os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"))
+    for key in client.scan_iter(match=f"{prefix}:*", count=1000):
+        client.delete(key)
+
+
+# Section 5 ------------------------------------------------------------------
+
+INPROCESS_CONFIGS = [
+    ("PostgreSQL", "postgresql", 600, False),
+    ("PostgreSQL", "postgresql", 0, False),
+    ("PostgreSQL, prepared statements", "postgresql", 600, True),
+    ("MariaDB", "mariadb", 600, False),
+    ("MariaDB", "mariadb", 0, False),
+    ("SQLite", "sqlite", 600, False),
+    ("SQLite", "sqlite", 0, False),
+]
+
+
+def section_inprocess(plan: Plan, progress: Callable) -> Table:
+    from benchmarks.inprocess import run
+
+    table = Table(
+        "6. Per request in one process (Django test client), median microseconds",
+        [
+            "database",
+            "connections",
+            "undecorated",
+            "first",
+            "first - undecorated",
+            "replay",
+            "replay from Redis",
+            "replay from locmem",
+            "target",
+        ],
+    )
+    table.notes = [
+        f"Each row is its own process and throwaway database; {plan.inprocess_rounds} rounds of "
+        f"{plan.inprocess_requests} requests per variant, interleaved within the row; the median "
+        "over rounds of the mean time per request. Includes the test client's own work.",
+        "Handler: one INSERT and a small JSON answer. 'persistent' is CONN_MAX_AGE = 600, "
+        "'per request' CONN_MAX_AGE = 0 (a new connection for every request).",
+        "'prepared statements' is Django's OPTIONS {'server_side_binding': True, "
+        "'prepare_threshold': 5}: the claim is planned once per connection instead of per "
+        "request. Django leaves it off by default for transaction-pooling proxies.",
+        "Targets (PostgreSQL): first <= undecorated + 600 us; replay <= undecorated; replay "
+        "from the cache <= undecorated / 2. The machine is shared: rows run minutes apart, so "
+        "compare within a row.",
+    ]
+    for label, backend, max_age, prepared in INPROCESS_CONFIGS:
+        progress(f"in-process {label}, CONN_MAX_AGE={max_age}")
+        try:
+            result = run(
+                backend,
+                max_age,
+                plan.inprocess_requests,
+                plan.inprocess_rounds,
+                prepared=prepared,
+            )
+        except Exception as exc:  # a backend that is not running drops its row only
+            table.add(
+                label, _connections(max_age), f"not run: {str(exc).splitlines()[0]}", *["-"] * 6
+            )
+            continue
+        table.add(label, _connections(max_age), *_inprocess_cells(result, backend == "postgresql"))
+    return table
+
+
+def _connections(max_age: int) -> str:
+    return "per request" if max_age == 0 else "persistent"
+
+
+def _inprocess_cells(result: dict[str, list[float]], with_targets: bool) -> list[str]:
+    med = {name: statistics.median(values) for name, values in result.items()}
+    plain, first, replay = med["undecorated"], med["first"], med["replay"]
+    redis_, locmem = med["replay, cache on Redis"], med["replay, cache on locmem"]
+    verdict = "-"
+    if with_targets:
+        missed = []
+        if first > plain + 600:
+            missed.append("first")
+        if replay > plain:
+            missed.append("replay")
+        if max(redis_, locmem) > plain / 2:
+            missed.append("cache")
+        verdict = OK if not missed else f"{MISSED}: {', '.join(missed)}"
+    return [
+        f"{plain:.0f}",
+        f"{first:.0f}",
+        f"{first - plain:+.0f}",
+        f"{replay:.0f}",
+        f"{redis_:.0f}",
+        f"{locmem:.0f}",
+        verdict,
+    ]
+
+
+def section_latency(plan: Plan, progress: Callable) -> list[Table]:
+    """Sections 6 and 7: PostgreSQL behind added round-trip latency."""
+    from benchmarks.inprocess import PIPELINE_VARIANTS, run
+    from benchmarks.latency import DelayProxy, netem_available
+
+    usable, how = netem_available()
+    port = int(os.environ.get("PGPORT", "5432"))
+    method = (
+        "tc netem is available, but these rows use the relay so that they match machines without it"
+        if usable
+        else f"tc netem is not available on this machine ({how})"
+    )
+    requests = plan.latency_requests
+    rounds = plan.inprocess_rounds
+    latency = Table(
+        "7. Per request behind added latency (PostgreSQL, persistent), median microseconds",
+        [
+            "added round trip",
+            "undecorated",
+            "first",
+            "first - undecorated",
+            "replay",
+            "replay from Redis",
+            "replay from locmem",
+        ],
+    )
+    latency.notes = [
+        f"{method}: the delay is added by a user-space relay on 127.0.0.1 (benchmarks/latency.py) "
+        "that holds every chunk PostgreSQL sends for the added round-trip time. The 0 ms row "
+        "goes through the relay too, so rows differ only in the delay. Redis is not delayed.",
+        f"{rounds} rounds of {requests} requests per variant, interleaved; as section 5.",
+        "Round trips per request (tests/test_queries.py): undecorated 1 (INSERT, autocommit); "
+        "first 5 (BEGIN, claim, INSERT, store, COMMIT); replay 3 (BEGIN, claim, COMMIT); "
+        "replay from the cache 0.",
+    ]
+    pipeline = Table(
+        "8. psycopg pipeline mode behind added latency (PostgreSQL, persistent), median us",
+        ["added round trip", *PIPELINE_VARIANTS, "pipeline pays?"],
+    )
+    pipeline.notes = [
+        "The statements of a first request (claim, INSERT, store, COMMIT) and of a replay "
+        "(claim, COMMIT), sent by psycopg directly with the same SQL on the same table: one "
+        "round trip per statement as today, or inside psycopg's pipeline mode, meant to send "
+        "BEGIN with the claim and the store with COMMIT. A libpq trace shows psycopg still "
+        "waits for BEGIN on its own and synchronises once more when the pipeline ends, so a "
+        "pipelined replay makes as many round trips as today and a first request one fewer.",
+        "Adopted only if it wins with latency and does not lose without.",
+    ]
+    verdicts = []
+    for delay in LATENCIES_MS:
+        progress(f"latency {delay} ms")
+        with DelayProxy(port, delay) as proxy:
+            result = run("postgresql", 600, requests, rounds, db_port=proxy.port)
+            latency.add(f"{delay:g} ms", *_inprocess_cells(result, False)[:-1])
+            piped = run("postgresql", 600, requests, rounds, db_port=proxy.port, pipeline=True)
+        med = {name: statistics.median(values) for name, values in piped.items()}
+        first_gain = med[PIPELINE_VARIANTS[0]] - med[PIPELINE_VARIANTS[1]]
+        replay_gain = med[PIPELINE_VARIANTS[2]] - med[PIPELINE_VARIANTS[3]]
+        verdicts.append(first_gain > 0 and replay_gain > 0)
+        pipeline.add(
+            f"{delay:g} ms",
+            *(f"{med[name]:.0f}" for name in PIPELINE_VARIANTS),
+            f"first {first_gain:+.0f} us, replay {replay_gain:+.0f} us",
+        )
+    adopt = all(verdicts)
+    pipeline.notes.append(
+        "Verdict: "
+        + (
+            "pipelining wins at every delay here."
+            if adopt
+            else "pipelining loses at one delay or more (see the 0 ms row); left out."
+        )
+    )
+    return [latency, pipeline]
+
+
 # Section 3 ------------------------------------------------------------------
 
 
@@ -532,6 +811,8 @@ def run_all(*, quick: bool, write_docs: bool, command: str) -> None:
             print(tables[-1].text(), "\n", flush=True)
         finally:
             server.stop()
+        tables.insert(2, section_throughput_per_request(plan, progress))
+        print(tables[2].text(), "\n", flush=True)
 
         asgi_server = BenchAsgiServer({"BENCH_DATABASE_NAME": DATABASE_NAME})
         asgi_server.start(probe_path="/plain/")
@@ -549,6 +830,11 @@ def run_all(*, quick: bool, write_docs: bool, command: str) -> None:
     tables.append(section_purge(plan, progress))
     print(tables[-1].text(), "\n", flush=True)
     tables.append(async_table)
+    tables.append(section_inprocess(plan, progress))
+    print(tables[-1].text(), "\n", flush=True)
+    for table in section_latency(plan, progress):
+        tables.append(table)
+        print(table.text(), "\n", flush=True)
     progress("done")
     if write_docs:
         facts = environment(postgres_version, [peer.name for peer in installed])

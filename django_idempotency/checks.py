@@ -47,7 +47,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             invalid.add(setting.name)
             errors.append(_error(setting.name, f"{problem}.", setting.hint, setting.check_id))
     values = {name: user.get(name, default) for name, default in DEFAULTS.items()}
-    for rule in (_database_alias, _set_cookie, _key_lengths):
+    for rule in (_database_alias, _set_cookie, _key_lengths, _replay_cache_alias):
         errors.extend(rule(values, invalid))
     return errors
 
@@ -103,6 +103,21 @@ def _key_lengths(values: dict[str, Any], invalid: set[str]) -> list[Error]:
             f"is {low}, above KEY_MAX_LENGTH ({high}): every key would be refused.",
             BY_NAME["KEY_MIN_LENGTH"].hint + " Keep it at most KEY_MAX_LENGTH.",
             KEY_LENGTHS_CROSSED,
+        )
+    ]
+
+
+def _replay_cache_alias(values: dict[str, Any], invalid: set[str]) -> list[Error]:
+    alias = values["REPLAY_CACHE"]
+    if "REPLAY_CACHE" in invalid or alias is None or alias in settings.CACHES:
+        return []
+    setting = BY_NAME["REPLAY_CACHE"]
+    return [
+        _error(
+            "REPLAY_CACHE",
+            f"names {alias!r}, which is not in CACHES.",
+            f"Use None or one of: {', '.join(settings.CACHES) or '(no caches configured)'}.",
+            setting.check_id,
         )
     ]
 

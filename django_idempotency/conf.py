@@ -342,6 +342,14 @@ SETTINGS: tuple[Setting, ...] = (
         "Use None (URN problem types) or an absolute http(s) URL such as "
         "'https://api.example.com/problems/'; each problem's name is appended to it.",
     ),
+    Setting(
+        "REPLAY_CACHE",
+        None,
+        lambda value: value is None or (isinstance(value, str) and value != ""),
+        _identity,
+        "django_idempotency.E120",
+        "Use None (no replay cache) or the alias of a cache in CACHES, e.g. 'default'.",
+    ),
 )
 
 BY_NAME: dict[str, Setting] = {setting.name: setting for setting in SETTINGS}
@@ -366,6 +374,9 @@ class IdempotencySettings:
 
     def __init__(self) -> None:
         self._cache: dict[str, Any] = {}
+        #: Bumped on every reload, so that values derived from the settings
+        #: (a view's resolved options) know when to derive themselves again.
+        self.generation = 0
 
     def user_settings(self) -> dict[str, Any]:
         user = getattr(django_settings, SETTING_NAME, {})
@@ -392,6 +403,7 @@ class IdempotencySettings:
 
     def reload(self) -> None:
         self._cache.clear()
+        self.generation += 1
 
     header: _Accessor[str] = _Accessor()
     required: _Accessor[bool] = _Accessor()
@@ -410,6 +422,7 @@ class IdempotencySettings:
     max_stored_body: _Accessor[int] = _Accessor()
     enabled: _Accessor[bool] = _Accessor()
     problem_type_base_url: _Accessor[str | None] = _Accessor()
+    replay_cache: _Accessor[str | None] = _Accessor()
 
 
 idempotency_settings = IdempotencySettings()

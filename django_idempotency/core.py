@@ -22,7 +22,14 @@ from django.dispatch import Signal
 from django.http import HttpRequest, HttpResponseBase
 from django.utils import timezone
 
-from django_idempotency import lease_cleanup, lease_connection, observability, signals, store
+from django_idempotency import (
+    lease_cleanup,
+    lease_connection,
+    observability,
+    replay_cache,
+    signals,
+    store,
+)
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import (
     DatabaseBusy,
@@ -34,7 +41,13 @@ from django_idempotency.info import IdempotencyInfo
 from django_idempotency.keys import mask_key, parse_key
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.options import Options, ViewOptions, resolve_options
-from django_idempotency.responses import StoredResponse, capture, is_storable, replay
+from django_idempotency.responses import (
+    StoredResponse,
+    capture,
+    is_storable,
+    replay,
+    replay_stored,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +95,11 @@ def protect(
     )
     request.idempotency = info  # type: ignore[attr-defined]
     call = _ProtectedCall(request, info, handler, finalize, options, sender, conf.database)
+    cache_alias = conf.replay_cache
+    if cache_alias is not None:
+        cached = call.replay_from_cache(cache_alias)
+        if cached is not None:
+            return cached
     return call.run_atomic() if options.atomic else call.run_lease()
 
 
@@ -120,6 +138,29 @@ class _ProtectedCall:
     own_connection: bool = field(default=False, init=False)
     started: float = field(default_factory=time.monotonic, init=False)
     claimed_at: datetime | None = field(default=None, init=False)
+    #: The expiry this request's claim wrote, which atomic mode's completion keeps.
+    claim_expires_at: Any = field(default=None, init=False)
+
+    # The replay cache (docs/settings.rst, "Replay cache"): never the authority.
+
+    def replay_from_cache(self, alias: str) -> HttpResponseBase | None:
+        """Replay a completed response from the cache, or ``None`` to ask the database."""
+        stored = replay_cache.lookup(alias, self.info)
+        if stored is None:
+            return None
+        self._send(signals.response_replayed)
+        return replay_stored(stored, idempotency_settings.replay_header)
+
+    def _cache_after_commit(self, stored: StoredResponse, expires_at: Any) -> None:
+        alias = idempotency_settings.replay_cache
+        if alias is None:
+            return
+        info = self.info
+        # Immediately when nothing is left to commit (a lease's own
+        # connection), else once the record's transaction has committed.
+        transaction.on_commit(
+            lambda: replay_cache.put(alias, info, stored, expires_at), using=self.using
+        )
 
     # Atomic mode (SPEC 4.1): claim, effect and stored response commit together.
 
@@ -385,6 +426,7 @@ class _ProtectedCall:
     # Shared steps.
 
     def _new_claim(self, now: Any, token: str, locked_until: Any) -> store.NewClaim:
+        self.claim_expires_at = now + self.options.ttl
         return store.NewClaim(
             scope=self.info.scope,
             key=self.info.key,
@@ -393,7 +435,7 @@ class _ProtectedCall:
             created_at=now,
             # A held lease expires with the lease, so that one index answers
             # both "may this be taken over?" and "may this be purged?".
-            expires_at=locked_until or now + self.options.ttl,
+            expires_at=locked_until or self.claim_expires_at,
             locked_until=locked_until,
         )
 
@@ -402,6 +444,7 @@ class _ProtectedCall:
         return capture(response, conf.stored_headers, conf.max_stored_body)
 
     def _complete(self, record_id: int, token: str | None, stored: StoredResponse) -> bool:
+        new_expiry = self._expiry_on_completion(token)
         completed = store.complete(
             self.using,
             record_id,
@@ -409,10 +452,11 @@ class _ProtectedCall:
             status_code=stored.status_code,
             headers=stored.headers,
             body=stored.body,
-            expires_at=self._expiry_on_completion(token),
+            expires_at=new_expiry,
         )
         if completed:
             self._send(signals.response_stored)
+            self._cache_after_commit(stored, new_expiry or self.claim_expires_at)
         return completed
 
     def _expiry_on_completion(self, token: str | None) -> datetime | None:
@@ -444,7 +488,15 @@ class _ProtectedCall:
             raise FingerprintMismatch
         if record.state == IdempotencyKey.State.COMPLETED:
             self._send(signals.response_replayed)
-            return replay(record, idempotency_settings.replay_header)
+            response = replay(record, idempotency_settings.replay_header)
+            if idempotency_settings.replay_cache is not None:
+                # A replay from the database refills a cache that lost the
+                # entry (evicted, restarted), for the record's remaining life.
+                stored = StoredResponse(
+                    record.status_code or 200, record.response_headers or [], record.response_body
+                )
+                self._cache_after_commit(stored, record.expires_at)
+            return response
         # An in-progress record committed by a lease-mode request still running.
         locked_until = record.locked_until or record.expires_at
         raise self._conflict(retry_after=(locked_until - timezone.now()).total_seconds())

@@ -68,6 +68,9 @@ class ViewOptions:
         self._label = label
         self._given = {name: value for name, value in given.items() if value is not None}
         self._clean: dict[str, Any] = {}
+        # The last resolve() and the settings generation it was made under:
+        # options change only when the settings do (override_settings).
+        self._resolved: tuple[int, Options] | None = None
         for name, value in self._given.items():
             setting = OPTIONS[name]
             if setting.imports and isinstance(value, str):
@@ -95,7 +98,20 @@ class ViewOptions:
                 yield self._label(name), OPTIONS[name], value
 
     def resolve(self) -> Options:
-        """The options for one request: settings read now, dotted paths imported on first use."""
+        """The options for one request: settings read now, dotted paths imported on first use.
+
+        Resolved once per settings generation and reused: only a settings
+        change (``override_settings``, which reloads them) can change them.
+        """
+        generation = idempotency_settings.generation
+        resolved = self._resolved
+        if resolved is not None and resolved[0] == generation:
+            return resolved[1]
+        options = self._resolve()
+        self._resolved = (generation, options)
+        return options
+
+    def _resolve(self) -> Options:
         values: dict[str, Any] = {}
         for name, setting in OPTIONS.items():
             if name in self._clean:

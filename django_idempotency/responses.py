@@ -46,7 +46,9 @@ _DISCARDED = "_idempotency_discarded"
 class StoredResponse:
     status_code: int
     headers: list[list[str]]
-    body: bytes | None  # None: too large or streaming, replayed without a body
+    # None: too large or streaming, replayed without a body. A memoryview
+    # when read back through psycopg2.
+    body: bytes | memoryview | None
 
 
 def discard(response: HttpResponseBase) -> HttpResponseBase:
@@ -84,10 +86,24 @@ def capture(
 
 
 def replay(record: IdempotencyKey, replay_header: str) -> HttpResponse:
-    body = record.response_body
-    response = HttpResponse(b"" if body is None else bytes(body), status=record.status_code)
+    return _build(record.status_code, record.response_headers, record.response_body, replay_header)
+
+
+def replay_stored(stored: StoredResponse, replay_header: str) -> HttpResponse:
+    """A replay of a response kept outside the database (the replay cache)."""
+    return _build(stored.status_code, stored.headers, stored.body, replay_header)
+
+
+def _build(
+    status_code: int | None,
+    headers: list[list[str]] | None,
+    body: bytes | memoryview | None,
+    replay_header: str,
+) -> HttpResponse:
+    # bytes() of bytes is the same object; psycopg2's memoryview is copied once.
+    response = HttpResponse(b"" if body is None else bytes(body), status=status_code)
     del response["Content-Type"]  # only what was stored goes back out
-    for name, value in record.response_headers or []:
+    for name, value in headers or []:
         if body is None and name.lower() in BODY_HEADERS:
             continue  # no body to describe, see docs/http.rst
         response[name] = value

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -23,6 +23,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, IntegrityError, OperationalError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
+from django.db.models import Field
 
 from django_idempotency.models import IdempotencyKey
 
@@ -77,6 +78,19 @@ class NewClaim:
 
 def _columns() -> dict[str, str]:
     return {field.name: str(field.column) for field in IdempotencyKey._meta.concrete_fields}
+
+
+#: Each statement's SQL, built once per (vendor, statement) rather than per
+#: request: see "Performance" in docs/backends.rst.
+_SQL: dict[tuple[str, Any], str] = {}
+
+
+def _sql(connection: BaseDatabaseWrapper, name: Any, build: Callable[..., str]) -> str:
+    cache_key = (connection.vendor, name)
+    sql = _SQL.get(cache_key)
+    if sql is None:
+        sql = _SQL[cache_key] = build(connection)
+    return sql
 
 
 _CLAIM_FIELDS = [
@@ -217,7 +231,7 @@ def complete(
     owner_token: str | None,
     status_code: int,
     headers: list[list[str]],
-    body: bytes | None,
+    body: bytes | memoryview | None,
     expires_at: datetime | None,
 ) -> bool:
     """Store the response; ``False`` if the claim is no longer ours (lease lost).
@@ -226,17 +240,51 @@ def complete(
     so the update touches no indexed column and PostgreSQL can make it a
     heap-only (HOT) update on the same page.
     """
-    values: dict[str, Any] = {
-        "state": State.COMPLETED,
-        "status_code": status_code,
-        "response_headers": headers,
-        "response_body": body,
-        "locked_until": None,
-    }
+    connection = connections[using]
+    with_expiry, with_token = expires_at is not None, owner_token is not None
+    sql = _sql(
+        connection,
+        ("complete", with_expiry, with_token),
+        lambda c: _complete_sql(c, with_expiry=with_expiry, with_token=with_token),
+    )
+    # The fields' own conversions (jsonb on PostgreSQL, bytes on each driver),
+    # without building and compiling an ORM query per request.
+    params: list[Any] = [
+        _STATE_COMPLETED,
+        status_code,
+        _HEADERS_FIELD.get_db_prep_save(headers, connection),
+        _BODY_FIELD.get_db_prep_save(body, connection),
+    ]
     if expires_at is not None:
-        values["expires_at"] = expires_at
-    rows = _owned(using, record_id, owner_token).update(**values)
-    return rows == 1
+        params.append(connection.ops.adapt_datetimefield_value(expires_at))
+    params.append(record_id)
+    if owner_token is not None:
+        params.append(owner_token)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount == 1
+
+
+_STATE_COMPLETED = str(State.COMPLETED)
+_HEADERS_FIELD: Field[Any, Any] = IdempotencyKey._meta.get_field("response_headers")  # type: ignore[assignment]
+_BODY_FIELD: Field[Any, Any] = IdempotencyKey._meta.get_field("response_body")  # type: ignore[assignment]
+
+
+def _complete_sql(connection: BaseDatabaseWrapper, *, with_expiry: bool, with_token: bool) -> str:
+    quote = connection.ops.quote_name
+    columns = _columns()
+    assigned = ["state", "status_code", "response_headers", "response_body"]
+    if with_expiry:
+        assigned.append("expires_at")
+    assignments = [f"{quote(columns[name])} = %s" for name in assigned]
+    assignments.insert(4, f"{quote(columns['locked_until'])} = NULL")
+    where = [f"{quote(IdempotencyKey._meta.pk.column)} = %s"]
+    if with_token:
+        where.append(f"{quote(columns['owner_token'])} = %s")
+    return (
+        f"UPDATE {quote(IdempotencyKey._meta.db_table)} SET {', '.join(assignments)} "
+        f"WHERE {' AND '.join(where)}"
+    )
 
 
 def release(using: str, record_id: int, owner_token: str) -> bool:
@@ -330,6 +378,14 @@ def _claim_upsert(connection: BaseDatabaseWrapper, new: NewClaim) -> int | None:
     SQLite serialises writers on the whole database, so the wait happened
     at ``BEGIN`` (or at this statement) under the busy timeout.
     """
+    sql = _sql(connection, "claim", _upsert_sql)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, _insert_params(connection, new))
+        row = cursor.fetchone()
+    return None if row is None else int(row[0])
+
+
+def _upsert_sql(connection: BaseDatabaseWrapper) -> str:
     quote = connection.ops.quote_name
     table = quote(IdempotencyKey._meta.db_table)
     columns = _columns()
@@ -338,15 +394,11 @@ def _claim_upsert(connection: BaseDatabaseWrapper, new: NewClaim) -> int | None:
     created = quote(columns["created_at"])
     pk = quote(IdempotencyKey._meta.pk.column)
     takeover = _takeover_assignments(connection, from_excluded=True)
-    sql = (
+    return (
         f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join(['%s'] * len(names))}) "
         f"ON CONFLICT ({names[0]}, {names[1]}) DO UPDATE SET {takeover} "
         f"WHERE {table}.{expires} <= EXCLUDED.{created} RETURNING {pk}"
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, _insert_params(connection, new))
-        row = cursor.fetchone()
-    return None if row is None else int(row[0])
 
 
 def _takeover_assignments(connection: BaseDatabaseWrapper, *, from_excluded: bool) -> str:
@@ -395,6 +447,43 @@ def _claim_postgresql(
     began, unless ``view_lock_timeout`` (from an earlier pass of the same
     claim, which left the bounded wait in force) says otherwise.
     """
+    sql = _sql(connection, "claim", _postgresql_claim_sql)
+    params = _postgresql_claim_params(connection, new, wait, view_lock_timeout)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    mine, values, previous = row[0], list(row[1:-2]), row[-2]
+    if mine is None:
+        return None, previous
+    if mine:
+        return int(values[0]), previous
+    headers_at = _RECORD_COLUMNS.index("response_headers")
+    if isinstance(values[headers_at], str):  # jsonb arrives as text for JSONField to decode
+        values[headers_at] = json.loads(values[headers_at])
+    found = IdempotencyKey.from_db(connection.alias, _RECORD_COLUMNS, values)
+    found.scope, found.key = new.scope, new.key
+    return found, previous
+
+
+def _postgresql_claim_params(
+    connection: BaseDatabaseWrapper, new: NewClaim, wait: float, view_lock_timeout: str | None
+) -> list[Any]:
+    insert = _insert_params(connection, new)
+    adapt = connection.ops.adapt_datetimefield_value
+    return [
+        view_lock_timeout,
+        f"{max(1, round(wait * 1000))}ms",
+        *insert,
+        *insert[2:],
+        new.scope,
+        new.key,
+        adapt(new.created_at),
+        new.scope,
+        new.key,
+    ]
+
+
+def _postgresql_claim_sql(connection: BaseDatabaseWrapper) -> str:
     quote = connection.ops.quote_name
     table = quote(IdempotencyKey._meta.db_table)
     columns = _columns()
@@ -405,7 +494,7 @@ def _claim_postgresql(
     record = ", ".join(f"{table}.{quote(columns[name])}" for name in _RECORD_COLUMNS[1:])
     nulls = ", ".join(["NULL"] * (len(_RECORD_COLUMNS) - 1))
     found_columns = ", ".join(["mine", *(f"c{i}" for i in range(len(_RECORD_COLUMNS)))])
-    sql = (
+    return (
         "WITH wait AS (SELECT COALESCE(%s::text, current_setting('lock_timeout')) AS previous, "
         "set_config('lock_timeout', %s, true) AS applied), "
         f"inserted AS (INSERT INTO {table} ({', '.join(names)}) "
@@ -423,33 +512,6 @@ def _claim_postgresql(
         "CASE WHEN found.mine THEN set_config('lock_timeout', wait.previous, true) END "
         "FROM wait LEFT JOIN found ON true"
     )
-    insert = _insert_params(connection, new)
-    adapt = connection.ops.adapt_datetimefield_value
-    params = [
-        view_lock_timeout,
-        f"{max(1, round(wait * 1000))}ms",
-        *insert,
-        *insert[2:],
-        new.scope,
-        new.key,
-        adapt(new.created_at),
-        new.scope,
-        new.key,
-    ]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    mine, values, previous = row[0], list(row[1:-2]), row[-2]
-    if mine is None:
-        return None, previous
-    if mine:
-        return int(values[0]), previous
-    headers_at = _RECORD_COLUMNS.index("response_headers")
-    if isinstance(values[headers_at], str):  # jsonb arrives as text for JSONField to decode
-        values[headers_at] = json.loads(values[headers_at])
-    found = IdempotencyKey.from_db(connection.alias, _RECORD_COLUMNS, values)
-    found.scope, found.key = new.scope, new.key
-    return found, previous
 
 
 def _read(using: str, new: NewClaim) -> IdempotencyKey | None:
@@ -479,16 +541,11 @@ def _claim_mysql(
     the failed INSERT already holds a shared lock on the row, and many
     duplicates upgrading it to exclusive at once would deadlock.
     """
-    quote = connection.ops.quote_name
-    table = quote(IdempotencyKey._meta.db_table)
-    columns = _columns()
-    names = [quote(columns[field]) for field in _CLAIM_FIELDS]
     prefix = _mysql_wait_prefix(connection, wait)
     with connection.cursor() as cursor:
         try:
             cursor.execute(
-                f"{prefix}INSERT INTO {table} ({', '.join(names)}) "
-                f"VALUES ({', '.join(['%s'] * len(names))})",
+                prefix + _sql(connection, "claim", _mysql_insert_sql),
                 _insert_params(connection, new),
             )
             return int(cursor.lastrowid)
@@ -498,9 +555,7 @@ def _claim_mysql(
     # A raw query, for the per-statement wait; the ORM still converts the row.
     found = list(
         IdempotencyKey.objects.db_manager(connection.alias).raw(
-            f"{prefix}SELECT * FROM {table} "
-            f"WHERE {names[0]} = %s AND {names[1]} = %s LOCK IN SHARE MODE",
-            [new.scope, new.key],
+            prefix + _sql(connection, "read", _mysql_read_sql), [new.scope, new.key]
         )
     )
     if not found:
@@ -509,6 +564,25 @@ def _claim_mysql(
     if record.expires_at > new.created_at:
         return record
     return _take_over_mysql(connection, record.pk, new, prefix)
+
+
+def _mysql_insert_sql(connection: BaseDatabaseWrapper) -> str:
+    quote = connection.ops.quote_name
+    names = [quote(_columns()[field]) for field in _CLAIM_FIELDS]
+    return (
+        f"INSERT INTO {quote(IdempotencyKey._meta.db_table)} ({', '.join(names)}) "
+        f"VALUES ({', '.join(['%s'] * len(names))})"
+    )
+
+
+def _mysql_read_sql(connection: BaseDatabaseWrapper) -> str:
+    quote = connection.ops.quote_name
+    columns = _columns()
+    return (
+        f"SELECT * FROM {quote(IdempotencyKey._meta.db_table)} "
+        f"WHERE {quote(columns['scope'])} = %s AND {quote(columns['key'])} = %s "
+        "LOCK IN SHARE MODE"
+    )
 
 
 def _take_over_mysql(

@@ -2,7 +2,8 @@
 
 ``sqlite`` (the default), ``postgresql`` or ``mariadb``. Server backends
 read ``TEST_DATABASE_HOST``/``_PORT``/``_USER``/``_PASSWORD``/``_NAME`` and
-default to the local services on 127.0.0.1.
+default to the local services on 127.0.0.1. ``TEST_POSTGRESQL_PREPARED=1``
+runs PostgreSQL with server-side binding and prepared statements.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def _database(suffix: str = "") -> dict:
             "TEST": {"NAME": str(path)},
         }
     if BACKEND == "postgresql":
-        return {
+        database: dict[str, object] = {
             "ENGINE": "django.db.backends.postgresql",
             "NAME": NAME + suffix,
             "HOST": HOST,
@@ -39,6 +40,11 @@ def _database(suffix: str = "") -> dict:
             "USER": os.environ.get("TEST_DATABASE_USER", "postgres"),
             "PASSWORD": os.environ.get("TEST_DATABASE_PASSWORD", ""),
         }
+        if os.environ.get("TEST_POSTGRESQL_PREPARED") == "1":
+            # Server-side binding, every statement prepared from its first use
+            # (see "Performance" in docs/backends.rst).
+            database["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 0}
+        return database
     if BACKEND == "mariadb":
         return {
             "ENGINE": "django.db.backends.mysql",

@@ -19,6 +19,9 @@ from benchmarks.statements import count_statements
 MODULES = [
     "benchmarks.bench.settings",
     "benchmarks.bench.urls",
+    "benchmarks.bench.inprocess_urls",
+    "benchmarks.inprocess",
+    "benchmarks.latency",
     "benchmarks.load",
     "benchmarks.report",
     "benchmarks.statements",
@@ -62,3 +65,52 @@ def test_section_one_counts_at_most_two_extra_statements(bench_table):
         assert not counts.replay_ran_handler, counts
         assert counts.mismatch_status == 422, counts
         assert not counts.mismatch_ran_handler, counts
+
+
+def test_the_latency_relay_adds_its_delay_and_passes_bytes_unchanged():
+    import socket
+    import threading
+    import time
+
+    from benchmarks.latency import DelayProxy
+
+    # An echo server on 127.0.0.1 stands in for the database.
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def echo() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            while data := conn.recv(65536):
+                conn.sendall(data)
+
+    threading.Thread(target=echo, daemon=True).start()
+    with (
+        DelayProxy(listener.getsockname()[1], 20.0) as proxy,
+        socket.create_connection(("127.0.0.1", proxy.port)) as client,
+    ):
+        started = time.monotonic()
+        client.sendall(b"ping")
+        received = b""
+        while len(received) < 4:
+            received += client.recv(16)
+        elapsed = time.monotonic() - started
+    listener.close()
+    assert received == b"ping"
+    assert 0.02 <= elapsed < 1.0
+
+
+def test_inprocess_verdicts_name_each_missed_target():
+    from benchmarks.suite import _inprocess_cells
+
+    row = {
+        "undecorated": [400.0],
+        "first": [900.0],
+        "replay": [380.0],
+        "replay, cache on Redis": [150.0],
+        "replay, cache on locmem": [90.0],
+    }
+    assert _inprocess_cells(row, True)[-1] == "ok"
+    row["first"] = [1100.0]
+    row["replay"] = [500.0]
+    assert _inprocess_cells(row, True)[-1] == "MISSED: first, replay"
+    assert _inprocess_cells(row, False)[-1] == "-"

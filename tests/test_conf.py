@@ -227,3 +227,16 @@ class SessionScopeTests:
         client.force_login(user)
         client.post("/session/", headers={"Idempotency-Key": "k"})
         assert IdempotencyKey.objects.get().scope == f"user:{user.pk}"
+
+
+def test_view_options_are_resolved_once_and_again_after_a_settings_change():
+    from django_idempotency.options import check_options
+
+    view_options = check_options({"wait": 1})
+    resolved = view_options.resolve()
+    assert view_options.resolve() is resolved  # not read again per request
+    with override_settings(IDEMPOTENCY={"TTL": 60, "WAIT": 3}):
+        changed = view_options.resolve()
+        assert changed.ttl == timedelta(seconds=60)
+        assert changed.wait == 1  # the view's own option still wins
+    assert view_options.resolve().ttl == timedelta(hours=24)

@@ -7,6 +7,7 @@ is on the work each request asks of the database.
 from __future__ import annotations
 
 import json
+import tempfile
 
 import pytest
 from django.db import connection
@@ -74,3 +75,76 @@ def test_malformed_key_uses_no_statement(client):
 
     assert response.status_code == 400
     assert statements(rejected) == []
+
+
+class _RoundTrips:
+    """Messages the client sends PostgreSQL, read from libpq's own trace.
+
+    Unlike the query capture above this sees transaction control too (the
+    BEGIN psycopg sends before the first statement, the COMMIT), so it
+    counts what each request waits for: one simple query, or one batch of
+    extended-protocol messages up to its Sync, is one round trip.
+    """
+
+    def __init__(self, raw_connection) -> None:
+        self._pgconn = raw_connection.pgconn
+        self._file = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115  closed in queries()
+
+    def __enter__(self) -> _RoundTrips:
+        self._pgconn.trace(self._file.fileno())
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._pgconn.untrace()
+
+    def trips(self) -> list[str]:
+        """One entry per wait: a simple query, or an extended-protocol batch ending in Sync.
+
+        Each entry names the statement's first word where the trace shows
+        its text ("?" for a statement prepared earlier and run by name).
+        """
+        with self._file:
+            self._file.seek(0)
+            sent = [line.split("\t") for line in self._file.read().splitlines()]
+        trips, pending = [], "?"
+        for fields in sent:
+            if fields[1] != "F":
+                continue
+            if fields[3] == "Query":
+                trips.append(fields[4].strip('" ').split()[0])
+            elif fields[3] == "Parse":
+                pending = fields[4].split('"')[3].split()[0]
+            elif fields[3] == "Sync":
+                trips.append(pending)
+                pending = "?"
+        return trips
+
+
+def _traced(client, key: str | None) -> list[str]:
+    with _RoundTrips(connection.connection) as trips:
+        post(client, key)
+    return trips.trips()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_round_trips_on_postgresql(client):
+    if connection.vendor != "postgresql":
+        pytest.skip("libpq's trace: PostgreSQL")
+    connection.ensure_connection()
+    if not hasattr(connection.connection, "pgconn"):
+        pytest.skip("libpq's trace: psycopg 3")
+    post(client, "warm-up")
+    post(client, "warm-up")
+
+    handler = _traced(client, None)
+    first = _traced(client, "first")
+    replay = _traced(client, "first")
+
+    assert len(handler) == 1, handler
+    # BEGIN, the claim, the handler's INSERT, the stored response, COMMIT.
+    assert len(first) == 5, first
+    # A replay waits for BEGIN, the claim and COMMIT only.
+    assert len(replay) == 3, replay
+    if "?" not in first + replay:  # statements not prepared: their text is in the trace
+        assert first == ["BEGIN", "WITH", "INSERT", "UPDATE", "COMMIT"]
+        assert replay == ["BEGIN", "WITH", "COMMIT"]

@@ -2,6 +2,10 @@
 
 ``BENCH_DATABASE_NAME`` names the database (``benchmarks.suite`` creates and
 drops it); ``PGHOST``/``PGPORT``/``PGUSER``/``PGPASSWORD`` reach the server.
+``BENCH_CONN_MAX_AGE=0`` opens a connection per request instead;
+``BENCH_OURS_ONLY=1`` leaves the peers out, and ``BENCH_REPLAY_CACHE=redis``
+then turns our replay cache on (the peers would refuse an ``IDEMPOTENCY``
+dict with our keys).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ DATABASES = {
         "PASSWORD": os.environ.get("PGPASSWORD", ""),
         # Production setups keep connections open (or pool them); opening one
         # per request would hide every package's overhead behind its cost.
-        "CONN_MAX_AGE": 600,
+        "CONN_MAX_AGE": int(os.environ.get("BENCH_CONN_MAX_AGE", "600")),
     }
 }
 if os.environ.get("BENCH_ASGI") == "1":
@@ -35,6 +39,8 @@ if os.environ.get("BENCH_ASGI") == "1":
     # a connection kept per thread would not be reused: pool them instead.
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     DATABASES["default"]["OPTIONS"] = {"pool": {"min_size": 4, "max_size": 8}}
+OURS_ONLY = os.environ.get("BENCH_OURS_ONLY") == "1"
+_PEERS = [] if OURS_ONLY else peers.installed()
 INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.auth",
@@ -76,13 +82,22 @@ IDEMPOTENCY_KEY_LOCK_TIMEOUT = 60
 # The path-limited peer middlewares go outside django-idempotency-key's: a
 # replay they answer skips the view, and django-idempotency-key raises
 # ImproperlyConfigured for any 2xx response whose view it did not see.
-for _peer in peers.installed():
+for _peer in _PEERS:
     if _peer.module == "drf_idempotency":
         INSTALLED_APPS.append("drf_idempotency")
         MIDDLEWARE.append("benchmarks.bench.peer_views.DrfIdempotencyOnItsPath")
     elif _peer.module == "rest_framework_idempotency_key":
         INSTALLED_APPS.append("rest_framework_idempotency_key")
         MIDDLEWARE.append("benchmarks.bench.peer_views.DrfIdempotencyKeyOnItsPath")
-if peers.is_installed("dik"):
+if any(peer.variant == "dik" for peer in _PEERS):
     # Views opt in with @idempotency_key; all other views are exempt.
     MIDDLEWARE.append("idempotency_key.middleware.ExemptIdempotencyKeyMiddleware")
+
+if OURS_ONLY and os.environ.get("BENCH_REPLAY_CACHE") == "redis":
+    CACHES["replay"] = {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"),
+        "KEY_PREFIX": os.environ.get("BENCH_REDIS_PREFIX", "bench"),
+        "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1},
+    }
+    IDEMPOTENCY = {"REPLAY_CACHE": "replay"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.urls import path
 
 from benchmarks.bench import views
@@ -17,7 +18,7 @@ urlpatterns = [
     path("ours-mixin/", views.OursMixinView.as_view()),
 ]
 
-_peers = {peer.variant for peer in installed()}
+_peers = set() if getattr(settings, "OURS_ONLY", False) else {peer.variant for peer in installed()}
 if _peers:
     from benchmarks.bench import peer_views
 

@@ -1,0 +1,259 @@
+"""Section 5: per-request time in one process, through Django's test client.
+
+Each backend and connection mode runs in a process of its own (its own
+settings, its own throwaway test database): ``python -m benchmarks.inprocess
+--backend postgresql --conn-max-age 600 --json``. Variants are interleaved
+round by round (undecorated, first, replay, replay from each cache), so that
+the noise of a shared machine falls on all of them alike; each figure is the
+median over rounds of the mean time per request within a round.
+
+``--pipeline`` instead times the statement sequences of a first request and
+a replay on PostgreSQL as psycopg sends them today (one round trip each) and
+in pipeline mode (BEGIN with the claim, the store with COMMIT), on the same
+table with the same SQL, to see whether pipelining pays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BODY = json.dumps({"item": "book", "quantity": 1})
+
+VARIANTS = [
+    "undecorated",
+    "first",
+    "replay",
+    "replay, cache on Redis",
+    "replay, cache on locmem",
+]
+PIPELINE_VARIANTS = [
+    "first, one round trip per statement",
+    "first, pipelined",
+    "replay, one round trip per statement",
+    "replay, pipelined",
+]
+
+
+def run(
+    backend: str,
+    conn_max_age: int,
+    requests: int,
+    rounds: int,
+    *,
+    db_port: int | None = None,
+    prepared: bool = False,
+    pipeline: bool = False,
+    timeout: float = 900.0,
+) -> dict[str, list[float]]:
+    """Microseconds per request, one figure per round, by variant (in a subprocess)."""
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "benchmarks.bench.inprocess_settings",
+        "BENCH_BACKEND": backend,
+        "BENCH_CONN_MAX_AGE": str(conn_max_age),
+        "BENCH_DATABASE_NAME": f"bench_inprocess_{uuid.uuid4().hex[:12]}",
+    }
+    if db_port is not None:
+        env["BENCH_DB_PORT"] = str(db_port)
+    if prepared:
+        env["BENCH_PG_PREPARED"] = "1"
+    command = [sys.executable, "-m", "benchmarks.inprocess", "--requests", str(requests)]
+    command += ["--rounds", str(rounds)] + (["--pipeline"] if pipeline else [])
+    completed = subprocess.run(
+        command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if completed.returncode:
+        raise RuntimeError(f"{backend} in-process run failed:\n{completed.stderr[-3000:]}")
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+# Inside the measuring process ----------------------------------------------------
+
+
+def _main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--requests", type=int, default=1500)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--pipeline", action="store_true")
+    arguments = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    from django.db import connection
+
+    old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True)
+    try:
+        if arguments.pipeline:
+            results = _pipeline(arguments.requests, arguments.rounds)
+        else:
+            results = _requests(arguments.requests, arguments.rounds)
+    finally:
+        connection.close()
+        connection.creation.destroy_test_db(old_name, verbosity=0)
+    print(json.dumps(results))
+
+
+def _requests(requests: int, rounds: int) -> dict[str, list[float]]:
+    from django.core.cache import caches
+    from django.db import close_old_connections, connection
+    from django.test import Client, override_settings
+
+    client = Client()
+    # The test client keeps Django from closing connections at the end of a
+    # request; close them here as the request handler would.
+    per_request = connection.settings_dict["CONN_MAX_AGE"] == 0
+
+    def post(path: str, key: str) -> None:
+        response = client.post(
+            path, BODY, content_type="application/json", headers={"Idempotency-Key": key}
+        )
+        assert response.status_code == 201, response.status_code
+        if per_request:
+            close_old_connections()
+
+    pool = [uuid.uuid4().hex for _ in range(requests)]
+    for key in pool:
+        post("/ours/", key)
+
+    def keys(fresh: bool) -> list[str]:
+        return [uuid.uuid4().hex for _ in range(requests)] if fresh else pool
+
+    def timed(path: str, fresh: bool, cache: str | None) -> float:
+        batch = keys(fresh)
+        with override_settings(IDEMPOTENCY={"REPLAY_CACHE": cache}):
+            if cache is not None:
+                for key in batch:  # a replay from the database fills the cache
+                    post(path, key)
+            started = time.perf_counter()
+            for key in batch:
+                post(path, key)
+            elapsed = time.perf_counter() - started
+        return elapsed / requests * 1e6
+
+    runs: dict[str, Callable[[], float]] = {
+        "undecorated": lambda: timed("/plain/", True, None),
+        "first": lambda: timed("/ours/", True, None),
+        "replay": lambda: timed("/ours/", False, None),
+        "replay, cache on Redis": lambda: timed("/ours/", False, "redis"),
+        "replay, cache on locmem": lambda: timed("/ours/", False, "locmem"),
+    }
+    for run_once in runs.values():  # warm every path once
+        run_once()
+    results: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run_once in runs.items():
+            results[name].append(run_once())
+    # Only this run's entries: other users of the Redis server keep theirs.
+    from django_idempotency.replay_cache import cache_key
+
+    caches["redis"].delete_many([cache_key("anonymous", key) for key in pool])
+    return results
+
+
+def _pipeline(requests: int, rounds: int) -> dict[str, list[float]]:
+    """Time the first-request and replay statement sequences with and without a pipeline."""
+    from django.db import connection
+    from django.utils import timezone
+
+    from benchmarks.bench.models import BenchOrder
+    from django_idempotency import store
+
+    connection.ensure_connection()
+    connection.set_autocommit(False)  # BEGIN before the first statement, as atomic() does
+    raw = connection.connection
+    claim_sql = store._sql(connection, "claim", store._postgresql_claim_sql)
+    complete_sql = store._sql(
+        connection,
+        ("complete", False, False),
+        lambda c: store._complete_sql(c, with_expiry=False, with_token=False),
+    )
+    table = connection.ops.quote_name(BenchOrder._meta.db_table)
+    insert_sql = (
+        f"INSERT INTO {table} (variant, key, nonce, created_at) "
+        "VALUES (%s, %s, %s, %s) RETURNING id"
+    )
+    headers = store._HEADERS_FIELD.get_db_prep_save(
+        [["Content-Type", "application/json"]], connection
+    )
+    body = b'{"id": 1, "variant": "bench"}'
+
+    def claim_params(key: str) -> list:
+        now = timezone.now()
+        new = store.NewClaim(
+            "bench", key, "f" * 64, "", now, now + timezone.timedelta(hours=1), None
+        )
+        return store._postgresql_claim_params(connection, new, 5.0, None)
+
+    def first(key: str, pipelined: bool) -> None:
+        cursor = raw.cursor()
+        if pipelined:
+            with raw.pipeline():
+                cursor.execute(claim_sql, claim_params(key))
+                record_id = cursor.fetchone()[1]
+                cursor.execute(insert_sql, ["pipeline", key, "", timezone.now()])
+                cursor.fetchone()
+                cursor.execute(complete_sql, ["completed", 201, headers, body, record_id])
+                raw.commit()
+        else:
+            cursor.execute(claim_sql, claim_params(key))
+            record_id = cursor.fetchone()[1]
+            cursor.execute(insert_sql, ["pipeline", key, "", timezone.now()])
+            cursor.fetchone()
+            cursor.execute(complete_sql, ["completed", 201, headers, body, record_id])
+            raw.commit()
+
+    def replay(key: str, pipelined: bool) -> None:
+        cursor = raw.cursor()
+        if pipelined:
+            with raw.pipeline():
+                cursor.execute(claim_sql, claim_params(key))
+                assert cursor.fetchone()[0] is False
+                raw.commit()
+        else:
+            cursor.execute(claim_sql, claim_params(key))
+            assert cursor.fetchone()[0] is False
+            raw.commit()
+
+    pool = [uuid.uuid4().hex for _ in range(requests)]
+    for key in pool:
+        first(key, False)
+
+    def timed(step: Callable[[str, bool], None], fresh: bool, pipelined: bool) -> float:
+        batch = [uuid.uuid4().hex for _ in range(requests)] if fresh else pool
+        started = time.perf_counter()
+        for key in batch:
+            step(key, pipelined)
+        return (time.perf_counter() - started) / requests * 1e6
+
+    runs = {
+        PIPELINE_VARIANTS[0]: lambda: timed(first, True, False),
+        PIPELINE_VARIANTS[1]: lambda: timed(first, True, True),
+        PIPELINE_VARIANTS[2]: lambda: timed(replay, False, False),
+        PIPELINE_VARIANTS[3]: lambda: timed(replay, False, True),
+    }
+    for run_once in runs.values():
+        run_once()
+    results: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run_once in runs.items():
+            results[name].append(run_once())
+    return results
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+if __name__ == "__main__":
+    _main()

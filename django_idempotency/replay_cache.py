@@ -1,0 +1,110 @@
+"""The optional replay cache (``REPLAY_CACHE``): completed responses, before the database.
+
+The database stays the only authority on a key. The cache holds copies of
+completed responses only, each put after its transaction committed and
+living no longer than its record, so that every hit is an answer the
+database would give too. Anything else (a miss, a fingerprint that does not
+match, a cache that fails or times out) falls through to the database,
+which answers as if there were no cache. See "Replay cache" in
+docs/settings.rst for why purging and releasing records needs no eviction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from datetime import datetime
+from typing import Any
+
+from django.core.cache import caches
+
+from django_idempotency.info import IdempotencyInfo
+from django_idempotency.keys import mask_key
+from django_idempotency.responses import StoredResponse
+
+logger = logging.getLogger(__name__)
+
+#: Cache keys are a digest of scope and key: never the key in clear, and
+#: short and plain enough for every cache backend (memcached refuses spaces).
+KEY_PREFIX = "django_idempotency:replay:"
+#: The first item of every entry; a different layout is never read.
+FORMAT = 1
+#: Entries that would live less than this are not put at all: a cache that
+#: counts timeouts in whole seconds could otherwise round them up.
+MIN_LIFETIME = 1.0
+
+
+def cache_key(scope: str, key: str) -> str:
+    digest = hashlib.sha256(scope.encode() + b"\0" + key.encode()).hexdigest()
+    return KEY_PREFIX + digest
+
+
+def lookup(alias: str, info: IdempotencyInfo) -> StoredResponse | None:
+    """The cached response for this request, or ``None`` to ask the database.
+
+    ``None`` also for an entry whose fingerprint differs (the database
+    answers 422 with its own signals) and for one past its record's expiry.
+    """
+    try:
+        entry = caches[alias].get(cache_key(info.scope, info.key))
+    except Exception:
+        _log_failure("read", alias, info)
+        return None
+    if not isinstance(entry, tuple) or len(entry) != 6 or entry[0] != FORMAT:
+        return None
+    _format, fingerprint, status_code, headers, body, expires_at = entry
+    if fingerprint != info.fingerprint or expires_at <= time.time():
+        return None
+    return StoredResponse(status_code, headers, body)
+
+
+def put(alias: str, info: IdempotencyInfo, stored: StoredResponse, expires_at: datetime) -> None:
+    """Cache a committed, completed response until no later than its record expires.
+
+    Called only after the transaction that completed the record committed
+    (``transaction.on_commit``): a response whose transaction rolled back is
+    never cached. A failure is logged and otherwise ignored.
+    """
+    expires = expires_at.timestamp()
+    lifetime = expires - time.time()
+    if lifetime < MIN_LIFETIME:
+        return
+    entry: tuple[Any, ...] = (
+        FORMAT,
+        info.fingerprint,
+        stored.status_code,
+        stored.headers,
+        None if stored.body is None else bytes(stored.body),
+        expires,
+    )
+    try:
+        # Whole seconds, rounded down: the entry dies before its record does.
+        caches[alias].set(cache_key(info.scope, info.key), entry, timeout=int(lifetime))
+    except Exception:
+        _log_failure("write", alias, info)
+
+
+def evict(alias: str, scope: str, key: str) -> None:
+    """Drop the entry for (scope, key), for callers that delete a record early."""
+    try:
+        caches[alias].delete(cache_key(scope, key))
+    except Exception:
+        logger.warning(
+            "Could not evict idempotency key %s in scope %r from the replay cache %r.",
+            mask_key(key),
+            scope,
+            alias,
+            exc_info=True,
+        )
+
+
+def _log_failure(action: str, alias: str, info: IdempotencyInfo) -> None:
+    logger.warning(
+        "Replay cache %r failed to %s idempotency key %s in scope %r; using the database.",
+        alias,
+        action,
+        mask_key(info.key),
+        info.scope,
+        exc_info=True,
+    )
