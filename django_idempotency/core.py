@@ -140,6 +140,8 @@ class _ProtectedCall:
     claimed_at: datetime | None = field(default=None, init=False)
     #: The expiry this request's claim wrote, which atomic mode's completion keeps.
     claim_expires_at: Any = field(default=None, init=False)
+    #: What lease mode stored, and until when, for the replay cache.
+    lease_stored: tuple[StoredResponse, datetime] | None = field(default=None, init=False)
 
     # The replay cache (docs/settings.rst, "Replay cache"): never the authority.
 
@@ -257,7 +259,7 @@ class _ProtectedCall:
             completed = self._complete_without_body(record_id, token, stored)
         lease_cleanup.release_unless_committed(self.using, lambda: self._release(record_id, token))
         if completed:
-            self._send(signals.response_stored)
+            self._lease_response_stored()
         elif completed is False:
             self._log_lease_lost()
 
@@ -377,21 +379,31 @@ class _ProtectedCall:
         # Sent only here, with the request's connection back in place, so
         # that a receiver's writes join the request's transaction.
         if completed:
-            self._send(signals.response_stored)
+            self._lease_response_stored()
         else:
             self._log_lease_lost()
 
     def _lease_complete(self, record_id: int, token: str, stored: StoredResponse) -> bool:
-        return store.complete(
+        # A lease's claim expires with the lease: the record lives for TTL.
+        expires_at = timezone.now() + self.options.ttl
+        completed = store.complete(
             self.using,
             record_id,
             owner_token=token,
             status_code=stored.status_code,
             headers=stored.headers,
             body=stored.body,
-            # A lease's claim expires with the lease: the record lives for TTL.
-            expires_at=timezone.now() + self.options.ttl,
+            expires_at=expires_at,
         )
+        if completed:
+            self.lease_stored = (stored, expires_at)
+        return completed
+
+    def _lease_response_stored(self) -> None:
+        """Signal the stored response and offer it to the replay cache once it commits."""
+        self._send(signals.response_stored)
+        if self.lease_stored is not None:
+            self._cache_after_commit(*self.lease_stored)
 
     def _log_body_refused(self, stored: StoredResponse) -> None:
         logger.warning(
