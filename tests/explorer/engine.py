@@ -52,6 +52,7 @@ TICKS = {"lease": LEASE + timedelta(seconds=1), "ttl": TTL + timedelta(seconds=1
 START = datetime(2030, 1, 1, tzinfo=dt_timezone.utc)
 STEP_TIMEOUT = 30.0
 MODES = ("atomic", "lease", "lease_in_tx")
+INNODB_TRX_CACHE = 0.12
 
 _run_ids = itertools.count()
 _local = threading.local()
@@ -173,6 +174,7 @@ class Actor(_Thread):
         self.spec = spec
         self.token: str | None = None
         self.claimed_at: datetime | None = None
+        self.claimed_when: datetime | None = None
         self.completed_expires: datetime | None = None
         self.handler_ran = False
         self.handler_returned = False
@@ -275,6 +277,9 @@ def _gated_claim(using: str, new: store.NewClaim, wait: float) -> Any:
     if not isinstance(actor, Actor):
         return _real["claim"](using, new, wait)
     actor.gate("claim")
+    # When the statement runs, which is later than the request's own "now"
+    # if the clock moved since it began.
+    claimed_when = timezone.now()
     result = _real["claim"](using, new, wait)
     if isinstance(result, IdempotencyKey):
         if result.expires_at <= new.created_at:
@@ -282,6 +287,7 @@ def _gated_claim(using: str, new: store.NewClaim, wait: float) -> Any:
     else:
         actor.token = new.owner_token or None
         actor.claimed_at = new.created_at
+        actor.claimed_when = claimed_when
     return result
 
 
@@ -379,6 +385,7 @@ class World:
         self.threads: list[_Thread] = [*self.actors, self.purger]
         self.records: dict[int, dict[str, Any]] = {}
         self.ticks = self.purges = 0
+        self._trx_read = 0.0
 
     # Moves.
 
@@ -496,6 +503,10 @@ class World:
                 )
                 return {row[0].rpartition("-")[2] for row in cursor.fetchall()}
             if self.vendor == "mysql":
+                # InnoDB refreshes this table's cache only when it was not read
+                # in the last 0.1 s: reading it more often reads stale rows.
+                time.sleep(max(0.0, self._trx_read + INNODB_TRX_CACHE - time.monotonic()))
+                self._trx_read = time.monotonic()
                 cursor.execute(
                     "SELECT trx_mysql_thread_id FROM information_schema.innodb_trx "
                     "WHERE trx_state = 'LOCK WAIT'"
@@ -583,14 +594,15 @@ class World:
             self.violate(f"unexpected effects {effects}")
         # At most one committed effect per key and scope in each ownership epoch.
         for scope in {a.spec.scope for a in committed}:
+            # An epoch runs from the claim's statement to the record's expiry.
             owners = sorted(
                 (a for a in committed if a.spec.scope == scope),
-                key=lambda a: (a.claimed_at or START, a.name),
+                key=lambda a: (a.claimed_when or START, a.name),
             )
             for earlier, later in zip(owners, owners[1:]):
-                if earlier.claimed_at is None or later.claimed_at is None:
+                if earlier.claimed_when is None or later.claimed_when is None:
                     self.violate(f"{earlier.name} or {later.name} has an effect but no claim")
-                elif later.claimed_at < self._epoch_end(earlier):
+                elif later.claimed_when < self._epoch_end(earlier):
                     self.violate(
                         f"{earlier.name} and {later.name} both committed their effect "
                         f"for scope {scope} in one ownership epoch"

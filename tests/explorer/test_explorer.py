@@ -18,7 +18,10 @@ from hypothesis import strategies as st
 from tests.explorer.engine import MODES, Budget, Result, Spec, run_schedule, run_script
 
 FULL = os.environ.get("IDEMPOTENCY_EXPLORER", "ci") == "full"
-EXAMPLES = int(os.environ.get("IDEMPOTENCY_EXPLORER_EXAMPLES", 3000 if FULL else 120))
+# MariaDB's lock table is read at most every 0.12 s (see engine), so each
+# schedule that waits on a lock costs more there.
+_CI_EXAMPLES = 50 if os.environ.get("TEST_DATABASE") == "mariadb" else 120
+EXAMPLES = int(os.environ.get("IDEMPOTENCY_EXPLORER_EXAMPLES", 2000 if FULL else _CI_EXAMPLES))
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -77,7 +80,9 @@ def test_random_schedules(tally: Tally, specs: list[Spec], data: st.DataObject) 
     tally.add(
         run_schedule(
             specs,
-            lambda moves: moves[data.draw(st.integers(0, len(moves) - 1), label="move")],
+            # A fixed range, so that a step that blocks on one run and not
+            # on another changes the schedule, not what Hypothesis draws.
+            lambda moves: moves[data.draw(st.integers(0, 15), label="move") % len(moves)],
             budget,
         )
     )
