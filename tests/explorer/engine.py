@@ -55,6 +55,8 @@ MODES = ("atomic", "lease", "lease_in_tx")
 INNODB_TRX_CACHE = 0.12
 
 _run_ids = itertools.count()
+#: The order in which claims were won: on one clock reading, which came first.
+_claim_order = itertools.count()
 _local = threading.local()
 
 
@@ -175,6 +177,7 @@ class Actor(_Thread):
         self.token: str | None = None
         self.claimed_at: datetime | None = None
         self.claimed_when: datetime | None = None
+        self.claim_order = 0
         self.completed_expires: datetime | None = None
         self.handler_ran = False
         self.handler_returned = False
@@ -288,6 +291,7 @@ def _gated_claim(using: str, new: store.NewClaim, wait: float) -> Any:
         actor.token = new.owner_token or None
         actor.claimed_at = new.created_at
         actor.claimed_when = claimed_when
+        actor.claim_order = next(_claim_order)
     return result
 
 
@@ -597,7 +601,7 @@ class World:
             # An epoch runs from the claim's statement to the record's expiry.
             owners = sorted(
                 (a for a in committed if a.spec.scope == scope),
-                key=lambda a: (a.claimed_when or START, a.name),
+                key=lambda a: a.claim_order,
             )
             for earlier, later in zip(owners, owners[1:]):
                 if earlier.claimed_when is None or later.claimed_when is None:

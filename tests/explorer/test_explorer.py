@@ -148,3 +148,8 @@ def test_a_lease_ended_on_a_dead_connection_is_given_back(tally: Tally) -> None:
 
 def test_a_refused_body_keeps_the_key(tally: Tally) -> None:
     tally.add(run_script("A:lease:s1:f1 B:lease:s1:f1", "A A A refuse:A A A A B B B"))
+
+
+def test_a_claim_that_ran_after_its_lease_ended_is_its_own_epoch(tally: Tally) -> None:
+    """B's lease counts from its start: claimed after it ran out, it is taken over at once."""
+    tally.add(run_script("A:lease:s1:f1 B:lease:s1:f1", "B tick:lease A B A A A B B"))
