@@ -16,6 +16,7 @@ claim protocol" in docs/reliability.rst.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import queue
@@ -24,10 +25,11 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone as dt_timezone
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 from typing import Any
 
-from django.db import DataError, DatabaseError, connection, connections, transaction
+from django.db import DatabaseError, DataError, connection, connections, transaction
 from django.db.backends.signals import connection_created
 from django.http import HttpResponse
 from django.test import RequestFactory
@@ -164,10 +166,9 @@ class _Thread:
 
 
 def _close_quietly(wrapper: Any) -> None:
-    try:
+    # A connection the server ended may not close cleanly.
+    with contextlib.suppress(Exception):
         wrapper.close()
-    except Exception:  # noqa: BLE001  a killed connection may not close cleanly
-        pass
 
 
 class Actor(_Thread):
@@ -218,7 +219,7 @@ class Actor(_Thread):
             self.outcome = "killed"
         except HandlerFailed:
             self.outcome = "failed"
-        except Exception as exc:  # noqa: BLE001  an outcome like any other, judged later
+        except Exception as exc:  # an outcome like any other, judged later
             if self.killed:
                 self.outcome = "killed"
                 return
@@ -329,7 +330,9 @@ def _on_connection(sender: Any, connection: Any, **kwargs: Any) -> None:
         return
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            cursor.execute("SELECT set_config('application_name', %s, false)", [actor.application_name])
+            cursor.execute(
+                "SELECT set_config('application_name', %s, false)", [actor.application_name]
+            )
             cursor.execute(f"SET lock_timeout = '{VIEW_LOCK_TIMEOUT_PG}'")
         elif connection.vendor == "mysql":
             cursor.execute("SELECT CONNECTION_ID()")
@@ -540,14 +543,12 @@ class World:
                     time.sleep(0.005)
             elif self.vendor == "mysql":
                 for server_id in thread.connection_ids:
-                    try:
+                    with contextlib.suppress(DatabaseError):  # already closed
                         cursor.execute(f"KILL CONNECTION {int(server_id)}")
-                    except DatabaseError:
-                        pass  # already closed
+                ids = ",".join(str(int(i)) for i in thread.connection_ids or [0])
                 for _ in range(1000):
                     cursor.execute(
-                        "SELECT count(*) FROM information_schema.processlist WHERE id IN (%s)"
-                        % ",".join(str(int(i)) for i in thread.connection_ids or [0])
+                        f"SELECT count(*) FROM information_schema.processlist WHERE id IN ({ids})"
                     )
                     if cursor.fetchone()[0] == 0:
                         break
@@ -603,7 +604,7 @@ class World:
                 (a for a in committed if a.spec.scope == scope),
                 key=lambda a: a.claim_order,
             )
-            for earlier, later in zip(owners, owners[1:]):
+            for earlier, later in itertools.pairwise(owners):
                 if earlier.claimed_when is None or later.claimed_when is None:
                     self.violate(f"{earlier.name} or {later.name} has an effect but no claim")
                 elif later.claimed_when < self._epoch_end(earlier):
@@ -698,9 +699,11 @@ class World:
     # The schedule as a script.
 
     def script(self) -> str:
+        actors = " ".join(str(spec) for spec in self.specs)
+        moves = " ".join(step.move for step in self.trace if not step.move.startswith("("))
         lines = [
             "Schedule (paste into a regression test):",
-            f"    run_script(actors={' '.join(str(s) for s in self.specs)!r}, moves={' '.join(s.move for s in self.trace if not s.move.startswith('('))!r})",
+            f"    run_script(actors={actors!r}, moves={moves!r})",
             "Trace:",
         ]
         lines += [f"    {s.move:<14} {s.outcome}" for s in self.trace]
@@ -744,7 +747,12 @@ def run_schedule(
                 if not moves:
                     # Everyone left waits on a lock: the bounded wait ends it.
                     waiting = next(t for t in world.threads if t.blocked and not t.done)
-                    world.trace.append(Step(f"({waiting.name})", world._wait(waiting, STEP_TIMEOUT, detect_block=False)))
+                    world.trace.append(
+                        Step(
+                            f"({waiting.name})",
+                            world._wait(waiting, STEP_TIMEOUT, detect_block=False),
+                        )
+                    )
                     continue
                 if draining:
                     move = moves[0]
@@ -803,4 +811,6 @@ def run_script(actors: str, moves: str, budget: Budget | None = None) -> Result:
                 continue
             return None
 
-    return run_schedule(specs, choose, budget or Budget(moves=10_000, ticks=99, purges=99, faults=99))
+    return run_schedule(
+        specs, choose, budget or Budget(moves=10_000, ticks=99, purges=99, faults=99)
+    )

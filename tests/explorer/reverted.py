@@ -43,7 +43,8 @@ REVERSIONS = {
     "sqlite-busy-timeout": Reversion(
         "SQLite: the claim's busy timeout stays on the connection for the view",
         "django_idempotency/store.py",
-        "        connection._idempotency_restore_busy_timeout = own  # type: ignore[attr-defined]\n",
+        "        connection._idempotency_restore_busy_timeout = own"
+        "  # type: ignore[attr-defined]\n",
         "",
     ),
     "lease-dead-connection": Reversion(
@@ -67,7 +68,9 @@ REVERSIONS = {
         "            if self._shares_the_request_transaction():\n"
         "                raise  # which can no longer commit: the claim goes with it\n"
         "            if not stored.body:\n",
-        "            self._release(record_id, token)\n            raise\n            if not stored.body:\n",
+        "            self._release(record_id, token)\n"
+        "            raise\n"
+        "            if not stored.body:\n",
     ),
 }
 

@@ -106,7 +106,9 @@ def exhaust(specs: Sequence[Spec], budget: Budget, depth: int) -> Iterator[Resul
     while True:
         used: list[int] = []
 
-        def choose(moves: list[str]) -> str | None:
+        def choose(
+            moves: list[str], used: list[int] = used, prefix: list[int] = prefix
+        ) -> str | None:
             if len(used) >= depth:
                 return None
             choice = prefix[len(used)] if len(used) < len(prefix) else 0
