@@ -155,3 +155,8 @@ def test_a_refused_body_keeps_the_key(tally: Tally) -> None:
 def test_a_claim_that_ran_after_its_lease_ended_is_its_own_epoch(tally: Tally) -> None:
     """B's lease counts from its start: claimed after it ran out, it is taken over at once."""
     tally.add(run_script("A:lease:s1:f1 B:lease:s1:f1", "B tick:lease A B A A A B B"))
+
+
+def test_a_refused_body_inside_the_request_transaction(tally: Tally) -> None:
+    """On SQLite the lease shares the request's transaction, which rolls back whole."""
+    tally.add(run_script("A:atomic:s1:f1:fails B:lease_in_tx:s1:f1", "A A A B B refuse:B B B"))
