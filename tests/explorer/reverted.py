@@ -1,0 +1,116 @@
+"""Run the explorer against a copy of the package with one fix taken back out.
+
+    python -m tests.explorer.reverted --list
+    TEST_DATABASE=postgresql python -m tests.explorer.reverted pg-lock-timeout [pytest args]
+
+Each reversion puts back, in a temporary git worktree of ``HEAD``, the code
+one fix replaced (the region is matched exactly, so a reversion that no
+longer applies fails loudly instead of testing nothing), then runs
+``tests/explorer`` there with that copy of the package first on the path.
+The worktree is removed afterwards. The explorer is expected to fail; see
+"Exploring the claim protocol" in docs/reliability.rst for what each finds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Reversion:
+    what: str
+    path: str
+    fixed: str
+    old: str
+
+
+REVERSIONS = {
+    "pg-lock-timeout": Reversion(
+        "PostgreSQL: a second claim pass takes the bounded lock_timeout for the view's own",
+        "django_idempotency/store.py",
+        "claimed, view_lock_timeout = _claim_postgresql(connection, new, wait, view_lock_timeout)",
+        "claimed, _previous = _claim_postgresql(connection, new, wait, None)",
+    ),
+    "sqlite-busy-timeout": Reversion(
+        "SQLite: the claim's busy timeout stays on the connection for the view",
+        "django_idempotency/store.py",
+        "        connection._idempotency_restore_busy_timeout = own"
+        "  # type: ignore[attr-defined]\n",
+        "",
+    ),
+    "lease-dead-connection": Reversion(
+        "lease mode ends its lease only on the connection that died",
+        "django_idempotency/core.py",
+        "            if self._shares_the_request_transaction():\n                raise\n"
+        "        with self._lease_statements(fresh=True):\n            return step()\n",
+        "            raise\n",
+    ),
+    "lease-in-transaction": Reversion(
+        "lease mode refuses to run inside the request's transaction",
+        "django_idempotency/core.py",
+        "        self.own_connection = lease_connection.needs_own_connection(self.using)\n",
+        "        from django.core.exceptions import ImproperlyConfigured\n\n"
+        "        if lease_connection.needs_own_connection(self.using):\n"
+        "            raise ImproperlyConfigured('Lease mode inside a transaction')\n",
+    ),
+    "release-after-effect": Reversion(
+        "lease mode gives the key back when storing a successful response fails",
+        "django_idempotency/core.py",
+        "            if self._shares_the_request_transaction():\n"
+        "                raise  # which can no longer commit: the claim goes with it\n"
+        "            if not stored.body:\n",
+        "            self._release(record_id, token)\n"
+        "            raise\n"
+        "            if not stored.body:\n",
+    ),
+}
+
+
+def revert(tree: Path, name: str) -> None:
+    reversion = REVERSIONS[name]
+    path = tree / reversion.path
+    text = path.read_text()
+    if text.count(reversion.fixed) != 1:
+        sys.exit(f"{name}: the fixed code is not found exactly once in {reversion.path}")
+    path.write_text(text.replace(reversion.fixed, reversion.old))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("name", nargs="?", choices=sorted(REVERSIONS))
+    parser.add_argument("--list", action="store_true")
+    parser.add_argument("pytest_args", nargs=argparse.REMAINDER)
+    args = parser.parse_args()
+    if args.list or not args.name:
+        for name, reversion in REVERSIONS.items():
+            print(f"{name:24} {reversion.what}")
+        return 0
+    tree = Path(tempfile.mkdtemp(prefix="explorer-reverted-"))
+    subprocess.run(
+        ["git", "worktree", "add", "--quiet", "--detach", str(tree), "HEAD"], cwd=ROOT, check=True
+    )
+    try:
+        # The explorer as it is now, committed or not.
+        shutil.rmtree(tree / "tests" / "explorer", ignore_errors=True)
+        shutil.copytree(ROOT / "tests" / "explorer", tree / "tests" / "explorer")
+        revert(tree, args.name)
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        command = [sys.executable, "-m", "pytest", "tests/explorer", "-p", "no:cacheprovider"]
+        completed = subprocess.run([*command, *args.pytest_args], cwd=tree, env=env)
+        return completed.returncode
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False)
+        shutil.rmtree(tree, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
