@@ -164,7 +164,7 @@ class _ProtectedCall:
             lambda: replay_cache.put(alias, info, stored, expires_at), using=self.using
         )
 
-    # Atomic mode (SPEC 4.1): claim, effect and stored response commit together.
+    # Atomic mode (docs/concepts.rst): claim, effect and stored response commit together.
 
     def run_atomic(self) -> HttpResponseBase:
         nested = connections[self.using].in_atomic_block
@@ -203,7 +203,7 @@ class _ProtectedCall:
             self._raise_claim_error(exc)
             raise
 
-    # Lease mode (SPEC 4.2): the claim commits first; the handler runs outside.
+    # Lease mode (docs/concepts.rst): the claim commits first; the handler runs outside.
 
     def run_lease(self) -> HttpResponseBase:
         # Inside a transaction the request's connection cannot commit the

@@ -75,7 +75,7 @@ def alice() -> tuple[APIClient, User]:
 
 @pytest.mark.django_db
 class ModelViewSetContractTests:
-    """Every row of SPEC 4.3 through a token-authenticated ModelViewSet."""
+    """Every row of the HTTP table (docs/http.rst) through a token-authenticated ModelViewSet."""
 
     def test_method_not_in_methods_runs_untouched(self, alice: Any) -> None:
         client, _ = alice

@@ -176,6 +176,24 @@ class PurgeCommandTests:
         assert [line.split(" expired")[0] for line in lines[:-1]] == ["... 2", "... 4", "... 5"]
         assert lines[-1] == "5 expired idempotency records deleted."
 
+    def test_verbosity_2_reports_every_batch(self):
+        make_records(expired=5, lease_expired=0)
+        out = StringIO()
+
+        call_command("purge_idempotency_keys", "--batch-size", "2", "-v", "2", stdout=out)
+
+        lines = out.getvalue().splitlines()
+        assert lines[0] == (
+            "Purging idempotency records expired by now from database 'default', 2 per batch."
+        )
+        assert [line.split(" (this batch")[0] for line in lines[1:-1]] == [
+            "... 2 expired idempotency records deleted so far",
+            "... 4 expired idempotency records deleted so far",
+            "... 5 expired idempotency records deleted so far",
+        ]
+        assert "(this batch 1," in lines[-2]
+        assert lines[-1] == "5 expired idempotency records deleted."
+
     def test_short_run_prints_no_progress(self):
         make_records(expired=5, lease_expired=0)
         out = StringIO()

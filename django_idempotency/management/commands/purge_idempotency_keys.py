@@ -58,12 +58,25 @@ class Command(BaseCommand):
         next_report = started + self.progress_interval
 
         deleted_so_far = 0
+        # -v 2 (or more) says what is purged and reports every batch.
+        every_batch = options["verbosity"] >= 2
+        if every_batch:
+            self.stdout.write(
+                f"Purging idempotency records expired by now from database {using!r}, "
+                f"{options['batch_size']} per batch{' (dry run)' if dry_run else ''}."
+            )
 
         def report(deleted: int) -> None:
             nonlocal next_report, deleted_so_far
+            batch = deleted - deleted_so_far
             deleted_so_far = deleted
             now = time.monotonic()
-            if now >= next_report:
+            if every_batch:
+                self.stdout.write(
+                    f"... {deleted} expired idempotency records deleted so far "
+                    f"(this batch {batch}, {now - started:.1f}s)."
+                )
+            elif now >= next_report:
                 next_report = now + self.progress_interval
                 self.stdout.write(
                     f"... {deleted} expired idempotency records deleted "
