@@ -85,10 +85,20 @@ def body_size(body: IO[bytes]) -> int:
     return size
 
 
+def is_seekable(stream: Any) -> bool:
+    """Whether ``stream`` can seek.
+
+    Python 3.10's ``SpooledTemporaryFile`` can, but has no ``seekable()``.
+    """
+    if isinstance(stream, SpooledTemporaryFile):
+        return True
+    seekable = getattr(stream, "seekable", None)
+    return bool(seekable and seekable())
+
+
 def _rewindable(stream: Any) -> bool:
     # Under ASGI the body already is a spooled temporary file at its start.
-    seekable = getattr(stream, "seekable", None)
-    return bool(seekable and seekable() and stream.tell() == 0)
+    return is_seekable(stream) and stream.tell() == 0
 
 
 def _spool(stream: Any, keep: int | None) -> tuple[IO[bytes], _PastLimit | None]:

@@ -23,7 +23,7 @@ from django.http.request import RawPostDataException
 from django.utils.datastructures import MultiValueDict
 from django.utils.http import parse_header_parameters
 
-from django_idempotency.body import CHUNK_SIZE, body_size, readable_body
+from django_idempotency.body import CHUNK_SIZE, body_size, is_seekable, readable_body
 from django_idempotency.multipart import DigestedFile, parse_digested
 
 MULTIPART = "multipart/form-data"
@@ -87,7 +87,7 @@ def _update_with_body(digest: Any, media_type: str, body: IO[bytes]) -> None:
     limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
     if (
         _is_canonicalised(media_type)
-        and body.seekable()
+        and is_seekable(body)
         and (limit is None or body_size(body) <= limit)
     ):
         digest.update(canonical_body(media_type, body.read()))
