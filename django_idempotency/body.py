@@ -28,7 +28,7 @@ from typing import IO, Any, cast
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.http import HttpRequest, UnreadablePostError
+from django.http import HttpRequest, HttpResponseBase, UnreadablePostError
 
 CHUNK_SIZE = 64 * 1024
 
@@ -60,6 +60,7 @@ def readable_body(request: HttpRequest, limit: int | None = None) -> Iterator[IO
     if not _rewindable(stream):
         keep = None if limit is None else limit + 1
         spool, past_limit = _spool(stream, keep)
+        _spools(request).append(spool)
         if past_limit is not None:
             try:
                 # Enough of IO for a reader: read() and a seekable() saying no.
@@ -83,6 +84,35 @@ def body_size(body: IO[bytes]) -> int:
     size = body.seek(0, os.SEEK_END)
     body.seek(0)
     return size
+
+
+_SPOOLS = "_idempotency_spools"
+
+
+def _spools(request: HttpRequest) -> list[IO[bytes]]:
+    spools: list[IO[bytes]] | None = getattr(request, _SPOOLS, None)
+    if spools is None:
+        spools = []
+        setattr(request, _SPOOLS, spools)
+    return spools
+
+
+def close_spools_with(request: Any, response: HttpResponseBase | None) -> None:
+    """Close the request's copies of its body when ``response`` is closed (now if ``None``).
+
+    The copy is the view's stream until then; the server closes the
+    response once it is sent, as Django closes the request's uploads.
+    """
+    http_request = getattr(request, "_request", request)  # DRF wraps it
+    spools: list[IO[bytes]] = getattr(http_request, _SPOOLS, None) or []
+    if not spools:
+        return
+    setattr(http_request, _SPOOLS, [])
+    if response is None:
+        for spool in spools:
+            spool.close()
+    else:
+        response._resource_closers.extend(spool.close for spool in spools)  # type: ignore[attr-defined]
 
 
 def is_seekable(stream: Any) -> bool:

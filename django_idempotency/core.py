@@ -30,6 +30,7 @@ from django_idempotency import (
     signals,
     store,
 )
+from django_idempotency.body import close_spools_with
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import (
     DatabaseBusy,
@@ -95,12 +96,21 @@ def protect(
     )
     request.idempotency = info  # type: ignore[attr-defined]
     call = _ProtectedCall(request, info, handler, finalize, options, sender, conf.database)
-    cache_alias = conf.replay_cache
+    try:
+        response = _run(call, conf.replay_cache, atomic=options.atomic)
+    except BaseException:
+        close_spools_with(request, None)
+        raise
+    close_spools_with(request, response)
+    return response
+
+
+def _run(call: _ProtectedCall, cache_alias: str | None, *, atomic: bool) -> HttpResponseBase:
     if cache_alias is not None:
         cached = call.replay_from_cache(cache_alias)
         if cached is not None:
             return cached
-    return call.run_atomic() if options.atomic else call.run_lease()
+    return call.run_atomic() if atomic else call.run_lease()
 
 
 def _normalise_scope(scope: str) -> str:
