@@ -396,15 +396,7 @@ class _ProtectedCall:
     def _lease_complete(self, record_id: int, token: str, stored: StoredResponse) -> bool:
         # A lease's claim expires with the lease: the record lives for TTL.
         expires_at = timezone.now() + self.options.ttl
-        completed = store.complete(
-            self.using,
-            record_id,
-            owner_token=token,
-            status_code=stored.status_code,
-            headers=stored.headers,
-            body=stored.body,
-            expires_at=expires_at,
-        )
+        completed = self._store_response(record_id, token, stored, expires_at)
         if completed:
             self.lease_stored = (stored, expires_at)
         return completed
@@ -467,19 +459,24 @@ class _ProtectedCall:
 
     def _complete(self, record_id: int, token: str | None, stored: StoredResponse) -> bool:
         new_expiry = self._expiry_on_completion(token)
-        completed = store.complete(
+        completed = self._store_response(record_id, token, stored, new_expiry)
+        if completed:
+            self._send(signals.response_stored)
+            self._cache_after_commit(stored, new_expiry or self.claim_expires_at)
+        return completed
+
+    def _store_response(
+        self, record_id: int, token: str | None, stored: StoredResponse, expires_at: Any
+    ) -> bool:
+        return store.complete(
             self.using,
             record_id,
             owner_token=token,
             status_code=stored.status_code,
             headers=stored.headers,
             body=stored.body,
-            expires_at=new_expiry,
+            expires_at=expires_at,
         )
-        if completed:
-            self._send(signals.response_stored)
-            self._cache_after_commit(stored, new_expiry or self.claim_expires_at)
-        return completed
 
     def _expiry_on_completion(self, token: str | None) -> datetime | None:
         """The record's new expiry, or ``None`` to keep the one its claim set.
