@@ -221,13 +221,8 @@ class _ProtectedCall:
         # own (see docs/decorator.rst).
         self.own_connection = lease_connection.needs_own_connection(self.using)
         token = secrets.token_hex(16)
-        for _ in range(store.CLAIM_ATTEMPTS):
-            try:
-                claimed = self._lease_claim(token)
-            except store.Retry:
-                continue
-            break
-        else:
+        claimed = store.retrying(lambda: self._lease_claim(token))
+        if claimed is None:
             raise self._conflict(retry_after=1)
         if isinstance(claimed, IdempotencyKey):
             return self._answer_duplicate(claimed)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, IntegrityError, OperationalError, connections
@@ -160,6 +160,23 @@ def _forget_connection_state(sender: Any, connection: BaseDatabaseWrapper, **kwa
 
 
 connection_created.connect(_forget_connection_state, dispatch_uid="django_idempotency.store")
+
+
+T = TypeVar("T")
+
+
+def retrying(attempt: Callable[[], T]) -> T | None:
+    """Run ``attempt`` (a claim in a transaction of its own) again after a deadlock aborted it.
+
+    ``None`` once :data:`CLAIM_ATTEMPTS` tries were all aborted: the caller
+    answers "in flight, retry later".
+    """
+    for _ in range(CLAIM_ATTEMPTS):
+        try:
+            return attempt()
+        except Retry:
+            continue
+    return None
 
 
 def claim(using: str, new: NewClaim, wait: float) -> int | IdempotencyKey:

@@ -220,13 +220,8 @@ class _TaskRun:
     def leased(self) -> Any:
         """The claim commits first; the body runs outside our transaction."""
         token = secrets.token_hex(16)
-        for _ in range(store.CLAIM_ATTEMPTS):
-            try:
-                claimed = self._lease_claim(token)
-            except store.Retry:
-                continue
-            break
-        else:
+        claimed = store.retrying(lambda: self._lease_claim(token))
+        if claimed is None:
             raise TaskInFlight(retry_after=1)
         if isinstance(claimed, IdempotencyKey):
             return self._answer_duplicate(claimed)

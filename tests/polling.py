@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
+from typing import Any
+
+from django.db import connection
 
 
 def wait_until(condition: Callable[[], bool], what: str, limit: float = 30.0) -> None:
@@ -12,3 +16,31 @@ def wait_until(condition: Callable[[], bool], what: str, limit: float = 30.0) ->
     while not condition():
         assert time.monotonic() < deadline, f"gave up waiting for {what}"
         time.sleep(0.02)
+
+
+def in_background(call: Callable[[], Any], limit: float = 30.0) -> Callable[[], Any]:
+    """Run ``call`` in a thread with its own connection; the returned join is bounded.
+
+    The join hands back ``call``'s result, or raises its exception.
+    """
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["value"] = call()
+        except BaseException as exc:  # handed to the joining test
+            result["error"] = exc
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+
+    def join() -> Any:
+        thread.join(timeout=limit)
+        assert not thread.is_alive(), "the background call did not finish"
+        if "error" in result:
+            raise result["error"]
+        return result["value"]
+
+    return join

@@ -13,7 +13,7 @@ import signal
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
@@ -30,7 +30,7 @@ from django_idempotency import store
 from django_idempotency.models import IdempotencyKey
 from tests.drf_views import CONTROL_DIR_ENV
 from tests.models import Order
-from tests.polling import wait_until
+from tests.polling import in_background, wait_until
 from tests.server import DATABASE_NAME_ENV, GunicornServer
 from tests.settings import BACKEND
 
@@ -80,29 +80,6 @@ def server(
 def token() -> str:
     user = User.objects.create_user("load")
     return Token.objects.create(user=user).key
-
-
-def in_background(call: Callable[[], Any]) -> Callable[[], Any]:
-    """Run ``call`` in a thread; the returned join hands back its result or exception."""
-    result: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            result["value"] = call()
-        except BaseException as exc:
-            result["error"] = exc
-
-    thread = threading.Thread(target=run)
-    thread.start()
-
-    def join() -> Any:
-        thread.join(timeout=REQUEST_TIMEOUT + 5)
-        assert not thread.is_alive(), "the client thread did not finish"
-        if "error" in result:
-            raise result["error"]
-        return result["value"]
-
-    return join
 
 
 def wait_for_file(path: Path, limit: float = 15) -> dict[str, Any]:
@@ -172,7 +149,7 @@ class CrashTests:
                 url, json={"item": "held"}, headers={"Idempotency-Key": key}, timeout=15
             )
 
-        doomed = in_background(send)
+        doomed = in_background(send, limit=REQUEST_TIMEOUT + 5)
         report = wait_for_file(control_dir / f"{key}.pid")
         # The handler has written its Order, inside the transaction that holds the claim.
         assert Order.objects.count() == 0
@@ -209,7 +186,7 @@ class CrashTests:
                 url, json={"item": "held"}, headers={"Idempotency-Key": key}, timeout=15
             )
 
-        doomed = in_background(send)
+        doomed = in_background(send, limit=REQUEST_TIMEOUT + 5)
         report = wait_for_file(control_dir / f"{key}.pid")
         (control_dir / f"{key}.pid").unlink()
         # Lease mode: the claim and the effect are committed while the handler runs.

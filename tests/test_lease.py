@@ -12,7 +12,6 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ from django_idempotency.models import IdempotencyKey
 from tests import drf_views
 from tests.factories import IdempotencyKeyFactory
 from tests.models import Order
-from tests.polling import wait_until
+from tests.polling import in_background, wait_until
 from tests.views import calls
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -56,31 +55,6 @@ def client() -> tuple[APIClient, User]:
 def post(api: APIClient, url: str, key: str | None = "lease-1", **extra: Any) -> Any:
     headers = {} if key is None else {"Idempotency-Key": key}
     return api.post(url, PAYLOAD, format="json", headers=headers, **extra)
-
-
-def in_background(call: Callable[[], Any]) -> Callable[[], Any]:
-    """Run ``call`` in a thread with its own connection; return a bounded join."""
-    result: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            result["value"] = call()
-        except BaseException as exc:  # handed to the joining test
-            result["error"] = exc
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-
-    def join() -> Any:
-        thread.join(timeout=20)
-        assert not thread.is_alive(), "the background request did not finish"
-        if "error" in result:
-            raise result["error"]
-        return result["value"]
-
-    return join
 
 
 def fingerprint_of(url: str, data: Any = PAYLOAD) -> str:

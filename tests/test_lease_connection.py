@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +22,7 @@ from django.test import AsyncClient, Client, override_settings
 from django_idempotency import signals
 from django_idempotency.models import IdempotencyKey
 from tests.models import Order
-from tests.polling import wait_until
+from tests.polling import in_background, wait_until
 from tests.views import (
     calls,
     fail_after_view,
@@ -52,31 +51,6 @@ def apost(url: str, key: str = "k") -> Any:
     return async_to_sync(client.post)(
         url, BODY, content_type="application/json", headers={"Idempotency-Key": key}
     )
-
-
-def in_background(call: Callable[[], Any]) -> Callable[[], Any]:
-    """Run ``call`` in a thread with its own connections; return a bounded join."""
-    result: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            result["value"] = call()
-        except BaseException as exc:  # handed to the joining test
-            result["error"] = exc
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-
-    def join() -> Any:
-        thread.join(timeout=30)
-        assert not thread.is_alive(), "the background request did not finish"
-        if "error" in result:
-            raise result["error"]
-        return result["value"]
-
-    return join
 
 
 def kill(server_id: int) -> None:
