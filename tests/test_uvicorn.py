@@ -26,9 +26,10 @@ from django.utils import timezone
 from django_idempotency.models import IdempotencyKey
 from tests.drf_views import CONTROL_DIR_ENV
 from tests.models import Order
+from tests.polling import in_background
 from tests.server import DATABASE_NAME_ENV, UvicornServer
 from tests.settings import BACKEND
-from tests.test_gunicorn import in_background, wait_for_exit, wait_for_file
+from tests.test_gunicorn import wait_for_exit, wait_for_file
 
 pytestmark = [pytest.mark.server, pytest.mark.django_db(transaction=True)]
 
