@@ -26,9 +26,9 @@ from django.core.signals import setting_changed
 from django.http import HttpRequest
 from django.utils.module_loading import import_string
 
+from django_idempotency.fields import KEY_COLUMN_LENGTH
+
 SETTING_NAME = "IDEMPOTENCY"
-# The key and scope columns are 255 characters wide.
-KEY_COLUMN_LENGTH = 255
 KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"})
 # RFC 9110 token characters: what a header field name may contain.
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")

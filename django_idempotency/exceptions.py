@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from django_idempotency.conf import idempotency_settings
+from django_idempotency.fields import KEY_COLUMN_LENGTH
 
 PROBLEM_TYPE_BASE = "urn:django-idempotency:problem:"
 
@@ -52,7 +53,7 @@ class InvalidIdempotencyKey(IdempotencyError):
     title = "Invalid idempotency key"
     code = "invalid_idempotency_key"
     default_detail = (
-        "The Idempotency-Key header must hold 1 to 255 visible ASCII characters, "
+        f"The Idempotency-Key header must hold 1 to {KEY_COLUMN_LENGTH} visible ASCII characters, "
         'bare or as a quoted string ("key").'
     )
 

@@ -1,11 +1,29 @@
-"""A CharField that compares byte for byte on every backend."""
+"""The key table's column types, and the widths that code fitting values into them reads."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from django.db import models
 from django.db.backends.base.base import BaseDatabaseWrapper
+
+#: Width of the scope and key columns. Keys are refused beyond it; scopes
+#: and task names beyond it are stored as their digest.
+KEY_COLUMN_LENGTH = 255
+#: Width of the fingerprint column: a SHA-256 hex digest.
+FINGERPRINT_COLUMN_LENGTH = 64
+
+
+def fit_key_column(value: str) -> str:
+    """``value``, or its digest when the scope or key column cannot hold it.
+
+    A digest keeps a long value (a tenant name, a JWT subject, a task's
+    name) exact and unique, where truncating it would let two collide.
+    """
+    if len(value) <= KEY_COLUMN_LENGTH:
+        return value
+    return "sha256:" + hashlib.sha256(value.encode()).hexdigest()
 
 
 class ExactCharField(models.CharField):

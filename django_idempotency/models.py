@@ -6,7 +6,11 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from django_idempotency.fields import ExactCharField
+from django_idempotency.fields import (
+    FINGERPRINT_COLUMN_LENGTH,
+    KEY_COLUMN_LENGTH,
+    ExactCharField,
+)
 
 
 class IdempotencyKey(models.Model):
@@ -15,9 +19,9 @@ class IdempotencyKey(models.Model):
         COMPLETED = "completed", _("completed")
 
     id = models.BigAutoField(primary_key=True)
-    scope = ExactCharField(_("scope"), max_length=255)
-    key = ExactCharField(_("key"), max_length=255)
-    fingerprint = models.CharField(_("fingerprint"), max_length=64)
+    scope = ExactCharField(_("scope"), max_length=KEY_COLUMN_LENGTH)
+    key = ExactCharField(_("key"), max_length=KEY_COLUMN_LENGTH)
+    fingerprint = models.CharField(_("fingerprint"), max_length=FINGERPRINT_COLUMN_LENGTH)
     state = models.CharField(
         _("state"), max_length=16, choices=State.choices, default=State.IN_PROGRESS
     )

@@ -60,7 +60,29 @@ class DatabaseLocked(Busy):
 
 
 class Retry(OperationalError):
-    """The database aborted the transaction (deadlock); it may run again from scratch."""
+    """Start the claim over in a new transaction (or savepoint).
+
+    ``transaction_lost`` is true when the database aborted the transaction
+    to break a deadlock (MySQL rolls back the whole of it, savepoints and
+    all), and false when only the claim's own view of the record was stale
+    (a purge or a takeover raced it) and rolling back its savepoint is enough.
+    """
+
+    def __init__(self, message: str, *, transaction_lost: bool = True) -> None:
+        super().__init__(message)
+        self.transaction_lost = transaction_lost
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What :func:`claim` found: the key is now this request's, or another's record stands.
+
+    ``existing`` is ``None`` when the key was claimed (``record_id`` is the
+    record to complete or release), else the live record to answer from.
+    """
+
+    record_id: int
+    existing: IdempotencyKey | None = None
 
 
 @dataclass(frozen=True)
@@ -165,22 +187,27 @@ connection_created.connect(_forget_connection_state, dispatch_uid="django_idempo
 T = TypeVar("T")
 
 
-def retrying(attempt: Callable[[], T]) -> T | None:
-    """Run ``attempt`` (a claim in a transaction of its own) again after a deadlock aborted it.
+def retrying(attempt: Callable[[], T], *, in_transaction: bool = False) -> T | None:
+    """Run ``attempt`` (a claim in a transaction or savepoint of its own) until it is not retried.
 
-    ``None`` once :data:`CLAIM_ATTEMPTS` tries were all aborted: the caller
+    The one place a claim starts over: after a deadlock, or after it saw a
+    record as it was before a purge or a takeover. ``in_transaction`` says
+    the attempt runs inside a transaction it did not open (the request's):
+    a deadlock has then rolled that transaction back too, and starting over
+    is not possible. ``None`` when no attempt got through: the caller
     answers "in flight, retry later".
     """
     for _ in range(CLAIM_ATTEMPTS):
         try:
             return attempt()
-        except Retry:
-            continue
+        except Retry as retry:
+            if retry.transaction_lost and in_transaction:
+                break
     return None
 
 
-def claim(using: str, new: NewClaim, wait: float) -> int | IdempotencyKey:
-    """Claim the key (returning the record id) or return the live record.
+def claim(using: str, new: NewClaim, wait: float) -> Claim:
+    """Claim the key, or find the live record that holds it.
 
     Must run inside ``transaction.atomic(using=using)``. A live record that
     is returned is committed and changes only when it expires (or, in
@@ -188,45 +215,42 @@ def claim(using: str, new: NewClaim, wait: float) -> int | IdempotencyKey:
     without holding a lock: a replay writes nothing.
 
     Raises :class:`Busy` when the wait for an in-flight original runs out,
-    :class:`Retry` when the database aborted the claim to break a deadlock,
+    :class:`Retry` when the claim must start over (see :func:`retrying`),
     and :class:`~django.core.exceptions.ImproperlyConfigured` when the table
     is missing.
     """
     connection = connections[using]
     try:
         with explained(using):
-            return _claim(connection, new, wait)
+            found = _claim(connection, new, wait)
     finally:
         _restore_wait(connection)
+    if found is None:
+        # The record changed between our statements (a purge or a takeover
+        # racing us): a new transaction sees it as it is now.
+        raise Retry("The idempotency record changed during the claim.", transaction_lost=False)
+    return found
 
 
-def _claim(connection: BaseDatabaseWrapper, new: NewClaim, wait: float) -> int | IdempotencyKey:
-    # The view's own lock_timeout, as the first PostgreSQL pass found it: a
-    # later pass runs with the bounded wait in force and must not take that
-    # for the view's.
-    view_lock_timeout: str | None = None
-    for _ in range(CLAIM_ATTEMPTS):
-        claimed: int | IdempotencyKey | None
-        if connection.vendor == "postgresql":
-            claimed, view_lock_timeout = _claim_postgresql(connection, new, wait, view_lock_timeout)
-            if claimed is None:
-                # We waited for an original that committed after this
-                # statement's snapshot was taken: read it now.
-                claimed = _read(connection.alias, new)
-        elif connection.vendor == "mysql":
-            claimed = _claim_mysql(connection, new, wait)
-        else:
-            claimed = _claim_upsert(connection, new)
-            if claimed is None:
-                claimed = _read(connection.alias, new)
-        if isinstance(claimed, IdempotencyKey) and claimed.expires_at <= new.created_at:
-            # Seen as it was before another request took it over: look again.
-            continue
-        if claimed is not None:
-            return claimed
-    # Only reachable if the record changed under us each time (a purge or a
-    # takeover racing us). Start the request over.
-    raise Retry("The idempotency record changed under every claim attempt; start over.")
+def _claim(connection: BaseDatabaseWrapper, new: NewClaim, wait: float) -> Claim | None:
+    if connection.vendor == "postgresql":
+        claimed = _claim_postgresql(connection, new, wait)
+        if claimed is None:
+            # We waited for an original that committed after this
+            # statement's snapshot was taken: read it now.
+            claimed = _read(connection.alias, new)
+    elif connection.vendor == "mysql":
+        claimed = _claim_mysql(connection, new, wait)
+    else:
+        claimed = _claim_upsert(connection, new)
+        if claimed is None:
+            claimed = _read(connection.alias, new)
+    if isinstance(claimed, int):
+        return Claim(claimed)
+    if claimed is None or claimed.expires_at <= new.created_at:
+        # Gone, or seen as it was before another request took it over.
+        return None
+    return Claim(claimed.pk, claimed)
 
 
 def claim_failed(using: str, exc: DatabaseError) -> NoReturn:
@@ -447,8 +471,8 @@ _RECORD_COLUMNS = [
 
 
 def _claim_postgresql(
-    connection: BaseDatabaseWrapper, new: NewClaim, wait: float, view_lock_timeout: str | None
-) -> tuple[int | IdempotencyKey | None, str]:
+    connection: BaseDatabaseWrapper, new: NewClaim, wait: float
+) -> int | IdempotencyKey | None:
     """Claim, take over an expired record, or read the live one, in one statement.
 
     ``INSERT ... ON CONFLICT DO NOTHING`` waits for an uncommitted original
@@ -460,35 +484,34 @@ def _claim_postgresql(
     flush. The record is ``None`` only when the original committed after
     this statement's snapshot was taken.
 
-    Also returns the view's ``lock_timeout``: what it was when the statement
-    began, unless ``view_lock_timeout`` (from an earlier pass of the same
-    claim, which left the bounded wait in force) says otherwise.
+    A claim that starts over does so in a new transaction or savepoint,
+    whose rollback undoes the bounded ``lock_timeout``: so the value the
+    statement finds is always the view's own.
     """
     sql = _sql(connection, "claim", _postgresql_claim_sql)
-    params = _postgresql_claim_params(connection, new, wait, view_lock_timeout)
+    params = _postgresql_claim_params(connection, new, wait)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
-    mine, values, previous = row[0], list(row[1:-2]), row[-2]
+    mine, values = row[0], list(row[1:-1])
     if mine is None:
-        return None, previous
+        return None
     if mine:
-        return int(values[0]), previous
+        return int(values[0])
     headers_at = _RECORD_COLUMNS.index("response_headers")
     if isinstance(values[headers_at], str):  # jsonb arrives as text for JSONField to decode
         values[headers_at] = json.loads(values[headers_at])
     found = IdempotencyKey.from_db(connection.alias, _RECORD_COLUMNS, values)
     found.scope, found.key = new.scope, new.key
-    return found, previous
+    return found
 
 
 def _postgresql_claim_params(
-    connection: BaseDatabaseWrapper, new: NewClaim, wait: float, view_lock_timeout: str | None
+    connection: BaseDatabaseWrapper, new: NewClaim, wait: float
 ) -> list[Any]:
     insert = _insert_params(connection, new)
     adapt = connection.ops.adapt_datetimefield_value
     return [
-        view_lock_timeout,
         f"{max(1, round(wait * 1000))}ms",
         *insert,
         *insert[2:],
@@ -512,7 +535,7 @@ def _postgresql_claim_sql(connection: BaseDatabaseWrapper) -> str:
     nulls = ", ".join(["NULL"] * (len(_RECORD_COLUMNS) - 1))
     found_columns = ", ".join(["mine", *(f"c{i}" for i in range(len(_RECORD_COLUMNS)))])
     return (
-        "WITH wait AS (SELECT COALESCE(%s::text, current_setting('lock_timeout')) AS previous, "
+        "WITH wait AS (SELECT current_setting('lock_timeout') AS previous, "
         "set_config('lock_timeout', %s, true) AS applied), "
         f"inserted AS (INSERT INTO {table} ({', '.join(names)}) "
         f"SELECT {', '.join(['%s'] * len(names))} FROM wait "
@@ -524,8 +547,8 @@ def _postgresql_claim_sql(connection: BaseDatabaseWrapper) -> str:
         f"found ({found_columns}) AS (SELECT true, claimed.{pk}, {nulls} FROM claimed "
         f"UNION ALL SELECT false, {table}.{pk}, {record} FROM {table} "
         f"WHERE {scope} = %s AND {key} = %s AND NOT EXISTS (SELECT 1 FROM claimed)) "
-        # Always exactly one row, so the view's lock_timeout always comes back.
-        "SELECT found.*, wait.previous, "
+        # Always exactly one row, so the view's lock_timeout is always put back when claimed.
+        "SELECT found.*, "
         "CASE WHEN found.mine THEN set_config('lock_timeout', wait.previous, true) END "
         "FROM wait LEFT JOIN found ON true"
     )

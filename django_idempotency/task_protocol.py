@@ -26,6 +26,7 @@ from django.utils import timezone
 from django_idempotency import lease_connection, store
 from django_idempotency.conf import idempotency_settings, to_timedelta
 from django_idempotency.exceptions import TaskArgumentsMismatch, TaskInFlight, UnstorableResult
+from django_idempotency.fields import fit_key_column
 from django_idempotency.fingerprint import canonical_json
 from django_idempotency.info import IdempotencyInfo
 from django_idempotency.keys import mask_key
@@ -36,8 +37,6 @@ logger = logging.getLogger(__name__)
 #: The stored "response" of a task: its return value as a JSON document.
 RESULT_STATUS = 200
 RESULT_HEADERS = [["Content-Type", "application/json"]]
-#: Width of the scope and key columns; longer values are stored as a digest.
-COLUMN_WIDTH = 255
 
 Body = Callable[[IdempotencyInfo], Any]
 
@@ -95,14 +94,7 @@ def task_key(value: object, task_name: str) -> str:
             f"The key function of task {task_name!r} must return a non-empty string, "
             f"not {type(value).__name__}."
         )
-    return _fit(value)
-
-
-def _fit(value: str) -> str:
-    # The columns are 255 wide; a digest keeps a longer value exact and unique.
-    if len(value) <= COLUMN_WIDTH:
-        return value
-    return "sha256:" + hashlib.sha256(value.encode()).hexdigest()
+    return fit_key_column(value)
 
 
 def arguments_fingerprint(task_name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
@@ -142,8 +134,8 @@ def run_once(
     conf = idempotency_settings
     run = _TaskRun(
         info=IdempotencyInfo(
-            key=_fit(key),
-            scope=_fit(task_name),
+            key=fit_key_column(key),
+            scope=fit_key_column(task_name),
             fingerprint=arguments_fingerprint(task_name, args, kwargs),
         ),
         body=body,
@@ -167,6 +159,13 @@ def _encode(value: Any, task_name: str) -> bytes:
         ) from exc
 
 
+@dataclass(frozen=True)
+class _Result:
+    """A body's value, or a stored one: ``None`` is a value, so it needs a box."""
+
+    value: Any
+
+
 @dataclass
 class _TaskRun:
     info: IdempotencyInfo
@@ -178,38 +177,35 @@ class _TaskRun:
 
     def atomic(self) -> Any:
         """The claim, the body's writes and the stored value commit together."""
-        for _ in range(store.CLAIM_ATTEMPTS):
-            try:
-                return self._atomic_attempt()
-            except store.Retry:
-                # A deadlock aborted the claim before the body ran; nested in
-                # a caller's transaction, that transaction is lost too.
-                if transaction.get_connection(self.using).in_atomic_block:
-                    break
-        raise TaskInFlight(retry_after=1)
+        # A deadlock that aborts the claim before the body ran is safe to
+        # start over; nested in a caller's transaction, that one is lost too.
+        done = store.retrying(self._atomic_attempt, in_transaction=self._in_callers_transaction())
+        if done is None:
+            raise TaskInFlight(retry_after=1)
+        return done.value
 
-    def _atomic_attempt(self) -> Any:
+    def _atomic_attempt(self) -> _Result:
         store.prepare_connection(self.using, self.wait)
         body_started = False
         try:
             with transaction.atomic(using=self.using):
-                claimed = store.claim(
+                claim = store.claim(
                     self.using, self._new_claim(timezone.now(), "", None), self.wait
                 )
-                if isinstance(claimed, IdempotencyKey):
-                    return self._answer_duplicate(claimed)
+                if claim.existing is not None:
+                    return _Result(self._answer_duplicate(claim.existing))
                 body_started = True
                 payload = _encode(self.body(self.info), self.info.scope)
                 store.complete(
                     self.using,
-                    claimed,
+                    claim.record_id,
                     owner_token=None,
                     status_code=RESULT_STATUS,
                     headers=RESULT_HEADERS,
                     body=payload,
                     expires_at=None,
                 )
-                return json.loads(payload)
+                return _Result(json.loads(payload))
         except DatabaseError as exc:
             # SQLite waits at BEGIN, the others in the claim: either way a
             # database error before the body ran says what the claim met.
@@ -220,15 +216,15 @@ class _TaskRun:
     def leased(self) -> Any:
         """The claim commits first; the body runs outside our transaction."""
         token = secrets.token_hex(16)
-        claimed = store.retrying(lambda: self._lease_claim(token))
-        if claimed is None:
+        claim = store.retrying(lambda: self._lease_claim(token))
+        if claim is None:
             raise TaskInFlight(retry_after=1)
-        if isinstance(claimed, IdempotencyKey):
-            return self._answer_duplicate(claimed)
+        if claim.existing is not None:
+            return self._answer_duplicate(claim.existing)
         try:
             value = self.body(self.info)
         except BaseException:
-            self._release(claimed, token)
+            self._release(claim.record_id, token)
             raise
         # The body has run: from here on the claim is never released, or a
         # redelivery would run it again (see docs/tasks.rst, "Lease mode").
@@ -237,7 +233,7 @@ class _TaskRun:
         except UnstorableResult:
             self._log_claim_held("its return value cannot be stored as JSON")
             raise
-        self._store(claimed, token, payload)
+        self._store(claim.record_id, token, payload)
         return json.loads(payload)
 
     def _store(self, record_id: int, token: str, payload: bytes) -> None:
@@ -317,7 +313,7 @@ class _TaskRun:
             exc_info=True,
         )
 
-    def _lease_claim(self, token: str) -> int | IdempotencyKey:
+    def _lease_claim(self, token: str) -> store.Claim:
         store.prepare_connection(self.using, self.wait)
         now = timezone.now()
         try:

@@ -1,4 +1,4 @@
-"""The protocol in core.py: when a completed record expires."""
+"""Atomic mode (atomic_mode.py): when a completed record expires."""
 
 from __future__ import annotations
 

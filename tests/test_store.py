@@ -167,21 +167,37 @@ class PostgresLockTimeoutAfterSecondPassTests:
             cursor.execute("SHOW lock_timeout")
             return cursor.fetchone()[0]
 
-    def test_view_keeps_its_lock_timeout_when_the_claim_looks_twice(self):
+    def original_commits_an_expired_record(self) -> Holder:
         # The original commits a record that has already expired while our
         # claim waits on it. Our first pass cannot see it (it committed after
-        # the statement's snapshot), the re-read finds it expired, and the
-        # second pass takes it over: with the bounded wait then in force.
+        # the statement's snapshot), and the re-read finds it expired.
         def original() -> None:
             store.claim("default", new_claim("k", expires_in=-timedelta(hours=1)), wait=5)
 
-        with Holder(original) as holder, transaction.atomic():
+        return Holder(original)
+
+    def test_a_stale_look_starts_the_claim_over_in_its_savepoint(self):
+        with self.original_commits_an_expired_record() as holder, transaction.atomic():
+            holder.release_after(0.5)
+            with pytest.raises(store.Retry) as retry, transaction.atomic():
+                store.claim("default", new_claim("k"), wait=3)
+
+            assert not retry.value.transaction_lost
+
+    def test_view_keeps_its_lock_timeout_when_the_claim_looks_twice(self):
+        # The second pass takes the record over, in a new savepoint of the
+        # view's transaction: the bounded wait of the first went with the old one.
+        def attempt() -> store.Claim:
+            with transaction.atomic():
+                return store.claim("default", new_claim("k"), wait=3)
+
+        with self.original_commits_an_expired_record() as holder, transaction.atomic():
             with connection.cursor() as cursor:
                 cursor.execute("SET LOCAL lock_timeout = '7s'")
             holder.release_after(0.5)
-            claimed = store.claim("default", new_claim("k"), wait=3)
+            claim = store.retrying(attempt, in_transaction=True)
 
-            assert isinstance(claimed, int)
+            assert claim is not None and claim.existing is None
             assert self.lock_timeout() == "7s"
 
 

@@ -132,15 +132,15 @@ class PostgresLockTimeoutTests:
     def test_claim_restores_lock_timeout_for_the_handler(self):
         with transaction.atomic():
             before = self.lock_timeout()
-            assert isinstance(store.claim("default", new_claim("a"), wait=0.25), int)
+            assert store.claim("default", new_claim("a"), wait=0.25).existing is None
             assert self.lock_timeout() == before
 
     def test_conflict_keeps_the_bounded_wait_for_its_read(self):
         with transaction.atomic():
             store.claim("default", new_claim("b"), wait=0.25)
         with transaction.atomic():
-            record = store.claim("default", new_claim("b"), wait=0.25)
-            assert isinstance(record, IdempotencyKey)
+            claim = store.claim("default", new_claim("b"), wait=0.25)
+            assert isinstance(claim.existing, IdempotencyKey)
             assert self.lock_timeout() == "250ms"
         assert self.lock_timeout() != "250ms"  # transaction-local
 

@@ -287,8 +287,8 @@ def _gated_claim(using: str, new: store.NewClaim, wait: float) -> Any:
     # if the clock moved since it began.
     claimed_when = timezone.now()
     result = _real["claim"](using, new, wait)
-    if isinstance(result, IdempotencyKey):
-        if result.expires_at <= new.created_at:
+    if result.existing is not None:
+        if result.existing.expires_at <= new.created_at:
             actor.world.violate(f"{actor.name} was answered from an expired record")
     else:
         actor.token = new.owner_token or None

@@ -35,10 +35,10 @@ class Reversion:
 
 REVERSIONS = {
     "pg-lock-timeout": Reversion(
-        "PostgreSQL: a second claim pass takes the bounded lock_timeout for the view's own",
+        "PostgreSQL: a claim that finds the key taken leaves the bounded lock_timeout in force",
         "django_idempotency/store.py",
-        "claimed, view_lock_timeout = _claim_postgresql(connection, new, wait, view_lock_timeout)",
-        "claimed, _previous = _claim_postgresql(connection, new, wait, None)",
+        "\"CASE WHEN found.mine THEN set_config('lock_timeout', wait.previous, true) END \"",
+        "\"CASE WHEN true THEN NULL END \"",
     ),
     "sqlite-busy-timeout": Reversion(
         "SQLite: the claim's busy timeout stays on the connection for the view",
@@ -49,14 +49,14 @@ REVERSIONS = {
     ),
     "lease-dead-connection": Reversion(
         "lease mode ends its lease only on the connection that died",
-        "django_idempotency/core.py",
+        "django_idempotency/lease_mode.py",
         "            if self._shares_the_request_transaction():\n                raise\n"
-        "        with self._lease_statements(fresh=True):\n            return step()\n",
+        "        with self._statements(fresh=True):\n            return step()\n",
         "            raise\n",
     ),
     "lease-in-transaction": Reversion(
         "lease mode refuses to run inside the request's transaction",
-        "django_idempotency/core.py",
+        "django_idempotency/lease_mode.py",
         "        self.own_connection = lease_connection.needs_own_connection(self.using)\n",
         "        from django.core.exceptions import ImproperlyConfigured\n\n"
         "        if lease_connection.needs_own_connection(self.using):\n"
@@ -64,11 +64,11 @@ REVERSIONS = {
     ),
     "release-after-effect": Reversion(
         "lease mode gives the key back when storing a successful response fails",
-        "django_idempotency/core.py",
+        "django_idempotency/lease_mode.py",
         "            if self._shares_the_request_transaction():\n"
         "                raise  # which can no longer commit: the claim goes with it\n"
         "            if not stored.body:\n",
-        "            self._release(record_id, token)\n"
+        "            self._release(record_id)\n"
         "            raise\n"
         "            if not stored.body:\n",
     ),
