@@ -48,7 +48,7 @@ class AtomicCall(ProtectedCall):
         try:
             with transaction.atomic(using=self.using):
                 now = self.claimed_at = timezone.now()
-                claim = store.claim(self.using, self._new_claim(now, "", None), self.options.wait)
+                claim = store.claim(self.using, self._new_claim(now), self.options.wait)
                 if claim.existing is not None:
                     return self._answer_duplicate(claim.existing)
                 return self._handle(claim.record_id)

@@ -76,19 +76,11 @@ class ProtectedCall:
     # The claim.
 
     def _new_claim(
-        self, now: datetime, token: str, locked_until: datetime | None
+        self, now: datetime, token: str = "", locked_until: datetime | None = None
     ) -> store.NewClaim:
         self.claim_expires_at = now + self.options.ttl
-        return store.NewClaim(
-            scope=self.info.scope,
-            key=self.info.key,
-            fingerprint=self.info.fingerprint,
-            owner_token=token,
-            created_at=now,
-            # A held lease expires with the lease, so that one index answers
-            # both "may this be taken over?" and "may this be purged?".
-            expires_at=locked_until or self.claim_expires_at,
-            locked_until=locked_until,
+        return store.NewClaim.of(
+            self.info, now, ttl=self.options.ttl, token=token, locked_until=locked_until
         )
 
     def _raise_claim_error(self, exc: DatabaseError) -> NoReturn:
@@ -99,13 +91,10 @@ class ProtectedCall:
             # may be a request for any key (docs/backends.rst, "SQLite").
             self._send(signals.wait_timed_out)
             self._send(signals.request_conflict)
-            logger.info(
+            self._log(
+                logging.INFO,
                 "Database busy; answering 409 to idempotency key %s in scope %r",
-                mask_key(self.info.key),
-                self.info.scope,
-                extra=observability.log_fields(
-                    "database_busy", self.sender, self.info, self.started
-                ),
+                outcome="database_busy",
             )
             raise DatabaseBusy(retry_after=1) from locked
         except store.Busy as busy:
@@ -117,11 +106,10 @@ class ProtectedCall:
     def _answer_duplicate(self, record: IdempotencyKey) -> HttpResponseBase:
         if record.fingerprint != self.info.fingerprint:
             self._send(signals.fingerprint_mismatch)
-            logger.info(
+            self._log(
+                logging.INFO,
                 "Idempotency key %s in scope %r reused with a different request",
-                mask_key(self.info.key),
-                self.info.scope,
-                extra=observability.log_fields("mismatch", self.sender, self.info, self.started),
+                outcome="mismatch",
             )
             raise FingerprintMismatch
         if record.state == IdempotencyKey.State.COMPLETED:
@@ -141,11 +129,10 @@ class ProtectedCall:
 
     def _conflict(self, retry_after: float) -> RequestInFlight:
         self._send(signals.request_conflict)
-        logger.info(
+        self._log(
+            logging.INFO,
             "Idempotency key %s in scope %r is in flight; answering 409",
-            mask_key(self.info.key),
-            self.info.scope,
-            extra=observability.log_fields("conflict", self.sender, self.info, self.started),
+            outcome="conflict",
         )
         return RequestInFlight(retry_after=retry_after)
 
@@ -166,6 +153,34 @@ class ProtectedCall:
             headers=stored.headers,
             body=stored.body,
             expires_at=expires_at,
+        )
+
+    def _log(
+        self,
+        level: int,
+        message: str,
+        *args: Any,
+        outcome: str | None = None,
+        waited: bool = True,
+        exc_info: bool = False,
+    ) -> None:
+        """Log about this request; ``message`` starts with its key (masked) and scope.
+
+        ``outcome`` adds the structured fields (docs/observability.rst), with
+        the time this request has waited unless ``waited`` is false.
+        """
+        extra = None
+        if outcome is not None:
+            started = self.started if waited else None
+            extra = observability.log_fields(outcome, self.sender, self.info, started)
+        logger.log(
+            level,
+            message,
+            mask_key(self.info.key),
+            self.info.scope,
+            *args,
+            extra=extra,
+            exc_info=exc_info,
         )
 
     def _send(self, signal: Signal) -> None:

@@ -22,12 +22,9 @@ from django.db import DatabaseError, connections, transaction
 from django.http import HttpResponseBase
 from django.utils import timezone
 
-from django_idempotency import lease_cleanup, lease_connection, observability, signals, store
+from django_idempotency import lease_cleanup, lease_connection, signals, store
 from django_idempotency.call import ProtectedCall
-from django_idempotency.keys import mask_key
 from django_idempotency.responses import StoredResponse, is_storable
-
-logger = logging.getLogger("django_idempotency.core")
 
 
 @dataclass
@@ -172,11 +169,11 @@ class LeaseCall(ProtectedCall):
                 return  # the failed statement rolls the claim back with the request
             # Raising would hide the handler's own error or response; the
             # lease still runs out.
-            logger.exception(
+            self._log(
+                logging.ERROR,
                 "Could not release idempotency key %s in scope %r; retries get 409 "
                 "until its lease runs out.",
-                mask_key(self.info.key),
-                self.info.scope,
+                exc_info=True,
             )
             return
         if released:
@@ -221,31 +218,29 @@ class LeaseCall(ProtectedCall):
     # What the logs say when the lease cannot end as it should.
 
     def _log_body_refused(self, stored: StoredResponse) -> None:
-        logger.warning(
+        self._log(
+            logging.WARNING,
             "The response body for idempotency key %s in scope %r (%d bytes) could "
             "not be stored; storing its status and headers only.",
-            mask_key(self.info.key),
-            self.info.scope,
             len(stored.body or b""),
             exc_info=True,
         )
 
     def _log_lease_lost(self) -> None:
-        logger.warning(
+        self._log(
+            logging.WARNING,
             "Lease for idempotency key %s in scope %r ran out before the handler "
             "finished; its response was not stored. Raise LEASE above the "
             "longest request your server allows.",
-            mask_key(self.info.key),
-            self.info.scope,
-            extra=observability.log_fields("lease_lost", self.sender, self.info),
+            outcome="lease_lost",
+            waited=False,
         )
 
     def _log_not_stored(self) -> None:
-        logger.error(
+        self._log(
+            logging.ERROR,
             "The response for idempotency key %s in scope %r could not be stored. "
             "The key stays claimed, so that a retry does not repeat the effect, "
             "and retries get 409 until its lease runs out.",
-            mask_key(self.info.key),
-            self.info.scope,
             exc_info=True,
         )

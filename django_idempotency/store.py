@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, NoReturn, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
@@ -25,6 +25,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 from django.db.models import Field
 
+from django_idempotency.info import IdempotencyInfo
 from django_idempotency.models import IdempotencyKey
 
 State = IdempotencyKey.State
@@ -96,6 +97,31 @@ class NewClaim:
     created_at: datetime
     expires_at: datetime
     locked_until: datetime | None
+
+    @classmethod
+    def of(
+        cls,
+        info: IdempotencyInfo,
+        now: datetime,
+        *,
+        ttl: timedelta,
+        token: str = "",
+        locked_until: datetime | None = None,
+    ) -> NewClaim:
+        """The claim of ``info``'s key at ``now``: for ``ttl``, or held until ``locked_until``.
+
+        A held lease expires with the lease, so that one index answers both
+        "may this be taken over?" and "may this be purged?".
+        """
+        return cls(
+            scope=info.scope,
+            key=info.key,
+            fingerprint=info.fingerprint,
+            owner_token=token,
+            created_at=now,
+            expires_at=locked_until or now + ttl,
+            locked_until=locked_until,
+        )
 
 
 def _columns() -> dict[str, str]:

@@ -189,9 +189,7 @@ class _TaskRun:
         body_started = False
         try:
             with transaction.atomic(using=self.using):
-                claim = store.claim(
-                    self.using, self._new_claim(timezone.now(), "", None), self.wait
-                )
+                claim = store.claim(self.using, self._new_claim(timezone.now()), self.wait)
                 if claim.existing is not None:
                     return _Result(self._answer_duplicate(claim.existing))
                 body_started = True
@@ -325,18 +323,10 @@ class _TaskRun:
             self._raise_claim_error(exc)
 
     def _new_claim(
-        self, now: datetime, token: str, locked_until: datetime | None
+        self, now: datetime, token: str = "", locked_until: datetime | None = None
     ) -> store.NewClaim:
-        return store.NewClaim(
-            scope=self.info.scope,
-            key=self.info.key,
-            fingerprint=self.info.fingerprint,
-            owner_token=token,
-            created_at=now,
-            # A held lease expires with the lease, so the purge and a takeover
-            # read one column.
-            expires_at=locked_until or now + self.ttl,
-            locked_until=locked_until,
+        return store.NewClaim.of(
+            self.info, now, ttl=self.ttl, token=token, locked_until=locked_until
         )
 
     def _raise_claim_error(self, exc: DatabaseError) -> NoReturn:
