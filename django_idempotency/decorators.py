@@ -11,11 +11,26 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponseBase
 
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.guard import guard_for
+from django_idempotency.guard import Guard
 from django_idempotency.middleware import PROTECTED_ATTRIBUTE
 from django_idempotency.options import check_options
 
 ViewFunc = TypeVar("ViewFunc", bound=Callable[..., HttpResponseBase])
+
+PLAIN = Guard()
+
+
+def guard_for(request: HttpRequest) -> Guard:
+    """DRF's guard for a DRF request (``@api_view`` under the decorator), else the plain one.
+
+    The only place outside :mod:`django_idempotency.drf` that knows DRF
+    exists, and it imports nothing from DRF unless the request is DRF's.
+    """
+    if type(request).__module__ == "rest_framework.request":
+        from django_idempotency.drf import guard
+
+        return guard(request)  # type: ignore[arg-type]
+    return PLAIN
 
 
 @overload

@@ -65,19 +65,3 @@ class Guard:
             )
         except IdempotencyError as error:
             return self.answer(error)
-
-
-PLAIN = Guard()
-
-
-def guard_for(request: HttpRequest) -> Guard:
-    """The guard for a request: DRF's for a DRF request (``@api_view``), else the plain one.
-
-    The only place outside :mod:`django_idempotency.drf` that knows DRF
-    exists, and it imports nothing from DRF unless the request is DRF's.
-    """
-    if type(request).__module__ == "rest_framework.request":
-        from django_idempotency.drf import guard
-
-        return guard(request)  # type: ignore[arg-type]
-    return PLAIN
