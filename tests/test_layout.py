@@ -44,7 +44,7 @@ def cycle_in(graph: dict[str, set[str]]) -> list[str] | None:
 
     def visit(name: str, path: list[str]) -> list[str] | None:
         if name in path:
-            return path[path.index(name) :] + [name]
+            return [*path[path.index(name) :], name]
         if name in done:
             return None
         for imported in sorted(graph[name]):
@@ -82,9 +82,7 @@ def test_rest_framework_is_named_only_by_its_integrations_and_two_lazy_checks():
     # it. The decorator and the middleware only ask whether a request or a
     # view is DRF's, importing nothing.
     naming = {
-        module_name(path)
-        for path in PACKAGE.rglob("*.py")
-        if "rest_framework" in path.read_text()
+        module_name(path) for path in PACKAGE.rglob("*.py") if "rest_framework" in path.read_text()
     }
 
     assert naming <= {
