@@ -100,7 +100,7 @@ def test_the_latency_relay_adds_its_delay_and_passes_bytes_unchanged():
 
 
 def test_inprocess_verdicts_name_each_missed_target():
-    from benchmarks.suite import _inprocess_cells
+    from benchmarks.suite import INPROCESS_COLUMNS, _inprocess_cells
 
     row = {
         "undecorated": [400.0],
@@ -110,6 +110,8 @@ def test_inprocess_verdicts_name_each_missed_target():
         "replay, cache on locmem": [90.0],
     }
     assert _inprocess_cells(row, True)[-1] == "ok"
+    # One cell per column the tables name, then the verdict.
+    assert len(_inprocess_cells(row, True)) == len(INPROCESS_COLUMNS) + 1
     row["first"] = [1100.0]
     row["replay"] = [500.0]
     assert _inprocess_cells(row, True)[-1] == "MISSED: first, replay"
