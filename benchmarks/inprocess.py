@@ -194,7 +194,7 @@ def _pipeline(requests: int, rounds: int) -> dict[str, list[float]]:
         new = store.NewClaim(
             "bench", key, "f" * 64, "", now, now + timezone.timedelta(hours=1), None
         )
-        return store._postgresql_claim_params(connection, new, 5.0, None)
+        return store._postgresql_claim_params(connection, new, 5.0)
 
     def first(key: str, pipelined: bool) -> None:
         cursor = raw.cursor()
