@@ -22,13 +22,12 @@ import subprocess
 import sys
 import time
 import venv
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
-BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
-PYTHON = BIN / "python"
-STAMP = VENV / ".installed"
+PYTHON = VENV / ("Scripts" if os.name == "nt" else "bin") / "python"
 SERVERS = {"postgresql": ("127.0.0.1", 5432), "mariadb": ("127.0.0.1", 3306)}
 
 
@@ -39,19 +38,38 @@ def run(*args: str | Path, env: dict[str, str] | None = None, check: bool = True
     return completed.returncode
 
 
+def prepare_venv(where: Path, name: str, fingerprint: str, install: Callable[[Path], None]) -> Path:
+    """The Python of the virtualenv ``where``, made if missing, with ``install`` done for ``name``.
+
+    ``install(python)`` runs again only when ``name``'s ``fingerprint``
+    changes: ``where/.installed`` keeps a ``name:fingerprint`` line for each
+    name installed. ``benchmarks/run.py`` makes ``.venv-bench`` with this too.
+    """
+    python = where / PYTHON.relative_to(VENV)
+    if not python.exists():
+        print(f"Creating a virtualenv in {where.relative_to(ROOT)} ...", flush=True)
+        venv.create(where, with_pip=True)
+        run(python, "-m", "pip", "install", "--quiet", "--upgrade", "pip")
+    stamp = where / ".installed"
+    lines = stamp.read_text().splitlines() if stamp.exists() else []
+    done = dict(line.rpartition(":")[::2] for line in lines)
+    if done.get(name) != fingerprint:
+        install(python)
+        done[name] = fingerprint
+        stamp.write_text("".join(f"{key}:{value}\n" for key, value in done.items()))
+    return python
+
+
 def ensure_venv(extras: str) -> None:
     """Create .venv and install the project with ``extras`` unless already done."""
-    if not PYTHON.exists():
-        print(f"Creating a virtualenv in {VENV.relative_to(ROOT)} ...", flush=True)
-        venv.create(VENV, with_pip=True)
-        run(PYTHON, "-m", "pip", "install", "--quiet", "--upgrade", "pip")
-    wanted = f"{extras}:{(ROOT / 'pyproject.toml').stat().st_mtime_ns}"
-    if STAMP.exists() and wanted in STAMP.read_text().splitlines():
-        return
-    print(f"Installing django-idempotency[{extras}] into the virtualenv ...", flush=True)
-    run(PYTHON, "-m", "pip", "install", "--quiet", "-e", f".[{extras}]")
-    with STAMP.open("a") as stamp:
-        stamp.write(wanted + "\n")
+
+    def install(python: Path) -> None:
+        print(f"Installing django-idempotency[{extras}] into the virtualenv ...", flush=True)
+        run(python, "-m", "pip", "install", "--quiet", "-e", f".[{extras}]")
+
+    # A changed pyproject.toml installs again.
+    fingerprint = str((ROOT / "pyproject.toml").stat().st_mtime_ns)
+    prepare_venv(VENV, extras, fingerprint, install)
 
 
 def reachable(host: str, port: int) -> bool:

@@ -24,6 +24,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -193,19 +194,11 @@ def _pipeline(requests: int, rounds: int) -> dict[str, list[float]]:
         new = store.NewClaim(
             "bench", key, "f" * 64, "", now, now + timezone.timedelta(hours=1), None
         )
-        return store._postgresql_claim_params(connection, new, 5.0, None)
+        return store._postgresql_claim_params(connection, new, 5.0)
 
     def first(key: str, pipelined: bool) -> None:
         cursor = raw.cursor()
-        if pipelined:
-            with raw.pipeline():
-                cursor.execute(claim_sql, claim_params(key))
-                record_id = cursor.fetchone()[1]
-                cursor.execute(insert_sql, ["pipeline", key, "", timezone.now()])
-                cursor.fetchone()
-                cursor.execute(complete_sql, ["completed", 201, headers, body, record_id])
-                raw.commit()
-        else:
+        with raw.pipeline() if pipelined else nullcontext():
             cursor.execute(claim_sql, claim_params(key))
             record_id = cursor.fetchone()[1]
             cursor.execute(insert_sql, ["pipeline", key, "", timezone.now()])
@@ -215,12 +208,7 @@ def _pipeline(requests: int, rounds: int) -> dict[str, list[float]]:
 
     def replay(key: str, pipelined: bool) -> None:
         cursor = raw.cursor()
-        if pipelined:
-            with raw.pipeline():
-                cursor.execute(claim_sql, claim_params(key))
-                assert cursor.fetchone()[0] is False
-                raw.commit()
-        else:
+        with raw.pipeline() if pipelined else nullcontext():
             cursor.execute(claim_sql, claim_params(key))
             assert cursor.fetchone()[0] is False
             raw.commit()

@@ -26,9 +26,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import subprocess
 import sys
-import venv
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,30 +59,30 @@ def _in_bench_venv() -> bool:
     return Path(sys.prefix).resolve() == VENV.resolve()
 
 
+def _install(python: Path) -> None:
+    from dev import run
+
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    print("Installing the project, the load tools and the peer packages ...", flush=True)
+    run(*pip, "-e", f"{ROOT}[drf,postgres]", *REQUIREMENTS)
+    for optional in OPTIONAL:
+        if run(*pip, optional, check=False):
+            print(f"  {optional} did not install; its rows are left out.", flush=True)
+    for peer in PEERS:
+        if run(*pip, peer, check=False):
+            print(f"  {peer} did not install; it is left out.", flush=True)
+
+
 def _bootstrap() -> None:
     """Create or refresh ``.venv-bench`` and re-execute this script inside it.
 
-    A stamp of the requirements skips the pip round trips on later runs.
+    The virtualenv is made as ``dev.py`` makes ``.venv``; a hash of the
+    requirements skips the pip round trips on later runs.
     """
-    python = VENV / "bin" / "python"
-    if not python.exists():
-        print(f"Creating {VENV.relative_to(ROOT)} ...", flush=True)
-        venv.EnvBuilder(with_pip=True).create(VENV)
-    stamp = VENV / "bench-requirements.sha256"
+    from dev import prepare_venv
+
     wanted = hashlib.sha256("\n".join(REQUIREMENTS + OPTIONAL + PEERS).encode()).hexdigest()
-    if not stamp.exists() or stamp.read_text() != wanted:
-        pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-        print("Installing the project, the load tools and the peer packages ...", flush=True)
-        subprocess.run([*pip, "--upgrade", "pip"], check=True)
-        subprocess.run([*pip, "-e", f"{ROOT}[drf,postgres]", *REQUIREMENTS], check=True)
-        for optional in OPTIONAL:
-            if subprocess.run([*pip, optional], check=False).returncode:
-                print(f"  {optional} did not install; its rows are left out.", flush=True)
-        for peer in PEERS:
-            result = subprocess.run([*pip, peer], check=False)
-            if result.returncode:
-                print(f"  {peer} did not install; it is left out.", flush=True)
-        stamp.write_text(wanted)
+    python = prepare_venv(VENV, "bench", wanted, _install)
     os.execv(str(python), [str(python), str(Path(__file__).resolve()), *sys.argv[1:]])
 
 
@@ -95,9 +93,10 @@ def main() -> None:
         "--no-docs", action="store_true", help="print the tables only; leave the docs file alone"
     )
     options = parser.parse_args()
+    # The repository root: dev.py, and the benchmarks package inside the virtualenv.
+    sys.path.insert(0, str(ROOT))
     if not _in_bench_venv():
         _bootstrap()
-    sys.path.insert(0, str(ROOT))
     from benchmarks.suite import run_all
 
     command = "python3 benchmarks/run.py" + (" --quick" if options.quick else "")

@@ -452,6 +452,15 @@ INPROCESS_CONFIGS = [
     ("SQLite", "sqlite", 600, False),
     ("SQLite", "sqlite", 0, False),
 ]
+#: The columns of :func:`_inprocess_cells`, before its verdict.
+INPROCESS_COLUMNS = [
+    "undecorated",
+    "first",
+    "first - undecorated",
+    "replay",
+    "replay from Redis",
+    "replay from locmem",
+]
 
 
 def section_inprocess(plan: Plan, progress: Callable) -> Table:
@@ -459,17 +468,7 @@ def section_inprocess(plan: Plan, progress: Callable) -> Table:
 
     table = Table(
         "6. Per request in one process (Django test client), median microseconds",
-        [
-            "database",
-            "connections",
-            "undecorated",
-            "first",
-            "first - undecorated",
-            "replay",
-            "replay from Redis",
-            "replay from locmem",
-            "target",
-        ],
+        ["database", "connections", *INPROCESS_COLUMNS, "target"],
     )
     table.notes = [
         f"Each row is its own process and throwaway database; {plan.inprocess_rounds} rounds of "
@@ -495,9 +494,8 @@ def section_inprocess(plan: Plan, progress: Callable) -> Table:
                 prepared=prepared,
             )
         except Exception as exc:  # a backend that is not running drops its row only
-            table.add(
-                label, _connections(max_age), f"not run: {str(exc).splitlines()[0]}", *["-"] * 6
-            )
+            reason = f"not run: {str(exc).splitlines()[0]}"
+            table.add(label, _connections(max_age), reason, *["-"] * len(INPROCESS_COLUMNS))
             continue
         table.add(label, _connections(max_age), *_inprocess_cells(result, backend == "postgresql"))
     return table
@@ -548,15 +546,7 @@ def section_latency(plan: Plan, progress: Callable) -> list[Table]:
     rounds = plan.inprocess_rounds
     latency = Table(
         "7. Per request behind added latency (PostgreSQL, persistent), median microseconds",
-        [
-            "added round trip",
-            "undecorated",
-            "first",
-            "first - undecorated",
-            "replay",
-            "replay from Redis",
-            "replay from locmem",
-        ],
+        ["added round trip", *INPROCESS_COLUMNS],
     )
     latency.notes = [
         f"{method}: the delay is added by a user-space relay on 127.0.0.1 (benchmarks/latency.py) "

@@ -8,6 +8,7 @@ leave them out, so this runs the same counting function as
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -100,7 +101,7 @@ def test_the_latency_relay_adds_its_delay_and_passes_bytes_unchanged():
 
 
 def test_inprocess_verdicts_name_each_missed_target():
-    from benchmarks.suite import _inprocess_cells
+    from benchmarks.suite import INPROCESS_COLUMNS, _inprocess_cells
 
     row = {
         "undecorated": [400.0],
@@ -110,7 +111,71 @@ def test_inprocess_verdicts_name_each_missed_target():
         "replay, cache on locmem": [90.0],
     }
     assert _inprocess_cells(row, True)[-1] == "ok"
+    # One cell per column the tables name, then the verdict.
+    assert len(_inprocess_cells(row, True)) == len(INPROCESS_COLUMNS) + 1
     row["first"] = [1100.0]
     row["replay"] = [500.0]
     assert _inprocess_cells(row, True)[-1] == "MISSED: first, replay"
     assert _inprocess_cells(row, False)[-1] == "-"
+
+
+def test_a_virtualenv_installs_again_only_when_its_fingerprint_changes(tmp_path):
+    import dev
+
+    where = tmp_path / "venv"
+    python = where / dev.PYTHON.relative_to(dev.VENV)
+    python.parent.mkdir(parents=True)
+    python.touch()  # an existing virtualenv: none is created
+    # A stamp as earlier versions of dev.py wrote it.
+    (where / ".installed").write_text("test,postgres:1\n")
+    installs: list[tuple[str, Path]] = []
+
+    def prepare(name: str, fingerprint: str) -> Path:
+        return dev.prepare_venv(
+            where, name, fingerprint, lambda python: installs.append((name, python))
+        )
+
+    assert prepare("test,postgres", "1") == python
+    assert installs == []
+    prepare("example", "1")
+    prepare("example", "1")
+    prepare("test,postgres", "1")
+    assert installs == [("example", python)]
+    prepare("test,postgres", "2")
+    prepare("test,postgres", "2")
+    assert installs == [("example", python), ("test,postgres", python)]
+    assert (where / ".installed").read_text() == "test,postgres:2\nexample:1\n"
+
+
+def test_the_bench_virtualenv_is_made_by_dev_py_and_keyed_by_its_requirements(monkeypatch):
+    import dev
+    from benchmarks import run
+
+    calls = []
+
+    def prepare_venv(where, name, fingerprint, install):
+        calls.append((where, name, fingerprint, install))
+        return where / "bin" / "python"
+
+    def execv(path, args):
+        raise SystemExit(args)
+
+    monkeypatch.setattr(dev, "prepare_venv", prepare_venv)
+    monkeypatch.setattr(run.os, "execv", execv)
+    monkeypatch.setattr(run.sys, "argv", ["benchmarks/run.py", "--quick"])
+    with pytest.raises(SystemExit) as exited:
+        run._bootstrap()
+
+    [(where, name, fingerprint, install)] = calls
+    assert (where, name, install) == (run.VENV, "bench", run._install)
+    assert exited.value.code == [
+        str(run.VENV / "bin" / "python"),
+        str(Path(run.__file__).resolve()),
+        "--quick",
+    ]
+    # Another requirement, another fingerprint: the bench virtualenv installs again.
+    monkeypatch.setattr(run, "PEERS", [*run.PEERS, "another-peer"])
+    calls.clear()
+    with pytest.raises(SystemExit):
+        run._bootstrap()
+    assert calls[0][2] != fingerprint

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import tempfile
 
+from benchmarks.bench.caches import redis_cache
+
 BACKEND = os.environ.get("BENCH_BACKEND", "postgresql")
 NAME = os.environ.get("BENCH_DATABASE_NAME", f"bench_inprocess_{os.getpid()}")
 CONN_MAX_AGE = int(os.environ.get("BENCH_CONN_MAX_AGE", "600"))
@@ -31,27 +33,29 @@ INSTALLED_APPS = [
 ]
 MIDDLEWARE: list[str] = []
 
-if BACKEND == "postgresql":
-    _database = {
-        "ENGINE": "django.db.backends.postgresql",
-        "HOST": os.environ.get("PGHOST", "127.0.0.1"),
-        "PORT": os.environ.get("BENCH_DB_PORT", os.environ.get("PGPORT", "5432")),
-        "USER": os.environ.get("PGUSER", "postgres"),
-        "PASSWORD": os.environ.get("PGPASSWORD", ""),
+
+def _server(engine: str, env: str, port: str, user: str) -> dict:
+    """A database server, as ``{env}HOST``/``{env}PORT``/``{env}USER``/``{env}PASSWORD`` say.
+
+    ``BENCH_DB_PORT``, when set, replaces the port (the latency relay).
+    """
+    return {
+        "ENGINE": f"django.db.backends.{engine}",
+        "HOST": os.environ.get(f"{env}HOST", "127.0.0.1"),
+        "PORT": os.environ.get("BENCH_DB_PORT", os.environ.get(f"{env}PORT", port)),
+        "USER": os.environ.get(f"{env}USER", user),
+        "PASSWORD": os.environ.get(f"{env}PASSWORD", ""),
     }
+
+
+if BACKEND == "postgresql":
+    _database = _server("postgresql", "PG", "5432", "postgres")
     if os.environ.get("BENCH_PG_PREPARED") == "1":
         # Django's own options: bind parameters on the server and prepare a
         # statement from its fifth execution on a connection.
         _database["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 5}
 elif BACKEND == "mariadb":
-    _database = {
-        "ENGINE": "django.db.backends.mysql",
-        "HOST": os.environ.get("MYSQL_HOST", "127.0.0.1"),
-        "PORT": os.environ.get("BENCH_DB_PORT", os.environ.get("MYSQL_PORT", "3306")),
-        "USER": os.environ.get("MYSQL_USER", "root"),
-        "PASSWORD": os.environ.get("MYSQL_PASSWORD", ""),
-        "OPTIONS": {"charset": "utf8mb4"},
-    }
+    _database = {**_server("mysql", "MYSQL_", "3306", "root"), "OPTIONS": {"charset": "utf8mb4"}}
 else:
     _path = os.path.join(tempfile.gettempdir(), f"{NAME}.sqlite3")
     _database = {
@@ -64,7 +68,6 @@ DATABASES = {
     "default": {**_database, "NAME": NAME, "CONN_MAX_AGE": CONN_MAX_AGE, "TEST": {"NAME": NAME}}
 }
 
-_PREFIX = f"bench-{os.getpid()}"
 CACHES = {
     "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
     "locmem": {
@@ -72,10 +75,5 @@ CACHES = {
         "LOCATION": "bench-replays",
         "OPTIONS": {"MAX_ENTRIES": 1_000_000},
     },
-    "redis": {
-        "BACKEND": "django.core.cache.backends.redis.RedisCache",
-        "LOCATION": os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"),
-        "KEY_PREFIX": _PREFIX,
-        "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1},
-    },
+    "redis": redis_cache(f"bench-{os.getpid()}"),
 }

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 
 from benchmarks.bench import peers
+from benchmarks.bench.caches import redis_cache
 
 SECRET_KEY = "bench-only-not-secret"
 DEBUG = False
@@ -94,10 +95,5 @@ if any(peer.variant == "dik" for peer in _PEERS):
     MIDDLEWARE.append("idempotency_key.middleware.ExemptIdempotencyKeyMiddleware")
 
 if OURS_ONLY and os.environ.get("BENCH_REPLAY_CACHE") == "redis":
-    CACHES["replay"] = {
-        "BACKEND": "django.core.cache.backends.redis.RedisCache",
-        "LOCATION": os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"),
-        "KEY_PREFIX": os.environ.get("BENCH_REDIS_PREFIX", "bench"),
-        "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1},
-    }
+    CACHES["replay"] = redis_cache(os.environ.get("BENCH_REDIS_PREFIX", "bench"))
     IDEMPOTENCY = {"REPLAY_CACHE": "replay"}

@@ -8,15 +8,17 @@ from django.urls import path
 from benchmarks.bench import views
 from benchmarks.bench.peers import installed
 
-urlpatterns = [
-    path("plain/", views.plain),
-    path("ours/", views.ours),
-    path("ours-lease/", views.ours_lease),
-    path("plain-async/", views.plain_async),
-    path("ours-async/", views.ours_async),
-    path("drf/", views.BenchAPIView.as_view()),
-    path("ours-mixin/", views.OursMixinView.as_view()),
-]
+#: Our variants and the undecorated baselines, by name.
+VARIANTS = {
+    "plain": views.plain,
+    "ours": views.ours,
+    "ours-lease": views.ours_lease,
+    "plain-async": views.plain_async,
+    "ours-async": views.ours_async,
+    "drf": views.BenchAPIView.as_view(),
+    "ours-mixin": views.OursMixinView.as_view(),
+}
+urlpatterns = [path(f"{variant}/", view) for variant, view in VARIANTS.items()]
 
 _peers = set() if getattr(settings, "OURS_ONLY", False) else {peer.variant for peer in installed()}
 if _peers:
