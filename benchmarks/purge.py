@@ -106,6 +106,7 @@ class Writer(threading.Thread):
         from django.utils import timezone
 
         from django_idempotency import store
+        from django_idempotency.info import IdempotencyInfo
 
         rng = random.Random(0)
         try:
@@ -115,15 +116,8 @@ class Writer(threading.Thread):
                     key = f"expired-{rng.randint(1, self.rows)}"
                 else:
                     key = f"new-{self.claims}-{rng.random()}"
-                new = store.NewClaim(
-                    scope="bench",
-                    key=key,
-                    fingerprint="f" * 64,
-                    owner_token="",
-                    created_at=now,
-                    expires_at=now + timedelta(hours=24),
-                    locked_until=None,
-                )
+                info = IdempotencyInfo(key=key, scope="bench", fingerprint="f" * 64)
+                new = store.NewClaim.of(info, now, ttl=timedelta(hours=24))
                 started = time.perf_counter()
                 try:
                     with transaction.atomic():
