@@ -149,7 +149,7 @@ def main() -> None:
     options = parser.parse_args()
     from benchmarks import suite
 
-    suite._admin(f'CREATE DATABASE "{suite.DATABASE_NAME}"')
+    suite.admin_sql(f'CREATE DATABASE "{suite.DATABASE_NAME}"')
     try:
         suite._setup_django()
         explain(options.requests)
@@ -157,7 +157,7 @@ def main() -> None:
         from django.db import connections
 
         connections.close_all()
-        suite._admin(f'DROP DATABASE IF EXISTS "{suite.DATABASE_NAME}" WITH (FORCE)')
+        suite.admin_sql(f'DROP DATABASE IF EXISTS "{suite.DATABASE_NAME}" WITH (FORCE)')
 
 
 if __name__ == "__main__":

@@ -33,41 +33,21 @@ from django.conf import settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.postgres import SERVER, admin_sql
+
 DATABASE_NAME = f"idempotency_purge_bench_{os.getpid()}"
-CONNECTION = {
-    "HOST": os.environ.get("PGHOST", "127.0.0.1"),
-    "PORT": os.environ.get("PGPORT", "5432"),
-    "USER": os.environ.get("PGUSER", "postgres"),
-    "PASSWORD": os.environ.get("PGPASSWORD", ""),
-}
 
 
 def configure() -> None:
     settings.configure(
         DATABASES={
-            "default": {"ENGINE": "django.db.backends.postgresql", "NAME": DATABASE_NAME}
-            | CONNECTION,
+            "default": {"ENGINE": "django.db.backends.postgresql", "NAME": DATABASE_NAME} | SERVER,
         },
         INSTALLED_APPS=["django_idempotency"],
         USE_TZ=True,
         TIME_ZONE="UTC",
     )
     django.setup()
-
-
-def admin_sql(statement: str) -> None:
-    """CREATE/DROP DATABASE cannot run in a transaction: use a raw autocommit link."""
-    import psycopg
-
-    with psycopg.connect(
-        dbname="postgres",
-        host=CONNECTION["HOST"],
-        port=CONNECTION["PORT"],
-        user=CONNECTION["USER"],
-        password=CONNECTION["PASSWORD"] or None,
-        autocommit=True,
-    ) as conn:
-        conn.execute(statement)
 
 
 def fill(rows: int) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import django
 
+from benchmarks.postgres import admin_sql
 from benchmarks.report import MISSED, OK, Table, environment, write_rst
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,21 +100,6 @@ def _verdict(met: bool) -> str:
 
 
 # Set-up -------------------------------------------------------------------
-
-
-def _admin(statement: str) -> None:
-    """CREATE/DROP DATABASE cannot run in a transaction: a raw autocommit connection."""
-    import psycopg
-
-    with psycopg.connect(
-        dbname="postgres",
-        host=os.environ.get("PGHOST", "127.0.0.1"),
-        port=os.environ.get("PGPORT", "5432"),
-        user=os.environ.get("PGUSER", "postgres"),
-        password=os.environ.get("PGPASSWORD") or None,
-        autocommit=True,
-    ) as connection:
-        connection.execute(statement)
 
 
 def _setup_django() -> str:
@@ -779,7 +765,7 @@ def run_all(*, quick: bool, write_docs: bool, command: str) -> None:
     if missing:
         progress(f"not installed, left out: {', '.join(missing)}")
 
-    _admin(f'CREATE DATABASE "{DATABASE_NAME}"')
+    admin_sql(f'CREATE DATABASE "{DATABASE_NAME}"')
     tables: list[Table] = []
     try:
         postgres_version = _setup_django()
@@ -815,7 +801,7 @@ def run_all(*, quick: bool, write_docs: bool, command: str) -> None:
         from django.db import connections
 
         connections.close_all()
-        _admin(f'DROP DATABASE IF EXISTS "{DATABASE_NAME}" WITH (FORCE)')
+        admin_sql(f'DROP DATABASE IF EXISTS "{DATABASE_NAME}" WITH (FORCE)')
 
     tables.append(section_purge(plan, progress))
     print(tables[-1].text(), "\n", flush=True)
