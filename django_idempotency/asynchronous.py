@@ -20,21 +20,17 @@ from asgiref.sync import async_to_sync, sync_to_async
 from django.http import HttpRequest, HttpResponseBase
 
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.core import Finalize, protect
+from django_idempotency.core import protect
 from django_idempotency.options import ViewOptions, resolve_options
 
 AsyncHandler = Callable[[], Awaitable[HttpResponseBase]]
+Overrides = Mapping[str, Any] | ViewOptions
 
 
 async def protect_async(
-    request: HttpRequest,
-    handler: AsyncHandler,
-    overrides: Mapping[str, Any] | ViewOptions,
-    *,
-    sender: Any,
-    finalize: Finalize = lambda response: response,
+    request: HttpRequest, handler: AsyncHandler, overrides: Overrides, **keywords: Any
 ) -> HttpResponseBase:
-    """:func:`core.protect` for a coroutine handler; same arguments, same errors."""
+    """:func:`core.protect` for a coroutine handler: the same keywords, the same errors."""
     if not may_claim(request, overrides):
         # Nothing to claim: skip the hop to the request's thread.
         return await handler()
@@ -43,14 +39,12 @@ async def protect_async(
         return await handler()
 
     def run() -> HttpResponseBase:
-        return protect(
-            request, async_to_sync(call_handler), overrides, sender=sender, finalize=finalize
-        )
+        return protect(request, async_to_sync(call_handler), overrides, **keywords)
 
     return await sync_to_async(run, thread_sensitive=True)()
 
 
-def may_claim(request: HttpRequest, overrides: Mapping[str, Any] | ViewOptions) -> bool:
+def may_claim(request: HttpRequest, overrides: Overrides) -> bool:
     """Whether :func:`core.protect` could claim or refuse this request.
 
     Only a shortcut: when it says yes, ``protect`` still decides.
