@@ -78,43 +78,43 @@ def server(target: Target, request: pytest.FixtureRequest) -> GunicornServer:
     return request.getfixturevalue(target.server)
 
 
-def sender(url: str, key: str) -> Callable[[], requests.Response]:
+def hold(
+    url: str, key: str, control_dir: Path
+) -> tuple[Callable[[], requests.Response], Callable[[], Any], dict[str, Any]]:
+    """Send ``key`` in the background until its handler holds.
+
+    Returns how to send it again, the background request's join, and the
+    handler's report (its PID and request info).
+    """
+
     def send() -> requests.Response:
         return requests.post(
             url, json={"item": "held"}, headers={"Idempotency-Key": key}, timeout=15
         )
 
-    return send
+    doomed = in_background(send)
+    report = wait_for_file(control_dir / f"{key}.pid")
+    (control_dir / f"{key}.pid").unlink()
+    return send, doomed, report
 
 
 def kill_holder(doomed: Callable[[], Any], report: dict[str, Any]) -> None:
-    """Kill the worker holding ``key`` and see its client lose the connection."""
+    """Kill the worker that holds the handler and see its client lose the connection."""
     kill9(report["pid"])
     with pytest.raises(requests.ConnectionError):
         doomed()
     wait_for_exit(report["pid"])
 
 
-def hold(
-    control_dir: Path, key: str, send: Callable[[], requests.Response]
-) -> tuple[Callable[[], Any], dict[str, Any]]:
-    """Send in the background; once the handler holds, its report and the join."""
-    doomed = in_background(send)
-    report = wait_for_file(control_dir / f"{key}.pid")
-    return doomed, report
-
-
 def test_kill_in_atomic_handler_leaves_nothing_and_retry_runs_once(
     server: GunicornServer, target: Target, control_dir: Path
 ) -> None:
     key = f"{target.key_prefix}crash-atomic"
-    send = sender(server.url + target.atomic_path, key)
-    doomed, report = hold(control_dir, key, send)
+    send, doomed, report = hold(server.url + target.atomic_path, key, control_dir)
     assert report[target.transaction_field] is True
     # The handler has written its effect, inside the transaction that holds the claim.
     assert Order.objects.count() == 0
     assert IdempotencyKey.objects.count() == 0
-    (control_dir / f"{key}.pid").unlink()
     kill_holder(doomed, report)
     assert Order.objects.count() == 0
     assert IdempotencyKey.objects.count() == 0
@@ -136,9 +136,7 @@ def test_kill_in_lease_handler_is_taken_over_after_the_lease(
     server: GunicornServer, target: Target, control_dir: Path
 ) -> None:
     key = f"{target.key_prefix}crash-lease"
-    send = sender(server.url + target.lease_path, key)
-    doomed, report = hold(control_dir, key, send)
-    (control_dir / f"{key}.pid").unlink()
+    send, doomed, report = hold(server.url + target.lease_path, key, control_dir)
     assert report[target.transaction_field] is False
     # Lease mode: the claim and the effect are committed while the handler runs.
     held = IdempotencyKey.objects.get()
