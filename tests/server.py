@@ -225,8 +225,8 @@ def running(
     server_class: type[GunicornServer],
     settings: str,
     log_dir: Path,
+    env: Mapping[str, str] | None = None,
     workers: int = WORKERS,
-    **env: str,
 ) -> Iterator[GunicornServer]:
     """A server on ``settings`` and on the test database, stopped on the way out.
 
@@ -234,19 +234,24 @@ def running(
     on ``django_db_setup``); ``env`` is added to the server's environment.
     """
     name = connections["default"].settings_dict["NAME"]
-    environment = {"DJANGO_SETTINGS_MODULE": settings, DATABASE_NAME_ENV: name, **env}
+    environment = {"DJANGO_SETTINGS_MODULE": settings, DATABASE_NAME_ENV: name, **(env or {})}
     with server_class(environment, log_dir, workers=workers) as server:
         yield server
 
 
-#: Multi-process tests need a database server the processes share.
-SERVER_DATABASES_ONLY = pytest.mark.skipif(
-    BACKEND == "sqlite",
-    reason=(
-        "multi-process server tests run on the server backends (PostgreSQL, MariaDB); "
-        "SQLite is the embedded single-host backend"
+#: The marks of a test module that talks to a server: multi-process tests
+#: need a database server that the processes share.
+SERVER_TESTS = [
+    pytest.mark.server,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(
+        BACKEND == "sqlite",
+        reason=(
+            "multi-process server tests run on the server backends (PostgreSQL, MariaDB); "
+            "SQLite is the embedded single-host backend"
+        ),
     ),
-)
+]
 
 
 @pytest.fixture(scope="module", name="control_dir")
@@ -267,7 +272,7 @@ def controlled(
 
     log_dir = tmp_path_factory.mktemp(server_class.name)
     env = {CONTROL_DIR_ENV: str(control_dir)}
-    return running(server_class, settings, log_dir, workers=workers, **env)
+    return running(server_class, settings, log_dir, env, workers=workers)
 
 
 @pytest.fixture(scope="module", name="gunicorn")

@@ -26,7 +26,7 @@ from django_idempotency.models import IdempotencyKey
 from tests.models import Order
 from tests.polling import in_background
 from tests.server import (  # noqa: F401  the fixtures
-    SERVER_DATABASES_ONLY,
+    SERVER_TESTS,
     GunicornServer,
     control_dir_fixture,
     gunicorn_fixture,
@@ -36,7 +36,7 @@ from tests.server import (  # noqa: F401  the fixtures
     wait_for_file,
 )
 
-pytestmark = [pytest.mark.server, pytest.mark.django_db(transaction=True), SERVER_DATABASES_ONLY]
+pytestmark = SERVER_TESTS
 
 State = IdempotencyKey.State
 
@@ -78,14 +78,31 @@ def server(target: Target, request: pytest.FixtureRequest) -> GunicornServer:
     return request.getfixturevalue(target.server)
 
 
-def hold(
-    url: str, key: str, control_dir: Path
-) -> tuple[Callable[[], requests.Response], Callable[[], Any], dict[str, Any]]:
-    """Send ``key`` in the background until its handler holds.
+@dataclass
+class Holder:
+    """A request whose handler has written its effect and waits for the go-ahead."""
 
-    Returns how to send it again, the background request's join, and the
-    handler's report (its PID and request info).
-    """
+    go: Path
+    send: Callable[[], requests.Response]
+    doomed: Callable[[], Any]
+    report: dict[str, Any]
+
+    def kill(self) -> None:
+        """Kill the worker that runs the handler; its client loses the connection."""
+        kill9(self.report["pid"])
+        with pytest.raises(requests.ConnectionError):
+            self.doomed()
+        wait_for_exit(self.report["pid"])
+
+    def release(self) -> None:
+        """Let the next run of the handler answer."""
+        self.go.touch()
+
+
+def hold(server: GunicornServer, target: Target, control_dir: Path, *, atomic: bool) -> Holder:
+    """Send a request in the background until its handler holds, in atomic or lease mode."""
+    key = f"{target.key_prefix}crash-{'atomic' if atomic else 'lease'}"
+    url = server.url + (target.atomic_path if atomic else target.lease_path)
 
     def send() -> requests.Response:
         return requests.post(
@@ -95,31 +112,23 @@ def hold(
     doomed = in_background(send)
     report = wait_for_file(control_dir / f"{key}.pid")
     (control_dir / f"{key}.pid").unlink()
-    return send, doomed, report
-
-
-def kill_holder(doomed: Callable[[], Any], report: dict[str, Any]) -> None:
-    """Kill the worker that holds the handler and see its client lose the connection."""
-    kill9(report["pid"])
-    with pytest.raises(requests.ConnectionError):
-        doomed()
-    wait_for_exit(report["pid"])
+    assert report[target.transaction_field] is atomic
+    return Holder(control_dir / f"{key}.go", send, doomed, report)
 
 
 def test_kill_in_atomic_handler_leaves_nothing_and_retry_runs_once(
     server: GunicornServer, target: Target, control_dir: Path
 ) -> None:
-    key = f"{target.key_prefix}crash-atomic"
-    send, doomed, report = hold(server.url + target.atomic_path, key, control_dir)
-    assert report[target.transaction_field] is True
+    holder = hold(server, target, control_dir, atomic=True)
+    send = holder.send
     # The handler has written its effect, inside the transaction that holds the claim.
     assert Order.objects.count() == 0
     assert IdempotencyKey.objects.count() == 0
-    kill_holder(doomed, report)
+    holder.kill()
     assert Order.objects.count() == 0
     assert IdempotencyKey.objects.count() == 0
 
-    (control_dir / f"{key}.go").touch()
+    holder.release()
     retry = send()
     assert retry.status_code == 201, retry.text
     assert "Idempotent-Replayed" not in retry.headers
@@ -135,9 +144,8 @@ def test_kill_in_atomic_handler_leaves_nothing_and_retry_runs_once(
 def test_kill_in_lease_handler_is_taken_over_after_the_lease(
     server: GunicornServer, target: Target, control_dir: Path
 ) -> None:
-    key = f"{target.key_prefix}crash-lease"
-    send, doomed, report = hold(server.url + target.lease_path, key, control_dir)
-    assert report[target.transaction_field] is False
+    holder = hold(server, target, control_dir, atomic=False)
+    send = holder.send
     # Lease mode: the claim and the effect are committed while the handler runs.
     held = IdempotencyKey.objects.get()
     assert held.state == State.IN_PROGRESS
@@ -148,7 +156,7 @@ def test_kill_in_lease_handler_is_taken_over_after_the_lease(
     before_kill = send()
     assert before_kill.status_code == 409
     assert before_kill.headers["Retry-After"] in ("1", "2")
-    kill_holder(doomed, report)
+    holder.kill()
 
     if timezone.now() < held.locked_until - timedelta(milliseconds=300):
         after_kill = send()
@@ -159,11 +167,11 @@ def test_kill_in_lease_handler_is_taken_over_after_the_lease(
 
     while timezone.now() <= held.locked_until + timedelta(milliseconds=50):
         time.sleep(0.05)
-    (control_dir / f"{key}.go").touch()
+    holder.release()
     takeover = send()
     assert takeover.status_code == 201, (takeover.text, server.log())
     assert "Idempotent-Replayed" not in takeover.headers
-    assert takeover.json()["payment"] == report["payment"]
+    assert takeover.json()["payment"] == holder.report["payment"]
     record = IdempotencyKey.objects.get()
     assert record.pk == held.pk
     assert record.owner_token != held.owner_token
@@ -171,15 +179,9 @@ def test_kill_in_lease_handler_is_taken_over_after_the_lease(
     assert bytes(record.response_body) == takeover.content
 
     # The dead owner's token can neither overwrite nor delete the new record.
-    assert not store.complete(
-        "default",
-        held.pk,
-        owner_token=held.owner_token,
-        status_code=500,
-        headers=[],
-        body=b"stale",
-        expires_at=timezone.now() + timedelta(days=9),
-    )
+    stale: dict[str, Any] = {"status_code": 500, "headers": [], "body": b"stale"}
+    stale["expires_at"] = timezone.now() + timedelta(days=9)
+    assert not store.complete("default", held.pk, owner_token=held.owner_token, **stale)
     assert not store.release("default", held.pk, held.owner_token)
     assert bytes(IdempotencyKey.objects.get().response_body) == takeover.content
 

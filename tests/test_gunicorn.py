@@ -20,13 +20,13 @@ from rest_framework.authtoken.models import Token
 from django_idempotency.models import IdempotencyKey
 from tests.models import Order
 from tests.server import (  # noqa: F401  the fixtures
-    SERVER_DATABASES_ONLY,
+    SERVER_TESTS,
     GunicornServer,
     control_dir_fixture,
     gunicorn_fixture,
 )
 
-pytestmark = [pytest.mark.server, pytest.mark.django_db(transaction=True), SERVER_DATABASES_ONLY]
+pytestmark = SERVER_TESTS
 
 KEYS = 200
 DUPLICATES = 5

@@ -22,7 +22,7 @@ from django_idempotency.models import IdempotencyKey
 from tests.models import Order
 from tests.polling import in_background
 from tests.server import (  # noqa: F401  the fixtures
-    SERVER_DATABASES_ONLY,
+    SERVER_TESTS,
     GunicornServer,
     UvicornServer,
     control_dir_fixture,
@@ -31,14 +31,14 @@ from tests.server import (  # noqa: F401  the fixtures
     wait_for_file,
 )
 
-pytestmark = [pytest.mark.server, pytest.mark.django_db(transaction=True), SERVER_DATABASES_ONLY]
+pytestmark = SERVER_TESTS
 
+#: How long the in-flight original is held, in seconds.
+HOLD = 2.0
+WAITING_DUPLICATES = 20
 KEYS = 100
 DUPLICATES = 10
 CLIENT_THREADS = 20
-WAITING_DUPLICATES = 20
-#: How long the in-flight original is held, in seconds.
-HOLD = 2.0
 REQUEST_TIMEOUT = 30
 State = IdempotencyKey.State
 
