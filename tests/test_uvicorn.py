@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 import requests
+from django.db import connection
 
 from django_idempotency.models import IdempotencyKey
 from tests.models import Order
-from tests.polling import in_background
+from tests.polling import in_background, wait_until
 from tests.server import (  # noqa: F401  the fixtures
     SERVER_TESTS,
     GunicornServer,
@@ -51,6 +52,30 @@ def one_worker(
     settings = "tests.asgi_settings"
     with controlled(UvicornServer, settings, control_dir, tmp_path_factory, workers=1) as uvicorn:
         yield uvicorn
+
+
+def claims_waiting() -> int:
+    """How many claims on the test database are blocked in the database right now.
+
+    PostgreSQL names the wait: a row lock. MariaDB (10.11) lists these
+    inserts in its process list, in state ``Update``, but not in InnoDB's
+    lock or transaction tables, so there the count is of claim inserts
+    still running.
+    """
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+        else:
+            cursor.execute(
+                "SELECT count(*) FROM information_schema.processlist "
+                "WHERE db = DATABASE() AND id <> CONNECTION_ID() AND command = 'Query' "
+                "AND info LIKE %s",
+                [f"%INSERT INTO `{IdempotencyKey._meta.db_table}`%"],
+            )
+        return int(cursor.fetchone()[0])
 
 
 def post(url: str, key: str, item: str = "held", timeout: float = 15) -> requests.Response:
@@ -141,7 +166,11 @@ def test_waiting_duplicates_do_not_hold_up_the_event_loop(
 
     with ThreadPoolExecutor(max_workers=WAITING_DUPLICATES) as pool:
         duplicates = [pool.submit(post, url, key) for _ in range(WAITING_DUPLICATES)]
-        time.sleep(0.5)  # let them reach the original's row lock
+        wait_until(
+            lambda: claims_waiting() >= WAITING_DUPLICATES,
+            "the duplicates to wait for the original's row lock",
+            limit=10,
+        )
         latencies: list[float] = []
         # Ping for as long as the original is held (at least HOLD seconds).
         while len(latencies) < 20 or time.monotonic() - held_since < HOLD:
