@@ -25,15 +25,12 @@ from django_idempotency import store
 from django_idempotency.models import IdempotencyKey
 from tests.models import Order
 from tests.polling import in_background
-from tests.server import (  # noqa: F401  the fixtures
+from tests.server import GunicornServer, kill9, wait_for_exit, wait_for_file
+from tests.server_fixtures import (  # noqa: F401  fixtures used by name
     SERVER_TESTS,
-    GunicornServer,
     control_dir_fixture,
     gunicorn_fixture,
-    kill9,
     uvicorn_fixture,
-    wait_for_exit,
-    wait_for_file,
 )
 
 pytestmark = SERVER_TESTS

@@ -19,9 +19,9 @@ from rest_framework.authtoken.models import Token
 
 from django_idempotency.models import IdempotencyKey
 from tests.models import Order
-from tests.server import (  # noqa: F401  the fixtures
+from tests.server import GunicornServer
+from tests.server_fixtures import (  # noqa: F401  fixtures used by name
     SERVER_TESTS,
-    GunicornServer,
     control_dir_fixture,
     gunicorn_fixture,
 )

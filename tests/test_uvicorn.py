@@ -22,14 +22,12 @@ from django.db import connection
 from django_idempotency.models import IdempotencyKey
 from tests.models import Order
 from tests.polling import in_background, wait_until
-from tests.server import (  # noqa: F401  the fixtures
+from tests.server import GunicornServer, UvicornServer, wait_for_file
+from tests.server_fixtures import (  # noqa: F401  fixtures used by name
     SERVER_TESTS,
-    GunicornServer,
-    UvicornServer,
     control_dir_fixture,
     controlled,
     uvicorn_fixture,
-    wait_for_file,
 )
 
 pytestmark = SERVER_TESTS
