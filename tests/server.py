@@ -1,17 +1,31 @@
-"""Run gunicorn or uvicorn on the test database, for tests over real HTTP and real processes."""
+"""Real server processes for the tests: gunicorn or uvicorn on the test database, and kill -9.
+
+:func:`running` starts either server with a settings module on the database
+pytest-django created; :meth:`GunicornServer.worker_pids` lists its workers
+and :func:`kill9` kills a process (or a whole process group) as a crash
+would, the one way every crash test here kills a server or Celery worker.
+The fixtures built on it are in :mod:`tests.server_fixtures`; this module
+does not import pytest, so that the benchmarks can start servers with it.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import requests
+from django.db import connections
+
+from tests.polling import wait_until
 
 #: The environment variable naming the test database; read by ``tests.server_settings``.
 DATABASE_NAME_ENV = "IDEMPOTENCY_SERVER_DATABASE_NAME"
@@ -31,6 +45,25 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def kill9(pid: int, *, group: bool = False) -> None:
+    """``kill -9`` the process, or with ``group`` its whole process group: nothing cleans up."""
+    if group:
+        os.killpg(pid, signal.SIGKILL)
+    else:
+        os.kill(pid, signal.SIGKILL)
+
+
+def wait_for_exit(pid: int, limit: float = 10) -> None:
+    """Wait until a killed process is gone: exited and reaped by its parent."""
+    wait_until(lambda: not Path(f"/proc/{pid}").exists(), f"process {pid} to exit", limit)
+
+
+def wait_for_file(path: Path, limit: float = 15) -> dict[str, Any]:
+    """The JSON a server-side view wrote to ``path``, once it is there."""
+    wait_until(path.exists, f"{path.name} to appear", limit)
+    return json.loads(path.read_text())
+
+
 class GunicornServer:
     """One gunicorn master with ``WORKERS`` sync workers on 127.0.0.1.
 
@@ -39,21 +72,28 @@ class GunicornServer:
     failing test can show what the server said.
     """
 
-    def __init__(self, env: Mapping[str, str], log_dir: Path) -> None:
+    #: Shown in errors about the server, and the module run with ``python -m``.
+    name = "gunicorn"
+    #: A path :meth:`start` requests until the server answers.
+    probe_path = "/drf/orders/summary/"
+
+    def __init__(self, env: Mapping[str, str], log_dir: Path, workers: int = WORKERS) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {**os.environ, **env}
-        self.error_log = log_dir / "gunicorn-error.log"
-        self.access_log = log_dir / "gunicorn-access.log"
+        self.workers = workers
+        self.output = log_dir / f"{self.name}.out"
+        self.error_log = log_dir / f"{self.name}-error.log"
+        self.access_log = log_dir / f"{self.name}-access.log"
         self.process: subprocess.Popen[bytes] | None = None
 
     def command(self) -> list[str]:
+        return [sys.executable, "-m", self.name, *self.arguments()]
+
+    def arguments(self) -> list[str]:
         return [
-            sys.executable,
-            "-m",
-            "gunicorn",
             "--workers",
-            str(WORKERS),
+            str(self.workers),
             "--worker-class",
             "sync",
             "--bind",
@@ -73,24 +113,18 @@ class GunicornServer:
             "django.core.wsgi:get_wsgi_application()",
         ]
 
-    #: Shown in errors about the server.
-    name = "gunicorn"
-
-    def start(self, probe_path: str = "/drf/orders/summary/") -> None:
+    def start(self, probe_path: str | None = None) -> None:
         """Start the server and wait until a request gets any HTTP answer.
 
         On any failure the server is stopped before the error propagates, so
         a broken start never leaves workers behind.
         """
-        self.process = subprocess.Popen(
-            self.command(),
-            env=self.env,
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        with self.output.open("wb") as output:
+            self.process = subprocess.Popen(
+                self.command(), env=self.env, cwd=ROOT, stdout=output, stderr=subprocess.STDOUT
+            )
         try:
-            self._wait_until_answering(probe_path)
+            self._wait_until_answering(probe_path or self.probe_path)
         except BaseException:
             self.stop()
             raise
@@ -146,7 +180,8 @@ class GunicornServer:
         return sorted(pids)
 
     def log(self) -> str:
-        return self.error_log.read_text() if self.error_log.exists() else ""
+        """What the server said: its error log and its own output."""
+        return "".join(path.read_text() for path in (self.error_log, self.output) if path.exists())
 
     def answering_pids(self) -> set[int]:
         """The worker PIDs that have answered a request so far, from the access log."""
@@ -160,22 +195,15 @@ class GunicornServer:
 class UvicornServer(GunicornServer):
     """Uvicorn serving Django's ASGI application, with ``workers`` processes.
 
-    Its output (uvicorn logs to stderr) goes to ``log_dir``; the other
-    methods are the gunicorn harness's.
+    Uvicorn logs to its output, in ``log_dir``; the other methods are the
+    gunicorn harness's.
     """
 
     name = "uvicorn"
+    probe_path = "/async/ping/"
 
-    def __init__(self, env: Mapping[str, str], log_dir: Path, workers: int = WORKERS) -> None:
-        super().__init__(env, log_dir)
-        self.workers = workers
-        self.error_log = log_dir / "uvicorn.log"
-
-    def command(self) -> list[str]:
+    def arguments(self) -> list[str]:
         return [
-            sys.executable,
-            "-m",
-            "uvicorn",
             "--factory",
             "django.core.asgi:get_asgi_application",
             "--workers",
@@ -191,19 +219,21 @@ class UvicornServer(GunicornServer):
             "5",
         ]
 
-    def start(self, probe_path: str = "/async/ping/") -> None:
-        self._log_file = self.error_log.open("wb")
-        self.process = subprocess.Popen(
-            self.command(), env=self.env, cwd=ROOT, stdout=self._log_file, stderr=subprocess.STDOUT
-        )
-        try:
-            self._wait_until_answering(probe_path)
-        except BaseException:
-            self.stop()
-            raise
 
-    def stop(self) -> None:
-        super().stop()
-        log_file = getattr(self, "_log_file", None)
-        if log_file is not None:
-            log_file.close()
+@contextmanager
+def running(
+    server_class: type[GunicornServer],
+    settings: str,
+    log_dir: Path,
+    env: Mapping[str, str] | None = None,
+    workers: int = WORKERS,
+) -> Iterator[GunicornServer]:
+    """A server on ``settings`` and on the test database, stopped on the way out.
+
+    Call it where pytest-django's database exists (a fixture that depends
+    on ``django_db_setup``); ``env`` is added to the server's environment.
+    """
+    name = connections["default"].settings_dict["NAME"]
+    environment = {"DJANGO_SETTINGS_MODULE": settings, DATABASE_NAME_ENV: name, **(env or {})}
+    with server_class(environment, log_dir, workers=workers) as server:
+        yield server

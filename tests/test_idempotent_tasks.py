@@ -9,14 +9,12 @@ one, and count the effects of the redelivered message.
 from __future__ import annotations
 
 import logging
-import uuid
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
-from celery import Celery, current_app, shared_task
+from celery import Celery, shared_task
 from django.db import connection, connections
 from django.test import override_settings
 from django.utils import timezone
@@ -25,8 +23,7 @@ from django_idempotency.exceptions import TaskArgumentsMismatch, TaskInFlight, U
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.purge import purge_expired
 from django_idempotency.tasks import idempotent_task
-from tests import celery_app
-from tests.celery_worker import WorkerProcess
+from tests.celery_worker import WorkerProcess, find_broker, new_worker, publishing_to
 from tests.models import Order, RemoteCharge
 from tests.polling import wait_until
 from tests.tasks import (
@@ -43,7 +40,6 @@ from tests.tasks import (
     slow_order,
     unstorable_order,
 )
-from tests.test_tasks import find_broker
 
 STORM_KEYS = 100
 STORM_PUBLISHES = 10
@@ -356,47 +352,22 @@ def broker() -> str:
     return find_broker()
 
 
-def _worker(broker: str, database: str, tmp_path: Path, concurrency: int) -> WorkerProcess:
-    queue = f"django-idempotency-tasks-{uuid.uuid4().hex}"
-    task_dir = tmp_path / "bodies"
-    task_dir.mkdir(exist_ok=True)
-    return WorkerProcess(
-        broker=broker,
-        queue=queue,
-        database=database,
-        task_dir=task_dir,
-        log=tmp_path / f"{queue}.log",
-        concurrency=concurrency,
-    )
-
-
 @pytest.fixture(scope="module")
 def prefork_worker(django_db_setup, django_db_blocker, broker, tmp_path_factory):
     """A prefork worker with 4 processes, shared by the module's worker tests."""
     with django_db_blocker.unblock():
         database = str(connection.settings_dict["NAME"])
-    worker = _worker(broker, database, tmp_path_factory.mktemp("prefork"), concurrency=4)
-    previous = current_app._get_current_object()
-    celery_app.make_app(broker, worker.queue).set_current()
-    worker.start()
-    try:
-        yield worker
-    finally:
-        worker.stop()
-        previous.set_current()
+    worker = new_worker(broker, database, tmp_path_factory.mktemp("prefork"), concurrency=4)
+    with publishing_to(worker):
+        yield worker.start()
 
 
 @pytest.fixture
 def crash_worker(db, broker, tmp_path) -> Iterator[WorkerProcess]:
     """A worker of the test's own, to be killed and started again."""
-    worker = _worker(broker, str(connection.settings_dict["NAME"]), tmp_path, concurrency=1)
-    previous = current_app._get_current_object()
-    celery_app.make_app(broker, worker.queue).set_current()
-    try:
+    worker = new_worker(broker, str(connection.settings_dict["NAME"]), tmp_path, concurrency=1)
+    with publishing_to(worker):
         yield worker
-    finally:
-        worker.stop()
-        previous.set_current()
 
 
 @pytest.mark.concurrency

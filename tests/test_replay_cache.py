@@ -31,6 +31,7 @@ from django_idempotency import replay_cache, signals
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.purge import purge_expired
 from tests.models import Order
+from tests.server import free_port
 from tests.views import calls, fail_next
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -39,12 +40,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 urlpatterns = [path("admin/", admin.site.urls), path("", include("tests.urls"))]
 
 BODY = {"item": "book"}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _redis(port: int, prefix: str) -> dict:
@@ -65,7 +60,7 @@ CACHES = {
     },
     "redis": _redis(6379, PREFIX),
     # Nothing listens on this port: every cache call fails.
-    "dead": _redis(_free_port(), PREFIX),
+    "dead": _redis(free_port(), PREFIX),
 }
 
 
@@ -326,7 +321,7 @@ def own_redis():
     binary = shutil.which("redis-server")
     if binary is None:
         pytest.skip("redis-server is not installed")
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
         stdout=subprocess.DEVNULL,

@@ -5,132 +5,38 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-import kombu
 import pytest
-import redis
-from celery import Celery, current_app
+from celery import Celery
 from celery.beat import Scheduler
-from celery.exceptions import TimeoutError as CeleryTimeoutError
 from django.db import connection
 
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.tasks import purge_expired_keys
-from tests import celery_app
+from tests.celery_worker import WorkerProcess, find_broker, new_worker, publishing_to
 from tests.factories import IdempotencyKeyFactory
 
 REPO = Path(__file__).resolve().parent.parent
-REDIS_URL = "redis://127.0.0.1:6379/0"
-AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
 TASK_NAME = "django_idempotency.tasks.purge_expired_keys"
 RESULT_TIMEOUT = 60.0
 
 
-def _redis_up(url: str) -> bool:
-    try:
-        return bool(redis.Redis.from_url(url, socket_connect_timeout=2).ping())
-    except redis.RedisError:
-        return False
-
-
-def _amqp_up(url: str) -> bool:
-    try:
-        with kombu.Connection(url, connect_timeout=2) as conn:
-            conn.connect()
-        return True
-    except Exception:
-        return False
-
-
-def find_broker() -> str:
-    """Redis on 127.0.0.1, else RabbitMQ; no broker at all is a failure, not a skip."""
-    explicit = os.environ.get("TEST_CELERY_BROKER_URL")
-    candidates = [explicit] if explicit else [REDIS_URL, AMQP_URL]
-    for url in candidates:
-        up = _redis_up(url) if url.startswith("redis") else _amqp_up(url)
-        if up:
-            return url
-    pytest.fail(
-        f"No Celery broker reachable (tried {', '.join(candidates)}). Start Redis or "
-        "RabbitMQ on 127.0.0.1, or set TEST_CELERY_BROKER_URL.",
-        pytrace=False,
-    )
-
-
-@dataclass
-class Worker:
-    process: subprocess.Popen
-    log: Path
-
-    def wait_for(self, result) -> object:  # type: ignore[no-untyped-def]
-        """The task's return value, failing fast if the worker died."""
-        deadline = time.monotonic() + RESULT_TIMEOUT
-        while True:
-            try:
-                return result.get(timeout=1)
-            except CeleryTimeoutError:
-                if self.process.poll() is not None:
-                    pytest.fail(f"The Celery worker exited:\n{self.log.read_text()}")
-                if time.monotonic() > deadline:
-                    pytest.fail(
-                        f"No result within {RESULT_TIMEOUT}s. Worker log:\n{self.log.read_text()}"
-                    )
-
-
 @pytest.fixture(scope="module")
-def celery_worker(django_db_setup, tmp_path_factory) -> Iterator[Worker]:
+def celery_worker(django_db_setup, tmp_path_factory) -> Iterator[WorkerProcess]:
     """A real ``celery worker`` process on the test database pytest-django created."""
-    broker = find_broker()
-    queue = f"django-idempotency-tests-{uuid.uuid4().hex}"
-    previous_app = current_app._get_current_object()
-    celery_app.make_app(broker, queue).set_current()
-    log = tmp_path_factory.mktemp("celery") / "worker.log"
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.celery_settings",
-        "IDEMPOTENCY_TEST_DATABASE_NAME": str(connection.settings_dict["NAME"]),
-        celery_app.BROKER_ENV: broker,
-        celery_app.QUEUE_ENV: queue,
-    }
-    with log.open("w") as output:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "tests.celery_app",
-                "worker",
-                "--pool=solo",
-                "--concurrency=1",
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-                "--loglevel=INFO",
-                "-n",
-                f"{queue}@%h",
-            ],
-            cwd=REPO,
-            env=env,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        yield Worker(process, log)
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        previous_app.set_current()
+    worker = new_worker(
+        find_broker(),
+        str(connection.settings_dict["NAME"]),
+        tmp_path_factory.mktemp("celery"),
+        pool="solo",
+        concurrency=1,
+        result_timeout=RESULT_TIMEOUT,
+    )
+    with publishing_to(worker):
+        yield worker.start()
 
 
 @pytest.mark.django_db(transaction=True)

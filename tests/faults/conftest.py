@@ -10,13 +10,12 @@ import os
 from collections.abc import Callable, Iterator
 
 import pytest
-from django.db import connections
 
 from tests.faults.database import APPLICATION_NAME_ENV
 from tests.faults.harness import SCALES, Scale
 from tests.faults.plugin import Row, record_row, scale
 from tests.polling import wait_until as wait_for
-from tests.server import DATABASE_NAME_ENV, WORKERS, GunicornServer
+from tests.server import WORKERS, GunicornServer, running
 
 
 @pytest.fixture(scope="session")
@@ -39,15 +38,10 @@ def faults_server(
     on the database pytest-django created. A server that cannot start is an
     error, never a skip.
     """
-    gunicorn = GunicornServer(
-        {
-            "DJANGO_SETTINGS_MODULE": "tests.faults.server_settings",
-            DATABASE_NAME_ENV: connections["default"].settings_dict["NAME"],
-            APPLICATION_NAME_ENV: application_name,
-        },
-        tmp_path_factory.mktemp("faults-gunicorn"),
-    )
-    with gunicorn:
+    settings = "tests.faults.server_settings"
+    log_dir = tmp_path_factory.mktemp("faults-gunicorn")
+    env = {APPLICATION_NAME_ENV: application_name}
+    with running(GunicornServer, settings, log_dir, env) as gunicorn:
         yield gunicorn
 
 

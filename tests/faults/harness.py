@@ -29,6 +29,7 @@ __all__ = [
     "check_invariant",
     "client_for",
     "order_call",
+    "run_load",
     "settle",
     "wait_for",
 ]
@@ -48,31 +49,22 @@ class Scale:
     conflict_keys: int
 
 
+#: Each size at full scale and at CI scale.
+_SIZES = {
+    "load_keys": (1000, 100),
+    "load_copies": (10, 10),
+    "crash_keys": (600, 150),
+    "crash_kills": (20, 6),
+    "db_kill_keys": (600, 150),
+    "db_kills": (60, 20),
+    "restart_keys": (400, 200),
+    "slow_keys": (40, 12),
+    "hostile_keys": (400, 80),
+    "conflict_keys": (20, 5),
+}
 SCALES = {
-    "full": Scale(
-        load_keys=1000,
-        load_copies=10,
-        crash_keys=600,
-        crash_kills=20,
-        db_kill_keys=600,
-        db_kills=60,
-        restart_keys=400,
-        slow_keys=40,
-        hostile_keys=400,
-        conflict_keys=20,
-    ),
-    "ci": Scale(
-        load_keys=100,
-        load_copies=10,
-        crash_keys=150,
-        crash_kills=6,
-        db_kill_keys=150,
-        db_kills=20,
-        restart_keys=200,
-        slow_keys=12,
-        hostile_keys=80,
-        conflict_keys=5,
-    ),
+    scale: Scale(**{name: sizes[index] for name, sizes in _SIZES.items()})
+    for index, scale in enumerate(("full", "ci"))
 }
 CLIENT_THREADS = 40
 
@@ -121,6 +113,22 @@ class Injector:
         assert not self._thread.is_alive(), "the fault injector did not stop"
         if self.error is not None:
             raise self.error
+
+
+def run_load(
+    server: GunicornServer,
+    calls: list[Call],
+    inject: Callable[[threading.Event, random.Random], int] | None = None,
+) -> int:
+    """Send the calls, with ``inject`` injecting faults meanwhile, then the late retries.
+
+    Returns how many faults were injected.
+    """
+    client = client_for(server)
+    with Injector(inject or (lambda stop, rng: 0)) as injector:
+        client.send_all(calls, threads=CLIENT_THREADS)
+    settle(client, calls)
+    return injector.faults
 
 
 def settle(client: RetryingClient, calls: list[Call], rounds: int = 3) -> None:

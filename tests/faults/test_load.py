@@ -2,27 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import random
-import signal
 import threading
 from collections.abc import Callable
 
 import pytest
 
 from tests.faults.client import Call
-from tests.faults.harness import (
-    CLIENT_THREADS,
-    Injector,
-    Scale,
-    check_invariant,
-    client_for,
-    order_call,
-    settle,
-)
+from tests.faults.harness import Scale, check_invariant, order_call, run_load
 from tests.faults.plugin import Row
 from tests.models import Order, RemoteCharge
-from tests.server import GunicornServer
+from tests.server import GunicornServer, kill9
 
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
 
@@ -38,9 +28,7 @@ class LoadTests:
             for index in range(sizes.load_keys)
             for _ in range(sizes.load_copies)
         ]
-        client = client_for(server)
-        client.send_all(calls, threads=CLIENT_THREADS)
-        settle(client, calls)
+        run_load(server, calls)
 
         row = check_invariant("load with duplicates", calls, Order, 0, record)
         assert row.server_errors == 0
@@ -58,7 +46,7 @@ def kill_workers(server: GunicornServer, limit: int) -> Callable[..., int]:
             workers = server.worker_pids()
             if workers:
                 try:
-                    os.kill(rng.choice(workers), signal.SIGKILL)
+                    kill9(rng.choice(workers))
                 except ProcessLookupError:
                     continue  # it died on its own between the listing and the kill
                 kills += 1
@@ -76,12 +64,9 @@ class CrashTests:
             for index in range(sizes.crash_keys)
             for _ in range(2)
         ]
-        client = client_for(server)
-        with Injector(kill_workers(server, sizes.crash_kills)) as injector:
-            client.send_all(calls, threads=CLIENT_THREADS)
-        settle(client, calls)
-        assert injector.faults >= min(3, sizes.crash_kills), "too few workers were killed"
-        return calls, injector.faults
+        kills = run_load(server, calls, kill_workers(server, sizes.crash_kills))
+        assert kills >= min(3, sizes.crash_kills), "too few workers were killed"
+        return calls, kills
 
     def test_killed_workers_in_atomic_mode_leave_one_effect_per_key(
         self, server: GunicornServer, sizes: Scale, record: Callable[[Row], None]

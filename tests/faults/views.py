@@ -36,22 +36,22 @@ def _parse(request: HttpRequest) -> dict[str, Any] | HttpResponse:
     return data
 
 
-def _hold(request: HttpRequest) -> None:
+def _created(request: HttpRequest, effect: Order | RemoteCharge) -> JsonResponse:
+    """The handler's answer, once it has held as long as ``?hold`` asks."""
     hold = request.GET.get("hold")
     if hold:
         time.sleep(float(hold))
+    return JsonResponse(
+        {"effect": effect.pk, "item": effect.item, "scope": request.idempotency.scope},
+        status=201,
+    )
 
 
 def _order(request: HttpRequest) -> HttpResponse:
     data = _parse(request)
     if isinstance(data, HttpResponse):
         return data
-    order = Order.objects.create(item=data["item"][:100])
-    _hold(request)
-    return JsonResponse(
-        {"effect": order.pk, "item": order.item, "scope": request.idempotency.scope},
-        status=201,
-    )
+    return _created(request, Order.objects.create(item=data["item"][:100]))
 
 
 @idempotent(scope=tenant_scope)
@@ -75,11 +75,7 @@ def create_charge(request: HttpRequest) -> HttpResponse:
     charge, _ = RemoteCharge.objects.get_or_create(
         reference=request.idempotency.derive("charge"), defaults={"item": data["item"][:300]}
     )
-    _hold(request)
-    return JsonResponse(
-        {"effect": charge.pk, "item": charge.item, "scope": request.idempotency.scope},
-        status=201,
-    )
+    return _created(request, charge)
 
 
 @idempotent(scope=tenant_scope)
