@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import json
 import threading
-from datetime import timedelta
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
 from django.test import Client
-from django.utils import timezone
 
 from django_idempotency import store
 from django_idempotency.models import IdempotencyKey
+from tests.databases import lock_timeout, new_claim
 from tests.models import Order
 from tests.views import calls, fail_next
 
@@ -32,19 +31,6 @@ def atomic_requests():
     connection.settings_dict["ATOMIC_REQUESTS"] = True
     yield
     connection.settings_dict["ATOMIC_REQUESTS"] = False
-
-
-def new_claim(key: str) -> store.NewClaim:
-    now = timezone.now()
-    return store.NewClaim(
-        scope="s",
-        key=key,
-        fingerprint="f" * 64,
-        owner_token="",
-        created_at=now,
-        expires_at=now + timedelta(hours=1),
-        locked_until=None,
-    )
 
 
 @pytest.mark.django_db(transaction=True)
@@ -124,16 +110,11 @@ class MissingTableTests:
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL lock_timeout")
 class PostgresLockTimeoutTests:
-    def lock_timeout(self) -> str:
-        with connection.cursor() as cursor:
-            cursor.execute("SHOW lock_timeout")
-            return cursor.fetchone()[0]
-
     def test_claim_restores_lock_timeout_for_the_handler(self):
         with transaction.atomic():
-            before = self.lock_timeout()
+            before = lock_timeout()
             assert store.claim("default", new_claim("a"), wait=0.25).existing is None
-            assert self.lock_timeout() == before
+            assert lock_timeout() == before
 
     def test_conflict_keeps_the_bounded_wait_for_its_read(self):
         with transaction.atomic():
@@ -141,8 +122,8 @@ class PostgresLockTimeoutTests:
         with transaction.atomic():
             claim = store.claim("default", new_claim("b"), wait=0.25)
             assert isinstance(claim.existing, IdempotencyKey)
-            assert self.lock_timeout() == "250ms"
-        assert self.lock_timeout() != "250ms"  # transaction-local
+            assert lock_timeout() == "250ms"
+        assert lock_timeout() != "250ms"  # transaction-local
 
 
 @pytest.mark.django_db
