@@ -23,7 +23,6 @@ from django.urls import path
 from django.utils import timezone
 from django.views import View
 from rest_framework import viewsets
-from rest_framework.authtoken.models import Token
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -36,28 +35,14 @@ from django_idempotency.exceptions import DatabaseBusy
 from django_idempotency.info import IdempotencyInfo
 from django_idempotency.models import IdempotencyKey
 from tests import drf_views
+from tests.clients import PAYLOAD, token_client
+from tests.clients import drf_post as post
 from tests.factories import IdempotencyKeyFactory
 from tests.models import Order
 from tests.polling import wait_until
 from tests.views import calls
 
 ORDERS = "/drf/orders/"
-PAYLOAD = {"item": "book", "quantity": 2}
-
-
-def make_client(username: str = "alice") -> tuple[APIClient, User]:
-    user = User.objects.create_user(username)
-    token = Token.objects.create(user=user)
-    client = APIClient(raise_request_exception=False)
-    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
-    return client, user
-
-
-def post(
-    client: APIClient, url: str, data: Any = PAYLOAD, key: str | None = "k-1", **extra: Any
-) -> Any:
-    headers = {} if key is None else {"Idempotency-Key": key}
-    return client.post(url, data, format="json", headers=headers, **extra)
 
 
 def enveloping_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
@@ -68,9 +53,14 @@ def enveloping_exception_handler(exc: Exception, context: dict[str, Any]) -> Res
     return response
 
 
+def send_twice(send: Callable[..., Any], url: str, data: Any, key: str) -> list[Any]:
+    """Send one DRF request twice with the same key, e.g. through ``client.patch``."""
+    return [send(url, data, format="json", headers={"Idempotency-Key": key}) for _ in range(2)]
+
+
 @pytest.fixture
 def alice() -> tuple[APIClient, User]:
-    return make_client("alice")
+    return token_client("alice")
 
 
 @pytest.mark.django_db
@@ -296,7 +286,7 @@ class AuthenticationTests:
 
     def test_two_token_users_with_one_key_are_isolated(self, alice: Any) -> None:
         alice_client, alice_user = alice
-        bob_client, bob_user = make_client("bob")
+        bob_client, bob_user = token_client("bob")
         alice_first = post(alice_client, ORDERS, data={"item": "alice-secret", "quantity": 1})
         bob_first = post(bob_client, ORDERS, data={"item": "bob-secret", "quantity": 1})
         assert alice_first.status_code == bob_first.status_code == 201
@@ -313,7 +303,7 @@ class AuthenticationTests:
 
     def test_same_key_same_body_in_two_scopes_runs_twice(self, alice: Any) -> None:
         alice_client, _ = alice
-        bob_client, _ = make_client("bob")
+        bob_client, _ = token_client("bob")
         first = post(alice_client, ORDERS)
         second = post(bob_client, ORDERS)
         assert "Idempotent-Replayed" not in second
@@ -335,7 +325,7 @@ class AuthenticationTests:
         assert calls.value == 0
 
     def test_forbidden_is_403_and_leaves_nothing(self) -> None:
-        client, _ = make_client("blocked-carol")
+        client, _ = token_client("blocked-carol")
         response = post(client, ORDERS)
         assert response.status_code == 403
         assert IdempotencyKey.objects.count() == 0
@@ -388,10 +378,7 @@ class ViewKindsTests:
     def test_model_viewset_partial_update_replays(self, alice: Any) -> None:
         client, _ = alice
         order = Order.objects.create(item="old")
-        url = f"{ORDERS}{order.pk}/"
-        headers = {"Idempotency-Key": "patch-1"}
-        first = client.patch(url, {"quantity": 7}, format="json", headers=headers)
-        retry = client.patch(url, {"quantity": 7}, format="json", headers=headers)
+        first, retry = send_twice(client.patch, f"{ORDERS}{order.pk}/", {"quantity": 7}, "patch-1")
         assert first.status_code == retry.status_code == 200
         assert retry["Idempotent-Replayed"] == "true"
         assert retry.content == first.content
@@ -401,10 +388,7 @@ class ViewKindsTests:
     def test_model_viewset_update_with_put_in_methods_replays(self, alice: Any) -> None:
         client, _ = alice
         order = Order.objects.create(item="old")
-        url = f"/drf/put-orders/{order.pk}/"
-        headers = {"Idempotency-Key": "put-1"}
-        first = client.put(url, PAYLOAD, format="json", headers=headers)
-        retry = client.put(url, PAYLOAD, format="json", headers=headers)
+        first, retry = send_twice(client.put, f"/drf/put-orders/{order.pk}/", PAYLOAD, "put-1")
         assert first.status_code == retry.status_code == 200
         assert retry["Idempotent-Replayed"] == "true"
         assert calls.value == 1

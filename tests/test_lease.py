@@ -1,8 +1,12 @@
 """Lease mode (``atomic=False``): the claim commits first, the handler runs outside.
 
-Every test here is transactional: lease mode commits its claim on its own,
-which a test wrapped in one transaction could not show (and which lease
-mode rightly refuses).
+Also where the request's connection cannot end the lease: after the
+connection died, or when the database refuses the response's size. How
+lease mode meets ``ATOMIC_REQUESTS`` is in ``test_transactions.py``.
+
+Every test here is transactional and uses real connections: lease mode
+commits its claim on its own, which a test wrapped in one transaction could
+not show (and which lease mode rightly refuses).
 """
 
 from __future__ import annotations
@@ -17,12 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
 from rest_framework.request import Request
 from rest_framework.test import APIClient, APIRequestFactory
 
@@ -31,30 +33,39 @@ from django_idempotency.fingerprint import request_fingerprint
 from django_idempotency.info import IdempotencyInfo
 from django_idempotency.models import IdempotencyKey
 from tests import drf_views
+from tests.clients import LEASE_ORDERS, PAYLOAD, drf_post, reset_lease_views, send, token_client
+from tests.databases import kill_connection
 from tests.factories import IdempotencyKeyFactory
 from tests.models import Order
 from tests.polling import in_background, wait_until
-from tests.views import calls
+from tests.views import calls, handler_connection_ids, resume
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
-LEASE_ORDERS = "/drf/lease-orders/"
-PAYLOAD = {"item": "book", "quantity": 2}
+KEY = "lease-1"
 State = IdempotencyKey.State
+server_only = pytest.mark.skipif(
+    connection.vendor == "sqlite", reason="a server-side connection to kill"
+)
 
 
 @pytest.fixture
 def client() -> tuple[APIClient, User]:
-    user = User.objects.create_user("alice")
-    token = Token.objects.create(user=user)
-    api = APIClient(raise_request_exception=False)
-    api.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
-    return api, user
+    return token_client()
 
 
-def post(api: APIClient, url: str, key: str | None = "lease-1", **extra: Any) -> Any:
-    headers = {} if key is None else {"Idempotency-Key": key}
-    return api.post(url, PAYLOAD, format="json", headers=headers, **extra)
+@pytest.fixture(autouse=True)
+def no_leftovers() -> None:
+    reset_lease_views()
+
+
+@pytest.fixture
+def atomic_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", True)
+
+
+def post(api: APIClient, url: str, key: str | None = KEY, **extra: Any) -> Any:
+    return drf_post(api, url, key=key, **extra)
 
 
 def fingerprint_of(url: str, data: Any = PAYLOAD) -> str:
@@ -62,6 +73,30 @@ def fingerprint_of(url: str, data: Any = PAYLOAD) -> str:
     request = Request(APIRequestFactory().post(url, data, format="json"))
     request.accepted_media_type = "application/json"
     return request_fingerprint(request)
+
+
+def expired_lease(user: User, url: str = LEASE_ORDERS) -> Any:
+    """``user``'s claim of ``KEY`` for ``post()`` to ``url``, whose lease has run out."""
+    return IdempotencyKeyFactory(
+        scope=f"user:{user.pk}", key=KEY, fingerprint=fingerprint_of(url), lease_expired=True
+    )
+
+
+def run_and_kill(url: str) -> Any:
+    """Send a request whose handler loses its connection after writing its effect."""
+    join = in_background(lambda: send(url))
+    kill_connection(handler_connection_ids.get(timeout=20))
+    resume.set()
+    return join()
+
+
+def retry_runs_the_handler(url: str) -> None:
+    resume.set()  # the retry's handler does not wait
+    retry = send(url)
+    assert retry.status_code == 201
+    assert "Idempotent-Replayed" not in retry
+    assert calls.value == 2
+    assert IdempotencyKey.objects.get().state == State.COMPLETED
 
 
 class LeaseClaimTests:
@@ -139,12 +174,7 @@ class LeaseDuplicateTests:
         join = in_background(lambda: post(api, f"{LEASE_ORDERS}?hold=1"))
         wait_until(lambda: calls.value == 1, "the handler to start")
         token = IdempotencyKey.objects.get().owner_token
-        response = api.post(
-            f"{LEASE_ORDERS}?hold=1",
-            {"item": "other"},
-            format="json",
-            headers={"Idempotency-Key": "lease-1"},
-        )
+        response = drf_post(api, f"{LEASE_ORDERS}?hold=1", {"item": "other"}, key=KEY)
         assert response.status_code == 422
         assert IdempotencyKey.objects.get().owner_token == token
         assert join().status_code == 201
@@ -153,7 +183,7 @@ class LeaseDuplicateTests:
         api, user = client
         IdempotencyKeyFactory(
             scope=f"user:{user.pk}",
-            key="lease-1",
+            key=KEY,
             fingerprint=fingerprint_of(LEASE_ORDERS),
             in_flight=True,
             locked_until=timezone.now() + timedelta(milliseconds=300),
@@ -193,12 +223,7 @@ class LeaseReleaseTests:
 class TakeoverTests:
     def test_expired_lease_is_taken_over_in_place(self, client: Any) -> None:
         api, user = client
-        stale = IdempotencyKeyFactory(
-            scope=f"user:{user.pk}",
-            key="lease-1",
-            fingerprint=fingerprint_of(LEASE_ORDERS),
-            lease_expired=True,
-        )
+        stale = expired_lease(user)
         response = post(api, LEASE_ORDERS)
         assert response.status_code == 201
         assert "Idempotent-Replayed" not in response
@@ -211,18 +236,13 @@ class TakeoverTests:
 
     def test_expired_lease_with_other_body_is_taken_over(self, client: Any) -> None:
         api, user = client
-        IdempotencyKeyFactory(scope=f"user:{user.pk}", key="lease-1", lease_expired=True)
+        IdempotencyKeyFactory(scope=f"user:{user.pk}", key=KEY, lease_expired=True)
         assert post(api, LEASE_ORDERS).status_code == 201
         assert IdempotencyKey.objects.get().fingerprint == fingerprint_of(LEASE_ORDERS)
 
     def test_stale_owner_cannot_complete_or_release_after_takeover(self, client: Any) -> None:
         api, user = client
-        stale = IdempotencyKeyFactory(
-            scope=f"user:{user.pk}",
-            key="lease-1",
-            fingerprint=fingerprint_of(LEASE_ORDERS),
-            lease_expired=True,
-        )
+        stale = expired_lease(user)
         first = post(api, LEASE_ORDERS)
         completed = IdempotencyKey.objects.get()
         kwargs = {
@@ -245,12 +265,7 @@ class TakeoverTests:
     @pytest.mark.concurrency
     def test_stale_owner_cannot_touch_the_new_owners_claim(self, client: Any) -> None:
         api, user = client
-        stale = IdempotencyKeyFactory(
-            scope=f"user:{user.pk}",
-            key="lease-1",
-            fingerprint=fingerprint_of(f"{LEASE_ORDERS}?hold=1"),
-            lease_expired=True,
-        )
+        stale = expired_lease(user, f"{LEASE_ORDERS}?hold=1")
         join = in_background(lambda: post(api, f"{LEASE_ORDERS}?hold=1"))
         wait_until(lambda: calls.value == 1, "the new owner to start")
         owner = IdempotencyKey.objects.get()
@@ -354,12 +369,7 @@ class LeaseRaceTests:
 
     def test_expired_lease(self, client: Any) -> None:
         api, user = client
-        stale = IdempotencyKeyFactory(
-            scope=f"user:{user.pk}",
-            key="lease-1",
-            fingerprint=fingerprint_of(f"{LEASE_ORDERS}?hold=1"),
-            lease_expired=True,
-        )
+        stale = expired_lease(user, f"{LEASE_ORDERS}?hold=1")
         winner = self._assert_one_owner(self._race(api, f"{LEASE_ORDERS}?hold=1"))
         record = IdempotencyKey.objects.get()
         assert record.pk == stale.pk
@@ -371,14 +381,8 @@ class DeriveTests:
     def test_derive_is_the_same_on_every_retry_and_takeover(self, client: Any) -> None:
         api, user = client
         url = f"{LEASE_ORDERS}info/"
-        expected = IdempotencyInfo("lease-1", f"user:{user.pk}", "").derive("payment")
-        failed_fingerprint = fingerprint_of(url)
-        IdempotencyKeyFactory(
-            scope=f"user:{user.pk}",
-            key="lease-1",
-            fingerprint=failed_fingerprint,
-            lease_expired=True,
-        )
+        expected = IdempotencyInfo(KEY, f"user:{user.pk}", "").derive("payment")
+        expired_lease(user, url)
         taken_over = post(api, url)
         assert taken_over.status_code == 200
         assert taken_over.json()["payment"] == expected
@@ -387,82 +391,74 @@ class DeriveTests:
         assert other_key != expected
 
 
-@pytest.fixture
-def atomic_requests(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", True)
+@server_only
+class LostConnectionTests:
+    """The handler's connection is killed from the server side while it runs."""
 
+    @pytest.mark.parametrize(
+        "url", ["/lease/outlive-connection/", "/lease/outlive-connection/class-based/"]
+    )
+    def test_handler_raising_after_losing_its_connection_releases(self, url: str) -> None:
+        assert run_and_kill(f"{url}?raise=1").status_code == 500
+        assert not IdempotencyKey.objects.exists()
+        retry_runs_the_handler(url)
 
-@pytest.mark.usefixtures("atomic_requests")
-class AtomicRequestsTests:
-    """``ATOMIC_REQUESTS = True``: lease views leave the request transaction on their own."""
-
-    def test_mixin_lease_view_is_excluded(self, client: Any) -> None:
-        api, _ = client
-        response = post(api, f"{LEASE_ORDERS}info/")
-        assert response.status_code == 200
-        assert response.json()["in_atomic_block"] is False
-        assert IdempotencyKey.objects.get().state == State.COMPLETED
-
-    def test_mixin_lease_failure_is_released(self, client: Any) -> None:
-        api, _ = client
-        assert post(api, f"{LEASE_ORDERS}?status=503").status_code == 503
-        assert IdempotencyKey.objects.count() == 0
-        assert post(api, LEASE_ORDERS).status_code == 201
-
-    def test_decorator_lease_view_is_excluded(self) -> None:
-        api = APIClient(raise_request_exception=False)
-        first = api.post("/orders/lease/", PAYLOAD, format="json", headers={"Idempotency-Key": "d"})
-        retry = api.post("/orders/lease/", PAYLOAD, format="json", headers={"Idempotency-Key": "d"})
-        assert first.status_code == retry.status_code == 201
-        assert retry["Idempotent-Replayed"] == "true"
+    def test_handler_answering_after_losing_its_connection_is_stored(self) -> None:
+        url = "/lease/outlive-connection/"
+        response = run_and_kill(url)
+        assert response.status_code == 201
+        record = IdempotencyKey.objects.get()
+        assert record.state == State.COMPLETED
+        assert bytes(record.response_body) == b"created"
+        resume.set()  # were the handler to run again, it would not wait
+        replay = send(url)
+        assert replay.status_code == 201
+        assert replay["Idempotent-Replayed"] == "true"
+        assert replay.content == b"created"
         assert calls.value == 1
-
-    def test_api_view_lease_decorator_claims_on_its_own_connection(self) -> None:
-        # @api_view builds its own view function, which the inner decorator's
-        # ATOMIC_REQUESTS exclusion cannot reach: the lease's statements use
-        # a connection of their own instead.
-        api = APIClient(raise_request_exception=False)
-        first = api.post(
-            "/drf/api-lease/", PAYLOAD, format="json", headers={"Idempotency-Key": "a"}
-        )
-        retry = api.post(
-            "/drf/api-lease/", PAYLOAD, format="json", headers={"Idempotency-Key": "a"}
-        )
-        assert first.status_code == retry.status_code == 201
-        assert retry["Idempotent-Replayed"] == "true"
-        assert calls.value == 1
-        assert IdempotencyKey.objects.get().state == State.COMPLETED
-
-    def test_api_view_lease_with_non_atomic_requests_above(self) -> None:
-        api = APIClient(raise_request_exception=False)
-        url = "/drf/api-lease-non-atomic/"
-        first = api.post(url, PAYLOAD, format="json", headers={"Idempotency-Key": "b"})
-        retry = api.post(url, PAYLOAD, format="json", headers={"Idempotency-Key": "b"})
-        assert first.status_code == retry.status_code == 201
-        assert retry["Idempotent-Replayed"] == "true"
-        assert calls.value == 1
-
-    def test_atomic_mixin_commits_with_the_request(self, client: Any) -> None:
-        api, _ = client
-        first = post(api, "/drf/orders/")
-        assert first.status_code == 201
-        retry = post(api, "/drf/orders/")
-        assert retry["Idempotent-Replayed"] == "true"
-        assert IdempotencyKey.objects.get().state == State.COMPLETED
         assert Order.objects.count() == 1
 
-    def test_atomic_mixin_failure_rolls_back_with_the_request(self, client: Any) -> None:
-        api, _ = client
-        assert post(api, "/drf/orders/?status=503").status_code == 503
-        assert IdempotencyKey.objects.count() == 0
+    @pytest.mark.usefixtures("atomic_requests")
+    @pytest.mark.parametrize("query", ["", "?raise=1"])
+    def test_lost_request_transaction_releases(self, query: str) -> None:
+        # Under ATOMIC_REQUESTS the view's write dies with its connection:
+        # the request failed, so a retry runs it again.
+        url = "/lease/outlive-connection/class-based/"
+        assert run_and_kill(f"{url}{query}").status_code == 500
+        assert not IdempotencyKey.objects.exists()
         assert Order.objects.count() == 0
+        retry_runs_the_handler(url)
+        assert Order.objects.count() == 1
 
-    def test_lease_by_setting_marks_the_view_non_atomic(self) -> None:
-        with override_settings(IDEMPOTENCY={"ATOMIC": False}):
-            lease_view = drf_views.OrderViewSet.as_view({"post": "create"})
-        atomic_view = drf_views.OrderViewSet.as_view({"post": "create"})
-        every_alias = set(settings.DATABASES)
-        assert lease_view._non_atomic_requests == every_alias
-        assert not getattr(atomic_view, "_non_atomic_requests", set())
-        lease_class_view = drf_views.LeaseOrderViewSet.as_view({"post": "create"})
-        assert lease_class_view._non_atomic_requests == every_alias
+
+@pytest.mark.skipif(connection.vendor != "mysql", reason="MySQL's max_allowed_packet")
+class OversizedBodyTests:
+    def test_body_over_max_allowed_packet_is_stored_without_it(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT @@max_allowed_packet")
+            limit = cursor.fetchone()[0]
+        url = f"/lease/large/?size={limit + 1024}"
+        key = "oversized-body-key"
+        with (
+            override_settings(IDEMPOTENCY={"MAX_STORED_BODY": 4 * limit}),
+            caplog.at_level(logging.WARNING, "django_idempotency"),
+        ):
+            # Each request in a thread of its own, on a connection of its own,
+            # as a server would after the refused packet broke the first one.
+            first = in_background(lambda: send(url, key))()
+            retry = in_background(lambda: send(url, key))()
+        assert first.status_code == 201
+        assert len(first.content) == limit + 1024
+        record = IdempotencyKey.objects.get()
+        assert record.state == State.COMPLETED
+        assert record.response_body is None
+        # Stored as a body over MAX_STORED_BODY is: status and headers only.
+        assert retry.status_code == 201
+        assert retry["Idempotent-Replayed"] == "true"
+        assert retry["Location"] == "/exports/1/"
+        assert retry.content == b""
+        assert calls.value == 1
+        assert "could not be stored; storing its status and headers only" in caplog.text
+        assert key not in caplog.text

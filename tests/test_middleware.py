@@ -1,4 +1,7 @@
-"""``IdempotencyMiddleware`` and ``@idempotency_exempt``, sync (WSGI) and async (ASGI)."""
+"""``IdempotencyMiddleware`` and ``@idempotency_exempt``, sync (WSGI) and async (ASGI).
+
+How the middleware meets ``ATOMIC_REQUESTS`` is in ``test_transactions.py``.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from rest_framework.authtoken.models import Token
 from django_idempotency import idempotency_exempt
 from django_idempotency.middleware import IdempotencyMiddleware
 from django_idempotency.models import IdempotencyKey
+from tests.clients import post
 from tests.models import Order
 from tests.test_async import ASYNC_METHOD_DECORATOR
 from tests.views import calls
@@ -36,23 +40,6 @@ def atomic_requests() -> Any:
     connection.settings_dict["ATOMIC_REQUESTS"] = True
     yield
     connection.settings_dict["ATOMIC_REQUESTS"] = False
-
-
-def post(
-    client: Client | AsyncClient,
-    url: str,
-    key: str | None = "k",
-    *,
-    headers: dict[str, str] | None = None,
-    **data: Any,
-) -> HttpResponse:
-    headers = dict(headers or {})
-    if key is not None:
-        headers["Idempotency-Key"] = key
-    send = client.post if isinstance(client, Client) else async_to_sync(client.post)
-    body = json.dumps({"item": "book", **data})
-    response: HttpResponse = send(url, body, content_type="application/json", headers=headers)
-    return response
 
 
 def get(client: Client | AsyncClient, url: str, **headers: str) -> HttpResponse:
@@ -237,38 +224,6 @@ class OrderingTests:
         assert accepted.status_code == 201
         assert "Idempotent-Replayed" not in accepted
         assert calls.value == 1
-
-
-@pytest.mark.usefixtures("installed", "atomic_requests")
-class AtomicRequestsTests:
-    """The request's transaction wraps only the view, inside the middleware."""
-
-    def test_atomic_mode_nests_the_request_transaction(self, any_client) -> None:
-        first = post(any_client, "/async/sync/claim/", key="nested")
-        body = json.loads(first.content)
-        assert body == {"claim_committed": False, "in_atomic_block": True}
-        assert post(any_client, "/async/sync/claim/", key="nested")["Idempotent-Replayed"] == "true"
-        assert IdempotencyKey.objects.get().state == IdempotencyKey.State.COMPLETED
-
-    def test_atomic_mode_failure_rolls_back_both(self, any_client) -> None:
-        failed = post(any_client, "/async/sync/plain/", key="boom", **{"raise": True})
-        assert failed.status_code == 500
-        assert Order.objects.count() == 0
-        assert IdempotencyKey.objects.count() == 0
-
-    def test_lease_mode_commits_its_claim_before_the_request_transaction(
-        self, any_client, settings
-    ) -> None:
-        settings.IDEMPOTENCY = {"ATOMIC": False}
-        first = post(any_client, "/async/sync/claim/", key="lease")
-        assert json.loads(first.content) == {"claim_committed": True, "in_atomic_block": True}
-        assert post(any_client, "/async/sync/claim/", key="lease")["Idempotent-Replayed"] == "true"
-
-        failed = post(any_client, "/async/sync/plain/", key="boom", **{"raise": True})
-        assert failed.status_code == 500
-        # The view's transaction rolled back, and the claim was released.
-        assert Order.objects.count() == 0
-        assert not IdempotencyKey.objects.filter(key="boom").exists()
 
 
 @pytest.mark.usefixtures("installed")

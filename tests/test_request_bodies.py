@@ -344,6 +344,24 @@ class NegotiatedFormatTests:
         assert not Order.objects.exists()
 
 
+def over_http(
+    method: str, url: str, data: bytes, content_type: str, idempotency_key: str | None = "k-1"
+) -> requests.Response:
+    """Send ``data`` with ``requests``, under ``idempotency_key`` unless it is None."""
+    headers = {"Content-Type": content_type}
+    if idempotency_key is not None:
+        headers.update(key(idempotency_key))
+    return requests.request(method, url, data=data, headers=headers, timeout=30)
+
+
+def unkeyed_and_keyed(
+    method: str, url: str, data: bytes, content_type: str
+) -> tuple[requests.Response, requests.Response]:
+    """The same request to the view's unprotected twin, then under a key to the view."""
+    unkeyed = over_http(method, url + "unprotected/", data, content_type, idempotency_key=None)
+    return unkeyed, over_http(method, url, data, content_type)
+
+
 @pytest.fixture(scope="module")
 def server(
     django_db_setup: None, tmp_path_factory: pytest.TempPathFactory
@@ -366,13 +384,9 @@ class OverHttpTests:
     ) -> None:
         data = body(self.SIZE)
         url = f"{server.url}/bodies/stream/"
-        headers = {"Content-Type": OCTETS}
-        unkeyed = requests.put(url + "unprotected/", data=data, headers=headers, timeout=30)
-        first = requests.put(url, data=data, headers={**headers, **key()}, timeout=30)
-        retry = requests.put(url, data=data, headers={**headers, **key()}, timeout=30)
-        changed = requests.put(
-            url, data=body(self.SIZE, b"x"), headers={**headers, **key()}, timeout=30
-        )
+        unkeyed, first = unkeyed_and_keyed("PUT", url, data, OCTETS)
+        retry = over_http("PUT", url, data, OCTETS)
+        changed = over_http("PUT", url, body(self.SIZE, b"x"), OCTETS)
 
         assert unkeyed.status_code == first.status_code == 201, server.log()
         assert first.json()["size"] == self.SIZE
@@ -385,11 +399,8 @@ class OverHttpTests:
     def test_loaded_body_past_the_limit_is_refused_with_a_key_as_without(
         self, server: GunicornServer
     ) -> None:
-        data = body(self.SIZE)
         url = f"{server.url}/bodies/load/"
-        headers = {"Content-Type": OCTETS}
-        unkeyed = requests.post(url + "unprotected/", data=data, headers=headers, timeout=30)
-        keyed = requests.post(url, data=data, headers={**headers, **key()}, timeout=30)
+        unkeyed, keyed = unkeyed_and_keyed("POST", url, body(self.SIZE), OCTETS)
         assert unkeyed.status_code == keyed.status_code == 400
         assert not Order.objects.exists()
         assert not IdempotencyKey.objects.exists()
@@ -399,10 +410,8 @@ class OverHttpTests:
     ) -> None:
         data = b'{"item": "' + b"x" * self.SIZE + b'"}'
         url = f"{server.url}/bodies/load/"
-        headers = {"Content-Type": "application/json"}
-        unkeyed = requests.post(url + "unprotected/", data=data, headers=headers, timeout=30)
-        keyed = requests.post(url, data=data, headers={**headers, **key()}, timeout=30)
-        small = requests.post(url, data=b'{"item": 1}', headers={**headers, **key()}, timeout=30)
+        unkeyed, keyed = unkeyed_and_keyed("POST", url, data, "application/json")
+        small = over_http("POST", url, b'{"item": 1}', "application/json")
         assert unkeyed.status_code == keyed.status_code == 400, server.log()
         assert keyed.content == unkeyed.content
         assert small.status_code == 201, server.log()

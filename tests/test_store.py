@@ -18,10 +18,10 @@ import pytest
 from django.db import connection, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import RequestFactory
-from django.utils import timezone
 
 from django_idempotency import idempotent, store
 from django_idempotency.models import IdempotencyKey
+from tests.databases import lock_timeout, new_claim
 from tests.factories import IdempotencyKeyFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -29,19 +29,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 only_postgresql = pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL")
 only_sqlite = pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite")
 only_mysql = pytest.mark.skipif(connection.vendor != "mysql", reason="MariaDB/MySQL")
-
-
-def new_claim(key: str, *, expires_in: timedelta = timedelta(hours=1)) -> store.NewClaim:
-    now = timezone.now()
-    return store.NewClaim(
-        scope="s",
-        key=key,
-        fingerprint="f" * 64,
-        owner_token="",
-        created_at=now,
-        expires_at=now + expires_in,
-        locked_until=None,
-    )
 
 
 def post(view: Callable[[HttpRequest], HttpResponse], key: str) -> HttpResponse:
@@ -162,11 +149,6 @@ class PostgresErrorMeaningTests:
 
 @only_postgresql
 class PostgresLockTimeoutAfterSecondPassTests:
-    def lock_timeout(self) -> str:
-        with connection.cursor() as cursor:
-            cursor.execute("SHOW lock_timeout")
-            return cursor.fetchone()[0]
-
     def original_commits_an_expired_record(self) -> Holder:
         # The original commits a record that has already expired while our
         # claim waits on it. Our first pass cannot see it (it committed after
@@ -198,7 +180,7 @@ class PostgresLockTimeoutAfterSecondPassTests:
             claim = store.retrying(attempt, in_transaction=True)
 
             assert claim is not None and claim.existing is None
-            assert self.lock_timeout() == "7s"
+            assert lock_timeout() == "7s"
 
 
 @only_sqlite

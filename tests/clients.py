@@ -1,0 +1,74 @@
+"""Requests the test modules send to the test views, and the clients they send them with.
+
+``post`` sends the JSON order ``{"item": "book"}`` with an Idempotency-Key
+through Django's WSGI or ASGI handler; ``send`` does the same through a new
+client, as a server would for each request. ``token_client`` and
+``drf_post`` do the same for the DRF views, as a user with a token.
+``reset_lease_views`` puts back the switches of the lease views that hold
+or fail on a test's word (``tests.views``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from django.contrib.auth.models import User
+from django.test import AsyncClient, Client
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from tests.views import fail_after_view, fail_at_commit, handler_connection_ids, resume
+
+PAYLOAD = {"item": "book", "quantity": 2}
+LEASE_ORDERS = "/drf/lease-orders/"
+
+
+def post(
+    client: Client | AsyncClient,
+    url: str,
+    key: str | None = "k",
+    *,
+    headers: dict[str, str] | None = None,
+    **data: Any,
+) -> Any:
+    """POST ``{"item": "book", **data}`` as JSON, with ``key`` as its Idempotency-Key."""
+    headers = dict(headers or {})
+    if key is not None:
+        headers["Idempotency-Key"] = key
+    send = client.post if isinstance(client, Client) else async_to_sync(client.post)
+    body = json.dumps({"item": "book", **data})
+    return send(url, body, content_type="application/json", headers=headers)
+
+
+def send(url: str, key: str = "k", *, asgi: bool = False, **data: Any) -> Any:
+    """``post`` through a new client, which answers 500 where the view raised."""
+    client = AsyncClient if asgi else Client
+    return post(client(raise_request_exception=False), url, key, **data)
+
+
+def token_client(username: str = "alice") -> tuple[APIClient, User]:
+    """A DRF client that authenticates as a new user ``username`` by token."""
+    user = User.objects.create_user(username)
+    token = Token.objects.create(user=user)
+    client = APIClient(raise_request_exception=False)
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    return client, user
+
+
+def drf_post(
+    client: APIClient, url: str, data: Any = PAYLOAD, key: str | None = "k-1", **extra: Any
+) -> Any:
+    """POST ``data`` as DRF's JSON, with ``key`` as its Idempotency-Key."""
+    headers = {} if key is None else {"Idempotency-Key": key}
+    return client.post(url, data, format="json", headers=headers, **extra)
+
+
+def reset_lease_views() -> None:
+    """Clear what a lease view's earlier test may have left: its switches and reports."""
+    resume.clear()
+    fail_at_commit.clear()
+    fail_after_view.clear()
+    while not handler_connection_ids.empty():
+        handler_connection_ids.get_nowait()

@@ -1,0 +1,104 @@
+"""Statements and records the tests (and the benchmarks) need below the protocol.
+
+A claim to hand to ``store.claim`` directly, and the administrator's view
+of the database server: a session's lock timeout, the connections this
+process holds, and ending one of them from the server side.
+
+Importing this module touches neither the settings nor the models, so a
+script may import it before it configures Django; call its functions after.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from django.db import connection
+from django.utils import timezone
+
+if TYPE_CHECKING:
+    from django_idempotency.store import NewClaim
+
+
+def new_claim(
+    key: str, *, scope: str = "s", expires_in: timedelta = timedelta(hours=1)
+) -> NewClaim:
+    """An atomic-mode claim of ``key`` made now, expiring ``expires_in`` from now.
+
+    A negative ``expires_in`` makes a claim that has already expired.
+    """
+    from django_idempotency.store import NewClaim
+
+    now = timezone.now()
+    return NewClaim(
+        scope=scope,
+        key=key,
+        fingerprint="f" * 64,
+        owner_token="",
+        created_at=now,
+        expires_at=now + expires_in,
+        locked_until=None,
+    )
+
+
+def lock_timeout() -> str:
+    """PostgreSQL: the default connection's ``lock_timeout``, as ``SHOW`` prints it."""
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW lock_timeout")
+        return str(cursor.fetchone()[0])
+
+
+def kill_connection(server_id: int) -> None:
+    """End another session from the server side, as an administrator or a failover would.
+
+    ``server_id`` is the session's backend pid (PostgreSQL) or connection id
+    (MariaDB/MySQL); the default connection sends the statement.
+    """
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT pg_terminate_backend(%s)", [server_id])
+            assert cursor.fetchone()[0] is True
+        else:
+            cursor.execute(f"KILL {int(server_id)}")
+
+
+def connections_from_this_process() -> int:
+    """How many sessions the server lists on this database from this process.
+
+    Only this process's connections count (matched by their local TCP port),
+    since other processes may use the same server. PostgreSQL or MariaDB/MySQL
+    over TCP; the default connection asks, and counts itself.
+    """
+    ours = _own_tcp_ports()
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT client_port FROM pg_stat_activity WHERE datname = current_database()"
+            )
+            ports = [row[0] for row in cursor.fetchall()]
+        else:
+            cursor.execute("SELECT HOST FROM information_schema.PROCESSLIST WHERE DB = DATABASE()")
+            ports = [int(host.rsplit(":", 1)[1]) for (host,) in cursor.fetchall() if ":" in host]
+    return sum(1 for port in ports if port in ours)
+
+
+def _own_tcp_ports() -> set[int]:
+    """The local ports of this process's TCP sockets, read from /proc."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    ports = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with open(table) as lines:
+            next(lines)
+            for line in lines:
+                fields = line.split()
+                if fields[9] in inodes:
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
