@@ -1,4 +1,4 @@
-"""Lease mode (``atomic=False``): the claim commits first, the handler runs outside.
+"""Lease mode (lease_mode.py): the claim commits first, the handler runs outside.
 
 Also where the request's connection cannot end the lease: after the
 connection died, or when the database refuses the response's size. How
