@@ -181,6 +181,8 @@ class ProtectedCall:
             *args,
             extra=extra,
             exc_info=exc_info,
+            # The caller's function and line, as when it logged itself.
+            stacklevel=2,
         )
 
     def _send(self, signal: Signal) -> None:
