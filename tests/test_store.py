@@ -182,6 +182,25 @@ class PostgresLockTimeoutAfterSecondPassTests:
             assert claim is not None and claim.existing is None
             assert lock_timeout() == "7s"
 
+    def test_an_atomic_view_keeps_its_lock_timeout_when_its_claim_looks_twice(self):
+        # The same, through the protocol: its second attempt must run in a new
+        # savepoint, or the view's statements run with the claim's bounded wait.
+        seen: list[str] = []
+
+        @idempotent(scope=lambda request: "s")
+        def view(request: HttpRequest) -> HttpResponse:
+            seen.append(lock_timeout())
+            return JsonResponse({}, status=201)
+
+        with self.original_commits_an_expired_record() as holder, transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '7s'")
+            holder.release_after(0.5)
+            response = post(view, "k")
+
+        assert response.status_code == 201
+        assert seen == ["7s"]
+
 
 @only_sqlite
 class SqliteBusyTimeoutTests:
