@@ -230,3 +230,16 @@ class OpenTelemetryTests:
         (span,) = exporter.get_finished_spans()
         assert not any(name.startswith("idempotency.") for name in span.attributes)
         assert views.calls.value == 1
+
+
+@pytest.mark.django_db
+def test_a_log_record_names_the_function_that_logged(client, caplog):
+    # Formatters with %(funcName)s, and error trackers grouping by it, see
+    # where in the protocol a record comes from, not the logging helper.
+    post(client)
+    with caplog.at_level(logging.INFO, logger="django_idempotency"):
+        assert post(client, body={"item": "pen"}).status_code == 422
+
+    [record] = [r for r in caplog.records if "reused" in r.getMessage()]
+    assert record.name == "django_idempotency.core"
+    assert record.funcName == "_answer_duplicate"

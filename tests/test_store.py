@@ -19,7 +19,8 @@ from django.db import connection, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import RequestFactory
 
-from django_idempotency import idempotent, store
+from django_idempotency import idempotent, store, task_protocol
+from django_idempotency.exceptions import TaskInFlight
 from django_idempotency.models import IdempotencyKey
 from tests.databases import lock_timeout, new_claim
 from tests.factories import IdempotencyKeyFactory
@@ -292,3 +293,66 @@ class MysqlSessionWaitTests:
             store.claim("default", new_claim("second"), wait=2)
 
         assert self.session_wait() == 2
+
+
+def record_gone_for(monkeypatch: pytest.MonkeyPatch, looks: int) -> None:
+    """The first ``looks`` claims find the record gone, as when a purge races them (SQLite)."""
+    real_upsert, real_read = store._claim_upsert, store._read
+    left = [looks]
+
+    def upsert(connection: object, new: store.NewClaim) -> int | None:
+        return None if left[0] else real_upsert(connection, new)  # type: ignore[arg-type]
+
+    def read(using: str, new: store.NewClaim) -> IdempotencyKey | None:
+        if left[0]:
+            left[0] -= 1
+            return None
+        return real_read(using, new)
+
+    monkeypatch.setattr(store, "_claim_upsert", upsert)
+    monkeypatch.setattr(store, "_read", read)
+
+
+@only_sqlite
+class ClaimRetryTests:
+    """Every claim, of a view or a task in either mode, starts over in one loop:
+    ``store.CLAIM_ATTEMPTS`` attempts in all, stale looks and deadlocks alike."""
+
+    @pytest.mark.parametrize("atomic", [True, False])
+    @pytest.mark.parametrize("looks", [1, store.CLAIM_ATTEMPTS - 1])
+    def test_a_view_claim_starts_over_after_a_stale_look(self, monkeypatch, atomic, looks):
+        record_gone_for(monkeypatch, looks)
+        view = idempotent(atomic=atomic)(lambda request: JsonResponse({}, status=201))
+
+        assert post(view, "k").status_code == 201
+        assert IdempotencyKey.objects.get().state == IdempotencyKey.State.COMPLETED
+
+    @pytest.mark.parametrize("atomic", [True, False])
+    def test_a_view_answers_409_once_every_attempt_looked_stale(self, monkeypatch, atomic):
+        record_gone_for(monkeypatch, store.CLAIM_ATTEMPTS)
+        ran = []
+        view = idempotent(atomic=atomic)(lambda request: ran.append(1) or JsonResponse({}))
+
+        response = post(view, "k")
+
+        assert response.status_code == 409
+        assert response["Retry-After"] == "1"
+        assert ran == [] and not IdempotencyKey.objects.exists()
+
+    @pytest.mark.parametrize("atomic", [True, False])
+    def test_a_task_claim_has_the_same_budget(self, monkeypatch, atomic):
+        def run() -> object:
+            return task_protocol.run_once(
+                task_name="tests.charge",
+                key="k",
+                args=[],
+                kwargs={},
+                body=lambda info: "charged",
+                options=task_protocol.TaskOptions(atomic=atomic),
+            )
+
+        record_gone_for(monkeypatch, store.CLAIM_ATTEMPTS)
+        with pytest.raises(TaskInFlight):
+            run()
+        record_gone_for(monkeypatch, store.CLAIM_ATTEMPTS - 1)
+        assert run() == "charged"
