@@ -29,7 +29,6 @@ class _Discard(Exception):
 
 @dataclass
 class AtomicCall(ProtectedCall):
-    claimed_at: datetime | None = field(default=None, init=False)
     handler_started: bool = field(default=False, init=False)
 
     def run(self) -> HttpResponseBase:
@@ -47,11 +46,11 @@ class AtomicCall(ProtectedCall):
         self.handler_started = False
         try:
             with transaction.atomic(using=self.using):
-                now = self.claimed_at = timezone.now()
-                claim = store.claim(self.using, self._new_claim(now), self.options.wait)
+                claimed_at = timezone.now()
+                claim = store.claim(self.using, self._new_claim(claimed_at), self.options.wait)
                 if claim.existing is not None:
                     return self._answer_duplicate(claim.existing)
-                return self._handle(claim.record_id)
+                return self._handle(claim.record_id, claimed_at)
         except _Discard as discard:
             return discard.response
         except DatabaseError as exc:
@@ -62,7 +61,7 @@ class AtomicCall(ProtectedCall):
                 raise
             self._raise_claim_error(exc)
 
-    def _handle(self, record_id: int) -> HttpResponseBase:
+    def _handle(self, record_id: int, claimed_at: datetime) -> HttpResponseBase:
         self.handler_started = True
         self._send(signals.key_claimed)
         response = self.finalize(self.handler())
@@ -70,13 +69,14 @@ class AtomicCall(ProtectedCall):
             # Roll the claim back with the handler's writes: a retry runs again.
             raise _Discard(response)
         stored = self._capture(response)
-        expires_at = self._expiry_on_completion()
+        claim_expires_at = claimed_at + self.options.ttl
+        expires_at = self._expiry_on_completion(claimed_at)
         if self._store_response(record_id, None, stored, expires_at):
             self._send(signals.response_stored)
-            self._cache_after_commit(stored, expires_at or self.claim_expires_at)
+            self._cache_after_commit(stored, expires_at or claim_expires_at)
         return response
 
-    def _expiry_on_completion(self) -> datetime | None:
+    def _expiry_on_completion(self, claimed_at: datetime) -> datetime | None:
         """The record's new expiry, or ``None`` to keep the one its claim set.
 
         The claim set ``now + TTL`` in this transaction; keeping it leaves
@@ -87,7 +87,6 @@ class AtomicCall(ProtectedCall):
         run the handler again.
         """
         now = timezone.now()
-        claimed_at = self.claimed_at
-        if claimed_at is not None and now - claimed_at < self.options.ttl / 100:
+        if now - claimed_at < self.options.ttl / 100:
             return None
         return now + self.options.ttl

@@ -46,8 +46,6 @@ class ProtectedCall:
     sender: Any
     using: str
     started: float = field(default_factory=time.monotonic, init=False)
-    #: The expiry this request's claim wrote, which atomic mode's completion keeps.
-    claim_expires_at: datetime | None = field(default=None, init=False)
 
     def run(self) -> HttpResponseBase:
         raise NotImplementedError
@@ -78,7 +76,6 @@ class ProtectedCall:
     def _new_claim(
         self, now: datetime, token: str = "", locked_until: datetime | None = None
     ) -> store.NewClaim:
-        self.claim_expires_at = now + self.options.ttl
         return store.NewClaim.of(
             self.info, now, ttl=self.options.ttl, token=token, locked_until=locked_until
         )
