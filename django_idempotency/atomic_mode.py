@@ -36,10 +36,7 @@ class AtomicCall(ProtectedCall):
         # start over on a transaction of our own; nested in the request's
         # transaction, that one is gone too.
         in_transaction = connections[self.using].in_atomic_block
-        response = store.retrying(self._attempt, in_transaction=in_transaction)
-        if response is None:
-            raise self._conflict(retry_after=1)
-        return response
+        return store.retrying(self._attempt, self._in_flight, in_transaction=in_transaction)
 
     def _attempt(self) -> HttpResponseBase:
         store.prepare_connection(self.using, self.options.wait)

@@ -124,6 +124,10 @@ class ProtectedCall:
         locked_until = record.locked_until or record.expires_at
         raise self._conflict(retry_after=(locked_until - timezone.now()).total_seconds())
 
+    def _in_flight(self) -> RequestInFlight:
+        """The answer when every claim attempt had to start over: try again in a second."""
+        return self._conflict(retry_after=1)
+
     def _conflict(self, retry_after: float) -> RequestInFlight:
         self._send(signals.request_conflict)
         self._log(

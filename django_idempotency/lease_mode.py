@@ -40,9 +40,7 @@ class LeaseCall(ProtectedCall):
         # claim first: the lease's statements then use a connection of their
         # own (see docs/decorator.rst).
         self.own_connection = lease_connection.needs_own_connection(self.using)
-        claim = store.retrying(self._claim)
-        if claim is None:
-            raise self._conflict(retry_after=1)
+        claim = store.retrying(self._claim, self._in_flight)
         if claim.existing is not None:
             return self._answer_duplicate(claim.existing)
         record_id = claim.record_id

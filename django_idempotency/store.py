@@ -213,15 +213,17 @@ connection_created.connect(_forget_connection_state, dispatch_uid="django_idempo
 T = TypeVar("T")
 
 
-def retrying(attempt: Callable[[], T], *, in_transaction: bool = False) -> T | None:
+def retrying(
+    attempt: Callable[[], T], gave_up: Callable[[], Exception], *, in_transaction: bool = False
+) -> T:
     """Run ``attempt`` (a claim in a transaction or savepoint of its own) until it is not retried.
 
     The one place a claim starts over: after a deadlock, or after it saw a
     record as it was before a purge or a takeover. ``in_transaction`` says
     the attempt runs inside a transaction it did not open (the request's):
     a deadlock has then rolled that transaction back too, and starting over
-    is not possible. ``None`` when no attempt got through: the caller
-    answers "in flight, retry later".
+    is not possible. When no attempt got through, raises what ``gave_up``
+    returns: the caller's "in flight, retry later".
     """
     for _ in range(CLAIM_ATTEMPTS):
         try:
@@ -229,7 +231,7 @@ def retrying(attempt: Callable[[], T], *, in_transaction: bool = False) -> T | N
         except Retry as retry:
             if retry.transaction_lost and in_transaction:
                 break
-    return None
+    raise gave_up()
 
 
 def claim(using: str, new: NewClaim, wait: float) -> Claim:

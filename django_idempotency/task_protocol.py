@@ -148,6 +148,11 @@ def run_once(
     return run.atomic() if atomic else run.leased()
 
 
+def _in_flight() -> TaskInFlight:
+    # Every claim attempt had to start over: redeliver in a second.
+    return TaskInFlight(retry_after=1)
+
+
 def _encode(value: Any, task_name: str) -> bytes:
     try:
         return json.dumps(value, allow_nan=False, separators=(",", ":")).encode()
@@ -157,13 +162,6 @@ def _encode(value: Any, task_name: str) -> bytes:
             f"be stored as JSON ({exc}). Return a JSON-serialisable value (dict, list, "
             "str, number, bool or None): duplicates get the stored value back."
         ) from exc
-
-
-@dataclass(frozen=True)
-class _Result:
-    """A body's value, or a stored one: ``None`` is a value, so it needs a box."""
-
-    value: Any
 
 
 @dataclass
@@ -179,19 +177,18 @@ class _TaskRun:
         """The claim, the body's writes and the stored value commit together."""
         # A deadlock that aborts the claim before the body ran is safe to
         # start over; nested in a caller's transaction, that one is lost too.
-        done = store.retrying(self._atomic_attempt, in_transaction=self._in_callers_transaction())
-        if done is None:
-            raise TaskInFlight(retry_after=1)
-        return done.value
+        return store.retrying(
+            self._atomic_attempt, _in_flight, in_transaction=self._in_callers_transaction()
+        )
 
-    def _atomic_attempt(self) -> _Result:
+    def _atomic_attempt(self) -> Any:
         store.prepare_connection(self.using, self.wait)
         body_started = False
         try:
             with transaction.atomic(using=self.using):
                 claim = store.claim(self.using, self._new_claim(timezone.now()), self.wait)
                 if claim.existing is not None:
-                    return _Result(self._answer_duplicate(claim.existing))
+                    return self._answer_duplicate(claim.existing)
                 body_started = True
                 payload = _encode(self.body(self.info), self.info.scope)
                 store.complete(
@@ -203,7 +200,7 @@ class _TaskRun:
                     body=payload,
                     expires_at=None,
                 )
-                return _Result(json.loads(payload))
+                return json.loads(payload)
         except DatabaseError as exc:
             # SQLite waits at BEGIN, the others in the claim: either way a
             # database error before the body ran says what the claim met.
@@ -214,9 +211,7 @@ class _TaskRun:
     def leased(self) -> Any:
         """The claim commits first; the body runs outside our transaction."""
         token = secrets.token_hex(16)
-        claim = store.retrying(lambda: self._lease_claim(token))
-        if claim is None:
-            raise TaskInFlight(retry_after=1)
+        claim = store.retrying(lambda: self._lease_claim(token), _in_flight)
         if claim.existing is not None:
             return self._answer_duplicate(claim.existing)
         try:

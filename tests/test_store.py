@@ -178,9 +178,9 @@ class PostgresLockTimeoutAfterSecondPassTests:
             with connection.cursor() as cursor:
                 cursor.execute("SET LOCAL lock_timeout = '7s'")
             holder.release_after(0.5)
-            claim = store.retrying(attempt, in_transaction=True)
+            claim = store.retrying(attempt, AssertionError, in_transaction=True)
 
-            assert claim is not None and claim.existing is None
+            assert claim.existing is None
             assert lock_timeout() == "7s"
 
     def test_an_atomic_view_keeps_its_lock_timeout_when_its_claim_looks_twice(self):
