@@ -102,3 +102,29 @@ def _own_tcp_ports() -> set[int]:
                 if fields[9] in inodes:
                     ports.add(int(fields[1].rsplit(":", 1)[1], 16))
     return ports
+
+
+def claims_waiting() -> int:
+    """How many claims on the test database are blocked in the database right now.
+
+    PostgreSQL names the wait: a row lock. MariaDB (10.11) lists these
+    inserts in its process list, in state ``Update``, but not in InnoDB's
+    lock or transaction tables, so there the count is of claim inserts
+    still running.
+    """
+    from django_idempotency.models import IdempotencyKey
+
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+        else:
+            cursor.execute(
+                "SELECT count(*) FROM information_schema.processlist "
+                "WHERE db = DATABASE() AND id <> CONNECTION_ID() AND command = 'Query' "
+                "AND info LIKE %s",
+                [f"%INSERT INTO `{IdempotencyKey._meta.db_table}`%"],
+            )
+        return int(cursor.fetchone()[0])

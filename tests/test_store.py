@@ -22,8 +22,9 @@ from django.test import RequestFactory
 from django_idempotency import idempotent, store, task_protocol
 from django_idempotency.exceptions import TaskInFlight
 from django_idempotency.models import IdempotencyKey
-from tests.databases import lock_timeout, new_claim
+from tests.databases import claims_waiting, lock_timeout, new_claim
 from tests.factories import IdempotencyKeyFactory
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -66,8 +67,17 @@ class Holder:
         assert not self.errors, self.errors
         return self
 
-    def release_after(self, seconds: float) -> None:
-        threading.Timer(seconds, self.done.set).start()
+    def release_once_a_claim_waits(self) -> None:
+        """Commit once a claim on another connection is blocked on the held row."""
+
+        def release() -> None:
+            try:
+                wait_until(lambda: claims_waiting() >= 1, "a claim to wait on the held row")
+            finally:
+                self.done.set()
+                connection.close()
+
+        threading.Thread(target=release).start()
 
     def __exit__(self, *exc_info: object) -> None:
         self.done.set()
@@ -161,7 +171,7 @@ class PostgresLockTimeoutAfterSecondPassTests:
 
     def test_a_stale_look_starts_the_claim_over_in_its_savepoint(self):
         with self.original_commits_an_expired_record() as holder, transaction.atomic():
-            holder.release_after(0.5)
+            holder.release_once_a_claim_waits()
             with pytest.raises(store.Retry) as retry, transaction.atomic():
                 store.claim("default", new_claim("k"), wait=3)
 
@@ -177,7 +187,7 @@ class PostgresLockTimeoutAfterSecondPassTests:
         with self.original_commits_an_expired_record() as holder, transaction.atomic():
             with connection.cursor() as cursor:
                 cursor.execute("SET LOCAL lock_timeout = '7s'")
-            holder.release_after(0.5)
+            holder.release_once_a_claim_waits()
             claim = store.retrying(attempt, AssertionError, in_transaction=True)
 
             assert claim.existing is None
@@ -196,7 +206,7 @@ class PostgresLockTimeoutAfterSecondPassTests:
         with self.original_commits_an_expired_record() as holder, transaction.atomic():
             with connection.cursor() as cursor:
                 cursor.execute("SET LOCAL lock_timeout = '7s'")
-            holder.release_after(0.5)
+            holder.release_once_a_claim_waits()
             response = post(view, "k")
 
         assert response.status_code == 201

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 import requests
-from django.db import connection
 
 from django_idempotency.models import IdempotencyKey
+from tests.databases import claims_waiting
 from tests.models import Order
 from tests.polling import in_background, wait_until
 from tests.server import GunicornServer, UvicornServer, wait_for_file
@@ -50,30 +50,6 @@ def one_worker(
     settings = "tests.asgi_settings"
     with controlled(UvicornServer, settings, control_dir, tmp_path_factory, workers=1) as uvicorn:
         yield uvicorn
-
-
-def claims_waiting() -> int:
-    """How many claims on the test database are blocked in the database right now.
-
-    PostgreSQL names the wait: a row lock. MariaDB (10.11) lists these
-    inserts in its process list, in state ``Update``, but not in InnoDB's
-    lock or transaction tables, so there the count is of claim inserts
-    still running.
-    """
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-            )
-        else:
-            cursor.execute(
-                "SELECT count(*) FROM information_schema.processlist "
-                "WHERE db = DATABASE() AND id <> CONNECTION_ID() AND command = 'Query' "
-                "AND info LIKE %s",
-                [f"%INSERT INTO `{IdempotencyKey._meta.db_table}`%"],
-            )
-        return int(cursor.fetchone()[0])
 
 
 def post(url: str, key: str, item: str = "held", timeout: float = 15) -> requests.Response:
