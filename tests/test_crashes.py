@@ -10,7 +10,6 @@ retry takes the key over. The Celery worker's crash tests are in
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -24,7 +23,7 @@ from django.utils import timezone
 from django_idempotency import store
 from django_idempotency.models import IdempotencyKey
 from tests.models import Order
-from tests.polling import in_background
+from tests.polling import in_background, wait_until
 from tests.server import GunicornServer, kill9, wait_for_exit, wait_for_file
 from tests.server_fixtures import (  # noqa: F401  fixtures used by name
     SERVER_TESTS,
@@ -162,8 +161,8 @@ def test_kill_in_lease_handler_is_taken_over_after_the_lease(
     # Nobody released the dead owner's claim: it waits for its lease to run out.
     assert IdempotencyKey.objects.get().owner_token == held.owner_token
 
-    while timezone.now() <= held.locked_until + timedelta(milliseconds=50):
-        time.sleep(0.05)
+    run_out = held.locked_until + timedelta(milliseconds=50)
+    wait_until(lambda: timezone.now() > run_out, "the dead owner's lease to run out")
     holder.release()
     takeover = send()
     assert takeover.status_code == 201, (takeover.text, server.log())
