@@ -5,7 +5,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-__all__ = ["__version__", "idempotency_exempt", "idempotent"]
+__all__ = ["__version__", "idempotency_exempt", "idempotent", "idempotent_function"]
 
 try:
     # The version is declared once, in pyproject.toml.
@@ -21,6 +21,10 @@ def __getattr__(name: str) -> Any:
         from django_idempotency.decorators import idempotent
 
         return idempotent
+    if name == "idempotent_function":
+        from django_idempotency.functions import idempotent_function
+
+        return idempotent_function
     if name == "idempotency_exempt":
         from django_idempotency.middleware import idempotency_exempt
 

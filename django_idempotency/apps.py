@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from importlib.util import find_spec
+
 from django.apps import AppConfig, apps
 from django.core import checks
 
@@ -17,6 +19,10 @@ class DjangoIdempotencyConfig(AppConfig):
         checks.register(check_settings, checks.Tags.compatibility)
         checks.register(check_backend, checks.Tags.compatibility)
         checks.register(check_view_options, checks.Tags.urls)
+        if find_spec("rest_framework") is not None:
+            # Registers how DRF requests are answered and which placements it
+            # refuses, before any view module is decorated.
+            import django_idempotency.drf
         if apps.is_installed("drf_spectacular"):
             # Importing it registers the schema extension: nothing else to configure.
             import django_idempotency.spectacular  # noqa: F401

@@ -1,74 +1,96 @@
-"""The protocol: run a handler at most once per (scope, key).
+"""Requests through the engine: the key, the scope and the fingerprint, and the answers.
 
 The decorator, the DRF mixin and the middleware are thin adapters over
-:func:`protect`, which reads the key and hands the request to its mode:
-:mod:`django_idempotency.atomic_mode` or :mod:`django_idempotency.lease_mode`
-(the steps they share are in :mod:`django_idempotency.call`). Database
-statements live in :mod:`django_idempotency.store`.
+:func:`protect` (sync handlers) and :func:`protect_async` (coroutines). This
+module reads what identifies a request, tells the engine
+(:mod:`django_idempotency.engine`) how a response is stored and replayed,
+and holds what the adapters differ in, a :class:`Guard`: how a response is
+finished before it is stored (DRF renders through the view) and how an
+error of ours is answered (problem details, or DRF's exception handler).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import singledispatch
 from typing import Any
 
 from django.http import HttpRequest, HttpResponseBase
+from django.template.response import SimpleTemplateResponse
 
-from django_idempotency.atomic_mode import AtomicCall
+from django_idempotency import engine
 from django_idempotency.body import close_spools_with
-from django_idempotency.call import Finalize, Handler, ProtectedCall
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.exceptions import IdempotencyKeyRequired
+from django_idempotency.exceptions import (
+    DatabaseBusy,
+    FingerprintMismatch,
+    IdempotencyError,
+    IdempotencyKeyRequired,
+    RequestInFlight,
+)
 from django_idempotency.fields import FINGERPRINT_COLUMN_LENGTH, fit_key_column
 from django_idempotency.info import IdempotencyInfo
 from django_idempotency.keys import parse_key
-from django_idempotency.lease_mode import LeaseCall
-from django_idempotency.options import ViewOptions, resolve_options
+from django_idempotency.options import DeclaredOptions, Options
+from django_idempotency.responses import capture, is_storable, problem, replay
+from django_idempotency.store import StoredResponse
 
-__all__ = ["Finalize", "Handler", "protect"]
+Handler = Callable[[], HttpResponseBase]
+AsyncHandler = Callable[[], Awaitable[HttpResponseBase]]
+Finish = Callable[[HttpResponseBase], HttpResponseBase]
+Answer = Callable[[IdempotencyError], HttpResponseBase]
+
+
+def render(response: HttpResponseBase) -> HttpResponseBase:
+    """Render a template response now, inside the transaction: what is stored is what is sent."""
+    if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
+        response.render()
+    return response
+
+
+def _encode(response: HttpResponseBase) -> StoredResponse | None:
+    if not is_storable(response):
+        return None
+    conf = idempotency_settings
+    return capture(response, conf.stored_headers, conf.max_stored_body)
+
+
+def _decode(stored: StoredResponse) -> HttpResponseBase:
+    return replay(stored, idempotency_settings.replay_header)
+
+
+#: How the engine keeps and gives back a response, and the errors a request meets.
+RESPONSES = engine.Kind(
+    encode=_encode,
+    decode=_decode,
+    in_flight=lambda retry_after: RequestInFlight(retry_after=retry_after),
+    mismatch=FingerprintMismatch,
+    database_busy=lambda: DatabaseBusy(retry_after=1),
+)
 
 
 def protect(
     request: HttpRequest,
     handler: Handler,
-    overrides: Mapping[str, Any] | ViewOptions,
+    options: DeclaredOptions,
     *,
     sender: Any,
-    finalize: Finalize = lambda response: response,
+    finish: Finish = render,
 ) -> HttpResponseBase:
     """Run ``handler`` once per key and replay its response to every retry.
 
-    ``finalize`` turns the handler's response into the bytes that will be
+    ``finish`` turns the handler's response into the bytes that will be
     sent (DRF rendering), so that what is stored is exactly what the client
     got. Raises an :class:`~django_idempotency.exceptions.IdempotencyError`
-    for the 400/409/422 answers; adapters render those.
+    for the 400/409/422 answers; a :class:`Guard` renders those.
     """
-    conf = idempotency_settings
-    if not conf.enabled or hasattr(request, "idempotency"):
-        # Disabled, or an outer layer (the middleware around a decorated view
-        # it could not recognise) already protects this request: once is all.
+    call = _call(request, options, sender)
+    if call is None:
         return handler()
-    options = resolve_options(overrides)
-    if request.method not in options.methods:
-        return handler()
-    header = conf.header
-    raw_key = request.headers.get(header)
-    if raw_key is None:
-        if options.required:
-            raise IdempotencyKeyRequired(f"This endpoint requires an {header} header.")
-        return handler()
-    key = parse_key(raw_key, conf.key_max_length, conf.key_min_length)
-    info = IdempotencyInfo(
-        key=key,
-        scope=fit_key_column(options.scope(request)),
-        fingerprint=_normalise_fingerprint(options.fingerprint(request)),
-    )
-    request.idempotency = info  # type: ignore[attr-defined]
-    mode = AtomicCall if options.atomic else LeaseCall
-    call = mode(request, info, handler, finalize, options, sender, conf.database)
     try:
-        response = _run(call, conf.replay_cache)
+        response: HttpResponseBase = call.run(lambda: finish(handler()))
     except BaseException:
         close_spools_with(request, None)
         raise
@@ -76,17 +98,98 @@ def protect(
     return response
 
 
-def _run(call: ProtectedCall, cache_alias: str | None) -> HttpResponseBase:
-    if cache_alias is not None:
-        cached = call.replay_from_cache(cache_alias)
-        if cached is not None:
-            return cached
-    return call.run()
+async def protect_async(
+    request: HttpRequest,
+    handler: AsyncHandler,
+    options: DeclaredOptions,
+    *,
+    sender: Any,
+    finish: Finish = render,
+) -> HttpResponseBase:
+    """:func:`protect` for a coroutine handler: the same rules, and it finishes when cancelled."""
+    if not _may_claim(request, options.resolve()):
+        # Nothing to claim: skip the hop to the request's thread.
+        return await handler()
+
+    def run(body: Handler) -> HttpResponseBase:
+        # Finished in the request's thread, as for a sync view: rendering a
+        # template may run queries.
+        return protect(request, body, options, sender=sender, finish=finish)
+
+    return await engine.run_async(run, handler)
 
 
-def _normalise_fingerprint(fingerprint: str) -> str:
+def _call(request: HttpRequest, declared: DeclaredOptions, sender: Any) -> engine.Call | None:
+    """The engine's call for this request, or ``None`` when it is not protected."""
+    if hasattr(request, "idempotency"):
+        # An outer layer (the middleware around a decorated view it could
+        # not recognise) already protects this request: once is all.
+        return None
+    options = declared.resolve()
+    if not _may_claim(request, options):
+        return None
+    conf = idempotency_settings
+    raw_key = request.headers.get(conf.header)
+    if raw_key is None:
+        raise IdempotencyKeyRequired(f"This endpoint requires an {conf.header} header.")
+    info = IdempotencyInfo(
+        key=parse_key(raw_key, conf.key_max_length, conf.key_min_length),
+        scope=fit_key_column(options.scope(request)),
+        fingerprint=_fit_fingerprint(options.fingerprint(request)),
+    )
+    request.idempotency = info  # type: ignore[attr-defined]
+    return engine.Call(info, options, RESPONSES, sender, request)
+
+
+def _may_claim(request: HttpRequest, options: Options) -> bool:
+    """Whether this request is protected at all: enabled, a protected method, a key or required."""
+    conf = idempotency_settings
+    if not conf.enabled or request.method not in options.methods:
+        return False
+    return options.required or conf.header in request.headers
+
+
+def _fit_fingerprint(fingerprint: str) -> str:
     # The column holds a SHA-256 hex digest; a custom function may return
     # anything, so longer values are digested rather than truncated.
     if len(fingerprint) <= FINGERPRINT_COLUMN_LENGTH:
         return fingerprint
     return hashlib.sha256(fingerprint.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Guard:
+    """How one kind of request finishes its responses and answers our errors."""
+
+    finish: Finish = render
+    answer: Answer = problem
+
+    def call(
+        self, request: HttpRequest, handler: Handler, options: DeclaredOptions, sender: Any
+    ) -> HttpResponseBase:
+        try:
+            return protect(request, handler, options, sender=sender, finish=self.finish)
+        except IdempotencyError as error:
+            return self.answer(error)
+
+    async def acall(
+        self, request: HttpRequest, handler: AsyncHandler, options: DeclaredOptions, sender: Any
+    ) -> HttpResponseBase:
+        try:
+            return await protect_async(request, handler, options, sender=sender, finish=self.finish)
+        except IdempotencyError as error:
+            return self.answer(error)
+
+
+PLAIN = Guard()
+
+
+@singledispatch
+def guard_for(request: HttpRequest) -> Guard:
+    """The guard for a kind of request: plain Django's here, DRF's registered by ``drf.py``.
+
+    So the decorator needs to know no framework: a DRF ``Request`` (an
+    ``@api_view`` under ``@idempotent``) finds DRF's rendering and
+    exception handling through the registration.
+    """
+    return PLAIN

@@ -1,4 +1,4 @@
-"""``@idempotent``: the view decorator, a thin adapter over :func:`core.protect`."""
+"""``@idempotent``: the view decorator, a thin adapter over :mod:`django_idempotency.core`."""
 
 from __future__ import annotations
 
@@ -7,30 +7,18 @@ from functools import partial, wraps
 from typing import Any, TypeVar, overload
 
 from asgiref.sync import iscoroutinefunction
-from django.conf import settings
 from django.http import HttpRequest, HttpResponseBase
 
-from django_idempotency.conf import idempotency_settings
-from django_idempotency.guard import Guard
+from django_idempotency.core import guard_for
 from django_idempotency.middleware import PROTECTED_ATTRIBUTE
-from django_idempotency.options import check_options
+from django_idempotency.options import NonAtomicRequests, check_options
 
 ViewFunc = TypeVar("ViewFunc", bound=Callable[..., HttpResponseBase])
 
-PLAIN = Guard()
-
-
-def guard_for(request: HttpRequest) -> Guard:
-    """DRF's guard for a DRF request (``@api_view`` under the decorator), else the plain one.
-
-    The only place outside :mod:`django_idempotency.drf` that knows DRF
-    exists, and it imports nothing from DRF unless the request is DRF's.
-    """
-    if type(request).__module__ == "rest_framework.request":
-        from django_idempotency.drf import guard
-
-        return guard(request)  # type: ignore[arg-type]
-    return PLAIN
+#: Checks of what ``@idempotent`` is put on, each raising ``ImproperlyConfigured``
+#: with the fix when it would take the scope before authentication ran.
+#: ``drf.py`` adds DRF's (``@idempotent`` above ``@api_view``).
+PLACEMENT_CHECKS: list[Callable[[Any], None]] = []
 
 
 @overload
@@ -47,11 +35,13 @@ def idempotent(view: ViewFunc | None = None, /, **options: Any) -> Any:
     ``@api_view`` functions when placed below ``@api_view``. A misspelt
     option name is a ``TypeError`` and a wrong value an
     ``ImproperlyConfigured``, both raised here, when the view module is
-    imported.
+    imported; settings are read only when a request comes.
     """
     check_options(options)
 
     def decorate(view_func: ViewFunc) -> ViewFunc:
+        for check in PLACEMENT_CHECKS:
+            check(view_func)
         view_options = check_options(options, view_func)
         wrapper: Any
         if iscoroutinefunction(view_func):
@@ -70,11 +60,8 @@ def idempotent(view: ViewFunc | None = None, /, **options: Any) -> Any:
 
         # Read by IdempotencyMiddleware, so that a decorated view is protected once.
         setattr(wrapper, PROTECTED_ATTRIBUTE, True)
-        atomic = view_options.atomic
-        if atomic is False or (atomic is None and not idempotency_settings.atomic):
-            # Lease mode commits its claim before the handler runs, which a
-            # request-wide transaction (ATOMIC_REQUESTS) would prevent.
-            wrapper._non_atomic_requests = set(settings.DATABASES)
+        marked: frozenset[str] = getattr(view_func, "_non_atomic_requests", frozenset())
+        wrapper._non_atomic_requests = NonAtomicRequests(view_options, marked)
         # Its validated options, for the OpenAPI integration and the system checks.
         wrapper.idempotency_options = view_options
         return wrapper

@@ -14,7 +14,6 @@ from functools import partial
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction
-from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpResponseBase
 from django.views import View
@@ -24,9 +23,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from django_idempotency import exceptions as core_exceptions
-from django_idempotency.conf import idempotency_settings
-from django_idempotency.guard import Guard, render
-from django_idempotency.options import OPTION_NAMES, ViewOptions
+from django_idempotency.core import Guard, guard_for, render
+from django_idempotency.decorators import PLACEMENT_CHECKS
+from django_idempotency.options import OPTION_NAMES, DeclaredOptions, NonAtomicRequests
 
 
 class IdempotencyKeyRequired(exceptions.APIException):
@@ -102,9 +101,41 @@ def finish(request: Request, response: HttpResponseBase) -> HttpResponseBase:
     return render(response)
 
 
+@guard_for.register(Request)
 def guard(request: Request) -> Guard:
     """How a DRF request's responses are finished and its errors answered."""
     return Guard(finish=partial(finish, request), answer=partial(error_response, request))
+
+
+def refuse_above_api_view(view: Any) -> None:
+    """Refuse ``@idempotent`` above ``@api_view`` (or on ``as_view()``): it scopes too early.
+
+    The decorator would see the plain ``HttpRequest``, before DRF's
+    authentication ran, so every token or JWT caller would share one
+    scope and one caller could receive another's stored response.
+    """
+    view_class = getattr(view, "cls", None) or getattr(view, "view_class", None)
+    if not (isinstance(view_class, type) and issubclass(view_class, APIView)):
+        return
+    name = getattr(view, "__name__", "view")
+    if view_class.__name__ == "WrappedAPIView":  # what @api_view makes
+        fix = (
+            f"Put @idempotent below @api_view, next to the function:\n\n"
+            f"    @api_view([...])\n    @idempotent\n    def {name}(request): ..."
+        )
+    else:
+        fix = (
+            f"Protect the DRF view class with IdempotentMixin instead: "
+            f"class {view_class.__name__}(IdempotentMixin, ...)."
+        )
+    raise ImproperlyConfigured(
+        f"@idempotent is applied to the DRF view {name!r} from outside, where it sees "
+        "the request before DRF authenticates it: every caller would share one scope "
+        f"and could receive another's stored response. {fix}"
+    )
+
+
+PLACEMENT_CHECKS.append(refuse_above_api_view)
 
 
 ATTRIBUTE_PREFIX = "idempotency_"
@@ -122,7 +153,7 @@ class IdempotentMixin:
 
     # One ``idempotency_<option>`` attribute per option, each None: set below
     # the class, from the options table.
-    _idempotency_options: ViewOptions
+    _idempotency_options: DeclaredOptions
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -144,11 +175,8 @@ class IdempotentMixin:
         if given:
             initkwargs["_idempotency_options"] = options
         view = super().as_view(*args, **initkwargs)  # type: ignore[misc]
-        atomic = options.atomic
-        if atomic is None:
-            atomic = idempotency_settings.atomic
-        if not atomic:
-            view._non_atomic_requests = set(settings.DATABASES)
+        marked: frozenset[str] = getattr(view, "_non_atomic_requests", frozenset())
+        view._non_atomic_requests = NonAtomicRequests(options, marked)
         return view
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
@@ -193,13 +221,13 @@ def _properties(cls: type) -> list[str]:
     return [name for name in _ATTRIBUTES if isinstance(getattr(cls, name), property)]
 
 
-def _class_options(cls: type, given: dict[str, Any]) -> ViewOptions:
+def _class_options(cls: type, given: dict[str, Any]) -> DeclaredOptions:
     """The options of ``cls``: its attributes, then ``given`` (``as_view`` arguments)."""
     values = {name: getattr(cls, ATTRIBUTE_PREFIX + name) for name in OPTION_NAMES}
     for name in _properties(cls):
         values[name[len(ATTRIBUTE_PREFIX) :]] = None  # read per request
     values.update({name[len(ATTRIBUTE_PREFIX) :]: value for name, value in given.items()})
-    return ViewOptions(values, lambda name: f"{cls.__qualname__}.{ATTRIBUTE_PREFIX}{name}")
+    return DeclaredOptions(values, lambda name: f"{cls.__qualname__}.{ATTRIBUTE_PREFIX}{name}")
 
 
 def _check_order(cls: type) -> None:

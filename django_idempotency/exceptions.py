@@ -1,8 +1,10 @@
-"""Errors a protected request can end in, one class per HTTP outcome.
+"""Errors a protected request, function or task can end in, one class per outcome.
 
 Plain Django views answer them as RFC 9457 ``application/problem+json``;
 DRF views get the matching :mod:`django_idempotency.drf` exceptions so the
-project's own exception handler renders them.
+project's own exception handler renders them. Functions and tasks raise
+their own (:class:`CallInFlight`, :class:`ArgumentsMismatch`), which are no
+HTTP answers.
 """
 
 from __future__ import annotations
@@ -58,18 +60,24 @@ class InvalidIdempotencyKey(IdempotencyError):
     )
 
 
-class RequestInFlight(IdempotencyError):
+class InFlight(IdempotencyError):
+    """The original with this key is still running; ``retry_after`` says when to come back."""
+
     status = 409
+
+    def __init__(self, detail: str | None = None, retry_after: float = 1) -> None:
+        super().__init__(detail)
+        #: Whole seconds, at least 1.
+        self.retry_after = max(1, math.ceil(retry_after))
+
+
+class RequestInFlight(InFlight):
     title = "Request in progress"
     code = "request_in_flight"
     default_detail = (
         "A request with this idempotency key is still being processed. "
         "Retry after the number of seconds in Retry-After."
     )
-
-    def __init__(self, detail: str | None = None, retry_after: float = 1) -> None:
-        super().__init__(detail)
-        self.retry_after = max(1, math.ceil(retry_after))
 
     def headers(self) -> dict[str, str]:
         return {**super().headers(), "Retry-After": str(self.retry_after)}
@@ -101,7 +109,29 @@ class FingerprintMismatch(IdempotencyError):
     )
 
 
-class TaskInFlight(RequestInFlight):
+class CallInFlight(InFlight):
+    """An ``idempotent_function``'s original call with this key is still running."""
+
+    title = "Call in progress"
+    code = "call_in_flight"
+    default_detail = (
+        "A call with this idempotency key is still running. Call again after retry_after seconds."
+    )
+
+
+class ArgumentsMismatch(IdempotencyError):
+    """An ``idempotent_function``'s key was already used with different arguments."""
+
+    status = 422
+    title = "Idempotency key reused with different arguments"
+    code = "arguments_mismatch"
+    default_detail = (
+        "This idempotency key was already used with different arguments; the "
+        "original's result stands. Give different work a different key."
+    )
+
+
+class TaskInFlight(CallInFlight):
     """An idempotent task's original is still running; Celery retries the duplicate."""
 
     title = "Task in progress"
@@ -112,10 +142,9 @@ class TaskInFlight(RequestInFlight):
     )
 
 
-class TaskArgumentsMismatch(FingerprintMismatch):
+class TaskArgumentsMismatch(ArgumentsMismatch):
     """An idempotent task's key was already used with different arguments."""
 
-    title = "Idempotency key reused with different arguments"
     code = "task_arguments_mismatch"
     default_detail = (
         "This idempotency key was already used by this task with different "
@@ -124,11 +153,11 @@ class TaskArgumentsMismatch(FingerprintMismatch):
 
 
 class UnstorableResult(IdempotencyError):
-    """An idempotent task returned a value that cannot be stored as JSON."""
+    """An idempotent function or task returned a value that cannot be stored as JSON."""
 
-    title = "Task result cannot be stored"
+    title = "Result cannot be stored"
     code = "unstorable_result"
     default_detail = (
-        "An idempotent task must return a JSON-serialisable value (or None), "
-        "since duplicates get the stored value back."
+        "An idempotent function or task must return a JSON-serialisable value "
+        "(or None), since duplicates get the stored value back."
     )

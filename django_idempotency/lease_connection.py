@@ -13,11 +13,15 @@ own (see ``docs/decorator.rst``).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
-from django.db import connections
+from django.db import Error, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
+
+T = TypeVar("T")
 
 _local = threading.local()
 
@@ -80,3 +84,59 @@ def needs_own_connection(using: str) -> bool:
     if not blocks or connection.vendor == "sqlite":
         return False
     return not any(getattr(block, "_from_testcase", False) for block in blocks)
+
+
+@dataclass(frozen=True)
+class LeaseConnection:
+    """Where one lease's statements run: the request's connection, or one of their own.
+
+    ``own`` is decided once, when the lease is claimed: inside a transaction
+    the request's connection cannot commit the claim first.
+    """
+
+    using: str
+    own: bool
+
+    @classmethod
+    def for_alias(cls, using: str) -> LeaseConnection:
+        return cls(using, needs_own_connection(using))
+
+    def statements(self, *, fresh: bool = False) -> AbstractContextManager[Any]:
+        """Route the alias for the block: to the lease's own (or a fresh) connection, if any."""
+        if self.own or fresh:
+            return own_connection(self.using, fresh=fresh)
+        return nullcontext()
+
+    def run(self, step: Callable[[], T]) -> T:
+        """Run a lease statement; if its connection has died, again on a fresh one.
+
+        A handler can outlive its connection (a server restart, a killed
+        session, a network cut). The statements that end its lease must not
+        die with it, or the key stays stuck until the lease runs out. Every
+        driver error counts: a connection that is already closed raises
+        ``InterfaceError`` (psycopg2), which is no ``DatabaseError``.
+        """
+        try:
+            with self.statements():
+                return step()
+        except Error:
+            # Whether the connection is still usable cannot be told reliably
+            # afterwards (Django may have dropped it already), and the
+            # statements match on the owner token, so they are safe to repeat.
+            if self.shares_request_transaction():
+                raise
+        with self.statements(fresh=True):
+            return step()
+
+    def shares_request_transaction(self) -> bool:
+        """Whether the claim lives in the request's own open transaction.
+
+        A test case's transaction, or SQLite's (see docs/backends.rst): the
+        claim is not visible to another connection, and commits or rolls
+        back with the request.
+        """
+        return not self.own and connections[self.using].in_atomic_block
+
+    def request_transaction_will_roll_back(self) -> bool:
+        connection = connections[self.using]
+        return connection.needs_rollback or not is_usable(connection)

@@ -33,10 +33,10 @@ from django.http import HttpRequest, HttpResponseBase
 from django.urls import Resolver404, resolve
 from django.utils.crypto import salted_hmac
 
-from django_idempotency.asynchronous import may_claim, protect_async
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.core import protect
+from django_idempotency.core import protect, protect_async
 from django_idempotency.exceptions import IdempotencyError
+from django_idempotency.options import DeclaredOptions
 from django_idempotency.responses import discard, problem
 
 ViewFunc = TypeVar("ViewFunc", bound=Callable[..., Any])
@@ -153,7 +153,10 @@ class IdempotencyMiddleware:
     @staticmethod
     def _view_to_protect(request: HttpRequest) -> Any:
         """The view this middleware protects for this request, or ``None``."""
-        if not may_claim(request, {}):
+        conf = idempotency_settings
+        if not conf.enabled or request.method not in conf.methods:
+            return None
+        if not conf.required and conf.header not in request.headers:
             return None
         try:
             match = resolve(request.path_info, urlconf=getattr(request, "urlconf", None))
@@ -165,15 +168,14 @@ class IdempotencyMiddleware:
         return view
 
 
-def _options_for(view: Any) -> dict[str, Any]:
+def _options_for(view: Any) -> DeclaredOptions:
     """The options the middleware protects ``view`` with: the settings', adapted."""
-    options: dict[str, Any] = {"scope": _scope_with_credentials}
     if idempotency_settings.database in getattr(view, "_non_atomic_requests", ()):
         # The view opted out of request transactions (a durable block, its own
         # commits): wrapping it in ours would break it. Lease mode commits the
         # claim first and runs the view outside any transaction.
-        options["atomic"] = False
-    return options
+        return _LEASE_MODE
+    return _SETTINGS
 
 
 def _scope_with_credentials(request: HttpRequest) -> str:
@@ -194,6 +196,14 @@ def _scope_with_credentials(request: HttpRequest) -> str:
         return scope
     digest = salted_hmac(_CREDENTIAL_SALT, credentials, algorithm="sha256").hexdigest()
     return f"{scope}|credential:{digest[:CREDENTIAL_DIGEST_LENGTH]}"
+
+
+def _label(name: str) -> str:
+    return f"IdempotencyMiddleware's {name}"
+
+
+_SETTINGS = DeclaredOptions({"scope": _scope_with_credentials}, _label)
+_LEASE_MODE = DeclaredOptions({"scope": _scope_with_credentials, "atomic": False}, _label)
 
 
 def _handled_elsewhere(view: Any, method: str) -> bool:

@@ -1,9 +1,13 @@
-"""Per-view options: ``@idempotent(ttl=...)`` and ``IdempotentMixin.idempotency_ttl``.
+"""Per-view options (``@idempotent(ttl=...)``, ``IdempotentMixin.idempotency_ttl``) and
+the options of functions and tasks (``idempotent_function(ttl=...)``).
 
 Each option is a row of the settings table (:mod:`django_idempotency.conf`)
-and is validated by that row's rule when the view is decorated or its class
-is created, so a wrong value fails where it is written, not on every
-request. Dotted paths (``scope``, ``fingerprint``) are checked for shape
+and is validated by that row's rule when the view is decorated, its class
+is created or the function is decorated, so a wrong value fails where it is
+written, not on every request; at each call :meth:`DeclaredOptions.resolve`
+gives every option its value, the setting's where none was given. Nothing
+else re-derives them: the engine, the OpenAPI extension and the checks all
+read them here. Dotted paths (``scope``, ``fingerprint``) are checked for shape
 then but imported later, by a system check or at the first request:
 importing a project's module while its views module is still being
 imported invites import cycles (see docs/decorator.rst).
@@ -13,21 +17,25 @@ from __future__ import annotations
 
 import difflib
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Set
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
+
+from django.conf import settings
 
 from django_idempotency.conf import SETTINGS, RequestFunction, Setting, idempotency_settings
 
 #: Per-view options; each defaults to the setting of the same name.
 OPTIONS: dict[str, Setting] = {s.option_name: s for s in SETTINGS if s.option}
 OPTION_NAMES: tuple[str, ...] = tuple(OPTIONS)
+#: What a function or a task may be given: the rest is about requests.
+CALL_OPTION_NAMES: tuple[str, ...] = ("atomic", "ttl", "wait", "lease")
 
 # Every view's options, so that the system checks can import the dotted
 # paths that views defer to their first request (see checks.py). Weak: a
 # view that is gone takes its options with it.
-_ALL: weakref.WeakSet[ViewOptions] = weakref.WeakSet()
+_ALL: weakref.WeakSet[DeclaredOptions] = weakref.WeakSet()
 
 
 @dataclass(frozen=True)
@@ -49,21 +57,27 @@ def suggest(name: str, known: tuple[str, ...]) -> str:
     return f" Did you mean {close[0]!r}?" if close else ""
 
 
-class ViewOptions:
-    """The options one view was given, validated once.
+class DeclaredOptions:
+    """The options one view, function or task was given, validated once.
 
     ``label(name)`` says where an option was written, for messages, e.g.
     ``@idempotent(ttl=...)`` or ``OrderViewSet.idempotency_ttl``. ``None``
-    leaves an option to its setting.
+    leaves an option to its setting. ``allowed`` names the options that
+    apply (a task has no ``methods``).
     """
 
-    def __init__(self, given: Mapping[str, Any], label: Callable[[str], str]) -> None:
-        unknown = sorted(set(given) - set(OPTION_NAMES))
+    def __init__(
+        self,
+        given: Mapping[str, Any],
+        label: Callable[[str], str],
+        allowed: tuple[str, ...] = OPTION_NAMES,
+    ) -> None:
+        unknown = sorted(set(given) - set(allowed))
         if unknown:
-            hint = suggest(unknown[0], OPTION_NAMES)
+            hint = suggest(unknown[0], allowed)
             raise TypeError(
                 f"Unknown idempotency option(s): {', '.join(unknown)}.{hint} "
-                f"Valid options are: {', '.join(OPTION_NAMES)}."
+                f"Valid options are: {', '.join(allowed)}."
             )
         self._label = label
         self._given = {name: value for name, value in given.items() if value is not None}
@@ -87,9 +101,10 @@ class ViewOptions:
         return dict(self._given)
 
     @property
-    def atomic(self) -> bool | None:
-        """The view's own mode, or None when it follows the ``ATOMIC`` setting."""
-        return self._clean.get("atomic")
+    def atomic(self) -> bool:
+        """The mode: the view's own, or the ``ATOMIC`` setting's, read now."""
+        atomic: bool | None = self._clean.get("atomic")
+        return idempotency_settings.atomic if atomic is None else atomic
 
     def deferred_imports(self) -> Iterator[tuple[str, Setting, str]]:
         """``(label, setting, dotted path)`` of each option imported at first use."""
@@ -129,13 +144,46 @@ def all_deferred_imports() -> list[tuple[str, Setting, str]]:
     return sorted(found, key=lambda item: (item[0], item[2]))
 
 
-def check_options(options: Mapping[str, Any], view: Any = None) -> ViewOptions:
+def check_options(options: Mapping[str, Any], view: Any = None) -> DeclaredOptions:
     """Validate ``@idempotent`` keyword arguments when the view is decorated."""
     where = "" if view is None else f" on {view.__module__}.{view.__qualname__}"
-    return ViewOptions(options, lambda name: f"@idempotent({name}=...){where}")
+    return DeclaredOptions(options, lambda name: f"@idempotent({name}=...){where}")
 
 
-def resolve_options(overrides: Mapping[str, Any] | ViewOptions) -> Options:
-    if not isinstance(overrides, ViewOptions):
-        overrides = check_options(overrides)
-    return overrides.resolve()
+class NonAtomicRequests(Set[str]):
+    """A view's ``_non_atomic_requests``: every database in lease mode, none in atomic mode.
+
+    Lease mode must commit its claim before the view runs, which a
+    request-wide transaction (``ATOMIC_REQUESTS``) would prevent. Django
+    asks ``alias in view._non_atomic_requests`` at each request, so the
+    mode is read then, not when the view module is imported: a bad
+    ``IDEMPOTENCY`` setting is reported by the system checks rather than
+    by a traceback while the URLconf is imported.
+    """
+
+    def __init__(self, options: DeclaredOptions, also: Set[str] = frozenset()) -> None:
+        self._options = options
+        #: What the view was already marked with (``transaction.non_atomic_requests``).
+        self._also = frozenset(also)
+
+    def _aliases(self) -> frozenset[str]:
+        if self._options.atomic:
+            return self._also
+        return frozenset(settings.DATABASES)
+
+    def __contains__(self, alias: object) -> bool:
+        return alias in self._aliases()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._aliases())
+
+    def __len__(self) -> int:
+        return len(self._aliases())
+
+    @classmethod
+    def _from_iterable(cls, aliases: Any) -> frozenset[str]:
+        # What set operations (``|``, ``-``) build: a plain set, decided now.
+        return frozenset(aliases)
+
+    def __repr__(self) -> str:
+        return f"NonAtomicRequests({set(self._aliases())!r})"

@@ -8,12 +8,11 @@ never hand one client another's session.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
 from django.http import HttpResponse, HttpResponseBase
 
 from django_idempotency.exceptions import IdempotencyError
-from django_idempotency.models import IdempotencyKey
+from django_idempotency.store import StoredResponse
 
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 # Transient answers a client is expected to retry: never stored.
@@ -40,15 +39,6 @@ BODY_HEADERS = frozenset(
 )
 # Set by discard() on a response that stands for a failed handler.
 _DISCARDED = "_idempotency_discarded"
-
-
-@dataclass(frozen=True)
-class StoredResponse:
-    status_code: int
-    headers: list[list[str]]
-    # None: too large or streaming, replayed without a body. A memoryview
-    # when read back through psycopg2.
-    body: bytes | memoryview | None
 
 
 def discard(response: HttpResponseBase) -> HttpResponseBase:
@@ -85,25 +75,13 @@ def capture(
     return StoredResponse(response.status_code, headers, body)
 
 
-def replay(record: IdempotencyKey, replay_header: str) -> HttpResponse:
-    return _build(record.status_code, record.response_headers, record.response_body, replay_header)
-
-
-def replay_stored(stored: StoredResponse, replay_header: str) -> HttpResponse:
-    """A replay of a response kept outside the database (the replay cache)."""
-    return _build(stored.status_code, stored.headers, stored.body, replay_header)
-
-
-def _build(
-    status_code: int | None,
-    headers: list[list[str]] | None,
-    body: bytes | memoryview | None,
-    replay_header: str,
-) -> HttpResponse:
+def replay(stored: StoredResponse, replay_header: str) -> HttpResponse:
+    """The stored response again: its status, its allowlisted headers, its body, marked replayed."""
+    body = stored.body
     # bytes() of bytes is the same object; psycopg2's memoryview is copied once.
-    response = HttpResponse(b"" if body is None else bytes(body), status=status_code)
+    response = HttpResponse(b"" if body is None else bytes(body), status=stored.status_code)
     del response["Content-Type"]  # only what was stored goes back out
-    for name, value in headers or []:
+    for name, value in stored.headers:
         if body is None and name.lower() in BODY_HEADERS:
             continue  # no body to describe, see docs/http.rst
         response[name] = value

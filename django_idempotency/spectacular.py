@@ -28,7 +28,7 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from django_idempotency.conf import idempotency_settings, to_timedelta
 from django_idempotency.drf import IdempotentMixin
-from django_idempotency.options import ViewOptions
+from django_idempotency.options import DeclaredOptions
 from django_idempotency.responses import TRANSIENT_STATUSES
 
 ERROR_COMPONENT = "IdempotencyError"
@@ -85,7 +85,7 @@ def decorator_options(handler: Any) -> dict[str, Any] | None:
     """The options ``@idempotent`` was given, if ``handler`` runs a decorated view."""
     for candidate in _candidates(handler):
         options = getattr(candidate, "idempotency_options", None)
-        if isinstance(options, ViewOptions):
+        if isinstance(options, DeclaredOptions):
             return options.given
     return None
 

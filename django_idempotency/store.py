@@ -11,19 +11,19 @@ itself, never by a sleep loop here.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, IntegrityError, OperationalError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 from django.db.models import Field
+from django.db.models.expressions import Col
 
 from django_idempotency.info import IdempotencyInfo
 from django_idempotency.models import IdempotencyKey
@@ -75,6 +75,37 @@ class Retry(OperationalError):
 
 
 @dataclass(frozen=True)
+class StoredResponse:
+    """What is kept of an answer: a response's status, headers and body, or a value as JSON."""
+
+    status_code: int
+    headers: list[list[str]]
+    #: ``None``: too large or streaming, replayed without a body. A
+    #: memoryview when read back through psycopg2.
+    body: bytes | memoryview | None
+
+
+@dataclass(frozen=True)
+class Record:
+    """A live record that another request claimed: what a duplicate is answered from."""
+
+    id: int
+    fingerprint: str
+    completed: bool
+    #: The stored answer of a completed record, else ``None``.
+    response: StoredResponse | None
+    owner_token: str
+    locked_until: datetime | None
+    created_at: datetime
+    expires_at: datetime
+
+    @property
+    def held_until(self) -> datetime:
+        """Until when an in-progress record is its owner's (its lease)."""
+        return self.locked_until or self.expires_at
+
+
+@dataclass(frozen=True)
 class Claim:
     """What :func:`claim` found: the key is now this request's, or another's record stands.
 
@@ -83,7 +114,7 @@ class Claim:
     """
 
     record_id: int
-    existing: IdempotencyKey | None = None
+    existing: Record | None = None
 
 
 @dataclass(frozen=True)
@@ -161,7 +192,7 @@ def prepare_connection(using: str, wait: float) -> None:
     so the busy timeout must already be right when ``atomic()`` opens. It is
     changed only when ``wait`` differs from the connection's ``timeout``
     option (with the defaults, 5 s both, never), and put back as soon as the
-    claim is over (:func:`claim` and :func:`claim_failed` do), so the view's
+    claim is over (:func:`claiming` and :func:`claim` do), so the view's
     own statements wait as long as the connection was configured to.
     """
     connection = connections[using]
@@ -266,41 +297,56 @@ def _claim(connection: BaseDatabaseWrapper, new: NewClaim, wait: float) -> Claim
         if claimed is None:
             # We waited for an original that committed after this
             # statement's snapshot was taken: read it now.
-            claimed = _read(connection.alias, new)
+            claimed = _read(connection, new.scope, new.key)
     elif connection.vendor == "mysql":
         claimed = _claim_mysql(connection, new, wait)
     else:
         claimed = _claim_upsert(connection, new)
         if claimed is None:
-            claimed = _read(connection.alias, new)
+            claimed = _read(connection, new.scope, new.key)
     if isinstance(claimed, int):
         return Claim(claimed)
     if claimed is None or claimed.expires_at <= new.created_at:
         # Gone, or seen as it was before another request took it over.
         return None
-    return Claim(claimed.pk, claimed)
+    return Claim(claimed.id, claimed)
 
 
-def claim_failed(using: str, exc: DatabaseError) -> NoReturn:
-    """Raise what a database error met while claiming means, as :func:`claim` does.
+def lookup(using: str, scope: str, key: str) -> Record | None:
+    """The committed record of (scope, key), read without a transaction or a lock.
 
-    For errors raised outside :func:`claim` itself, such as SQLite's
-    ``BEGIN IMMEDIATE`` finding the database locked; the connection gets its
-    own wait back, as after a claim.
+    A completed record changes only when it expires, so one that is still
+    live is the answer a claim would find too; anything else (no record, an
+    expired one, one in progress) is for :func:`claim` to decide.
     """
-    _restore_wait(connections[using])
+    connection = connections[using]
     with explained(using):
-        raise exc
+        return _read(connection, scope, key)
+
+
+@contextmanager
+def claiming(using: str, wait: float) -> Iterator[None]:
+    """Around a claim and the transaction it opens: bound the wait, explain the errors.
+
+    SQLite waits at ``BEGIN IMMEDIATE``, before :func:`claim` runs, so its
+    busy timeout is set first (:func:`prepare_connection`) and put back as
+    soon as the block ends; an error at ``BEGIN`` means what it would mean
+    in the claim (:func:`explained`).
+    """
+    prepare_connection(using, wait)
+    try:
+        with explained(using):
+            yield
+    finally:
+        _restore_wait(connections[using])
 
 
 def complete(
     using: str,
     record_id: int,
+    response: StoredResponse,
     *,
     owner_token: str | None,
-    status_code: int,
-    headers: list[list[str]],
-    body: bytes | memoryview | None,
     expires_at: datetime | None,
 ) -> bool:
     """Store the response; ``False`` if the claim is no longer ours (lease lost).
@@ -320,9 +366,9 @@ def complete(
     # without building and compiling an ORM query per request.
     params: list[Any] = [
         _STATE_COMPLETED,
-        status_code,
-        _HEADERS_FIELD.get_db_prep_save(headers, connection),
-        _BODY_FIELD.get_db_prep_save(body, connection),
+        response.status_code,
+        _HEADERS_FIELD.get_db_prep_save(response.headers, connection),
+        _BODY_FIELD.get_db_prep_save(response.body, connection),
     ]
     if expires_at is not None:
         params.append(connection.ops.adapt_datetimefield_value(expires_at))
@@ -483,7 +529,7 @@ def _takeover_assignments(connection: BaseDatabaseWrapper, *, from_excluded: boo
     return ", ".join(values + [f"{quote(columns[f])} = NULL" for f in _RESPONSE_FIELDS])
 
 
-#: What the PostgreSQL claim returns about a live record, in this order.
+#: What the claim and the reads return about a live record, in this order.
 _RECORD_COLUMNS = [
     "id",
     "fingerprint",
@@ -498,9 +544,66 @@ _RECORD_COLUMNS = [
 ]
 
 
+def _record(connection: BaseDatabaseWrapper, row: Any) -> Record:
+    """A row of ``_RECORD_COLUMNS`` as the ORM would convert it, without building a model."""
+    values = [
+        _convert(value, column, connection)
+        for value, column in zip(row, _record_expressions(connection), strict=True)
+    ]
+    (pk, fingerprint, state, status_code, headers, body, token, locked, created, expires) = values
+    completed = state == _STATE_COMPLETED
+    response = StoredResponse(status_code or 200, headers or [], body) if completed else None
+    return Record(
+        id=int(pk),
+        fingerprint=fingerprint,
+        completed=completed,
+        response=response,
+        owner_token=token,
+        locked_until=locked,
+        created_at=created,
+        expires_at=expires,
+    )
+
+
+_EXPRESSIONS: dict[str, list[tuple[Col, list[Any]]]] = {}
+
+
+def _record_expressions(connection: BaseDatabaseWrapper) -> list[tuple[Col, list[Any]]]:
+    """Each record column with the converters the ORM applies to it on this backend."""
+    found = _EXPRESSIONS.get(connection.vendor)
+    if found is None:
+        found = []
+        for name in _RECORD_COLUMNS:
+            field = IdempotencyKey._meta.get_field(name)
+            assert isinstance(field, Field)
+            column = Col(IdempotencyKey._meta.db_table, field)
+            converters = connection.ops.get_db_converters(column)
+            converters += field.get_db_converters(connection)
+            found.append((column, converters))
+        _EXPRESSIONS[connection.vendor] = found
+    return found
+
+
+def _convert(value: Any, column: tuple[Col, list[Any]], connection: BaseDatabaseWrapper) -> Any:
+    expression, converters = column
+    for converter in converters:
+        value = converter(value, expression, connection)
+    return value
+
+
+def _record_select_sql(connection: BaseDatabaseWrapper, *, lock: str = "") -> str:
+    quote = connection.ops.quote_name
+    columns = _columns()
+    return (
+        f"SELECT {', '.join(quote(columns[name]) for name in _RECORD_COLUMNS)} "
+        f"FROM {quote(IdempotencyKey._meta.db_table)} "
+        f"WHERE {quote(columns['scope'])} = %s AND {quote(columns['key'])} = %s{lock}"
+    )
+
+
 def _claim_postgresql(
     connection: BaseDatabaseWrapper, new: NewClaim, wait: float
-) -> int | IdempotencyKey | None:
+) -> int | Record | None:
     """Claim, take over an expired record, or read the live one, in one statement.
 
     ``INSERT ... ON CONFLICT DO NOTHING`` waits for an uncommitted original
@@ -521,17 +624,12 @@ def _claim_postgresql(
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
-    mine, values = row[0], list(row[1:-1])
+    mine, values = row[0], row[1:-1]
     if mine is None:
         return None
     if mine:
         return int(values[0])
-    headers_at = _RECORD_COLUMNS.index("response_headers")
-    if isinstance(values[headers_at], str):  # jsonb arrives as text for JSONField to decode
-        values[headers_at] = json.loads(values[headers_at])
-    found = IdempotencyKey.from_db(connection.alias, _RECORD_COLUMNS, values)
-    found.scope, found.key = new.scope, new.key
-    return found
+    return _record(connection, values)
 
 
 def _postgresql_claim_params(
@@ -582,8 +680,12 @@ def _postgresql_claim_sql(connection: BaseDatabaseWrapper) -> str:
     )
 
 
-def _read(using: str, new: NewClaim) -> IdempotencyKey | None:
-    return IdempotencyKey.objects.using(using).filter(scope=new.scope, key=new.key).first()
+def _read(connection: BaseDatabaseWrapper, scope: str, key: str) -> Record | None:
+    sql = _sql(connection, "read", _record_select_sql)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [scope, key])
+        row = cursor.fetchone()
+    return None if row is None else _record(connection, row)
 
 
 def _mysql_wait_prefix(connection: BaseDatabaseWrapper, wait: float) -> str:
@@ -601,7 +703,7 @@ def _mysql_wait_prefix(connection: BaseDatabaseWrapper, wait: float) -> str:
 
 def _claim_mysql(
     connection: BaseDatabaseWrapper, new: NewClaim, wait: float
-) -> int | IdempotencyKey | None:
+) -> int | Record | None:
     """MySQL/MariaDB: insert; on a duplicate, read under a shared lock.
 
     A failed INSERT rolls back only itself in InnoDB, so no savepoint is
@@ -620,18 +722,17 @@ def _claim_mysql(
         except IntegrityError as exc:
             if exc.__cause__ is None or exc.__cause__.args[0] != _ER_DUP_ENTRY:
                 raise
-    # A raw query, for the per-statement wait; the ORM still converts the row.
-    found = list(
-        IdempotencyKey.objects.db_manager(connection.alias).raw(
-            prefix + _sql(connection, "read", _mysql_read_sql), [new.scope, new.key]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            prefix + _sql(connection, "shared read", _mysql_read_sql), [new.scope, new.key]
         )
-    )
-    if not found:
+        row = cursor.fetchone()
+    if row is None:
         return None
-    record = found[0]
+    record = _record(connection, row)
     if record.expires_at > new.created_at:
         return record
-    return _take_over_mysql(connection, record.pk, new, prefix)
+    return _take_over_mysql(connection, record.id, new, prefix)
 
 
 def _mysql_insert_sql(connection: BaseDatabaseWrapper) -> str:
@@ -644,13 +745,7 @@ def _mysql_insert_sql(connection: BaseDatabaseWrapper) -> str:
 
 
 def _mysql_read_sql(connection: BaseDatabaseWrapper) -> str:
-    quote = connection.ops.quote_name
-    columns = _columns()
-    return (
-        f"SELECT * FROM {quote(IdempotencyKey._meta.db_table)} "
-        f"WHERE {quote(columns['scope'])} = %s AND {quote(columns['key'])} = %s "
-        "LOCK IN SHARE MODE"
-    )
+    return _record_select_sql(connection, lock=" LOCK IN SHARE MODE")
 
 
 def _take_over_mysql(

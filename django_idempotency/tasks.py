@@ -10,16 +10,19 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any, TypeVar, overload
 
 from celery import current_task, shared_task
 from celery.app.task import Task
+from celery.exceptions import Ignore
 from celery.local import Proxy
 
-from django_idempotency import task_protocol
+from django_idempotency import functions
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.exceptions import TaskInFlight
+from django_idempotency.engine import Ending, plain_ending
+from django_idempotency.exceptions import TaskArgumentsMismatch, TaskInFlight
 from django_idempotency.purge import DEFAULT_BATCH_SIZE, purge_expired
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -35,6 +38,26 @@ def purge_expired_keys(batch_size: int = DEFAULT_BATCH_SIZE, database: str | Non
     once. Idempotent tasks' records share the table and go with the rest.
     """
     return purge_expired(using=database, batch_size=batch_size)
+
+
+def _ending(exc: BaseException) -> Ending:
+    """Celery's ``Ignore`` (and ``self.replace()``, which raises it) ends a body on purpose.
+
+    The body finished what it meant to do: its writes commit and the key is
+    completed, so a redelivery does not do it again. ``self.retry()`` and
+    ``Reject`` are failures: the body runs again when the message comes back.
+    """
+    return Ending.COMPLETED if isinstance(exc, Ignore) else plain_ending(exc)
+
+
+#: A task's value is kept as a function's is; its errors are Celery's to retry.
+TASK_VALUES = replace(
+    functions.VALUES,
+    in_flight=lambda retry_after: TaskInFlight(retry_after=retry_after),
+    mismatch=TaskArgumentsMismatch,
+    database_busy=lambda: TaskInFlight(retry_after=1),
+    ending=_ending,
+)
 
 
 @overload
@@ -82,7 +105,7 @@ def idempotent_task(
         raise TypeError(
             f"idempotent_task(key=...) must be a callable of the task's arguments, not {key!r}."
         )
-    options = task_protocol.TaskOptions.build(atomic=atomic, ttl=ttl, wait=wait, lease=lease)
+    options = functions.declare("idempotent_task", atomic=atomic, ttl=ttl, wait=wait, lease=lease)
 
     def decorate(function: F) -> F:
         if issubclass(type(function), (Task, Proxy)):
@@ -106,20 +129,21 @@ def idempotent_task(
                     return function(*args, **kwargs)
                 task_key = str(task.request.id)
             else:
-                task_key = task_protocol.task_key(key(*own_args, **kwargs), task.name)
+                task_key = functions.checked_key(key(*own_args, **kwargs), f"task {task.name!r}")
 
             def run(info: Any) -> Any:
                 task.request.idempotency = info
                 return function(*args, **kwargs)
 
             try:
-                return task_protocol.run_once(
-                    task_name=task.name,
+                return functions.run_once(
+                    scope=task.name,
                     key=task_key,
-                    args=(),
-                    kwargs=_by_name(function, args, kwargs, with_task),
+                    arguments=functions.by_name(function, args, kwargs, skip_first=with_task),
                     body=run,
                     options=options,
+                    sender=function,
+                    kind=TASK_VALUES,
                 )
             except TaskInFlight as exc:
                 # Never run alongside the original: come back once it is done.
@@ -132,26 +156,6 @@ def idempotent_task(
     if func is not None:
         return decorate(func)
     return decorate
-
-
-def _by_name(
-    function: Callable[..., Any], args: Any, kwargs: Any, with_task: bool
-) -> dict[str, Any]:
-    """The arguments by parameter name, defaults filled in, the bound task left out.
-
-    So ``charge(7)``, ``charge(order_id=7)`` and ``charge(7, retries=3)``
-    with ``retries=3`` the default are the same work.
-    """
-    try:
-        call = inspect.signature(function).bind(*args, **kwargs)
-    except TypeError:
-        # The call itself is wrong; the body will say so when it runs.
-        return {"args": list(args), "kwargs": kwargs}
-    call.apply_defaults()
-    arguments = dict(call.arguments)
-    if with_task:
-        arguments.pop(next(iter(arguments)))
-    return arguments
 
 
 def _running_task(body: Callable[..., Any]) -> Any:

@@ -81,22 +81,20 @@ for url in ("/create/", "/create-async/", "/plain/"):
     )
     assert retry["Idempotent-Replayed"] == "true", url
 
-# The task protocol needs no Celery either (only django_idempotency.tasks does).
-from django_idempotency.task_protocol import TaskOptions, run_once  # noqa: E402
+# Functions need no Celery either (only django_idempotency.tasks does).
+from django_idempotency import idempotent_function  # noqa: E402
 
 runs = []
-values = [
-    run_once(
-        task_name="smoke.task",
-        key="k",
-        args=(1,),
-        kwargs={},
-        body=lambda info: runs.append(info.key) or {"runs": len(runs)},
-        options=TaskOptions(),
-    )
-    for _ in range(2)
-]
-assert values == [{"runs": 1}, {"runs": 1}] and runs == ["k"], (values, runs)
+
+
+@idempotent_function(key=lambda n: f"k-{n}")
+def smoke(n: int) -> dict:
+    runs.append(n)
+    return {"runs": len(runs)}
+
+
+values = [smoke(1) for _ in range(2)]
+assert values == [{"runs": 1}, {"runs": 1}] and runs == [1], (values, runs)
 for module in ("rest_framework", "celery", "drf_spectacular", "opentelemetry"):
     assert module not in sys.modules, f"{module} was imported"
 print("base: django-idempotency works with Django alone")

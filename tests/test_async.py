@@ -185,7 +185,7 @@ class DecoratorTests:
 
     def test_async_lease_views_stay_out_of_atomic_requests(self) -> None:
         assert async_views.create_order_lease._non_atomic_requests  # type: ignore[attr-defined]
-        assert not hasattr(async_views.create_order, "_non_atomic_requests")
+        assert "default" not in async_views.create_order._non_atomic_requests  # type: ignore[attr-defined]
 
     def test_as_view_of_an_async_class_based_view_gets_an_async_wrapper(self) -> None:
         class Whole(View):

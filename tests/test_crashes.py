@@ -175,9 +175,11 @@ def test_kill_in_lease_handler_is_taken_over_after_the_lease(
     assert bytes(record.response_body) == takeover.content
 
     # The dead owner's token can neither overwrite nor delete the new record.
-    stale: dict[str, Any] = {"status_code": 500, "headers": [], "body": b"stale"}
-    stale["expires_at"] = timezone.now() + timedelta(days=9)
-    assert not store.complete("default", held.pk, owner_token=held.owner_token, **stale)
+    stale = store.StoredResponse(500, [], b"stale")
+    expires_at = timezone.now() + timedelta(days=9)
+    assert not store.complete(
+        "default", held.pk, stale, owner_token=held.owner_token, expires_at=expires_at
+    )
     assert not store.release("default", held.pk, held.owner_token)
     assert bytes(IdempotencyKey.objects.get().response_body) == takeover.content
 

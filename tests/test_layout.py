@@ -77,17 +77,18 @@ def test_the_cycle_finder_finds_a_cycle():
     assert cycle_in(graph) == ["a", "b", "c", "a"]
 
 
-def test_rest_framework_is_named_only_by_its_integrations_and_two_lazy_checks():
+def test_rest_framework_is_named_only_by_its_integrations_and_the_apps_wiring():
     # DRF is an optional extra: the rest of the package must import without
-    # it. The decorator and the middleware only ask whether a request or a
-    # view is DRF's, importing nothing.
+    # it. The app config imports the DRF integration when DRF is installed,
+    # so that it registers what it knows (how DRF requests are answered);
+    # the middleware only asks whether a view is DRF's, importing nothing.
     naming = {
         module_name(path) for path in PACKAGE.rglob("*.py") if "rest_framework" in path.read_text()
     }
 
     assert naming <= {
+        "django_idempotency.apps",
         "django_idempotency.drf",
-        "django_idempotency.decorators",
         "django_idempotency.middleware",
         "django_idempotency.spectacular",
     }

@@ -245,14 +245,18 @@ class TakeoverTests:
         stale = expired_lease(user)
         first = post(api, LEASE_ORDERS)
         completed = IdempotencyKey.objects.get()
-        kwargs = {
-            "owner_token": stale.owner_token,
-            "status_code": 500,
-            "headers": [],
-            "body": b"stale",
-            "expires_at": timezone.now() + timedelta(days=9),
-        }
-        assert store.complete("default", stale.pk, **kwargs) is False
+        stale_response = store.StoredResponse(500, [], b"stale")
+        expires_at = timezone.now() + timedelta(days=9)
+        assert (
+            store.complete(
+                "default",
+                stale.pk,
+                stale_response,
+                owner_token=stale.owner_token,
+                expires_at=expires_at,
+            )
+            is False
+        )
         assert store.release("default", stale.pk, stale.owner_token) is False
         after = IdempotencyKey.objects.get()
         assert (after.state, after.status_code, bytes(after.response_body)) == (
@@ -273,10 +277,8 @@ class TakeoverTests:
         assert not store.complete(
             "default",
             stale.pk,
+            store.StoredResponse(200, [], b"stale"),
             owner_token=stale.owner_token,
-            status_code=200,
-            headers=[],
-            body=b"stale",
             expires_at=timezone.now() + timedelta(days=1),
         )
         assert not store.release("default", stale.pk, stale.owner_token)

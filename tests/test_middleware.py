@@ -255,9 +255,9 @@ class OwnTransactionsTests:
             return HttpResponse()
 
         view._non_atomic_requests = {"other"}  # type: ignore[attr-defined]
-        assert "atomic" not in _options_for(view)
+        assert "atomic" not in _options_for(view).given
         view._non_atomic_requests = {"default"}  # type: ignore[attr-defined]
-        assert _options_for(view)["atomic"] is False
+        assert _options_for(view).given["atomic"] is False
 
 
 @pytest.mark.usefixtures("installed")

@@ -19,7 +19,7 @@ from django.db import connection, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import RequestFactory
 
-from django_idempotency import idempotent, store, task_protocol
+from django_idempotency import functions, idempotent, store
 from django_idempotency.exceptions import TaskInFlight
 from django_idempotency.models import IdempotencyKey
 from tests.databases import claims_waiting, lock_timeout, new_claim
@@ -313,11 +313,11 @@ def record_gone_for(monkeypatch: pytest.MonkeyPatch, looks: int) -> None:
     def upsert(connection: object, new: store.NewClaim) -> int | None:
         return None if left[0] else real_upsert(connection, new)  # type: ignore[arg-type]
 
-    def read(using: str, new: store.NewClaim) -> IdempotencyKey | None:
+    def read(connection: object, scope: str, key: str) -> store.Record | None:
         if left[0]:
             left[0] -= 1
             return None
-        return real_read(using, new)
+        return real_read(connection, scope, key)  # type: ignore[arg-type]
 
     monkeypatch.setattr(store, "_claim_upsert", upsert)
     monkeypatch.setattr(store, "_read", read)
@@ -352,13 +352,16 @@ class ClaimRetryTests:
     @pytest.mark.parametrize("atomic", [True, False])
     def test_a_task_claim_has_the_same_budget(self, monkeypatch, atomic):
         def run() -> object:
-            return task_protocol.run_once(
-                task_name="tests.charge",
+            from django_idempotency.tasks import TASK_VALUES
+
+            return functions.run_once(
+                scope="tests.charge",
                 key="k",
-                args=[],
-                kwargs={},
+                arguments={},
                 body=lambda info: "charged",
-                options=task_protocol.TaskOptions(atomic=atomic),
+                options=functions.declare("tests.charge", atomic=atomic),
+                sender=None,
+                kind=TASK_VALUES,
             )
 
         record_gone_for(monkeypatch, store.CLAIM_ATTEMPTS)

@@ -298,15 +298,17 @@ def _gated_claim(using: str, new: store.NewClaim, wait: float) -> Any:
     return result
 
 
-def _gated_complete(using: str, record_id: int, **kwargs: Any) -> bool:
+def _gated_complete(
+    using: str, record_id: int, response: store.StoredResponse, **kwargs: Any
+) -> bool:
     actor = _current()
     if not isinstance(actor, Actor):
-        return _real["complete"](using, record_id, **kwargs)
+        return _real["complete"](using, record_id, response, **kwargs)
     actor.gate("store")
-    if actor.refuse_body and kwargs["body"]:
+    if actor.refuse_body and response.body:
         # As MySQL refuses a packet over max_allowed_packet: the statement fails.
         raise DataError("The database refused the response body (explorer fault).")
-    completed = _real["complete"](using, record_id, **kwargs)
+    completed = _real["complete"](using, record_id, response, **kwargs)
     if completed and kwargs["expires_at"] is not None:
         actor.completed_expires = kwargs["expires_at"]
     if kwargs["owner_token"] is None:

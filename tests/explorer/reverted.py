@@ -49,28 +49,29 @@ REVERSIONS = {
     ),
     "lease-dead-connection": Reversion(
         "lease mode ends its lease only on the connection that died",
-        "django_idempotency/lease_mode.py",
-        "            if self._shares_the_request_transaction():\n                raise\n"
-        "        with self._statements(fresh=True):\n            return step()\n",
+        "django_idempotency/lease_connection.py",
+        "            if self.shares_request_transaction():\n                raise\n"
+        "        with self.statements(fresh=True):\n            return step()\n",
         "            raise\n",
     ),
     "lease-in-transaction": Reversion(
         "lease mode refuses to run inside the request's transaction",
-        "django_idempotency/lease_mode.py",
-        "        self.own_connection = lease_connection.needs_own_connection(self.using)\n",
+        "django_idempotency/lease_connection.py",
+        "        return cls(using, needs_own_connection(using))\n",
         "        from django.core.exceptions import ImproperlyConfigured\n\n"
-        "        if lease_connection.needs_own_connection(self.using):\n"
-        "            raise ImproperlyConfigured('Lease mode inside a transaction')\n",
+        "        if needs_own_connection(using):\n"
+        "            raise ImproperlyConfigured('Lease mode inside a transaction')\n"
+        "        return cls(using, False)\n",
     ),
     "release-after-effect": Reversion(
         "lease mode gives the key back when storing a successful response fails",
-        "django_idempotency/lease_mode.py",
-        "            if self._shares_the_request_transaction():\n"
-        "                raise  # which can no longer commit: the claim goes with it\n"
-        "            if not stored.body:\n",
-        "            self._release(record_id)\n"
-        "            raise\n"
-        "            if not stored.body:\n",
+        "django_idempotency/engine.py",
+        "        outcome = self._complete_or_without_body(complete, stored, lease)\n",
+        "        try:\n"
+        "            outcome = complete(stored), stored\n"
+        "        except Exception:\n"
+        "            self._release(lease, record_id, token)\n"
+        "            raise\n",
     ),
 }
 

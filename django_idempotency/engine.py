@@ -1,0 +1,481 @@
+"""The engine: run a body at most once per (scope, key), whoever asks.
+
+Views (sync and async, the DRF mixin, the middleware), functions and Celery
+tasks all come here. An adapter says three things in a :class:`Kind`: how
+a result is stored and given back, which errors its callers expect, and
+which of its framework's exceptions mean "done on purpose". Everything else
+is decided once, here: the claim, the answer to a duplicate, and what
+happens when the body ends (the table in docs/concepts.rst, "How a handler
+ends"). Statements live in :mod:`django_idempotency.store`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any, TypeVar
+
+from asgiref.sync import async_to_sync, sync_to_async
+from django.db import Error, connections, transaction
+from django.dispatch import Signal
+from django.utils import timezone
+
+from django_idempotency import lease_cleanup, observability, replay_cache, signals, store
+from django_idempotency.conf import idempotency_settings
+from django_idempotency.exceptions import IdempotencyError
+from django_idempotency.info import IdempotencyInfo
+from django_idempotency.keys import mask_key
+from django_idempotency.lease_connection import LeaseConnection
+from django_idempotency.options import Options
+from django_idempotency.store import StoredResponse
+
+logger = logging.getLogger("django_idempotency.core")
+
+T = TypeVar("T")
+
+
+class Ending(enum.Enum):
+    """How a body that raised ended, as far as the key is concerned."""
+
+    #: An error: in atomic mode everything rolled back; in lease mode the
+    #: claim is given back for a retry.
+    FAILED = "failed"
+    #: Cancelled, interrupted or exited: the body may still be acting, or
+    #: may have acted, so a lease is never given back for it.
+    UNKNOWN = "unknown"
+    #: The framework's word that the body finished on purpose without a
+    #: value (Celery's ``Ignore``): it completed, and its writes commit.
+    COMPLETED = "completed"
+
+
+def plain_ending(exc: BaseException) -> Ending:
+    """An ``Exception`` is a failure; anything else (``CancelledError``, ``SystemExit``) unknown."""
+    return Ending.FAILED if isinstance(exc, Exception) else Ending.UNKNOWN
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What one kind of adapter (views, functions, tasks) tells the engine."""
+
+    #: The result as it is stored, or ``None`` when the contract does not
+    #: store it (a 5xx response): then nothing is kept, as after a failure.
+    encode: Callable[[Any], StoredResponse | None]
+    #: What a duplicate gets from a stored result.
+    decode: Callable[[StoredResponse], Any]
+    #: The errors a duplicate meets: the original still runs (with the
+    #: seconds to wait), or the key was used for other work.
+    in_flight: Callable[[float], IdempotencyError]
+    mismatch: Callable[[], IdempotencyError]
+    #: SQLite's one write lock held past ``WAIT`` by a request for any key.
+    database_busy: Callable[[], IdempotencyError]
+    ending: Callable[[BaseException], Ending] = plain_ending
+    #: What the first call returns: its own result (a view's response), or
+    #: what a duplicate would get (a function's JSON value).
+    fresh: Callable[[Any, StoredResponse], Any] = lambda result, stored: result
+
+
+@dataclass
+class Call:
+    """One protected call on its way through the engine."""
+
+    info: IdempotencyInfo
+    options: Options
+    kind: Kind
+    #: Who is protected, for signals and logs: the view, task or function.
+    sender: Any
+    #: Sent with the signals: the request, or ``None`` for tasks and functions.
+    request: Any = None
+    using: str = field(default_factory=lambda: idempotency_settings.database)
+    started: float = field(default_factory=time.monotonic, init=False)
+
+    def run(self, body: Callable[[], T]) -> T:
+        """Run ``body`` unless its key is already done; return its result or the stored one."""
+        cache_alias = idempotency_settings.replay_cache
+        if cache_alias is not None:
+            cached = replay_cache.lookup(cache_alias, self.info)
+            if cached is not None:
+                self._send(signals.response_replayed)
+                return self.kind.decode(cached)
+        if self.options.atomic:
+            # Nested in a transaction of the caller's, a deadlock loses that
+            # transaction too and the claim cannot start over.
+            in_transaction = connections[self.using].in_atomic_block
+            return store.retrying(
+                lambda: self._atomic(body), self._gave_up, in_transaction=in_transaction
+            )
+        return self._leased(body)
+
+    # Atomic mode: claim, body and stored result in one transaction.
+
+    def _atomic(self, body: Callable[[], Any]) -> Any:
+        claimed_at = timezone.now()
+        finished_by: BaseException | None = None
+        # The claim's errors are answered outside the transaction, once it
+        # has rolled back; only the store's claim raises them.
+        with self._claim_errors(), ExitStack() as block:
+            with store.claiming(self.using, self.options.wait):
+                block.enter_context(transaction.atomic(using=self.using))
+                claim = store.claim(self.using, self._new_claim(claimed_at), self.options.wait)
+            if claim.existing is not None:
+                return self._answer_duplicate(claim.existing)
+            self._send(signals.key_claimed)
+            try:
+                result = body()
+            except BaseException as exc:
+                # Anything but "done on purpose" leaves the block by raising:
+                # the claim rolls back with the body's writes.
+                if self.kind.ending(exc) is not Ending.COMPLETED:
+                    raise
+                finished_by, result = exc, None
+            stored = self.kind.encode(result)
+            if stored is None:
+                # Not stored: undo the claim with the body's writes, answer as it did.
+                transaction.set_rollback(True, using=self.using)
+                return result
+            expires_at = self._atomic_expiry(claimed_at)
+            store.complete(
+                self.using, claim.record_id, stored, owner_token=None, expires_at=expires_at
+            )
+            self._stored(stored, expires_at or claimed_at + self.options.ttl)
+        if finished_by is not None:
+            raise finished_by
+        return self.kind.fresh(result, stored)
+
+    def _atomic_expiry(self, claimed_at: datetime) -> datetime | None:
+        """The record's new expiry, or ``None`` to keep the one its claim set.
+
+        The claim set ``claimed_at + TTL``; keeping it leaves every indexed
+        column untouched, so PostgreSQL can store the result as a heap-only
+        update. That is kept only while the body took under 1% of ``TTL``:
+        a slower one (or a short ``TTL``) would otherwise commit a record
+        already expired, or soon to be, and a retry could run it again.
+        """
+        now = timezone.now()
+        if now - claimed_at < self.options.ttl / 100:
+            return None
+        return now + self.options.ttl
+
+    # Lease mode: the claim commits first, the body runs outside our transaction.
+
+    def _leased(self, body: Callable[[], Any]) -> Any:
+        lease = LeaseConnection.for_alias(self.using)
+        token = secrets.token_hex(16)
+        claim = store.retrying(lambda: self._lease_claim(lease, token), self._gave_up)
+        if claim.existing is not None:
+            return self._answer_duplicate(claim.existing)
+        record_id = claim.record_id
+        self._send(signals.key_claimed)
+        try:
+            result = body()
+        except BaseException as exc:
+            self._end_lease_on(exc, lease, record_id, token)
+            raise
+        try:
+            stored = self.kind.encode(result)
+        except Exception:
+            # A value of the wrong type (not JSON): the body has run, so the
+            # key stays claimed rather than let a retry run it again.
+            self._log(
+                logging.ERROR,
+                "The body for idempotency key %s in scope %r ran, but its result cannot "
+                "be stored. The key stays claimed, so that a retry does not repeat the "
+                "effect; retries get 409 until its lease runs out.",
+                exc_info=True,
+            )
+            raise
+        if stored is None:
+            self._release(lease, record_id, token)
+            return result
+        self._complete_lease(lease, record_id, token, stored)
+        return self.kind.fresh(result, stored)
+
+    def _lease_claim(self, lease: LeaseConnection, token: str) -> store.Claim:
+        now = timezone.now()
+        new = self._new_claim(now, token, now + self.options.lease)
+        with (
+            self._claim_errors(),
+            lease.statements(),
+            store.claiming(self.using, self.options.wait),
+            transaction.atomic(using=self.using),
+        ):
+            return store.claim(self.using, new, self.options.wait)
+
+    def _end_lease_on(
+        self, exc: BaseException, lease: LeaseConnection, record_id: int, token: str
+    ) -> None:
+        ending = self.kind.ending(exc)
+        if ending is Ending.FAILED:
+            self._release(lease, record_id, token)
+        elif ending is Ending.COMPLETED:
+            stored = self.kind.encode(None)
+            if stored is not None:
+                self._complete_lease(lease, record_id, token, stored)
+        else:
+            self._log(
+                logging.WARNING,
+                "The handler for idempotency key %s in scope %r ended with %s, which "
+                "leaves its effect unknown; the key stays claimed until its lease runs out.",
+                type(exc).__name__,
+                outcome="held",
+                waited=False,
+            )
+
+    def _complete_lease(
+        self, lease: LeaseConnection, record_id: int, token: str, stored: StoredResponse
+    ) -> None:
+        """Store a finished body's result. The body has run: the key is never released here.
+
+        On the lease's own connection the result is stored in the request's
+        transaction instead, so that it commits with the body's writes; if
+        that transaction rolls back after all, the claim is released when
+        the request finishes (see docs/decorator.rst).
+        """
+        if lease.own and lease.request_transaction_will_roll_back():
+            # The body's writes are lost with it: as for a failed body.
+            self._release(lease, record_id, token)
+            return
+        expires_at = timezone.now() + self.options.ttl
+
+        def complete(result: StoredResponse) -> bool:
+            def update() -> bool:
+                return store.complete(
+                    self.using, record_id, result, owner_token=token, expires_at=expires_at
+                )
+
+            if lease.own:
+                # The claim is committed and unlocked: the update does not wait.
+                with transaction.atomic(using=self.using):
+                    return update()
+            return lease.run(update)
+
+        outcome = self._complete_or_without_body(complete, stored, lease)
+        if lease.own:
+            lease_cleanup.release_unless_committed(
+                self.using, lambda: self._release(lease, record_id, token)
+            )
+        if outcome is None:
+            return
+        completed, stored = outcome
+        # Sent only now, with the request's connection back in place, so
+        # that a receiver's writes join the request's transaction.
+        if completed:
+            self._stored(stored, expires_at)
+            return
+        self._log(
+            logging.WARNING,
+            "Lease for idempotency key %s in scope %r ran out before the handler "
+            "finished; its result was not stored. Raise LEASE above the "
+            "longest request your server allows.",
+            outcome="lease_lost",
+            waited=False,
+        )
+
+    def _complete_or_without_body(
+        self,
+        complete: Callable[[StoredResponse], bool],
+        stored: StoredResponse,
+        lease: LeaseConnection,
+    ) -> tuple[bool, StoredResponse] | None:
+        """``complete(stored)``; without its body if the database refuses that; ``None`` if neither.
+
+        A body the database refuses (over MySQL's ``max_allowed_packet``,
+        say) is dropped as one over ``MAX_STORED_BODY`` is, and the status
+        and headers are stored alone.
+        """
+        attempts = [stored] if not stored.body else [stored, replace(stored, body=None)]
+        for attempt in attempts:
+            try:
+                return complete(attempt), attempt
+            except Error:
+                if lease.shares_request_transaction():
+                    raise  # which can no longer commit: the claim goes with it
+                if attempt is not attempts[-1]:
+                    self._log(
+                        logging.WARNING,
+                        "The response body for idempotency key %s in scope %r (%d bytes) "
+                        "could not be stored; storing its status and headers only.",
+                        len(attempt.body or b""),
+                        exc_info=True,
+                    )
+                    continue
+                self._log(
+                    logging.ERROR,
+                    "The result for idempotency key %s in scope %r could not be stored. "
+                    "The key stays claimed, so that a retry does not repeat the effect, "
+                    "and retries get 409 until its lease runs out.",
+                    exc_info=True,
+                )
+        return None
+
+    def _release(self, lease: LeaseConnection, record_id: int, token: str) -> None:
+        """Give the key back after a failed body, so that a retry can run."""
+        try:
+            released = lease.run(lambda: store.release(self.using, record_id, token))
+        except Error:
+            if lease.shares_request_transaction():
+                return  # the failed statement rolls the claim back with the request
+            # Raising would hide the body's own error or response; the
+            # lease still runs out.
+            self._log(
+                logging.ERROR,
+                "Could not release idempotency key %s in scope %r; retries get 409 "
+                "until its lease runs out.",
+                exc_info=True,
+            )
+            return
+        if released:
+            self._send(signals.claim_released)
+
+    # What both modes share: the claim, a duplicate's answer, the stored result.
+
+    def _new_claim(
+        self, now: datetime, token: str = "", locked_until: datetime | None = None
+    ) -> store.NewClaim:
+        return store.NewClaim.of(
+            self.info, now, ttl=self.options.ttl, token=token, locked_until=locked_until
+        )
+
+    @contextmanager
+    def _claim_errors(self) -> Iterator[None]:
+        """Answer what the database said while claiming: the wait ran out, or SQLite is busy."""
+        try:
+            yield
+        except store.DatabaseLocked as locked:
+            # SQLite has one write lock for the whole database: its holder
+            # may be a request for any key (docs/backends.rst, "SQLite").
+            self._send(signals.wait_timed_out)
+            self._send(signals.request_conflict)
+            self._log(
+                logging.INFO,
+                "Database busy; answering 409 to idempotency key %s in scope %r",
+                outcome="database_busy",
+            )
+            raise self.kind.database_busy() from locked
+        except store.Busy as busy:
+            self._send(signals.wait_timed_out)
+            raise self._conflict(retry_after=1) from busy
+
+    def _answer_duplicate(self, record: store.Record) -> Any:
+        if record.fingerprint != self.info.fingerprint:
+            self._send(signals.fingerprint_mismatch)
+            self._log(
+                logging.INFO,
+                "Idempotency key %s in scope %r reused with a different request",
+                outcome="mismatch",
+            )
+            raise self.kind.mismatch()
+        if record.response is not None:
+            self._send(signals.response_replayed)
+            # A replay from the database refills a cache that lost the entry.
+            self._cache_after_commit(record.response, record.expires_at)
+            return self.kind.decode(record.response)
+        # In progress: a lease-mode original still inside its lease.
+        seconds = (record.held_until - timezone.now()).total_seconds()
+        raise self._conflict(retry_after=seconds)
+
+    def _gave_up(self) -> IdempotencyError:
+        """The answer when every claim attempt had to start over: try again in a second."""
+        return self._conflict(retry_after=1)
+
+    def _conflict(self, retry_after: float) -> IdempotencyError:
+        self._send(signals.request_conflict)
+        self._log(
+            logging.INFO,
+            "Idempotency key %s in scope %r is in flight; answering 409",
+            outcome="conflict",
+        )
+        return self.kind.in_flight(retry_after)
+
+    def _stored(self, stored: StoredResponse, expires_at: datetime) -> None:
+        self._send(signals.response_stored)
+        self._cache_after_commit(stored, expires_at)
+
+    def _cache_after_commit(self, stored: StoredResponse, expires_at: datetime) -> None:
+        alias = idempotency_settings.replay_cache
+        if alias is None:
+            return
+        info = self.info
+        # Immediately when nothing is left to commit, else once the record's
+        # transaction has committed: a result that rolls back is never cached.
+        transaction.on_commit(
+            lambda: replay_cache.put(alias, info, stored, expires_at), using=self.using
+        )
+
+    def _log(
+        self,
+        level: int,
+        message: str,
+        *args: Any,
+        outcome: str | None = None,
+        waited: bool = True,
+        exc_info: bool = False,
+    ) -> None:
+        """Log about this call; ``message`` starts with its key (masked) and scope.
+
+        ``outcome`` adds the structured fields (docs/observability.rst), with
+        the time this call has waited unless ``waited`` is false.
+        """
+        extra = None
+        if outcome is not None:
+            started = self.started if waited else None
+            extra = observability.log_fields(outcome, self.sender, self.info, started)
+        logger.log(
+            level,
+            message,
+            mask_key(self.info.key),
+            self.info.scope,
+            *args,
+            extra=extra,
+            exc_info=exc_info,
+            # The caller's function and line, as when it logged itself.
+            stacklevel=2,
+        )
+
+    def _send(self, signal: Signal) -> None:
+        observability.record(signal, self.sender, self.request, self.info, self.started)
+
+
+async def run_async(run: Callable[[Callable[[], T]], T], body: Callable[[], Awaitable[T]]) -> T:
+    """``run(body)`` from async code, for a coroutine ``body``, finishing even when cancelled.
+
+    Django ties a transaction to a thread's connection, so the engine runs
+    synchronously in the thread that Django's ASGI handler keeps for this
+    request's ``thread_sensitive`` calls, and the coroutine is handed back
+    to the event loop with ``async_to_sync``: while it runs, that thread
+    serves its ``thread_sensitive`` calls (the async ORM, ``sync_to_async``)
+    on the same connection, inside the same transaction.
+
+    A cancellation (the client went away) must not stop a body that may
+    already have acted, nor make the engine treat it as a failure and give
+    the key back: the call is shielded and runs to its end, its result is
+    stored, and only then is the cancellation passed on.
+    """
+
+    async def coroutine() -> T:
+        return await body()
+
+    def call() -> T:
+        return run(async_to_sync(coroutine))
+
+    task = asyncio.ensure_future(sync_to_async(call, thread_sensitive=True)())
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        while not task.done():
+            try:
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                continue
+            except BaseException:
+                break
+        raise
+
+
+__all__ = ["Call", "Ending", "Kind", "plain_ending", "replace", "run_async"]

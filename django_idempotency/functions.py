@@ -1,0 +1,233 @@
+"""``idempotent_function``: any function's body once per key, its value given to every later call.
+
+For message consumers, webhooks handled off-request, outbox relays and
+tasks: the key comes from the function's arguments (a message id), the
+scope defaults to the function's dotted name, the fingerprint covers the
+arguments, and the stored "response" is the return value as JSON. It is
+the engine (:mod:`django_idempotency.engine`) with values instead of
+responses; :func:`django_idempotency.tasks.idempotent_task` is the same for
+Celery. See ``docs/messages.rst``.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import json
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from typing import Any, TypeVar, overload
+
+from asgiref.sync import iscoroutinefunction
+from django.core.serializers.json import DjangoJSONEncoder
+
+from django_idempotency import engine
+from django_idempotency.conf import idempotency_settings
+from django_idempotency.exceptions import ArgumentsMismatch, CallInFlight, UnstorableResult
+from django_idempotency.fields import fit_key_column
+from django_idempotency.fingerprint import canonical_json
+from django_idempotency.info import IdempotencyInfo
+from django_idempotency.options import CALL_OPTION_NAMES, DeclaredOptions
+from django_idempotency.store import StoredResponse
+
+F = TypeVar("F", bound=Callable[..., Any])
+KeyFunction = Callable[..., str]
+
+#: The stored "response" of a function: its return value as a JSON document.
+RESULT_STATUS = 200
+RESULT_HEADERS = [["Content-Type", "application/json"]]
+
+
+def _encode(value: Any) -> StoredResponse:
+    try:
+        payload = json.dumps(value, allow_nan=False, separators=(",", ":")).encode()
+    except (TypeError, ValueError) as exc:
+        raise UnstorableResult(
+            f"The function returned {type(value).__name__}, which cannot be stored as "
+            f"JSON ({exc}). Return a JSON-serialisable value (dict, list, str, number, "
+            "bool or None): later calls get the stored value back."
+        ) from exc
+    return StoredResponse(RESULT_STATUS, RESULT_HEADERS, payload)
+
+
+def _decode(stored: StoredResponse) -> Any:
+    return None if stored.body is None else json.loads(bytes(stored.body))
+
+
+#: How the engine keeps a function's value and what its callers meet.
+VALUES = engine.Kind(
+    encode=_encode,
+    decode=_decode,
+    in_flight=lambda retry_after: CallInFlight(retry_after=retry_after),
+    mismatch=ArgumentsMismatch,
+    database_busy=lambda: CallInFlight(retry_after=1),
+    # The first call gets what every later call will: the value read back.
+    fresh=lambda result, stored: _decode(stored),
+)
+
+
+def declare(where: str, **given: Any) -> DeclaredOptions:
+    """A function's or task's options, validated now by the settings table's rules."""
+    return DeclaredOptions(given, lambda name: f"{where}({name}=...)", CALL_OPTION_NAMES)
+
+
+def checked_key(value: object, owner: str) -> str:
+    """What a ``key=`` callable returned, checked; a long key is stored as its digest."""
+    if not isinstance(value, str) or not value:
+        raise TypeError(
+            f"The key function of {owner} must return a non-empty string, "
+            f"not {type(value).__name__}."
+        )
+    return fit_key_column(value)
+
+
+def arguments_fingerprint(arguments: Mapping[str, Any], owner: str) -> str:
+    """SHA-256 over the arguments, canonicalised as JSON request bodies are.
+
+    So ``charge(10)`` and ``charge(10.0)``, or keyword arguments in another
+    order, are the same work, and any change of meaning is not.
+    """
+    try:
+        document = json.dumps(dict(arguments), cls=DjangoJSONEncoder)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"The arguments of {owner} must be JSON-serialisable to be fingerprinted: {exc}"
+        ) from exc
+    canonical = canonical_json(document.encode())
+    assert canonical is not None  # it was just written as JSON
+    return hashlib.sha256(b"call:" + canonical.encode()).hexdigest()
+
+
+def by_name(
+    function: Callable[..., Any], args: Any, kwargs: Any, *, skip_first: bool = False
+) -> dict[str, Any]:
+    """The arguments by parameter name, defaults filled in, a bound task left out.
+
+    So ``charge(7)``, ``charge(order_id=7)`` and ``charge(7, retries=3)``
+    with ``retries=3`` the default are the same work.
+    """
+    try:
+        call = inspect.signature(function).bind(*args, **kwargs)
+    except TypeError:
+        # The call itself is wrong; the body will say so when it runs.
+        return {"args": list(args), "kwargs": kwargs}
+    call.apply_defaults()
+    arguments = dict(call.arguments)
+    if skip_first:
+        arguments.pop(next(iter(arguments)))
+    return arguments
+
+
+def run_once(
+    *,
+    scope: str,
+    key: str,
+    arguments: Mapping[str, Any],
+    body: Callable[[IdempotencyInfo], Any],
+    options: DeclaredOptions,
+    sender: Any,
+    kind: engine.Kind = VALUES,
+) -> Any:
+    """Run ``body`` once per (scope, key); return its value, stored or fresh.
+
+    Raises the kind's in-flight error while the original still runs after
+    ``wait`` (or inside its lease), and its mismatch error when the key was
+    used with other arguments.
+    """
+    info = IdempotencyInfo(
+        key=fit_key_column(key),
+        scope=fit_key_column(scope),
+        fingerprint=arguments_fingerprint(arguments, scope),
+    )
+    call = engine.Call(info, options.resolve(), kind, sender)
+    return call.run(lambda: body(info))
+
+
+@overload
+def idempotent_function(func: F, /) -> F: ...
+@overload
+def idempotent_function(
+    *,
+    key: KeyFunction,
+    scope: str | None = None,
+    atomic: bool = True,
+    ttl: timedelta | float | None = None,
+    wait: float | None = None,
+    lease: timedelta | float | None = None,
+) -> Callable[[F], F]: ...
+
+
+def idempotent_function(
+    func: Callable[..., Any] | None = None,
+    /,
+    *,
+    key: KeyFunction | None = None,
+    scope: str | None = None,
+    atomic: bool = True,
+    ttl: timedelta | float | None = None,
+    wait: float | None = None,
+    lease: timedelta | float | None = None,
+) -> Any:
+    """Run a function's body once per key; later calls get its first return value.
+
+    ``key`` is called with the function's own arguments and returns the key
+    (a message id, an event id). The scope defaults to the function's
+    dotted name. Atomic mode (the default) runs the body in the claim's
+    transaction, so its writes and the stored value commit together; lease
+    mode (``atomic=False``) is for bodies that call other systems. The
+    value must be JSON-serialisable; later calls get it back as JSON gives
+    it (a tuple comes back a list). A call with the same key and other
+    arguments raises :class:`~django_idempotency.exceptions.ArgumentsMismatch`;
+    one while the original still runs past ``wait``
+    :class:`~django_idempotency.exceptions.CallInFlight`. An ``async def``
+    function is protected the same way and awaited.
+    """
+    if func is not None:
+        raise TypeError("idempotent_function needs key=: @idempotent_function(key=...).")
+    if not callable(key):
+        raise TypeError(
+            "idempotent_function(key=...) must be a callable of the function's arguments "
+            f"returning its key, not {key!r}."
+        )
+    if scope is not None and (not isinstance(scope, str) or not scope):
+        raise TypeError(
+            f"idempotent_function(scope=...) must be a non-empty string, not {scope!r}."
+        )
+    options = declare("idempotent_function", atomic=atomic, ttl=ttl, wait=wait, lease=lease)
+
+    def decorate(function: F) -> F:
+        name = scope or f"{function.__module__}.{function.__qualname__}"
+
+        def call_once(args: Any, kwargs: Any, body: Callable[[IdempotencyInfo], Any]) -> Any:
+            if not idempotency_settings.enabled:
+                return body(None)  # type: ignore[arg-type]
+            return run_once(
+                scope=name,
+                key=checked_key(key(*args, **kwargs), name),
+                arguments=by_name(function, args, kwargs),
+                body=body,
+                options=options,
+                sender=function,
+            )
+
+        if iscoroutinefunction(function):
+
+            @functools.wraps(function)
+            async def protected_async(*args: Any, **kwargs: Any) -> Any:
+                async def body() -> Any:
+                    return await function(*args, **kwargs)
+
+                return await engine.run_async(
+                    lambda sync_body: call_once(args, kwargs, lambda info: sync_body()), body
+                )
+
+            return protected_async  # type: ignore[return-value]
+
+        @functools.wraps(function)
+        def protected(*args: Any, **kwargs: Any) -> Any:
+            return call_once(args, kwargs, lambda info: function(*args, **kwargs))
+
+        return protected  # type: ignore[return-value]
+
+    return decorate
