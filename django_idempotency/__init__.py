@@ -26,7 +26,7 @@ def __getattr__(name: str) -> Any:
 
         return idempotent_function
     if name == "idempotency_exempt":
-        from django_idempotency.middleware import idempotency_exempt
+        from django_idempotency.marks import idempotency_exempt
 
         return idempotency_exempt
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,7 +10,7 @@ from asgiref.sync import iscoroutinefunction
 from django.http import HttpRequest, HttpResponseBase
 
 from django_idempotency.core import guard_for
-from django_idempotency.middleware import PROTECTED_ATTRIBUTE
+from django_idempotency.marks import PROTECTED_ATTRIBUTE
 from django_idempotency.options import NonAtomicRequests, check_options
 
 ViewFunc = TypeVar("ViewFunc", bound=Callable[..., HttpResponseBase])

@@ -10,6 +10,7 @@ views go through the same core (``docs/async.rst``).
 from __future__ import annotations
 
 import difflib
+import weakref
 from functools import partial
 from typing import Any
 
@@ -23,8 +24,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from django_idempotency import exceptions as core_exceptions
+from django_idempotency.conf import idempotency_settings
 from django_idempotency.core import Guard, guard_for, render
 from django_idempotency.decorators import PLACEMENT_CHECKS
+from django_idempotency.middleware import VIEW_PROTECTORS
 from django_idempotency.options import OPTION_NAMES, DeclaredOptions, NonAtomicRequests
 
 
@@ -117,8 +120,8 @@ def refuse_above_api_view(view: Any) -> None:
     view_class = getattr(view, "cls", None) or getattr(view, "view_class", None)
     if not (isinstance(view_class, type) and issubclass(view_class, APIView)):
         return
-    name = getattr(view, "__name__", "view")
-    if view_class.__name__ == "WrappedAPIView":  # what @api_view makes
+    name = view_class.__name__  # @api_view names its class after the function
+    if "WrappedAPIView" in view_class.__qualname__:  # what @api_view makes
         fix = (
             f"Put @idempotent below @api_view, next to the function:\n\n"
             f"    @api_view([...])\n    @idempotent\n    def {name}(request): ..."
@@ -262,3 +265,103 @@ def _check_attribute_names(cls: type) -> None:
                 f"{cls.__qualname__}.{name} is not an IdempotentMixin option. {hint}"
                 f"The options are: {', '.join(_ATTRIBUTES)}."
             )
+
+
+# Which DRF handlers are protected, and with which options: one answer for
+# the middleware and the OpenAPI extension.
+
+
+def handler_options(view_class: type, handler_name: str) -> DeclaredOptions | None:
+    """How ``view_class``'s handler ``handler_name`` is protected, or ``None`` if it is not.
+
+    The mixin's options for an ``IdempotentMixin`` view; ``@idempotent``'s
+    for a handler it decorates, whether through ``method_decorator`` or
+    below ``@api_view``.
+    """
+    if issubclass(view_class, IdempotentMixin):
+        return view_class._idempotency_options
+    return _decorated_options(getattr(view_class, handler_name, None))
+
+
+def _decorated_options(func: Any, depth: int = 0) -> DeclaredOptions | None:
+    """The options ``@idempotent`` gave ``func``, what it wraps, or a function its closure calls.
+
+    ``@api_view`` routes every method through one ``handler`` closure over
+    the decorated function, so that is where the decorator's mark is found.
+    """
+    if func is None or depth > 4:
+        return None
+    options = getattr(func, "idempotency_options", None)
+    if isinstance(options, DeclaredOptions):
+        return options
+    inner = [getattr(func, "__wrapped__", None)]
+    for cell in getattr(func, "__closure__", None) or ():
+        try:
+            inner.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            continue
+    for candidate in inner:
+        if callable(candidate) and not isinstance(candidate, type):
+            found = _decorated_options(candidate, depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def handler_name(view: Any, method: str) -> str | None:
+    """The handler a DRF view function runs for ``method``: a ViewSet's action, else the method."""
+    actions = getattr(view, "actions", None)
+    if actions is not None:
+        name: str | None = actions.get(method.lower())
+        return name
+    return method.lower()
+
+
+# The middleware and DRF views: protected after DRF's authentication.
+
+_FOR_MIDDLEWARE: weakref.WeakKeyDictionary[Any, tuple[bool, Any]] = weakref.WeakKeyDictionary()
+
+
+def protect_for_middleware(view: Any, method: str) -> Any:
+    """The DRF view the middleware calls in place of ``view``; ``None`` for a view not DRF's.
+
+    DRF authenticates inside the view, after every middleware, so the
+    middleware cannot take the scope itself. A DRF view that protects its
+    ``method`` already (the mixin, ``@idempotent``) is called as it is;
+    one that does not is called as a subclass with ``IdempotentMixin`` in
+    front, built once, with the same ``as_view`` arguments: the mixin's
+    path, which claims the key after DRF's authentication, permissions and
+    throttling.
+    """
+    view_class = getattr(view, "cls", None)
+    if not (isinstance(view_class, type) and issubclass(view_class, APIView)):
+        return None
+    name = handler_name(view, method)
+    if name is None or not hasattr(view_class, name) or handler_options(view_class, name):
+        return view  # DRF answers 405 itself, or the view protects itself
+    # A view that manages its own transactions runs in lease mode, as the
+    # middleware runs a plain one.
+    lease = idempotency_settings.database in getattr(view, "_non_atomic_requests", ())
+    made = _FOR_MIDDLEWARE.get(view)
+    if made is None or made[0] != lease:
+        made = _FOR_MIDDLEWARE[view] = (lease, _with_mixin(view, view_class, lease))
+    return made[1]
+
+
+def _with_mixin(view: Any, view_class: type, lease: bool) -> Any:
+    attributes: dict[str, Any] = {
+        "__module__": view_class.__module__,
+        "__qualname__": view_class.__qualname__,
+        "__doc__": view_class.__doc__,
+    }
+    if lease:
+        attributes["idempotency_atomic"] = False
+    protected = type(view_class.__name__, (IdempotentMixin, view_class), attributes)
+    initkwargs = getattr(view, "initkwargs", {})
+    actions = getattr(view, "actions", None)
+    if actions is not None:
+        return protected.as_view(actions, **initkwargs)  # type: ignore[attr-defined]
+    return protected.as_view(**initkwargs)  # type: ignore[attr-defined]
+
+
+VIEW_PROTECTORS.append(protect_for_middleware)

@@ -5,9 +5,13 @@ The middleware wraps the rest of the stack (later middleware, Django's
 request's own transaction nests inside ours in atomic mode and starts after
 our committed claim in lease mode. It leaves alone the views that protect
 themselves (``@idempotent``), that opt out (``@idempotency_exempt``), and
-every DRF view: DRF authenticates inside the view, after any middleware, so
-only the DRF mixin can compute the right scope. ``docs/middleware.rst`` has
-the details.
+the admin, whose forms cannot send a key. ``docs/middleware.rst`` has the
+details.
+
+A framework that authenticates inside the view (DRF) registers a hook in
+:data:`VIEW_PROTECTORS`: its views are protected by the framework's own
+adapter, after its authentication, and the middleware calls that version
+of the view in place of the one the URL resolved to.
 
 Three things Django does around a view shape what the middleware does:
 
@@ -24,46 +28,43 @@ Three things Django does around a view shape what the middleware does:
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from asgiref.sync import async_to_sync, iscoroutinefunction, markcoroutinefunction, sync_to_async
+from django.db import connections, transaction
 from django.http import HttpRequest, HttpResponseBase
 from django.urls import Resolver404, resolve
 from django.utils.crypto import salted_hmac
 
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.core import protect, protect_async
+from django_idempotency.core import protect, protect_async, sent_key
 from django_idempotency.exceptions import IdempotencyError
+from django_idempotency.marks import idempotency_exempt, is_exempt, protects_itself
 from django_idempotency.options import DeclaredOptions
 from django_idempotency.responses import discard, problem
 
-ViewFunc = TypeVar("ViewFunc", bound=Callable[..., Any])
+__all__ = ["VIEW_PROTECTORS", "IdempotencyMiddleware", "idempotency_exempt"]
 
-#: Set by ``@idempotent`` on the views it protects.
-PROTECTED_ATTRIBUTE = "_idempotency_protected"
-#: Set by ``@idempotency_exempt``.
-EXEMPT_ATTRIBUTE = "_idempotency_exempt"
+#: Hooks of frameworks that authenticate inside their views. Each is called
+#: with a view and the request's method and returns ``None`` when the view
+#: is not the framework's, else the view to call in its place: one that
+#: protects itself after the framework's authentication (the view itself
+#: when it already does). ``drf.py`` adds DRF's.
+VIEW_PROTECTORS: list[Callable[[Any, str], Any]] = []
+
 # Set on the request by process_view: the request got past every earlier
 # middleware's checks (CSRF, login) and reached the view.
 _REACHED_VIEW = "_idempotency_reached_view"
 # Set on the request by process_exception: the view raised, and the response
 # get_response returns is the one Django made of the exception.
 _VIEW_RAISED = "_idempotency_view_raised"
+# Set on the request by __call__: the view process_view calls in place of
+# the resolved one (a framework's own protection, see VIEW_PROTECTORS).
+_CALL_INSTEAD = "_idempotency_call_instead"
 # The hex digits of the Authorization header's digest kept in the scope.
 CREDENTIAL_DIGEST_LENGTH = 32
 _CREDENTIAL_SALT = "django_idempotency.middleware.credential"
-
-
-def idempotency_exempt(view: ViewFunc) -> ViewFunc:
-    """Leave a view out of ``IdempotencyMiddleware``: it runs unprotected.
-
-    Works on function views (sync or async), on ``as_view()`` results and,
-    through ``method_decorator``, on class-based view methods.
-    """
-    setattr(view, EXEMPT_ATTRIBUTE, True)
-    return view
 
 
 class _NotReached(Exception):
@@ -128,13 +129,27 @@ class IdempotencyMiddleware:
 
     def process_view(
         self, request: HttpRequest, view_func: Any, view_args: Any, view_kwargs: Any
-    ) -> None:
+    ) -> HttpResponseBase | None:
         setattr(request, _REACHED_VIEW, True)
+        instead = getattr(request, _CALL_INSTEAD, None)
+        if instead is None:
+            return None
+        view = _in_request_transactions(instead)
+        if iscoroutinefunction(view):
+            return async_to_sync(view)(request, *view_args, **view_kwargs)
+        return view(request, *view_args, **view_kwargs)
 
     async def _process_view_async(
         self, request: HttpRequest, view_func: Any, view_args: Any, view_kwargs: Any
-    ) -> None:
+    ) -> HttpResponseBase | None:
         setattr(request, _REACHED_VIEW, True)
+        instead = getattr(request, _CALL_INSTEAD, None)
+        if instead is None:
+            return None
+        view = _in_request_transactions(instead)
+        if not iscoroutinefunction(view):
+            view = sync_to_async(view, thread_sensitive=True)
+        return await view(request, *view_args, **view_kwargs)
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> None:
         # Django always calls this hook synchronously, in either mode.
@@ -152,18 +167,32 @@ class IdempotencyMiddleware:
 
     @staticmethod
     def _view_to_protect(request: HttpRequest) -> Any:
-        """The view this middleware protects for this request, or ``None``."""
+        """The view this middleware protects for this request, or ``None``.
+
+        ``None`` too for a framework's view that protects itself: the
+        version of it that does is left on the request for process_view.
+        """
         conf = idempotency_settings
-        if not conf.enabled or request.method not in conf.methods:
+        method = request.method or ""
+        if not conf.enabled or method not in conf.methods:
             return None
-        if not conf.required and conf.header not in request.headers:
+        if not conf.required and sent_key(request) is None:
             return None
         try:
             match = resolve(request.path_info, urlconf=getattr(request, "urlconf", None))
         except Resolver404:
             return None
         view = match.func
-        if _handled_elsewhere(view, request.method or ""):
+        if "admin" in match.app_names or is_exempt(view, method):
+            # An AdminSite's URLs: its forms cannot send a key.
+            return None
+        for protector in VIEW_PROTECTORS:
+            protected = protector(view, method)
+            if protected is not None:
+                if protected is not view:
+                    setattr(request, _CALL_INSTEAD, protected)
+                return None
+        if protects_itself(view, method):
             return None
         return view
 
@@ -206,21 +235,17 @@ _SETTINGS = DeclaredOptions({"scope": _scope_with_credentials}, _label)
 _LEASE_MODE = DeclaredOptions({"scope": _scope_with_credentials, "atomic": False}, _label)
 
 
-def _handled_elsewhere(view: Any, method: str) -> bool:
-    """Whether the view protects itself, opted out, or is a DRF view."""
-    candidates = [view]
-    view_class = getattr(view, "view_class", None) or getattr(view, "cls", None)
-    if isinstance(view_class, type):
-        if _is_drf_view(view_class):
-            return True
-        # method_decorator copies our markers onto the method it decorates.
-        candidates += [getattr(view_class, name, None) for name in ("dispatch", method.lower())]
-    markers = (PROTECTED_ATTRIBUTE, EXEMPT_ATTRIBUTE)
-    return any(getattr(view, marker, False) for view in candidates for marker in markers)
+def _in_request_transactions(view: Any) -> Any:
+    """``view`` wrapped as Django wraps the views it calls itself for ``ATOMIC_REQUESTS``.
 
-
-def _is_drf_view(view_class: type) -> bool:
-    # Without rest_framework imported there can be no DRF view; importing
-    # it here would make DRF a dependency of the middleware.
-    drf_views = sys.modules.get("rest_framework.views")
-    return drf_views is not None and issubclass(view_class, drf_views.APIView)
+    A view called from process_view is called by us, not by Django's
+    handler, so it gets the request transactions Django would have given
+    it, with the same exclusions and the same refusal for async views.
+    """
+    excluded = getattr(view, "_non_atomic_requests", ())
+    for alias, settings_dict in connections.settings.items():
+        if settings_dict["ATOMIC_REQUESTS"] and alias not in excluded:
+            if iscoroutinefunction(view):
+                raise RuntimeError("You cannot use ATOMIC_REQUESTS with async views.")
+            view = transaction.atomic(using=alias)(view)
+    return view

@@ -181,7 +181,7 @@ class NonAtomicRequests(Set[str]):
         return len(self._aliases())
 
     @classmethod
-    def _from_iterable(cls, aliases: Any) -> frozenset[str]:
+    def _from_iterable(cls, aliases: Any) -> frozenset[str]:  # type: ignore[override]
         # What set operations (``|``, ``-``) build: a plain set, decided now.
         return frozenset(aliases)
 

@@ -12,6 +12,9 @@ router.register("options-orders", drf_views.OptionsOrderViewSet, basename="drf-o
 router.register("dotted-orders", drf_views.DottedOptionsOrderViewSet, basename="drf-dotted-order")
 router.register("reads-data", drf_views.ReadsDataOrderViewSet, basename="drf-reads-data")
 router.register("plain", drf_views.PlainOrderViewSet, basename="drf-plain")
+router.register(
+    "unprotected-orders", drf_views.UnprotectedOrderViewSet, basename="drf-unprotected-order"
+)
 
 urlpatterns = [
     path("apiview/", drf_views.OrderAPIView.as_view()),
@@ -21,5 +24,7 @@ urlpatterns = [
     path("api-lease-non-atomic/", drf_views.api_create_order_lease_non_atomic),
     path("hold/", drf_views.HoldView.as_view()),
     path("lease-hold/", drf_views.LeaseHoldView.as_view()),
+    path("unprotected-apiview/", drf_views.UnprotectedOrderAPIView.as_view()),
+    path("unprotected-api-view/", drf_views.unprotected_api_view),
     *router.urls,
 ]

@@ -14,7 +14,7 @@ from django.template import engines
 from django.template.response import SimpleTemplateResponse
 from rest_framework import generics, serializers, status, viewsets
 from rest_framework.authentication import TokenAuthentication
-from rest_framework.decorators import action, api_view, permission_classes
+from rest_framework.decorators import action, api_view, authentication_classes, permission_classes
 from rest_framework.permissions import AllowAny, BasePermission, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -278,3 +278,39 @@ class HoldView(IdempotentMixin, APIView):
 class LeaseHoldView(HoldView):
     idempotency_atomic = False
     idempotency_lease = 2
+
+
+# DRF views that protect nothing themselves: what IdempotencyMiddleware
+# protects through the mixin's path, after DRF's token authentication.
+
+
+class UnprotectedOrderAPIView(APIView):
+    authentication_classes = [TokenAuthentication]
+    permission_classes = [IsAuthenticated]
+
+    def post(self, request: Request) -> Response:
+        calls.increment()
+        order = Order.objects.create(item=request.data.get("item", "widget"))
+        body = {"id": order.pk, "user": request.user.username, "via": "APIView"}
+        return Response(body, status=status.HTTP_201_CREATED)
+
+
+class UnprotectedOrderViewSet(viewsets.ViewSet):
+    authentication_classes = [TokenAuthentication]
+    permission_classes = [IsAuthenticated]
+
+    def create(self, request: Request) -> Response:
+        calls.increment()
+        order = Order.objects.create(item=request.data.get("item", "widget"))
+        body = {"id": order.pk, "user": request.user.username, "via": "ViewSet"}
+        return Response(body, status=status.HTTP_201_CREATED)
+
+
+@api_view(["POST"])
+@authentication_classes([TokenAuthentication])
+@permission_classes([IsAuthenticated])
+def unprotected_api_view(request: Request) -> Response:
+    calls.increment()
+    order = Order.objects.create(item=request.data.get("item", "widget"))
+    body = {"id": order.pk, "user": request.user.username, "via": "api_view"}
+    return Response(body, status=status.HTTP_201_CREATED)

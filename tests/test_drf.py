@@ -29,7 +29,7 @@ from rest_framework.response import Response
 from rest_framework.test import APIClient
 from rest_framework.views import APIView, exception_handler
 
-from django_idempotency import drf
+from django_idempotency import drf, idempotent
 from django_idempotency.drf import IdempotentMixin
 from django_idempotency.exceptions import DatabaseBusy
 from django_idempotency.info import IdempotencyInfo
@@ -729,3 +729,41 @@ class MixinInheritanceTests:
         post(APIClient(), "/as-view-ttl/")
         expires_at = IdempotencyKey.objects.get().expires_at
         assert before + timedelta(seconds=59) < expires_at < timezone.now() + timedelta(seconds=61)
+
+
+class DecoratorPlacementTests:
+    """``@idempotent`` where it would see the request before DRF authenticates it is refused."""
+
+    def test_above_api_view_is_refused_with_the_right_order(self) -> None:
+        from rest_framework.decorators import api_view
+
+        def charge(request: Request) -> Response:
+            return Response({})
+
+        with pytest.raises(ImproperlyConfigured) as raised:
+            idempotent(api_view(["POST"])(charge))
+
+        message = str(raised.value)
+        assert "before DRF authenticates it" in message
+        assert "@api_view([...])\n    @idempotent\n    def charge(request)" in message
+
+    def test_on_a_drf_class_based_view_points_to_the_mixin(self) -> None:
+        with pytest.raises(ImproperlyConfigured, match=r"IdempotentMixin"):
+            idempotent(atomic=False)(drf_views.UnprotectedOrderAPIView.as_view())
+
+    def test_below_api_view_is_accepted(self) -> None:
+        from rest_framework.decorators import api_view
+
+        def charge(request: Request) -> Response:
+            return Response({})
+
+        view = api_view(["POST"])(idempotent(charge))
+        assert view.cls.post  # type: ignore[attr-defined]
+
+    def test_on_a_plain_class_based_view_is_accepted(self) -> None:
+        from django.views import View
+
+        class Plain(View):
+            def post(self, request: Any) -> Any: ...
+
+        assert getattr(idempotent(Plain.as_view()), "_idempotency_protected", False)

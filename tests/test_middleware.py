@@ -10,16 +10,19 @@ from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync, iscoroutinefunction
+from django.contrib import admin
 from django.contrib.auth.models import User
 from django.db import connection
 from django.http import HttpResponse
 from django.test import AsyncClient, Client
 from django.test.utils import CaptureQueriesContext
+from django.urls import include, path
 from rest_framework.authtoken.models import Token
 
 from django_idempotency import idempotency_exempt
 from django_idempotency.middleware import IdempotencyMiddleware
 from django_idempotency.models import IdempotencyKey
+from tests import middleware_views
 from tests.clients import post
 from tests.models import Order
 from tests.test_async import ASYNC_METHOD_DECORATOR
@@ -185,19 +188,6 @@ class ProtectedOnceTests:
         assert calls.value == 1
         assert IdempotencyKey.objects.count() == 1
 
-    def test_drf_views_are_left_to_the_mixin(self) -> None:
-        from rest_framework.decorators import api_view
-        from rest_framework.views import APIView
-
-        from django_idempotency.middleware import _handled_elsewhere
-
-        @api_view(["POST"])
-        def function_view(request: Any) -> HttpResponse:
-            return HttpResponse()
-
-        assert _handled_elsewhere(APIView.as_view(), "POST")
-        assert _handled_elsewhere(function_view, "POST")
-
     def test_exempt_marks_the_view_it_returns(self) -> None:
         def view(request: Any) -> HttpResponse:
             return HttpResponse()
@@ -341,3 +331,108 @@ class CapabilityTests:
         assert iscoroutinefunction(IdempotencyMiddleware(get_response))
         assert iscoroutinefunction(IdempotencyMiddleware(get_response).process_view)
         assert not iscoroutinefunction(IdempotencyMiddleware(lambda request: HttpResponse()))
+
+
+UNPROTECTED_DRF_VIEWS = [
+    "/drf/unprotected-apiview/",
+    "/drf/unprotected-orders/",
+    "/drf/unprotected-api-view/",
+]
+
+
+def token_headers(username: str) -> dict[str, str]:
+    user = User.objects.create_user(username)
+    return {"Authorization": f"Token {Token.objects.create(user=user).key}"}
+
+
+@pytest.mark.usefixtures("installed")
+class DrfViewTests:
+    """DRF views with no protection of their own, under the middleware: scoped after DRF's auth."""
+
+    @pytest.mark.parametrize("url", UNPROTECTED_DRF_VIEWS)
+    def test_each_token_user_gets_their_own_answer(self, any_client, url: str) -> None:
+        alice, bob = token_headers("alice"), token_headers("bob")
+
+        first = post(any_client, url, key="shared", headers=alice)
+        other = post(any_client, url, key="shared", headers=bob)
+        retry = post(any_client, url, key="shared", headers=alice)
+
+        assert first.status_code == other.status_code == 201, (first.content, other.content)
+        assert json.loads(first.content)["user"] == "alice"
+        assert json.loads(other.content)["user"] == "bob"
+        assert "Idempotent-Replayed" not in other
+        assert retry["Idempotent-Replayed"] == "true"
+        assert retry.content == first.content
+        assert calls.value == 2
+        scopes = set(IdempotencyKey.objects.values_list("scope", flat=True))
+        assert scopes == {f"user:{User.objects.get(username=name).pk}" for name in ("alice", "bob")}
+
+    @pytest.mark.parametrize("url", UNPROTECTED_DRF_VIEWS)
+    def test_unauthenticated_caller_is_refused_before_any_claim(self, any_client, url) -> None:
+        refused = post(any_client, url, key="anonymous")
+
+        assert refused.status_code == 401
+        assert calls.value == 0
+        assert IdempotencyKey.objects.count() == 0
+
+    def test_without_a_key_the_view_runs_unprotected(self, any_client) -> None:
+        alice = token_headers("alice")
+        post(any_client, "/drf/unprotected-apiview/", key=None, headers=alice)
+        post(any_client, "/drf/unprotected-apiview/", key=None, headers=alice)
+
+        assert calls.value == 2
+        assert IdempotencyKey.objects.count() == 0
+
+    def test_the_view_stays_as_it_is_elsewhere(self) -> None:
+        from django_idempotency.drf import IdempotentMixin
+        from tests.drf_views import UnprotectedOrderAPIView
+
+        assert not issubclass(UnprotectedOrderAPIView, IdempotentMixin)
+
+
+# URLs of the admin and an exempt include, for the tests below (pytest.mark.urls).
+FORM_VIEWS = [path("plain/", middleware_views.create_order)]
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("exempt/", idempotency_exempt(include(FORM_VIEWS))),
+    path("protected/", include(FORM_VIEWS)),
+]
+
+
+@pytest.mark.urls("tests.test_middleware")
+@pytest.mark.usefixtures("installed")
+class RequiredKeysTests:
+    """``REQUIRED: True`` under the middleware: browser forms cannot send a key."""
+
+    @pytest.fixture(autouse=True)
+    def required(self, settings: Any) -> None:
+        settings.IDEMPOTENCY = {"REQUIRED": True}
+
+    def test_the_admin_login_keeps_working(self, wsgi) -> None:
+        User.objects.create_superuser("admin", password="secret")
+
+        response = wsgi.post("/admin/login/", {"username": "admin", "password": "secret"})
+
+        assert response.status_code == 302, response.content[:300]
+        assert IdempotencyKey.objects.count() == 0
+
+    def test_every_view_of_an_exempt_include_runs_without_a_key(self, any_client) -> None:
+        assert post(any_client, "/exempt/plain/", key=None).status_code == 201
+        assert post(any_client, "/exempt/plain/", key=None).status_code == 201
+        assert calls.value == 2
+
+    def test_the_same_view_outside_the_include_still_needs_a_key(self, any_client) -> None:
+        refused = post(any_client, "/protected/plain/", key=None)
+
+        assert refused.status_code == 400
+        assert json.loads(refused.content)["type"].endswith("idempotency-key-required")
+        assert calls.value == 0
+
+    def test_exempting_an_include_leaves_its_views_unmarked(self) -> None:
+        view = middleware_views.create_order
+        exempt_patterns, app_name, namespace = idempotency_exempt(include(FORM_VIEWS))
+
+        assert not getattr(view, "_idempotency_exempt", False)
+        assert exempt_patterns[0].callback is not view
+        assert exempt_patterns[0].callback.__wrapped__ is view
+        assert (app_name, namespace) == (None, None)
