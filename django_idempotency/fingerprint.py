@@ -51,9 +51,7 @@ def request_fingerprint(request: HttpRequest) -> str:
         head.append(accepted_media_type)
     digest = hashlib.sha256(json.dumps(head).encode())
     digest.update(b"\n")
-    with readable_body(
-        http_request, _kept_limit(media_type, drf=request is not http_request)
-    ) as body:
+    with readable_body(http_request) as body:
         if body is None:
             _update_with_parsed(digest, request, media_type)
         elif media_type == MULTIPART:
@@ -66,21 +64,6 @@ def request_fingerprint(request: HttpRequest) -> str:
 def sort_pairs(pairs: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
     """Order by name only: the order of a name's values is meaning (``name=a&name=b``)."""
     return sorted(pairs, key=itemgetter(0))
-
-
-def _kept_limit(media_type: str, *, drf: bool) -> int | None:
-    """How much of the body to keep for the view, ``None`` for all of it.
-
-    A plain view loads JSON and form bodies through ``request.body`` or
-    ``request.POST``, which refuse them past ``DATA_UPLOAD_MAX_MEMORY_SIZE``:
-    nothing past it is kept. DRF's parsers read the raw stream and accept
-    any size, and multipart and other bodies may be streamed by the view,
-    so those are kept whole, as the view would read them without a key
-    (docs/fingerprint.rst).
-    """
-    if drf or not _is_canonicalised(media_type):
-        return None
-    return settings.DATA_UPLOAD_MAX_MEMORY_SIZE
 
 
 def _update_with_body(digest: Any, media_type: str, body: IO[bytes]) -> None:

@@ -2,21 +2,25 @@
 
 :mod:`django_idempotency.core` calls :func:`record` once per outcome. This
 module turns that into the signal, a ``DEBUG`` log record with structured
-fields, and attributes on the current OpenTelemetry span when
-``opentelemetry-api`` is installed, so the protocol code carries one line
-per outcome instead of three. See the observability page of the docs.
+fields, and, when ``opentelemetry-api`` is installed, attributes on the
+current span and a counter (:mod:`django_idempotency.metrics`), so the
+protocol code carries one line per outcome instead of four. The replay
+cache reports its lookups with :func:`cache_looked_up`, and recovery of
+abandoned claims its steps with :func:`record_recovery`. See the
+observability page of the docs.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from contextvars import ContextVar
+from typing import Any, Literal
 
 from django.dispatch import Signal
 from django.http import HttpRequest
 
-from django_idempotency import signals
+from django_idempotency import metrics, signals
 from django_idempotency.info import IdempotencyInfo
 from django_idempotency.keys import mask_key
 
@@ -32,6 +36,14 @@ OUTCOMES: dict[Signal, str] = {
     signals.fingerprint_mismatch: "mismatch",
     signals.claim_released: "released",
     signals.wait_timed_out: "wait_timed_out",
+}
+
+#: The counter each outcome adds to; the others are not counted.
+_COUNTED: dict[str, metrics.Metric] = {
+    "claimed": metrics.CLAIMS,
+    "replayed": metrics.REPLAYS,
+    "mismatch": metrics.MISMATCHES,
+    "conflict": metrics.CONFLICTS,
 }
 
 # Outcomes decided while claiming the key: their ``waited_ms`` is the time the
@@ -104,6 +116,7 @@ def record(
         extra=fields,
     )
     _set_span_attributes(outcome, fields.get("idempotency_waited_ms"))
+    _count(outcome, info, fields["idempotency_view"])
     # Receivers are the project's code (metrics, audit) running inside the
     # protocol: one that raises must not turn a stored response into a 500,
     # nor leave a claimed key stuck, so its error is logged, not raised.
@@ -132,3 +145,43 @@ def _set_span_attributes(outcome: str, waited: float | None) -> None:
     span.set_attribute("idempotency.replayed", outcome == "replayed")
     if waited is not None:
         span.set_attribute("idempotency.waited_ms", waited)
+
+
+#: The replay-cache lookup of the request being protected, and whether it hit.
+#: The cache does not know the view, so the lookup is counted at the
+#: request's next outcome (a hit's replay, a miss's claim, 409 or 422), which
+#: does: contextvars keep concurrent requests apart, and a lookup whose
+#: request ended in an error is dropped when the next request looks up.
+_cache_lookup: ContextVar[tuple[IdempotencyInfo, bool] | None] = ContextVar(
+    "idempotency_cache_lookup", default=None
+)
+
+
+def cache_looked_up(info: IdempotencyInfo, *, hit: bool) -> None:
+    """Count a replay-cache lookup for ``info``'s request: a hit or a miss."""
+    if metrics.enabled:
+        _cache_lookup.set((info, hit))
+
+
+def _count(outcome: str, info: IdempotencyInfo, view: str) -> None:
+    if not metrics.enabled:
+        return
+    counted = _COUNTED.get(outcome)
+    if counted is not None:
+        metrics.add(counted, view)
+    looked_up = _cache_lookup.get()
+    if looked_up is not None and looked_up[0] is info:
+        _cache_lookup.set(None)
+        metrics.add(metrics.CACHE_HITS if looked_up[1] else metrics.CACHE_MISSES, view)
+
+
+def record_recovery(step: Literal["started", "completed"], sender: Any) -> None:
+    """Count a step of recovering an abandoned claim for the view or task ``sender``.
+
+    ``started`` when a request finds a claim whose lease ran out and sets
+    about recovering it (before the project's ``recover`` policy runs);
+    ``completed`` when that recovery ended with the key completed, by the
+    policy's response or by the handler run again.
+    """
+    counted = metrics.RECOVERIES_STARTED if step == "started" else metrics.RECOVERIES_COMPLETED
+    metrics.add(counted, view_name(sender))

@@ -19,6 +19,7 @@ from typing import Any
 
 from django.core.cache import caches
 
+from django_idempotency import observability
 from django_idempotency.info import IdempotencyInfo
 from django_idempotency.keys import mask_key
 from django_idempotency.responses import StoredResponse
@@ -46,6 +47,12 @@ def lookup(alias: str, info: IdempotencyInfo) -> StoredResponse | None:
     ``None`` also for an entry whose fingerprint differs (the database
     answers 422 with its own signals) and for one past its record's expiry.
     """
+    stored = _find(alias, info)
+    observability.cache_looked_up(info, hit=stored is not None)
+    return stored
+
+
+def _find(alias: str, info: IdempotencyInfo) -> StoredResponse | None:
     try:
         entry = caches[alias].get(cache_key(info.scope, info.key))
     except Exception:

@@ -21,7 +21,8 @@ from typing import Any
 from drf_spectacular.drainage import isolate_view_method
 from drf_spectacular.extensions import OpenApiViewExtension
 from drf_spectacular.openapi import AutoSchema
-from drf_spectacular.plumbing import ResolvedComponent, get_class
+from drf_spectacular.plumbing import ResolvedComponent, get_class, get_doc
+from drf_spectacular.settings import spectacular_settings
 from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -136,6 +137,14 @@ def describe_duration(duration: timedelta) -> str:
 class IdempotentSchemaMixin:
     """Adds the idempotency parts to the operation the view's own schema built."""
 
+    def get_description(self) -> str:
+        description: str = super().get_description()  # type: ignore[misc]
+        if description and description == get_doc(IdempotentMixin):
+            # drf-spectacular walks the view's bases for a docstring and found
+            # the mixin's, which is about this package, not about the API.
+            return project_doc(type(self.view))  # type: ignore[attr-defined]
+        return description
+
     def get_operation(self, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
         operation: dict[str, Any] | None = super().get_operation(  # type: ignore[misc]
             *args, **kwargs
@@ -146,6 +155,21 @@ class IdempotentSchemaMixin:
         if protection is not None:
             _document(self, operation, protection)  # type: ignore[arg-type]
         return operation
+
+
+def project_doc(view_class: type) -> str:
+    """The docstring drf-spectacular would find for ``view_class`` without the mixin.
+
+    The first one among the view's own classes, stopping, as drf-spectacular
+    does, at the classes of DRF itself; ``""`` when the project wrote none.
+    """
+    excluded = set(spectacular_settings.GET_LIB_DOC_EXCLUDES())
+    for cls in view_class.__mro__:
+        if cls in excluded:
+            break
+        if cls is not IdempotentMixin and cls.__doc__:
+            return get_doc(cls)
+    return ""
 
 
 @cache

@@ -5,6 +5,8 @@ from tests import body_views
 urlpatterns = [
     path("bodies/stream/", body_views.stream_body),
     path("bodies/stream/unprotected/", body_views.stream_body_unprotected),
+    path("bodies/json-load/", body_views.stream_json),
+    path("bodies/json-load/unprotected/", body_views.stream_json_unprotected),
     path("bodies/load/", body_views.load_body),
     path("bodies/load/unprotected/", body_views.load_body_unprotected),
     path("bodies/form/", body_views.form),

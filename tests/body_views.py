@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from rest_framework import status
 from rest_framework.parsers import BaseParser, FileUploadParser
@@ -48,6 +51,39 @@ def stream_body(request: HttpRequest) -> HttpResponse:
 
 def stream_body_unprotected(request: HttpRequest) -> HttpResponse:
     return _streamed(request)
+
+
+def open_temporary_files(pid: int | str = "self", directory: str | None = None) -> int:
+    """How many files process ``pid`` holds open in ``directory`` (``FILE_UPLOAD_TEMP_DIR``).
+
+    A body past ``FILE_UPLOAD_MAX_MEMORY_SIZE`` is copied to a file there,
+    unlinked at once, so only an open descriptor shows it.
+    """
+    directory = directory or settings.FILE_UPLOAD_TEMP_DIR
+    if directory is None:
+        return 0
+    targets = []
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            targets.append(os.readlink(fd))
+        except OSError:
+            continue  # closed while we looked (the listing's own descriptor)
+    return sum(target.startswith(str(directory) + os.sep) for target in targets)
+
+
+def _json_streamed(request: HttpRequest) -> HttpResponse:
+    data = json.load(request)
+    return _created({"items": len(data["items"]), "open_temporary_files": open_temporary_files()})
+
+
+@idempotent(methods=EVERY_METHOD)
+def stream_json(request: HttpRequest) -> HttpResponse:
+    """Reads JSON from the stream with ``json.load(request)``, past any size limit."""
+    return _json_streamed(request)
+
+
+def stream_json_unprotected(request: HttpRequest) -> HttpResponse:
+    return _json_streamed(request)
 
 
 @idempotent(methods=EVERY_METHOD)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from rest_framework import viewsets
+from rest_framework import generics, viewsets
 from rest_framework.decorators import api_view, permission_classes
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
@@ -12,6 +12,7 @@ from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
 
 from django_idempotency import idempotent
+from django_idempotency.drf import IdempotentMixin
 from tests import drf_views
 from tests.models import Order
 
@@ -19,6 +20,41 @@ from tests.models import Order
 class UnprotectedOrderViewSet(viewsets.ModelViewSet):
     queryset = Order.objects.order_by("pk")
     serializer_class = drf_views.OrderSerializer
+
+
+class UndocumentedOrderViewSet(IdempotentMixin, viewsets.ModelViewSet):
+    queryset = Order.objects.order_by("pk")
+    serializer_class = drf_views.OrderSerializer
+    permission_classes = [AllowAny]
+
+
+class DocumentedOrderViewSet(viewsets.ModelViewSet):
+    """Orders, as the project documents them."""
+
+    queryset = Order.objects.order_by("pk")
+    serializer_class = drf_views.OrderSerializer
+    permission_classes = [AllowAny]
+
+
+class InheritedDocOrderViewSet(IdempotentMixin, DocumentedOrderViewSet):
+    pass
+
+
+class UndocumentedCreateView(IdempotentMixin, generics.CreateAPIView):
+    serializer_class = drf_views.OrderSerializer
+    permission_classes = [AllowAny]
+
+    def post(self, request: Request, *args: object, **kwargs: object) -> Response:
+        return super().post(request, *args, **kwargs)
+
+
+class DocumentedActionView(IdempotentMixin, generics.CreateAPIView):
+    serializer_class = drf_views.OrderSerializer
+    permission_classes = [AllowAny]
+
+    def post(self, request: Request, *args: object, **kwargs: object) -> Response:
+        """Create an order, as the handler documents it."""
+        return super().post(request, *args, **kwargs)
 
 
 @extend_schema(
@@ -56,11 +92,15 @@ router.register("required-orders", drf_views.RequiredOrderViewSet, basename="req
 router.register("options-orders", drf_views.OptionsOrderViewSet, basename="options")
 router.register("put-orders", drf_views.PutOrderViewSet, basename="put")
 router.register("unprotected-orders", UnprotectedOrderViewSet, basename="unprotected")
+router.register("undocumented-orders", UndocumentedOrderViewSet, basename="undocumented")
+router.register("inherited-doc-orders", InheritedDocOrderViewSet, basename="inherited-doc")
 
 urlpatterns = [
     path("generic/", drf_views.OrderCreateView.as_view()),
     path("documented/", documented_create),
     path("unprotected-function/", unprotected_function),
     path("lease-function/", lease_function),
+    path("undocumented-create/", UndocumentedCreateView.as_view()),
+    path("documented-action/", DocumentedActionView.as_view()),
     *router.urls,
 ]

@@ -29,6 +29,8 @@ from tests.polling import wait_until
 
 #: The environment variable naming the test database; read by ``tests.server_settings``.
 DATABASE_NAME_ENV = "IDEMPOTENCY_SERVER_DATABASE_NAME"
+#: The environment variable naming ``FILE_UPLOAD_TEMP_DIR``; read by ``tests.body_server_settings``.
+UPLOAD_TEMP_DIR_ENV = "IDEMPOTENCY_UPLOAD_TEMP_DIR"
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = 4
 START_LIMIT = 30.0

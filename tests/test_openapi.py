@@ -124,6 +124,39 @@ class ProtectedOperationTests:
         assert "waited up to 5 seconds" in atomic
         assert "waited" not in lease
 
+    @pytest.mark.parametrize(
+        ("path", "method"),
+        [
+            ("/undocumented-orders/", "post"),
+            ("/undocumented-orders/", "get"),
+            ("/undocumented-orders/{id}/", "patch"),
+            ("/undocumented-create/", "post"),
+        ],
+    )
+    def test_view_without_a_docstring_gets_no_description(self, schema, path, method):
+        # The mixin's own docstring is about this package, not about the API.
+        assert "description" not in schema["paths"][path][method]
+
+    @pytest.mark.parametrize(
+        ("path", "method", "description"),
+        [
+            ("/orders/", "post", "A ModelViewSet behind token authentication, as most APIs"),
+            ("/inherited-doc-orders/", "post", "Orders, as the project documents them."),
+            ("/inherited-doc-orders/{id}/", "get", "Orders, as the project documents them."),
+            ("/documented-action/", "post", "Create an order, as the handler documents it."),
+        ],
+    )
+    def test_projects_own_docstring_is_the_description(self, schema, path, method, description):
+        operation = schema["paths"][path][method]
+
+        assert operation["description"].startswith(description)
+        assert "idempotency_" not in operation["description"]
+
+    def test_no_operation_shows_the_mixins_docstring(self, schema):
+        for path_item in schema["paths"].values():
+            for operation in path_item.values():
+                assert "idempotency_<option>" not in operation.get("description", "")
+
     def test_view_classes_are_left_untouched(self, schema):
         assert not hasattr(drf_views.OrderViewSet.create, "kwargs")
         assert not hasattr(drf_views.OrderViewSet.partial_update, "kwargs")

@@ -9,7 +9,9 @@ against gunicorn in ``OverHttpTests``.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,8 +25,10 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from django_idempotency.models import IdempotencyKey
+from tests.body_views import open_temporary_files
 from tests.models import Order
-from tests.server import DATABASE_NAME_ENV, GunicornServer
+from tests.polling import wait_until
+from tests.server import DATABASE_NAME_ENV, UPLOAD_TEMP_DIR_ENV, GunicornServer
 from tests.views import calls
 
 pytestmark = pytest.mark.urls("tests.body_urls")
@@ -39,6 +43,10 @@ def key(value: str = "k-1") -> dict[str, str]:
 
 def body(size: int, seed: bytes = b"") -> bytes:
     return (seed + bytes(range(256)) * (size // 256 + 1))[:size]
+
+
+def json_items(count: int, item: str = "x" * 100) -> bytes:
+    return json.dumps({"items": [item] * count}).encode()
 
 
 def multipart(fields: dict[str, Any], boundary: str = "BoUnDaRy") -> tuple[bytes, str]:
@@ -88,6 +96,41 @@ class LargeBodyTests:
         assert changed.status_code == 422
         assert calls.value == 2  # the unprotected run and the first one
         assert Order.objects.count() == 2
+
+    @pytest.mark.parametrize("content_type", ["application/json", "application/problem+json"])
+    def test_json_read_from_the_stream_past_the_limit_is_accepted_with_a_key_as_without(
+        self, client: Client, content_type: str
+    ) -> None:
+        # json.load(request) reads the stream, which Django does not limit:
+        # only request.body and request.POST refuse a body past the limit.
+        count = 4 * LIMIT // 100
+        data, other = json_items(count), json_items(count, "y" * 100)
+        unkeyed = client.post("/bodies/json-load/unprotected/", data, content_type)
+        first = client.post("/bodies/json-load/", data, content_type, headers=key())
+        retry = client.post("/bodies/json-load/", data, content_type, headers=key())
+        changed = client.post("/bodies/json-load/", other, content_type, headers=key())
+
+        assert unkeyed.status_code == first.status_code == 201
+        assert unkeyed.json()["items"] == first.json()["items"] == count
+        assert retry["Idempotent-Replayed"] == "true"
+        assert retry.content == first.content
+        assert changed.status_code == 422
+        assert calls.value == 2
+
+    def test_form_read_from_the_stream_past_the_limit_is_accepted_with_a_key_as_without(
+        self, client: Client
+    ) -> None:
+        form = "application/x-www-form-urlencoded"
+        data = b"q=" + b"x" * (4 * LIMIT)
+        unkeyed = client.post("/bodies/stream/unprotected/", data, form)
+        first = client.post("/bodies/stream/", data, form, headers=key())
+        retry = client.post("/bodies/stream/", data, form, headers=key())
+
+        assert unkeyed.status_code == first.status_code == 201
+        assert first.json()["size"] == len(data)
+        assert first.json()["sha256"] == hashlib.sha256(data).hexdigest()
+        assert retry["Idempotent-Replayed"] == "true"
+        assert calls.value == 2
 
     def test_loaded_body_past_the_limit_is_refused_with_a_key_as_without(
         self, client: Client
@@ -153,6 +196,18 @@ class LimitsTests:
         data = b"q=" + b"x" * (40 * LIMIT)
         unkeyed = client.post("/bodies/load/unprotected/", data, content_type)
         keyed = client.post("/bodies/load/", data, content_type, headers=key())
+        assert unkeyed.status_code == keyed.status_code == 400
+        assert keyed.content == unkeyed.content
+        assert not IdempotencyKey.objects.exists()
+        assert not Order.objects.exists()
+
+    def test_form_past_the_limit_is_refused_by_request_post_with_a_key_as_without(
+        self, client: Client
+    ) -> None:
+        form = "application/x-www-form-urlencoded"
+        data = b"q=" + b"x" * (40 * LIMIT)
+        unkeyed = client.post("/bodies/form-fields/unprotected/", data, form)
+        keyed = client.post("/bodies/form-fields/", data, form, headers=key())
         assert unkeyed.status_code == keyed.status_code == 400
         assert keyed.content == unkeyed.content
         assert not IdempotencyKey.objects.exists()
@@ -363,13 +418,35 @@ def unkeyed_and_keyed(
 
 
 @pytest.fixture(scope="module")
+def upload_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The server's ``FILE_UPLOAD_TEMP_DIR``: where bodies past its memory size are copied."""
+    return tmp_path_factory.mktemp("uploads")
+
+
+@pytest.fixture(scope="module")
 def server(
-    django_db_setup: None, tmp_path_factory: pytest.TempPathFactory
+    django_db_setup: None, tmp_path_factory: pytest.TempPathFactory, upload_dir: Path
 ) -> Iterator[GunicornServer]:
     name = connections["default"].settings_dict["NAME"]
-    env = {"DJANGO_SETTINGS_MODULE": "tests.body_server_settings", DATABASE_NAME_ENV: name}
+    env = {
+        "DJANGO_SETTINGS_MODULE": "tests.body_server_settings",
+        DATABASE_NAME_ENV: name,
+        UPLOAD_TEMP_DIR_ENV: str(upload_dir),
+        # An unclosed copy of a body would be reported in the server's log.
+        "PYTHONWARNINGS": "always::ResourceWarning",
+    }
     with GunicornServer(env, tmp_path_factory.mktemp("gunicorn")) as gunicorn:
         yield gunicorn
+
+
+def assert_no_body_copy_left_open(server: GunicornServer, upload_dir: Path) -> None:
+    """Every copy of a body is closed once its response is sent (the server closes it then)."""
+
+    def open_copies() -> int:
+        return sum(open_temporary_files(pid, str(upload_dir)) for pid in server.worker_pids())
+
+    wait_until(lambda: open_copies() == 0, "the workers to close the copies of the bodies", 10)
+    assert "ResourceWarning" not in server.log()
 
 
 @pytest.mark.server
@@ -395,6 +472,64 @@ class OverHttpTests:
         assert retry.content == first.content
         assert changed.status_code == 422
         assert Order.objects.count() == 2
+
+    @pytest.mark.parametrize("content_type", ["application/json", "application/merge-patch+json"])
+    def test_json_read_from_the_stream_past_the_limit_is_accepted_with_a_key_as_without(
+        self, server: GunicornServer, upload_dir: Path, content_type: str
+    ) -> None:
+        count = self.SIZE // 100  # 3.1 MB of JSON
+        data = json_items(count)
+        url = f"{server.url}/bodies/json-load/"
+        unkeyed, first = unkeyed_and_keyed("POST", url, data, content_type)
+        retry = over_http("POST", url, data, content_type)
+        changed = over_http("POST", url, json_items(count, "y" * 100), content_type)
+
+        assert unkeyed.status_code == first.status_code == 201, server.log()
+        assert unkeyed.json()["items"] == first.json()["items"] == count
+        # Past FILE_UPLOAD_MAX_MEMORY_SIZE the copy the view read is a file,
+        # which the check below would see if it were left open.
+        assert first.json()["open_temporary_files"] == 1
+        assert retry.headers["Idempotent-Replayed"] == "true"
+        assert retry.content == first.content
+        assert changed.status_code == 422
+        assert Order.objects.count() == 2
+        assert_no_body_copy_left_open(server, upload_dir)
+
+    def test_form_read_from_the_stream_past_the_limit_is_accepted_with_a_key_as_without(
+        self, server: GunicornServer, upload_dir: Path
+    ) -> None:
+        data = b"q=" + body(self.SIZE).hex().encode()[: self.SIZE]
+        form = "application/x-www-form-urlencoded"
+        url = f"{server.url}/bodies/stream/"
+        unkeyed, first = unkeyed_and_keyed("POST", url, data, form)
+        retry = over_http("POST", url, data, form)
+
+        assert unkeyed.status_code == first.status_code == 201, server.log()
+        assert first.json()["size"] == len(data)
+        assert first.json()["sha256"] == hashlib.sha256(data).hexdigest()
+        assert retry.headers["Idempotent-Replayed"] == "true"
+        assert_no_body_copy_left_open(server, upload_dir)
+
+    @pytest.mark.parametrize(
+        ("path", "content_type"),
+        [
+            ("/bodies/load/", "application/json"),
+            ("/bodies/load/", "application/x-www-form-urlencoded"),
+            ("/bodies/form-fields/", "application/x-www-form-urlencoded"),
+        ],
+    )
+    def test_loaded_body_past_the_limit_is_refused_and_its_copy_closed(
+        self, server: GunicornServer, upload_dir: Path, path: str, content_type: str
+    ) -> None:
+        # request.body and request.POST refuse the body as without a key.
+        data = b"q=" + b"x" * self.SIZE
+        unkeyed, keyed = unkeyed_and_keyed("POST", server.url + path, data, content_type)
+
+        assert unkeyed.status_code == keyed.status_code == 400, server.log()
+        assert keyed.content == unkeyed.content
+        assert not Order.objects.exists()
+        assert not IdempotencyKey.objects.exists()
+        assert_no_body_copy_left_open(server, upload_dir)
 
     def test_loaded_body_past_the_limit_is_refused_with_a_key_as_without(
         self, server: GunicornServer
