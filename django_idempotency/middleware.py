@@ -18,8 +18,9 @@ Three things Django does around a view shape what the middleware does:
   it (403, 404, 500): we hear of it through ``process_exception`` and
   treat the response as the handler's failure, never stored;
 - a view that authenticates the request itself runs after the scope is
-  taken: an unauthenticated request's ``Authorization`` header is folded
-  into its scope, so one client's token never replays another's answer.
+  taken: the default scope folds an unauthenticated request's
+  ``Authorization`` header into it (:mod:`django_idempotency.scopes`), as
+  under the decorator, so one client's token never replays another's answer.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from typing import Any, TypeVar
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest, HttpResponseBase
 from django.urls import Resolver404, resolve
-from django.utils.crypto import salted_hmac
 
 from django_idempotency.asynchronous import may_claim, protect_async
 from django_idempotency.conf import idempotency_settings
@@ -51,9 +51,6 @@ _REACHED_VIEW = "_idempotency_reached_view"
 # Set on the request by process_exception: the view raised, and the response
 # get_response returns is the one Django made of the exception.
 _VIEW_RAISED = "_idempotency_view_raised"
-# The hex digits of the Authorization header's digest kept in the scope.
-CREDENTIAL_DIGEST_LENGTH = 32
-_CREDENTIAL_SALT = "django_idempotency.middleware.credential"
 
 
 def idempotency_exempt(view: ViewFunc) -> ViewFunc:
@@ -167,33 +164,13 @@ class IdempotencyMiddleware:
 
 def _options_for(view: Any) -> dict[str, Any]:
     """The options the middleware protects ``view`` with: the settings', adapted."""
-    options: dict[str, Any] = {"scope": _scope_with_credentials}
+    options: dict[str, Any] = {}
     if idempotency_settings.database in getattr(view, "_non_atomic_requests", ()):
         # The view opted out of request transactions (a durable block, its own
         # commits): wrapping it in ours would break it. Lease mode commits the
         # claim first and runs the view outside any transaction.
         options["atomic"] = False
     return options
-
-
-def _scope_with_credentials(request: HttpRequest) -> str:
-    """The ``SCOPE`` setting's scope, narrowed by the credentials of an unauthenticated request.
-
-    A view that authenticates the request itself (a token checked in the
-    view, django-ninja, GraphQL) does so after the scope is taken, when
-    every client still looks anonymous: without its credentials in the
-    scope, one client sending another's key and body would get the other's
-    stored response. Only a digest of the header is kept, never its value,
-    and a keyed one: a Basic ``Authorization`` holds a password, which a
-    plain hash in the scope column would expose to a guessing attack.
-    """
-    scope = idempotency_settings.scope(request)
-    credentials = request.headers.get("Authorization")
-    user = getattr(request, "user", None)
-    if not credentials or (user is not None and user.is_authenticated):
-        return scope
-    digest = salted_hmac(_CREDENTIAL_SALT, credentials, algorithm="sha256").hexdigest()
-    return f"{scope}|credential:{digest[:CREDENTIAL_DIGEST_LENGTH]}"
 
 
 def _handled_elsewhere(view: Any, method: str) -> bool:
