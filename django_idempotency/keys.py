@@ -5,6 +5,11 @@ most clients send it bare (``abc-123``); both denote the same key. The key
 itself is ``KEY_MIN_LENGTH`` (default 1) to ``KEY_MAX_LENGTH`` visible ASCII
 characters (0x21-0x7E), so it can be stored and compared byte for byte on
 every backend.
+
+A request may carry one key only. Servers join repeated header lines with
+commas (``k-a,k-b``), so a bare value with a comma is refused rather than
+taken for one key: which of the two the client meant cannot be known. A
+quoted key is one sf-string item and may hold commas inside its quotes.
 """
 
 from __future__ import annotations
@@ -18,6 +23,16 @@ _VISIBLE_ASCII = re.compile(r"^[\x21-\x7e]+$")
 # An sf-string: printable ASCII (space included) with \" and \\ escapes.
 _SF_STRING = re.compile(r'^"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"$')
 _SF_ESCAPE = re.compile(r'\\(["\\])')
+# One list member as servers join them: an sf-string, or anything up to the next comma.
+_MEMBER = r'(?:"(?:[^"\\]|\\.)*"|[^",]*)'
+_LIST = re.compile(rf"^{_MEMBER}(?:[ \t]*,[ \t]*{_MEMBER})+$")
+
+
+_SEVERAL_KEYS = (
+    "The request carried more than one Idempotency-Key header (they arrive joined "
+    "by commas), or a key with a comma outside quotes. Send one Idempotency-Key "
+    'header with one key; quote a key that contains a comma ("a,b").'
+)
 
 
 def parse_key(value: str, max_length: int, min_length: int = 1) -> str:
@@ -25,11 +40,15 @@ def parse_key(value: str, max_length: int, min_length: int = 1) -> str:
     if value.startswith('"'):
         match = _SF_STRING.match(value)
         if match is None:
+            if _is_list(value):
+                raise InvalidIdempotencyKey(_SEVERAL_KEYS)
             raise InvalidIdempotencyKey(
                 "The Idempotency-Key header starts with a quote but is not a valid "
                 'quoted string. Send the key bare (abc-123) or quoted ("abc-123").'
             )
         value = _SF_ESCAPE.sub(r"\1", match.group(1))
+    elif "," in value:
+        raise InvalidIdempotencyKey(_SEVERAL_KEYS)
     if not value:
         raise InvalidIdempotencyKey("The Idempotency-Key header is empty.")
     if len(value) > max_length:
@@ -49,6 +68,11 @@ def parse_key(value: str, max_length: int, min_length: int = 1) -> str:
             "(no spaces, control characters or non-ASCII text)."
         )
     return value
+
+
+def _is_list(value: str) -> bool:
+    """Whether a value that is not one sf-string reads as several joined members."""
+    return _LIST.match(value) is not None
 
 
 def mask_key(key: str) -> str:
