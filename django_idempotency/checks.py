@@ -3,14 +3,13 @@
 A typo or a bad value must stop ``runserver``, ``migrate`` and the test run
 with a message naming the key, rather than surface as a 500 on the first
 protected request; so must a middleware order that would take the scope
-before Django knows the user. Each rule has its own id, so that a project can silence
-exactly one; the value rules come from the settings table in
-:mod:`django_idempotency.conf`. The ids are listed in docs/settings.rst.
+before Django knows the user. Each rule has its own id, so that a project
+can silence exactly one; the value rules (and the unknown-key words) come
+from :mod:`django_idempotency.conf`. The ids are listed in docs/settings.rst.
 """
 
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
 from django.apps import apps
@@ -19,11 +18,18 @@ from django.core.checks import CheckMessage, Error
 from django.urls import get_resolver
 from django.utils.module_loading import import_string
 
-from django_idempotency.conf import BY_NAME, DEFAULTS, SETTING_NAME, SETTINGS
+from django_idempotency.conf import (
+    BY_NAME,
+    DEFAULTS,
+    SETTING_NAME,
+    SETTINGS,
+    UNKNOWN_KEY_CHECK_ID,
+    unknown_key,
+)
 from django_idempotency.options import all_deferred_imports
 
 NOT_A_DICT = "django_idempotency.E001"
-UNKNOWN_KEY = "django_idempotency.E002"
+UNKNOWN_KEY = UNKNOWN_KEY_CHECK_ID
 UNKNOWN_DATABASE = "django_idempotency.E004"
 SET_COOKIE_STORED = "django_idempotency.E005"
 MIDDLEWARE_BEFORE_AUTHENTICATION = "django_idempotency.E006"
@@ -61,9 +67,8 @@ def _error(key: str, message: str, hint: str, id: str) -> Error:
 
 
 def _unknown_key(key: Any) -> Error:
-    close = difflib.get_close_matches(str(key), DEFAULTS, n=1)
-    hint = f"Did you mean {close[0]!r}?" if close else f"Known keys: {', '.join(DEFAULTS)}."
-    return Error(f"{SETTING_NAME}[{key!r}] is not a known setting.", hint=hint, id=UNKNOWN_KEY)
+    message, hint = unknown_key(key)
+    return Error(message, hint=hint, id=UNKNOWN_KEY)
 
 
 # Rules over a valid value and the rest of the project's settings.

@@ -6,6 +6,7 @@ from datetime import timedelta
 from io import StringIO
 
 import pytest
+from django.conf import settings as django_settings
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test import override_settings
@@ -13,6 +14,15 @@ from django.test import override_settings
 from django_idempotency.checks import check_middleware_order, check_settings
 from django_idempotency.conf import BY_NAME, SETTINGS
 from django_idempotency.middleware import IdempotencyMiddleware
+
+
+def as_started_with(monkeypatch, settings_value) -> None:
+    """``IDEMPOTENCY`` as a settings module sets it: no ``setting_changed``, only the checks see it.
+
+    ``override_settings`` refuses a key that is not a setting as soon as it
+    applies it (see test_conf.py), so the check's own tests set it this way.
+    """
+    monkeypatch.setattr(django_settings, "IDEMPOTENCY", settings_value, raising=False)
 
 
 def ids(settings_value) -> list[str]:
@@ -52,12 +62,25 @@ class CheckSettingsTests:
     def test_not_a_dict_is_e001(self):
         assert ids(["TTL"]) == ["django_idempotency.E001"]
 
-    def test_unknown_key_is_e002_with_suggestion(self):
-        with override_settings(IDEMPOTENCY={"TTLL": 5}):
-            [error] = check_settings()
+    def test_unknown_key_is_e002_with_suggestion(self, monkeypatch):
+        as_started_with(monkeypatch, {"TTLL": 5})
+        [error] = check_settings()
         assert error.id == "django_idempotency.E002"
         assert "'TTLL'" in error.msg
         assert "'TTL'" in error.hint
+
+    def test_unknown_key_without_a_close_one_lists_the_known_keys(self, monkeypatch):
+        as_started_with(monkeypatch, {"COLOUR": "blue", "TTL": 5})
+        [error] = check_settings()
+        assert error.id == "django_idempotency.E002"
+        assert error.msg == "IDEMPOTENCY['COLOUR'] is not a known setting."
+        assert error.hint.startswith("Known keys: HEADER, REQUIRED, METHODS,")
+
+    @pytest.mark.django_db  # Django's own model checks may ask the database (JSONField)
+    def test_unknown_key_stops_the_check_command(self, monkeypatch):
+        as_started_with(monkeypatch, {"TTLL": 5})
+        with pytest.raises(SystemCheckError, match=r"django_idempotency\.E002"):
+            call_command("check")
 
     @pytest.mark.parametrize(
         ("key", "value"),

@@ -10,6 +10,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.conf import settings as django_settings
 from django.contrib.auth.models import User
 from django.contrib.sessions.backends.db import SessionStore
 from django.core.exceptions import ImproperlyConfigured
@@ -20,6 +21,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 import django_idempotency
 from django_idempotency import idempotent
+from django_idempotency.checks import check_settings
 from django_idempotency.conf import DEFAULTS, SETTINGS, idempotency_settings
 from django_idempotency.drf import IdempotentMixin
 from django_idempotency.models import IdempotencyKey
@@ -131,6 +133,53 @@ class SettingsTableTests:
             pytest.raises(ImproperlyConfigured, match="must be a dict"),
         ):
             idempotency_settings.ttl  # noqa: B018
+
+
+class UnknownKeyOverrideTests:
+    """``override_settings`` with a misspelt key fails at once, in the system check's words."""
+
+    def test_override_with_an_unknown_key_raises_naming_it_and_the_fix(self):
+        with (
+            pytest.raises(ImproperlyConfigured) as refused,
+            override_settings(IDEMPOTENCY={"TTLL": 5}),
+        ):
+            pytest.fail("the override must not apply")  # pragma: no cover
+        assert (
+            str(refused.value) == "IDEMPOTENCY['TTLL'] is not a known setting. Did you mean 'TTL'?"
+        )
+
+    def test_the_words_are_the_system_checks(self, monkeypatch):
+        monkeypatch.setattr(django_settings, "IDEMPOTENCY", {"MEHTODS": ["POST"]}, raising=False)
+        [error] = check_settings()
+        monkeypatch.undo()
+        with pytest.raises(ImproperlyConfigured) as refused:
+            override_settings(IDEMPOTENCY={"MEHTODS": ["POST"]}).enable()
+        assert str(refused.value) == f"{error.msg} {error.hint}"
+
+    def test_a_refused_override_leaves_the_settings_as_they_were(self):
+        with override_settings(IDEMPOTENCY={"TTL": 60}):
+            with (
+                pytest.raises(ImproperlyConfigured),
+                override_settings(IDEMPOTENCY={"TTL": 5, "X": 1}),
+            ):
+                pass  # pragma: no cover
+            assert idempotency_settings.ttl == timedelta(seconds=60)
+        assert idempotency_settings.ttl == timedelta(hours=24)
+
+    def test_pytest_django_settings_fixture_refuses_it_too(self, settings):
+        with pytest.raises(ImproperlyConfigured, match=r"IDEMPOTENCY\['REQUIERD'\].*'REQUIRED'"):
+            settings.IDEMPOTENCY = {"REQUIERD": True}
+
+    @override_settings(SILENCED_SYSTEM_CHECKS=["django_idempotency.E002"])
+    def test_silencing_the_check_silences_the_refusal(self):
+        with override_settings(IDEMPOTENCY={"PROJECT_OWN_KEY": 1, "TTL": 60}):
+            assert idempotency_settings.ttl == timedelta(seconds=60)
+
+    def test_a_bad_value_is_refused_at_its_first_read_not_by_the_override(self):
+        with override_settings(IDEMPOTENCY={"TTL": "1h"}):
+            assert idempotency_settings.methods == frozenset({"POST", "PATCH"})
+            with pytest.raises(ImproperlyConfigured, match=r"IDEMPOTENCY\['TTL'\]"):
+                idempotency_settings.ttl  # noqa: B018
 
 
 def test_version_is_the_one_in_pyproject():
