@@ -14,8 +14,9 @@ quoted key is one sf-string item and may hold commas inside its quotes.
 
 from __future__ import annotations
 
-import hashlib
 import re
+
+from django.utils.crypto import salted_hmac
 
 from django_idempotency.exceptions import InvalidIdempotencyKey
 
@@ -75,6 +76,16 @@ def _is_list(value: str) -> bool:
     return _LIST.match(value) is not None
 
 
+#: Hex digits of a masked key: enough to tell keys apart in logs.
+MASK_LENGTH = 12
+_MASK_SALT = "django_idempotency.keys.mask_key"
+
+
 def mask_key(key: str) -> str:
-    """A short, stable digest of a key for logs: never log a key in clear."""
-    return hashlib.sha256(key.encode()).hexdigest()[:12]
+    """A short, stable digest of a key for logs and the admin: never show a key in clear.
+
+    Keyed with ``SECRET_KEY`` (an HMAC): many keys are guessable
+    (``receipt-7``), and a plain hash prefix in a log would let anyone who
+    reads the log try candidates until one matches, then replay it.
+    """
+    return salted_hmac(_MASK_SALT, key, algorithm="sha256").hexdigest()[:MASK_LENGTH]

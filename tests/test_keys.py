@@ -1,6 +1,10 @@
 from __future__ import annotations
 
+import hashlib
+import re
+
 import pytest
+from django.test import override_settings
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -99,3 +103,13 @@ class MaskKeyTests:
         masked = mask_key(key)
         assert len(masked) == 12
         assert key not in masked or len(key) < 3
+
+    def test_mask_is_keyed_with_the_secret_key_not_a_plain_hash(self):
+        # A plain hash prefix of a guessable key is found by trying candidates.
+        masked = mask_key("receipt-7")
+        assert re.fullmatch(r"[0-9a-f]{12}", masked)
+        assert masked != hashlib.sha256(b"receipt-7").hexdigest()[:12]
+        assert masked == mask_key("receipt-7")
+        assert mask_key("receipt-8") != masked
+        with override_settings(SECRET_KEY="another-secret-key"):
+            assert mask_key("receipt-7") != masked
