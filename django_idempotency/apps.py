@@ -14,9 +14,14 @@ class DjangoIdempotencyConfig(AppConfig):
 
     def ready(self) -> None:
         from django_idempotency.backend_checks import check_backend
-        from django_idempotency.checks import check_settings, check_view_options
+        from django_idempotency.checks import (
+            check_middleware_order,
+            check_settings,
+            check_view_options,
+        )
 
         checks.register(check_settings, checks.Tags.compatibility)
+        checks.register(check_middleware_order, checks.Tags.security)
         checks.register(check_backend, checks.Tags.compatibility)
         checks.register(check_view_options, checks.Tags.urls)
         if find_spec("rest_framework") is not None:

@@ -1,28 +1,38 @@
-"""System checks for the ``IDEMPOTENCY`` setting.
+"""System checks for the ``IDEMPOTENCY`` setting and where the middleware sits.
 
 A typo or a bad value must stop ``runserver``, ``migrate`` and the test run
 with a message naming the key, rather than surface as a 500 on the first
-protected request. Each rule has its own id, so that a project can silence
-exactly one; the value rules come from the settings table in
-:mod:`django_idempotency.conf`. The ids are listed in docs/settings.rst.
+protected request; so must a middleware order that would take the scope
+before Django knows the user. Each rule has its own id, so that a project
+can silence exactly one; the value rules (and the unknown-key words) come
+from :mod:`django_idempotency.conf`. The ids are listed in docs/settings.rst.
 """
 
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
+from django.apps import apps
 from django.conf import settings
 from django.core.checks import CheckMessage, Error
 from django.urls import get_resolver
+from django.utils.module_loading import import_string
 
-from django_idempotency.conf import BY_NAME, DEFAULTS, SETTING_NAME, SETTINGS
+from django_idempotency.conf import (
+    BY_NAME,
+    DEFAULTS,
+    SETTING_NAME,
+    SETTINGS,
+    UNKNOWN_KEY_CHECK_ID,
+    unknown_key,
+)
 from django_idempotency.options import all_deferred_imports
 
 NOT_A_DICT = "django_idempotency.E001"
-UNKNOWN_KEY = "django_idempotency.E002"
+UNKNOWN_KEY = UNKNOWN_KEY_CHECK_ID
 UNKNOWN_DATABASE = "django_idempotency.E004"
 SET_COOKIE_STORED = "django_idempotency.E005"
+MIDDLEWARE_BEFORE_AUTHENTICATION = "django_idempotency.E006"
 KEY_LENGTHS_CROSSED = "django_idempotency.E117"
 VIEW_IMPORT_FAILED = "django_idempotency.E118"
 
@@ -57,9 +67,8 @@ def _error(key: str, message: str, hint: str, id: str) -> Error:
 
 
 def _unknown_key(key: Any) -> Error:
-    close = difflib.get_close_matches(str(key), DEFAULTS, n=1)
-    hint = f"Did you mean {close[0]!r}?" if close else f"Known keys: {', '.join(DEFAULTS)}."
-    return Error(f"{SETTING_NAME}[{key!r}] is not a known setting.", hint=hint, id=UNKNOWN_KEY)
+    message, hint = unknown_key(key)
+    return Error(message, hint=hint, id=UNKNOWN_KEY)
 
 
 # Rules over a valid value and the rest of the project's settings.
@@ -139,3 +148,49 @@ def check_view_options(app_configs: Any = None, **kwargs: Any) -> list[CheckMess
         if problem is not None:
             errors.append(Error(f"{label} {problem}.", hint=setting.hint, id=VIEW_IMPORT_FAILED))
     return errors
+
+
+def check_middleware_order(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """``IdempotencyMiddleware`` must come after ``AuthenticationMiddleware``.
+
+    Listed before it, the middleware takes the scope before Django has set
+    ``request.user``: every session user looks anonymous, and one user's
+    key replays another user's stored response. WSGI and ASGI share the one
+    ``MIDDLEWARE`` list, so one rule covers both. Subclasses count as the
+    class they extend, as in Django's admin checks.
+    """
+    if not apps.is_installed("django.contrib.auth"):
+        return []  # the auth middleware cannot be imported, let alone used
+    from django.contrib.auth.middleware import AuthenticationMiddleware
+
+    from django_idempotency.middleware import IdempotencyMiddleware
+
+    ours = _first_subclass(IdempotencyMiddleware, settings.MIDDLEWARE)
+    authentication = _first_subclass(AuthenticationMiddleware, settings.MIDDLEWARE)
+    if ours is None or authentication is None or ours[0] > authentication[0]:
+        return []
+    ours_path, authentication_path = ours[1], authentication[1]
+    return [
+        Error(
+            f"{ours_path!r} must come after {authentication_path!r} in MIDDLEWARE.",
+            hint=(
+                f"Move {ours_path!r} below {authentication_path!r}, best to the end of "
+                "MIDDLEWARE. Listed before it, the scope is taken before Django knows "
+                "the user: every session user would be 'anonymous' and could receive "
+                "another user's stored response."
+            ),
+            id=MIDDLEWARE_BEFORE_AUTHENTICATION,
+        )
+    ]
+
+
+def _first_subclass(cls: type, paths: list[str]) -> tuple[int, str] | None:
+    """The position and path of the first entry of ``paths`` that is ``cls`` or a subclass."""
+    for index, path in enumerate(paths):
+        try:
+            candidate = import_string(path)
+        except ImportError:
+            continue  # Django reports a middleware that cannot be imported
+        if isinstance(candidate, type) and issubclass(candidate, cls):
+            return index, path
+    return None

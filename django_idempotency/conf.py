@@ -7,12 +7,14 @@ and the ``IdempotentMixin`` attributes (:mod:`django_idempotency.options`).
 A per-view option therefore cannot accept a value its setting would refuse.
 
 Values are normalised once and cached; the cache is dropped on Django's
-``setting_changed`` signal, so ``override_settings`` keeps working. Defaults
+``setting_changed`` signal, so ``override_settings`` keeps working, and an
+override with a key that is not a setting fails there and then. Defaults
 are never written into ``django.conf.settings``.
 """
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -428,9 +430,47 @@ class IdempotencySettings:
 idempotency_settings = IdempotencySettings()
 
 
-def _reload_settings(*, setting: str, **kwargs: Any) -> None:
-    if setting == SETTING_NAME:
-        idempotency_settings.reload()
+#: The system check for a key that is not a setting; also silences the
+#: same refusal under ``override_settings``.
+UNKNOWN_KEY_CHECK_ID = "django_idempotency.E002"
+
+
+def unknown_key(key: Any) -> tuple[str, str]:
+    """The message and hint for a key of ``IDEMPOTENCY`` that is not a setting.
+
+    The one wording of the system check and of the refusal on
+    ``setting_changed``.
+    """
+    close = difflib.get_close_matches(str(key), DEFAULTS, n=1)
+    hint = f"Did you mean {close[0]!r}?" if close else f"Known keys: {', '.join(DEFAULTS)}."
+    return f"{SETTING_NAME}[{key!r}] is not a known setting.", hint
+
+
+def _reload_settings(*, setting: str, enter: bool = True, **kwargs: Any) -> None:
+    if setting != SETTING_NAME:
+        return
+    idempotency_settings.reload()
+    if enter:
+        _refuse_unknown_keys()
+
+
+def _refuse_unknown_keys() -> None:
+    """Fail an ``override_settings`` that misspells a key, as the system check fails start-up.
+
+    The check sees only the settings a process starts with; a test that
+    overrides them with a typo would otherwise run with the default and pass
+    for the wrong reason. Django's ``override_settings`` undoes an override
+    whose receiver raises, then raises the error. A bad *value* is left to
+    its first read, which refuses it in the check's words; refusing it here
+    too would also refuse the overrides that test the checks themselves.
+    """
+    user = getattr(django_settings, SETTING_NAME, {})
+    if not isinstance(user, dict) or UNKNOWN_KEY_CHECK_ID in django_settings.SILENCED_SYSTEM_CHECKS:
+        return
+    for key in user:
+        if key not in DEFAULTS:
+            message, hint = unknown_key(key)
+            raise ImproperlyConfigured(f"{message} {hint}")
 
 
 setting_changed.connect(_reload_settings, dispatch_uid="django_idempotency.conf.reload")

@@ -99,7 +99,8 @@ class Call:
         """Run ``body`` unless its key is already done; return its result or the stored one."""
         cache_alias = idempotency_settings.replay_cache
         if cache_alias is not None:
-            cached = replay_cache.lookup(cache_alias, self.info)
+            cached = replay_cache.lookup(cache_alias, self.info, self.using)
+            observability.cache_looked_up(self.sender, hit=cached is not None)
             if cached is not None:
                 self._send(signals.response_replayed)
                 return self.kind.decode(cached)
@@ -401,11 +402,11 @@ class Call:
         alias = idempotency_settings.replay_cache
         if alias is None:
             return
-        info = self.info
+        info, using = self.info, self.using
         # Immediately when nothing is left to commit, else once the record's
         # transaction has committed: a result that rolls back is never cached.
         transaction.on_commit(
-            lambda: replay_cache.put(alias, info, stored, expires_at), using=self.using
+            lambda: replay_cache.put(alias, info, stored, expires_at, using), using=using
         )
 
     def _log(

@@ -3,14 +3,30 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from django_idempotency.keys import mask_key
+
+# Enough of the fingerprint to tell two requests apart in a log line.
+_FINGERPRINT_SHOWN = 12
 
 
 @dataclass(frozen=True)
 class IdempotencyInfo:
-    key: str
+    # Never in a repr: a receiver or a log line that shows the object must
+    # not reveal the key, which replays the stored response to whoever has it.
+    key: str = field(repr=False)
     scope: str
     fingerprint: str
+
+    def __repr__(self) -> str:
+        fingerprint = self.fingerprint
+        if len(fingerprint) > _FINGERPRINT_SHOWN:
+            fingerprint = fingerprint[:_FINGERPRINT_SHOWN] + "..."
+        return (
+            f"IdempotencyInfo(key=<masked {mask_key(self.key)}>, scope={self.scope!r}, "
+            f"fingerprint={fingerprint!r})"
+        )
 
     def derive(self, name: str) -> str:
         """A stable key for a downstream call, the same on every retry and takeover.

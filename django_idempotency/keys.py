@@ -5,12 +5,18 @@ most clients send it bare (``abc-123``); both denote the same key. The key
 itself is ``KEY_MIN_LENGTH`` (default 1) to ``KEY_MAX_LENGTH`` visible ASCII
 characters (0x21-0x7E), so it can be stored and compared byte for byte on
 every backend.
+
+A request may carry one key only. Servers join repeated header lines with
+commas (``k-a,k-b``), so a bare value with a comma is refused rather than
+taken for one key: which of the two the client meant cannot be known. A
+quoted key is one sf-string item and may hold commas inside its quotes.
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
+
+from django.utils.crypto import salted_hmac
 
 from django_idempotency.exceptions import InvalidIdempotencyKey
 
@@ -18,6 +24,16 @@ _VISIBLE_ASCII = re.compile(r"^[\x21-\x7e]+$")
 # An sf-string: printable ASCII (space included) with \" and \\ escapes.
 _SF_STRING = re.compile(r'^"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"$')
 _SF_ESCAPE = re.compile(r'\\(["\\])')
+# One list member as servers join them: an sf-string, or anything up to the next comma.
+_MEMBER = r'(?:"(?:[^"\\]|\\.)*"|[^",]*)'
+_LIST = re.compile(rf"^{_MEMBER}(?:[ \t]*,[ \t]*{_MEMBER})+$")
+
+
+_SEVERAL_KEYS = (
+    "The request carried more than one Idempotency-Key header (they arrive joined "
+    "by commas), or a key with a comma outside quotes. Send one Idempotency-Key "
+    'header with one key; quote a key that contains a comma ("a,b").'
+)
 
 
 def parse_key(value: str, max_length: int, min_length: int = 1) -> str:
@@ -25,11 +41,15 @@ def parse_key(value: str, max_length: int, min_length: int = 1) -> str:
     if value.startswith('"'):
         match = _SF_STRING.match(value)
         if match is None:
+            if _is_list(value):
+                raise InvalidIdempotencyKey(_SEVERAL_KEYS)
             raise InvalidIdempotencyKey(
                 "The Idempotency-Key header starts with a quote but is not a valid "
                 'quoted string. Send the key bare (abc-123) or quoted ("abc-123").'
             )
         value = _SF_ESCAPE.sub(r"\1", match.group(1))
+    elif "," in value:
+        raise InvalidIdempotencyKey(_SEVERAL_KEYS)
     if not value:
         raise InvalidIdempotencyKey("The Idempotency-Key header is empty.")
     if len(value) > max_length:
@@ -51,6 +71,21 @@ def parse_key(value: str, max_length: int, min_length: int = 1) -> str:
     return value
 
 
+def _is_list(value: str) -> bool:
+    """Whether a value that is not one sf-string reads as several joined members."""
+    return _LIST.match(value) is not None
+
+
+#: Hex digits of a masked key: enough to tell keys apart in logs.
+MASK_LENGTH = 12
+_MASK_SALT = "django_idempotency.keys.mask_key"
+
+
 def mask_key(key: str) -> str:
-    """A short, stable digest of a key for logs: never log a key in clear."""
-    return hashlib.sha256(key.encode()).hexdigest()[:12]
+    """A short, stable digest of a key for logs and the admin: never show a key in clear.
+
+    Keyed with ``SECRET_KEY`` (an HMAC): many keys are guessable
+    (``receipt-7``), and a plain hash prefix in a log would let anyone who
+    reads the log try candidates until one matches, then replay it.
+    """
+    return salted_hmac(_MASK_SALT, key, algorithm="sha256").hexdigest()[:MASK_LENGTH]

@@ -22,8 +22,9 @@ Three things Django does around a view shape what the middleware does:
   it (403, 404, 500): we hear of it through ``process_exception`` and
   treat the response as the handler's failure, never stored;
 - a view that authenticates the request itself runs after the scope is
-  taken: an unauthenticated request's ``Authorization`` header is folded
-  into its scope, so one client's token never replays another's answer.
+  taken: the default scope folds an unauthenticated request's
+  ``Authorization`` header into it (:mod:`django_idempotency.scopes`), as
+  under the decorator, so one client's token never replays another's answer.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from asgiref.sync import async_to_sync, iscoroutinefunction, markcoroutinefuncti
 from django.db import connections, transaction
 from django.http import HttpRequest, HttpResponseBase
 from django.urls import Resolver404, resolve
-from django.utils.crypto import salted_hmac
 
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.core import protect, protect_async, sent_key
@@ -62,9 +62,6 @@ _VIEW_RAISED = "_idempotency_view_raised"
 # Set on the request by __call__: the view process_view calls in place of
 # the resolved one (a framework's own protection, see VIEW_PROTECTORS).
 _CALL_INSTEAD = "_idempotency_call_instead"
-# The hex digits of the Authorization header's digest kept in the scope.
-CREDENTIAL_DIGEST_LENGTH = 32
-_CREDENTIAL_SALT = "django_idempotency.middleware.credential"
 
 
 class _NotReached(Exception):
@@ -207,32 +204,12 @@ def _options_for(view: Any) -> DeclaredOptions:
     return _SETTINGS
 
 
-def _scope_with_credentials(request: HttpRequest) -> str:
-    """The ``SCOPE`` setting's scope, narrowed by the credentials of an unauthenticated request.
-
-    A view that authenticates the request itself (a token checked in the
-    view, django-ninja, GraphQL) does so after the scope is taken, when
-    every client still looks anonymous: without its credentials in the
-    scope, one client sending another's key and body would get the other's
-    stored response. Only a digest of the header is kept, never its value,
-    and a keyed one: a Basic ``Authorization`` holds a password, which a
-    plain hash in the scope column would expose to a guessing attack.
-    """
-    scope = idempotency_settings.scope(request)
-    credentials = request.headers.get("Authorization")
-    user = getattr(request, "user", None)
-    if not credentials or (user is not None and user.is_authenticated):
-        return scope
-    digest = salted_hmac(_CREDENTIAL_SALT, credentials, algorithm="sha256").hexdigest()
-    return f"{scope}|credential:{digest[:CREDENTIAL_DIGEST_LENGTH]}"
-
-
 def _label(name: str) -> str:
     return f"IdempotencyMiddleware's {name}"
 
 
-_SETTINGS = DeclaredOptions({"scope": _scope_with_credentials}, _label)
-_LEASE_MODE = DeclaredOptions({"scope": _scope_with_credentials, "atomic": False}, _label)
+_SETTINGS = DeclaredOptions({}, _label)
+_LEASE_MODE = DeclaredOptions({"atomic": False}, _label)
 
 
 def _in_request_transactions(view: Any) -> Any:

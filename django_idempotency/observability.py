@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import time
-from contextvars import ContextVar
 from typing import Any, Literal
 
 from django.dispatch import Signal
@@ -116,7 +115,7 @@ def record(
         extra=fields,
     )
     _set_span_attributes(outcome, fields.get("idempotency_waited_ms"))
-    _count(outcome, info, fields["idempotency_view"])
+    _count(outcome, fields["idempotency_view"])
     # Receivers are the project's code (metrics, audit) running inside the
     # protocol: one that raises must not turn a stored response into a 500,
     # nor leave a claimed key stuck, so its error is logged, not raised.
@@ -147,32 +146,18 @@ def _set_span_attributes(outcome: str, waited: float | None) -> None:
         span.set_attribute("idempotency.waited_ms", waited)
 
 
-#: The replay-cache lookup of the request being protected, and whether it hit.
-#: The cache does not know the view, so the lookup is counted at the
-#: request's next outcome (a hit's replay, a miss's claim, 409 or 422), which
-#: does: contextvars keep concurrent requests apart, and a lookup whose
-#: request ended in an error is dropped when the next request looks up.
-_cache_lookup: ContextVar[tuple[IdempotencyInfo, bool] | None] = ContextVar(
-    "idempotency_cache_lookup", default=None
-)
-
-
-def cache_looked_up(info: IdempotencyInfo, *, hit: bool) -> None:
-    """Count a replay-cache lookup for ``info``'s request: a hit or a miss."""
+def cache_looked_up(sender: Any, *, hit: bool) -> None:
+    """Count a replay-cache lookup for the view or task ``sender``: a hit or a miss."""
     if metrics.enabled:
-        _cache_lookup.set((info, hit))
+        metrics.add(metrics.CACHE_HITS if hit else metrics.CACHE_MISSES, view_name(sender))
 
 
-def _count(outcome: str, info: IdempotencyInfo, view: str) -> None:
+def _count(outcome: str, view: str) -> None:
     if not metrics.enabled:
         return
     counted = _COUNTED.get(outcome)
     if counted is not None:
         metrics.add(counted, view)
-    looked_up = _cache_lookup.get()
-    if looked_up is not None and looked_up[0] is info:
-        _cache_lookup.set(None)
-        metrics.add(metrics.CACHE_HITS if looked_up[1] else metrics.CACHE_MISSES, view)
 
 
 def record_recovery(step: Literal["started", "completed"], sender: Any) -> None:

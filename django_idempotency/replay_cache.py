@@ -18,16 +18,18 @@ from datetime import datetime
 from typing import Any
 
 from django.core.cache import caches
+from django.db import connections
 
-from django_idempotency import observability
+from django_idempotency.conf import idempotency_settings
 from django_idempotency.info import IdempotencyInfo
 from django_idempotency.keys import mask_key
 from django_idempotency.responses import StoredResponse
 
 logger = logging.getLogger(__name__)
 
-#: Cache keys are a digest of scope and key: never the key in clear, and
-#: short and plain enough for every cache backend (memcached refuses spaces).
+#: Cache keys are a digest of the database, scope and key: never the key in
+#: clear, and short and plain enough for every cache backend (memcached
+#: refuses spaces).
 KEY_PREFIX = "django_idempotency:replay:"
 #: The first item of every entry; a different layout is never read.
 FORMAT = 1
@@ -36,25 +38,41 @@ FORMAT = 1
 MIN_LIFETIME = 1.0
 
 
-def cache_key(scope: str, key: str) -> str:
-    digest = hashlib.sha256(scope.encode() + b"\0" + key.encode()).hexdigest()
+def cache_key(scope: str, key: str, using: str | None = None) -> str:
+    """The cache key of (scope, key) in the database ``using`` (default: ``DATABASE``).
+
+    The database is part of it: deployments (or tenants with a database
+    each) that share one cache but not a database must never replay each
+    other's responses, which their own database has no record of.
+    """
+    parts = (*_database_identity(using), scope, key)
+    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()
     return KEY_PREFIX + digest
 
 
-def lookup(alias: str, info: IdempotencyInfo) -> StoredResponse | None:
+def _database_identity(using: str | None) -> tuple[str, ...]:
+    """What tells one database from another: its alias, backend, server and name."""
+    alias = idempotency_settings.database if using is None else using
+    database = connections[alias].settings_dict
+    return (
+        alias,
+        str(database.get("ENGINE") or ""),
+        str(database.get("HOST") or ""),
+        str(database.get("PORT") or ""),
+        str(database.get("NAME") or ""),
+    )
+
+
+def lookup(alias: str, info: IdempotencyInfo, using: str | None = None) -> StoredResponse | None:
     """The cached response for this request, or ``None`` to ask the database.
 
     ``None`` also for an entry whose fingerprint differs (the database
     answers 422 with its own signals) and for one past its record's expiry.
+    ``using`` is the database the request's record lives in, by default the
+    ``DATABASE`` setting's.
     """
-    stored = _find(alias, info)
-    observability.cache_looked_up(info, hit=stored is not None)
-    return stored
-
-
-def _find(alias: str, info: IdempotencyInfo) -> StoredResponse | None:
     try:
-        entry = caches[alias].get(cache_key(info.scope, info.key))
+        entry = caches[alias].get(cache_key(info.scope, info.key, using))
     except Exception:
         _log_failure("read", alias, info)
         return None
@@ -66,7 +84,13 @@ def _find(alias: str, info: IdempotencyInfo) -> StoredResponse | None:
     return StoredResponse(status_code, headers, body)
 
 
-def put(alias: str, info: IdempotencyInfo, stored: StoredResponse, expires_at: datetime) -> None:
+def put(
+    alias: str,
+    info: IdempotencyInfo,
+    stored: StoredResponse,
+    expires_at: datetime,
+    using: str | None = None,
+) -> None:
     """Cache a committed, completed response until no later than its record expires.
 
     Called only after the transaction that completed the record committed
@@ -87,15 +111,15 @@ def put(alias: str, info: IdempotencyInfo, stored: StoredResponse, expires_at: d
     )
     try:
         # Whole seconds, rounded down: the entry dies before its record does.
-        caches[alias].set(cache_key(info.scope, info.key), entry, timeout=int(lifetime))
+        caches[alias].set(cache_key(info.scope, info.key, using), entry, timeout=int(lifetime))
     except Exception:
         _log_failure("write", alias, info)
 
 
-def evict(alias: str, scope: str, key: str) -> None:
-    """Drop the entry for (scope, key), for callers that delete a record early."""
+def evict(alias: str, scope: str, key: str, using: str | None = None) -> None:
+    """Drop the entry for (scope, key) in ``using``, for callers that delete a record early."""
     try:
-        caches[alias].delete(cache_key(scope, key))
+        caches[alias].delete(cache_key(scope, key, using))
     except Exception:
         logger.warning(
             "Could not evict idempotency key %s in scope %r from the replay cache %r.",

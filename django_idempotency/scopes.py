@@ -3,6 +3,14 @@
 Keys are only unique within a scope, so the scope is what keeps one client
 from ever receiving another client's stored response. See the security
 section of docs/concepts.rst for choosing between them.
+
+Both functions read the caller from ``request.user``, which is set before
+the scope is taken only when Django (or DRF, before the mixin) has
+authenticated the request. A view that authenticates its caller itself
+(a token checked in the view, as django-ninja or GraphQL libraries do) does
+so too late: every such caller would look anonymous. So a caller that is
+not authenticated but sends an ``Authorization`` header is scoped by a
+keyed digest of it, under every adapter alike.
 """
 
 from __future__ import annotations
@@ -10,16 +18,26 @@ from __future__ import annotations
 import hashlib
 
 from django.http import HttpRequest
+from django.utils.crypto import salted_hmac
 
 ANONYMOUS = "anonymous"
+#: The hex digits of the ``Authorization`` header's digest kept in the scope.
+CREDENTIAL_DIGEST_LENGTH = 32
+# The middleware introduced these scopes; the same salt keeps its records
+# replayable to retries sent across an upgrade.
+_CREDENTIAL_SALT = "django_idempotency.middleware.credential"
 
 
 def user_scope(request: HttpRequest) -> str:
-    """``user:<pk>`` for an authenticated user, ``anonymous`` otherwise."""
-    user = getattr(request, "user", None)
-    if user is not None and user.is_authenticated:
-        return f"user:{user.pk}"
-    return ANONYMOUS
+    """``user:<pk>`` for an authenticated user; else the credentials, if any, or ``anonymous``.
+
+    An unauthenticated caller that sends an ``Authorization`` header is
+    ``anonymous|credential:<digest>``, so that two such callers never share
+    a scope. Credentials sent any other way (an API key in another header,
+    in the query string or in the body) are not seen: use a scope function
+    of your own for them.
+    """
+    return _user(request) or _anonymous(request)
 
 
 def session_scope(request: HttpRequest) -> str:
@@ -27,20 +45,44 @@ def session_scope(request: HttpRequest) -> str:
 
     Only a session the client *sent* counts: one the view creates during
     this request does not exist yet when the scope is taken, so such a
-    request stays ``anonymous``, and so must its retry (a retry resends the
+    request stays anonymous, and so must its retry (a retry resends the
     request as it was, cookies included). The session key is a secret, so
-    the scope holds its digest, never the key.
+    the scope holds its digest, never the key. A caller with neither a user
+    nor a session is scoped by its ``Authorization`` header, as under
+    :func:`user_scope`.
     """
-    scope = user_scope(request)
-    if scope != ANONYMOUS:
-        return scope
+    return _user(request) or _session(request) or _anonymous(request)
+
+
+def _user(request: HttpRequest) -> str | None:
+    user = getattr(request, "user", None)
+    if user is not None and user.is_authenticated:
+        return f"user:{user.pk}"
+    return None
+
+
+def _session(request: HttpRequest) -> str | None:
     session = getattr(request, "session", None)
     if session is None or session.session_key is None:
-        return ANONYMOUS
+        return None
     # Loading the session drops a key the store does not know (expired,
     # forged), so a made-up cookie does not get a scope of its own.
     session.keys()
     key = session.session_key
     if not key:
-        return ANONYMOUS
+        return None
     return "session:" + hashlib.sha256(key.encode()).hexdigest()
+
+
+def _anonymous(request: HttpRequest) -> str:
+    """``anonymous``, narrowed by the request's ``Authorization`` header if it has one.
+
+    Only a digest of the header is kept, never its value, and a keyed one
+    (HMAC with ``SECRET_KEY``): a Basic header holds a password, which a
+    plain hash in the scope column would expose to a guessing attack.
+    """
+    credentials = request.headers.get("Authorization")
+    if not credentials:
+        return ANONYMOUS
+    digest = salted_hmac(_CREDENTIAL_SALT, credentials, algorithm="sha256").hexdigest()
+    return f"{ANONYMOUS}|credential:{digest[:CREDENTIAL_DIGEST_LENGTH]}"

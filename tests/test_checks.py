@@ -3,14 +3,26 @@ from __future__ import annotations
 import gc
 import re
 from datetime import timedelta
+from io import StringIO
 
 import pytest
+from django.conf import settings as django_settings
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
-from django_idempotency.checks import check_settings
+from django_idempotency.checks import check_middleware_order, check_settings
 from django_idempotency.conf import BY_NAME, SETTINGS
+from django_idempotency.middleware import IdempotencyMiddleware
+
+
+def as_started_with(monkeypatch, settings_value) -> None:
+    """``IDEMPOTENCY`` as a settings module sets it: no ``setting_changed``, only the checks see it.
+
+    ``override_settings`` refuses a key that is not a setting as soon as it
+    applies it (see test_conf.py), so the check's own tests set it this way.
+    """
+    monkeypatch.setattr(django_settings, "IDEMPOTENCY", settings_value, raising=False)
 
 
 def ids(settings_value) -> list[str]:
@@ -50,12 +62,25 @@ class CheckSettingsTests:
     def test_not_a_dict_is_e001(self):
         assert ids(["TTL"]) == ["django_idempotency.E001"]
 
-    def test_unknown_key_is_e002_with_suggestion(self):
-        with override_settings(IDEMPOTENCY={"TTLL": 5}):
-            [error] = check_settings()
+    def test_unknown_key_is_e002_with_suggestion(self, monkeypatch):
+        as_started_with(monkeypatch, {"TTLL": 5})
+        [error] = check_settings()
         assert error.id == "django_idempotency.E002"
         assert "'TTLL'" in error.msg
         assert "'TTL'" in error.hint
+
+    def test_unknown_key_without_a_close_one_lists_the_known_keys(self, monkeypatch):
+        as_started_with(monkeypatch, {"COLOUR": "blue", "TTL": 5})
+        [error] = check_settings()
+        assert error.id == "django_idempotency.E002"
+        assert error.msg == "IDEMPOTENCY['COLOUR'] is not a known setting."
+        assert error.hint.startswith("Known keys: HEADER, REQUIRED, METHODS,")
+
+    @pytest.mark.django_db  # Django's own model checks may ask the database (JSONField)
+    def test_unknown_key_stops_the_check_command(self, monkeypatch):
+        as_started_with(monkeypatch, {"TTLL": 5})
+        with pytest.raises(SystemCheckError, match=r"django_idempotency\.E002"):
+            call_command("check")
 
     @pytest.mark.parametrize(
         ("key", "value"),
@@ -99,7 +124,7 @@ class CheckSettingsTests:
     def test_each_setting_has_its_own_check_id(self):
         ids = [setting.check_id for setting in SETTINGS]
         assert len(set(ids)) == len(ids)
-        fixed = {"E001", "E002", "E004", "E005", "E117"}
+        fixed = {"E001", "E002", "E004", "E005", "E006", "E117"}
         assert not fixed & {check_id.rsplit(".", 1)[1] for check_id in ids}
 
     @pytest.mark.django_db  # Django's own model checks may ask the database (JSONField)
@@ -165,7 +190,7 @@ class CheckSettingsTests:
         page = (Path(__file__).resolve().parent.parent / "docs" / "settings.rst").read_text()
         documented = set(re.findall(r"``([EW]\d{3})``", page))
         used = {setting.check_id.rsplit(".", 1)[1] for setting in SETTINGS}
-        assert used | {"E001", "E002", "E004", "E005", "E117", "E118"} <= documented
+        assert used | {"E001", "E002", "E004", "E005", "E006", "E117", "E118"} <= documented
         for setting in SETTINGS:
             assert f"``{setting.name}``" in page
 
@@ -182,3 +207,59 @@ class CheckSettingsTests:
     def test_checks_are_registered(self):
         with pytest.raises(SystemCheckError, match=r"django_idempotency\.E104"):
             call_command("check")
+
+
+IDEMPOTENCY_MIDDLEWARE = "django_idempotency.middleware.IdempotencyMiddleware"
+AUTHENTICATION_MIDDLEWARE = "django.contrib.auth.middleware.AuthenticationMiddleware"
+SESSION = "django.contrib.sessions.middleware.SessionMiddleware"
+
+
+class IdempotencyMiddlewareSubclass(IdempotencyMiddleware):
+    pass
+
+
+class MiddlewareOrderTests:
+    """``IdempotencyMiddleware`` before ``AuthenticationMiddleware`` scopes every user anonymous."""
+
+    def test_before_authentication_is_e006_naming_both_and_the_fix(self, settings):
+        settings.MIDDLEWARE = [SESSION, IDEMPOTENCY_MIDDLEWARE, AUTHENTICATION_MIDDLEWARE]
+        [error] = check_middleware_order()
+        assert error.id == "django_idempotency.E006"
+        assert error.msg == (
+            f"{IDEMPOTENCY_MIDDLEWARE!r} must come after {AUTHENTICATION_MIDDLEWARE!r} "
+            "in MIDDLEWARE."
+        )
+        assert f"Move {IDEMPOTENCY_MIDDLEWARE!r} below {AUTHENTICATION_MIDDLEWARE!r}" in error.hint
+        assert "'anonymous'" in error.hint
+
+    def test_after_authentication_passes(self, settings):
+        settings.MIDDLEWARE = [SESSION, AUTHENTICATION_MIDDLEWARE, IDEMPOTENCY_MIDDLEWARE]
+        assert check_middleware_order() == []
+
+    @pytest.mark.parametrize(
+        "middleware",
+        [
+            [SESSION, AUTHENTICATION_MIDDLEWARE],
+            [SESSION, IDEMPOTENCY_MIDDLEWARE],
+            [IDEMPOTENCY_MIDDLEWARE, "no_such_module.Middleware"],
+        ],
+    )
+    def test_either_one_missing_passes(self, settings, middleware):
+        settings.MIDDLEWARE = middleware
+        assert check_middleware_order() == []
+
+    def test_a_subclass_counts_and_is_named_as_listed(self, settings):
+        subclass = f"{__name__}.IdempotencyMiddlewareSubclass"
+        settings.MIDDLEWARE = [subclass, SESSION, AUTHENTICATION_MIDDLEWARE]
+        [error] = check_middleware_order()
+        assert error.id == "django_idempotency.E006"
+        assert error.msg.startswith(f"{subclass!r} must come after")
+
+    @pytest.mark.django_db  # Django's own model checks may ask the database (JSONField)
+    def test_check_is_registered(self, settings):
+        project_middleware = list(settings.MIDDLEWARE)
+        settings.MIDDLEWARE = [IDEMPOTENCY_MIDDLEWARE, *project_middleware]
+        with pytest.raises(SystemCheckError, match=r"django_idempotency\.E006"):
+            call_command("check")
+        settings.MIDDLEWARE = [*project_middleware, IDEMPOTENCY_MIDDLEWARE]
+        call_command("check", stdout=StringIO())

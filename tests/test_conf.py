@@ -3,26 +3,31 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
+import json
 import re
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.conf import settings as django_settings
 from django.contrib.auth.models import User
 from django.contrib.sessions.backends.db import SessionStore
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
-from django.test import Client, override_settings
+from django.test import AsyncClient, Client, RequestFactory, override_settings
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 
 import django_idempotency
 from django_idempotency import idempotent
+from django_idempotency.checks import check_settings
 from django_idempotency.conf import DEFAULTS, SETTINGS, idempotency_settings
 from django_idempotency.drf import IdempotentMixin
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.options import OPTION_NAMES
-from django_idempotency.scopes import session_scope
+from django_idempotency.scopes import session_scope, user_scope
+from tests.clients import post
 from tests.views import calls
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,6 +133,53 @@ class SettingsTableTests:
             pytest.raises(ImproperlyConfigured, match="must be a dict"),
         ):
             idempotency_settings.ttl  # noqa: B018
+
+
+class UnknownKeyOverrideTests:
+    """``override_settings`` with a misspelt key fails at once, in the system check's words."""
+
+    def test_override_with_an_unknown_key_raises_naming_it_and_the_fix(self):
+        with (
+            pytest.raises(ImproperlyConfigured) as refused,
+            override_settings(IDEMPOTENCY={"TTLL": 5}),
+        ):
+            pytest.fail("the override must not apply")  # pragma: no cover
+        assert (
+            str(refused.value) == "IDEMPOTENCY['TTLL'] is not a known setting. Did you mean 'TTL'?"
+        )
+
+    def test_the_words_are_the_system_checks(self, monkeypatch):
+        monkeypatch.setattr(django_settings, "IDEMPOTENCY", {"MEHTODS": ["POST"]}, raising=False)
+        [error] = check_settings()
+        monkeypatch.undo()
+        with pytest.raises(ImproperlyConfigured) as refused:
+            override_settings(IDEMPOTENCY={"MEHTODS": ["POST"]}).enable()
+        assert str(refused.value) == f"{error.msg} {error.hint}"
+
+    def test_a_refused_override_leaves_the_settings_as_they_were(self):
+        with override_settings(IDEMPOTENCY={"TTL": 60}):
+            with (
+                pytest.raises(ImproperlyConfigured),
+                override_settings(IDEMPOTENCY={"TTL": 5, "X": 1}),
+            ):
+                pass  # pragma: no cover
+            assert idempotency_settings.ttl == timedelta(seconds=60)
+        assert idempotency_settings.ttl == timedelta(hours=24)
+
+    def test_pytest_django_settings_fixture_refuses_it_too(self, settings):
+        with pytest.raises(ImproperlyConfigured, match=r"IDEMPOTENCY\['REQUIERD'\].*'REQUIRED'"):
+            settings.IDEMPOTENCY = {"REQUIERD": True}
+
+    @override_settings(SILENCED_SYSTEM_CHECKS=["django_idempotency.E002"])
+    def test_silencing_the_check_silences_the_refusal(self):
+        with override_settings(IDEMPOTENCY={"PROJECT_OWN_KEY": 1, "TTL": 60}):
+            assert idempotency_settings.ttl == timedelta(seconds=60)
+
+    def test_a_bad_value_is_refused_at_its_first_read_not_by_the_override(self):
+        with override_settings(IDEMPOTENCY={"TTL": "1h"}):
+            assert idempotency_settings.methods == frozenset({"POST", "PATCH"})
+            with pytest.raises(ImproperlyConfigured, match=r"IDEMPOTENCY\['TTL'\]"):
+                idempotency_settings.ttl  # noqa: B018
 
 
 def test_version_is_the_one_in_pyproject():
@@ -240,3 +292,86 @@ def test_view_options_are_resolved_once_and_again_after_a_settings_change():
         assert changed.ttl == timedelta(seconds=60)
         assert changed.wait == 1  # the view's own option still wins
     assert view_options.resolve().ttl == timedelta(hours=24)
+
+
+@pytest.fixture(params=["wsgi", "asgi"])
+def any_client(request: pytest.FixtureRequest) -> Client | AsyncClient:
+    return Client() if request.param == "wsgi" else AsyncClient()
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.mark.django_db(transaction=True)
+class CredentialScopeTests:
+    """Callers Django did not authenticate are scoped by their ``Authorization`` header."""
+
+    def test_decorated_view_gives_each_callers_credentials_their_own_response(self, any_client):
+        url = "/orders/token-auth/"
+        alice = post(any_client, url, key="shared", headers=bearer("alice-token"))
+        bob = post(any_client, url, key="shared", headers=bearer("bob-token"))
+
+        assert alice.status_code == bob.status_code == 201
+        assert "Idempotent-Replayed" not in bob
+        assert json.loads(alice.content)["caller"] == "alice-token"
+        assert json.loads(bob.content)["caller"] == "bob-token"
+        assert calls.value == 2
+        again = post(any_client, url, key="shared", headers=bearer("alice-token"))
+        assert again["Idempotent-Replayed"] == "true"
+        assert again.content == alice.content
+        assert calls.value == 2
+        scopes = set(IdempotencyKey.objects.values_list("scope", flat=True))
+        assert len(scopes) == 2
+        assert all(re.fullmatch(r"anonymous\|credential:[0-9a-f]{32}", s) for s in scopes)
+        assert not any("token" in scope for scope in scopes)
+
+    def test_drf_view_that_authenticates_nobody_keeps_callers_apart(self):
+        # TokenAuthentication knows "Token", not "Bearer": DRF leaves both anonymous.
+        first = post(Client(), "/api/orders/", key="shared", headers=bearer("alice-token"))
+        second = post(Client(), "/api/orders/", key="shared", headers=bearer("bob-token"))
+
+        assert first.status_code == second.status_code == 201
+        assert "Idempotent-Replayed" not in second
+        assert first.json()["id"] != second.json()["id"]
+        assert calls.value == 2
+
+    def test_no_credentials_is_anonymous(self, any_client):
+        post(any_client, "/orders/", key="k")
+        post(any_client, "/orders/", key="empty", headers={"Authorization": ""})
+        assert set(IdempotencyKey.objects.values_list("scope", flat=True)) == {"anonymous"}
+
+    def test_authenticated_user_is_scoped_by_user_whatever_it_sends(self, any_client):
+        user = User.objects.create_user("carol")
+        any_client.force_login(user)
+        post(any_client, "/orders/", key="k", headers=bearer("carol-token"))
+        assert IdempotencyKey.objects.get().scope == f"user:{user.pk}"
+
+
+class CredentialDigestTests:
+    def test_digest_is_keyed_with_the_secret_key(self):
+        request = RequestFactory().post("/", headers=bearer("alice-token"))
+        scope = user_scope(request)
+        digest = scope.removeprefix("anonymous|credential:")
+        assert len(digest) == 32
+        assert digest not in hashlib.sha256(b"Bearer alice-token").hexdigest()
+        with override_settings(SECRET_KEY="another-secret-key"):
+            assert user_scope(request) != scope
+        assert user_scope(request) == scope
+
+    def test_session_scope_keeps_a_sent_session_and_folds_credentials_without_one(self, db):
+        factory = RequestFactory()
+        with_credentials = factory.post("/", headers=bearer("alice-token"))
+        with_credentials.session = SessionStore()
+        assert session_scope(with_credentials) == user_scope(with_credentials)
+        assert session_scope(with_credentials).startswith("anonymous|credential:")
+
+        sent = SessionStore()
+        sent["seen"] = True
+        sent.create()
+        with_session = factory.post("/", headers=bearer("alice-token"))
+        with_session.session = SessionStore(sent.session_key)
+        assert session_scope(with_session) == (
+            "session:" + hashlib.sha256(sent.session_key.encode()).hexdigest()
+        )
+        assert session_scope(factory.post("/")) == "anonymous"

@@ -2,11 +2,14 @@
 
 Threads in one process cannot show what several app instances do; these
 tests start gunicorn with four sync workers and race duplicates across
-them. A worker killed mid-handler is in ``test_crashes.py``.
+them. A worker killed mid-handler is in ``test_crashes.py``. Gunicorn is
+also the server that joins repeated header lines, as WSGI servers do.
 """
 
 from __future__ import annotations
 
+import http.client
+import json
 import threading
 import time
 from collections import defaultdict
@@ -84,3 +87,42 @@ class LoadTests:
         assert not IdempotencyKey.objects.exclude(state=State.COMPLETED).exists()
         assert len(gunicorn.answering_pids()) > 1, "every request went to one worker"
         assert elapsed < 120
+
+
+class RepeatedHeaderTests:
+    """Two ``Idempotency-Key`` lines reach Django joined (``k-a,k-b``): never one key."""
+
+    @staticmethod
+    def send(gunicorn: GunicornServer, keys: list[str]) -> tuple[int, str, bytes]:
+        connection = http.client.HTTPConnection("127.0.0.1", gunicorn.port, timeout=REQUEST_TIMEOUT)
+        body = json.dumps({"item": "book"}).encode()
+        try:
+            connection.putrequest("POST", "/orders/")
+            connection.putheader("Content-Type", "application/json")
+            connection.putheader("Content-Length", str(len(body)))
+            for key in keys:
+                connection.putheader("Idempotency-Key", key)
+            connection.endheaders(body)
+            response = connection.getresponse()
+            return response.status, response.getheader("Content-Type", ""), response.read()
+        finally:
+            connection.close()
+
+    def test_two_key_headers_are_refused_and_run_nothing(self, gunicorn: GunicornServer) -> None:
+        status, content_type, body = self.send(gunicorn, ["k-a", "k-b"])
+
+        assert status == 400, gunicorn.log()
+        assert content_type == "application/problem+json"
+        assert "more than one Idempotency-Key header" in json.loads(body)["detail"]
+        assert not Order.objects.exists()
+        assert not IdempotencyKey.objects.exists()
+
+        status, _, _ = self.send(gunicorn, ["k-a"])
+        assert status == 201
+        assert list(IdempotencyKey.objects.values_list("key", flat=True)) == ["k-a"]
+
+    def test_one_quoted_key_with_a_comma_is_one_key(self, gunicorn: GunicornServer) -> None:
+        status, _, _ = self.send(gunicorn, ['"k-a,k-b"'])
+
+        assert status == 201, gunicorn.log()
+        assert list(IdempotencyKey.objects.values_list("key", flat=True)) == ["k-a,k-b"]

@@ -318,6 +318,22 @@ class CredentialScopeTests:
 
         assert IdempotencyKey.objects.get().scope == f"user:{user.pk}"
 
+    def test_the_scope_setting_is_used_as_it_is(self, any_client, settings) -> None:
+        # The default scope folds the credentials in; a scope of your own decides alone.
+        settings.IDEMPOTENCY = {"SCOPE": lambda request: "tenant:acme"}
+        post(any_client, "/async/sync/plain/", key="t", headers={"Authorization": "Bearer x"})
+
+        assert IdempotencyKey.objects.get().scope == "tenant:acme"
+
+    def test_middleware_and_decorator_scope_a_caller_alike(self, any_client) -> None:
+        headers = {"Authorization": "Bearer alice"}
+        post(any_client, "/async/sync/token-auth/", key="middleware", headers=headers)
+        post(any_client, "/orders/token-auth/", key="decorator", headers=headers)
+
+        by_key = dict(IdempotencyKey.objects.values_list("key", "scope"))
+        assert by_key["middleware"] == by_key["decorator"]
+        assert by_key["middleware"].startswith("anonymous|credential:")
+
 
 class CapabilityTests:
     def test_sync_and_async_capable(self) -> None:

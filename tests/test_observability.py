@@ -16,6 +16,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from django_idempotency import observability, signals
+from django_idempotency.info import IdempotencyInfo
 from django_idempotency.keys import mask_key
 from tests import views
 
@@ -180,6 +181,39 @@ class LogFieldTests:
         (logged,) = [r for r in caplog.records if r.levelno == logging.INFO]
         assert logged.idempotency_outcome == "conflict"
         assert logged.idempotency_key == mask_key(KEY)
+
+
+@pytest.mark.django_db
+class MaskedInfoTests:
+    """``request.idempotency`` may be logged as it is: its repr never holds the key."""
+
+    def test_repr_masks_the_key_and_shows_scope_and_fingerprint_prefix(self):
+        info = IdempotencyInfo(key="receipt-7", scope="user:42", fingerprint="ab" * 32)
+
+        assert repr(info) == (
+            f"IdempotencyInfo(key=<masked {mask_key('receipt-7')}>, scope='user:42', "
+            f"fingerprint='{'ab' * 6}...')"
+        )
+        assert "receipt-7" not in repr(info)
+        assert "receipt-7" not in str(info)
+        assert "receipt-7" not in f"{[info]}"
+
+    def test_a_receiver_that_logs_the_info_leaks_no_key(self, client, caplog):
+        logger = logging.getLogger("tests.receivers")
+
+        def receiver(sender, request, idempotency, **kwargs):
+            logger.warning("replayed %r", idempotency)
+
+        signals.response_replayed.connect(receiver)
+        try:
+            post(client)
+            post(client)
+        finally:
+            signals.response_replayed.disconnect(receiver)
+        (logged,) = [r.getMessage() for r in caplog.records if r.name == "tests.receivers"]
+        assert KEY not in logged
+        assert mask_key(KEY) in logged
+        assert "scope='anonymous'" in logged
 
 
 @pytest.mark.django_db

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import time
 import uuid
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -22,7 +23,7 @@ from django.contrib import admin
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.cache import caches
 from django.core.management import call_command
-from django.db import connection
+from django.db import connection, connections
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.urls import include, path
@@ -169,6 +170,58 @@ def test_a_cache_replay_sends_the_same_signal_and_log(client, caplog):
     assert {item[1:] for item in received} == {("k1", "anonymous")}
     outcomes = [getattr(r, "idempotency_outcome", None) for r in caplog.records]
     assert outcomes == ["replayed"]
+
+
+@contextmanager
+def deployment_on(database_name: str):
+    """The ``default`` alias pointed at another database, as another deployment's is."""
+    saved = connection.settings_dict
+    connection.close()
+    connection.settings_dict = {**saved, "NAME": database_name}
+    try:
+        yield
+    finally:
+        connection.close()
+        connection.settings_dict = saved
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+@pytest.mark.parametrize("alias", ["replay", "redis"])
+def test_deployments_sharing_a_cache_never_replay_each_others_responses(client, alias):
+    other_database = connections["other"].settings_dict["NAME"]
+    key = f"k-{uuid.uuid4().hex}"  # the Redis server outlives each test's records
+    with _settings(alias):
+        first = post(client, key)
+        with deployment_on(other_database):
+            assert not IdempotencyKey.objects.exists()
+            theirs = post(client, key)
+            # Not a replay of the first deployment's answer, which it has no record of.
+            assert "Idempotent-Replayed" not in theirs
+            assert IdempotencyKey.objects.get().key == key
+            their_retry = post(client, key)
+        mine = post(client, key)
+    assert first.status_code == theirs.status_code == 201
+    assert calls.value == 2
+    # Each deployment wrote its own order, in its own database.
+    assert Order.objects.count() == Order.objects.using("other").count() == 1
+    assert their_retry.content == theirs.content
+    assert mine.content == first.content
+    assert mine["Idempotent-Replayed"] == their_retry["Idempotent-Replayed"] == "true"
+
+
+def test_the_cache_key_holds_the_database_alias_server_and_name():
+    base = replay_cache.cache_key("anonymous", "k1")
+    assert base == replay_cache.cache_key("anonymous", "k1", using="default")
+    assert replay_cache.cache_key("anonymous", "k1", using="other") != base
+    saved = connection.settings_dict
+    try:
+        for name, value in [("NAME", "another_database"), ("HOST", "db2"), ("PORT", "6543")]:
+            connection.settings_dict = {**saved, name: value}
+            assert replay_cache.cache_key("anonymous", "k1") != base, name
+        connection.settings_dict = dict(saved)
+        assert replay_cache.cache_key("anonymous", "k1") == base
+    finally:
+        connection.settings_dict = saved
 
 
 def test_a_different_body_is_refused_by_the_database_not_replayed(client):

@@ -8,6 +8,7 @@ urlpatterns = [
     path("orders/required/", views.create_order_required),
     path("orders/lease/", views.create_order_lease),
     path("orders/short-wait/", views.create_order_short_wait),
+    path("orders/token-auth/", views.create_order_token_auth),
     path("orders/class-based/", views.OrderView.as_view()),
     path("orders/class-based-lease/", views.LeaseOrderView.as_view()),
     path("orders/lease-then-fail/", views.LeaseThenFailView.as_view()),

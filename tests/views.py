@@ -137,6 +137,17 @@ def idempotency_info(request: HttpRequest) -> JsonResponse:
     )
 
 
+@idempotent
+def create_order_token_auth(request: HttpRequest) -> JsonResponse:
+    """Authenticate the caller by a bearer token in the view, as non-DRF API frameworks do."""
+    calls.increment()
+    caller = request.headers.get("Authorization", "").removeprefix("Bearer ")
+    if not caller:
+        return JsonResponse({"detail": "no credentials"}, status=401)
+    order = Order.objects.create(item=f"for {caller}")
+    return JsonResponse({"id": order.pk, "caller": caller}, status=201)
+
+
 class OrderView(View):
     @method_decorator(idempotent)
     def post(self, request: HttpRequest) -> HttpResponse:
