@@ -297,6 +297,12 @@ class Call:
             except Error:
                 if lease.shares_request_transaction():
                     raise  # which can no longer commit: the claim goes with it
+                if lease.own and lease.request_transaction_will_roll_back():
+                    # The store failed in the request's transaction and took
+                    # it down (its connection died): the body's writes roll
+                    # back, so the request must fail, not answer as if they
+                    # had committed. The claim is released when it ends.
+                    raise
                 if attempt is not attempts[-1]:
                     self._log(
                         logging.WARNING,

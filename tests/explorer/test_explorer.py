@@ -160,3 +160,16 @@ def test_a_claim_that_ran_after_its_lease_ended_is_its_own_epoch(tally: Tally) -
 def test_a_refused_body_inside_the_request_transaction(tally: Tally) -> None:
     """On SQLite the lease shares the request's transaction, which rolls back whole."""
     tally.add(run_script("A:atomic:s1:f1:fails B:lease_in_tx:s1:f1", "A A A B B refuse:B B B"))
+
+
+def test_a_store_that_takes_the_request_transaction_down_fails_the_request(tally: Tally) -> None:
+    """A lease inside the request's transaction loses that connection while storing.
+
+    The request's writes roll back with it, so the request must not answer
+    201; its claim, committed on the lease's own connection, is released.
+    """
+    tally.add(
+        run_script(
+            "A:lease_in_tx:s1:f1 B:atomic:s1:f1 C:atomic:s1:f1", "A A A B cut:A A A A B C C"
+        )
+    )
