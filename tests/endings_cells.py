@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,8 +30,10 @@ from tests.databases import kill_connection
 from tests.endings_tasks import endings_atomic, endings_lease
 from tests.models import Order
 from tests.polling import in_background, wait_until
-from tests.server import GunicornServer, kill9, wait_for_exit, wait_for_file
+from tests.server import ROOT, GunicornServer, kill9, wait_for_exit, wait_for_file
 
+#: A function's answer when the package would not run its body alongside the original.
+IN_FLIGHT = "IN_FLIGHT"
 #: How long a retry keeps asking while the original is still in flight.
 SETTLE_LIMIT = 15.0
 REQUEST_TIMEOUT = 15.0
@@ -247,3 +251,65 @@ class TaskCell(Cell):
     def retried_in_flight(self, result: AsyncResult) -> bool:
         """Whether the worker put this message off while the key was in flight."""
         return f"[{result.id}] retry:" in self.log()
+
+
+@dataclass
+class FunctionCell(Cell):
+    """A cell of ``idempotent_function``: each call a process of its own.
+
+    ``tests/endings_function.py`` makes the call and prints its outcome:
+    ``SUCCESS`` and the value, ``FAILURE``, or ``IN_FLIGHT`` and its
+    ``retry_after``.
+    """
+
+    env: dict[str, str] = field(kw_only=True)
+
+    def call(self) -> Answer | None:
+        """One call; ``None`` when its process was killed before it answered."""
+        mode = "atomic" if self.atomic else "lease"
+        process = subprocess.run(
+            [sys.executable, "-m", "tests.endings_function", self.key, self.ending, mode],
+            env=self.env,
+            cwd=ROOT,
+            capture_output=True,
+            timeout=60,
+        )
+        lines = process.stdout.decode().splitlines()
+        if not lines:
+            assert process.returncode == -9, process.stderr.decode()[-3000:]
+            return None
+        outcome = json.loads(lines[-1])
+        body = None
+        if outcome["status"] == states.SUCCESS:
+            body = json.dumps(outcome["value"], sort_keys=True).encode()
+        retry_after = outcome.get("retry_after")
+        return Answer(
+            outcome["status"], body, None, None if retry_after is None else str(retry_after)
+        )
+
+    def again(self, *, settle: bool = False) -> Answer:
+        answers: list[Answer | None] = []
+
+        def answered() -> bool:
+            answers.append(self.call())
+            return not settle or (answers[-1] is not None and answers[-1].status != IN_FLIGHT)
+
+        wait_until(answered, f"{self.key} to be out of flight", SETTLE_LIMIT)
+        answer = answers[-1]
+        assert answer is not None
+        return answer
+
+    def play(self) -> None:
+        if self.ending == "kill9":
+            doomed = in_background(self.call)
+            pid = self.held_report()["pid"]
+            kill9(pid)
+            assert doomed() is None, f"the killed process {pid} answered"
+            self.go()
+        elif self.ending == "db_kill_mid":
+            first = in_background(self.call)
+            kill_connection(self.held_report()["connection"])
+            self.go()
+            self.first = first()
+        else:
+            self.first = self.call()

@@ -26,6 +26,7 @@ adding a row to ``ADAPTERS`` (and its views, or its driver in
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -41,9 +42,10 @@ from django.utils import timezone
 import django_idempotency
 from django_idempotency.models import IdempotencyKey
 from tests.celery_worker import WorkerProcess, find_broker, new_worker, publishing_to
-from tests.endings_cells import Cell, HttpCell, TaskCell
+from tests.drf_views import CONTROL_DIR_ENV
+from tests.endings_cells import IN_FLIGHT, Cell, FunctionCell, HttpCell, TaskCell
 from tests.polling import wait_until
-from tests.server import GunicornServer, UvicornServer
+from tests.server import DATABASE_NAME_ENV, GunicornServer, UvicornServer
 from tests.server_fixtures import controlled
 from tests.settings import BACKEND
 
@@ -214,13 +216,30 @@ def celery_runner(
         yield worker.start()
 
 
+@dataclass(frozen=True)
+class FunctionProcesses:
+    """Where the processes calling ``idempotent_function`` find the database and the files."""
+
+    env: dict[str, str]
+
+
 @pytest.fixture(scope="module")
-def function_runner() -> None:
-    if not hasattr(django_idempotency, "idempotent_function"):
+def function_runner(
+    django_db_setup: None, django_db_blocker: Any, endings_control: Path
+) -> FunctionProcesses:
+    try:
+        django_idempotency.idempotent_function  # noqa: B018
+    except AttributeError:
         pytest.skip("django_idempotency.idempotent_function is not built yet")
-    raise NotImplementedError(
-        "idempotent_function exists: give its row a driver in tests/endings_cells.py "
-        "(the function called from separate processes)"
+    with django_db_blocker.unblock():
+        database = str(connection.settings_dict["NAME"])
+    return FunctionProcesses(
+        {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "tests.endings_settings",
+            DATABASE_NAME_ENV: database,
+            CONTROL_DIR_ENV: str(endings_control),
+        }
     )
 
 
@@ -232,6 +251,8 @@ def cell(request: pytest.FixtureRequest, endings_control: Path) -> Cell:
     atomic = mode == "atomic"
     if isinstance(runner, WorkerProcess):
         return TaskCell(key, ending, atomic, runner.task_dir, worker=runner)
+    if isinstance(runner, FunctionProcesses):
+        return FunctionCell(key, ending, atomic, endings_control, env=runner.env)
     return HttpCell(
         key,
         ending,
@@ -250,16 +271,22 @@ def success(cell: Cell) -> int | str:
     return 201 if isinstance(cell, HttpCell) else states.SUCCESS
 
 
+def in_flight(cell: Cell) -> int | str:
+    return 409 if isinstance(cell, HttpCell) else IN_FLIGHT
+
+
 def stored_status(cell: Cell) -> int | str:
-    if isinstance(cell, TaskCell):
-        return "IGNORED" if cell.ending == "ignore" else states.SUCCESS
-    return 400 if cell.ending == "stored_4xx" else 201
+    if isinstance(cell, HttpCell):
+        return 400 if cell.ending == "stored_4xx" else 201
+    return "IGNORED" if cell.ending == "ignore" else states.SUCCESS
 
 
 def failure_status(cell: Cell) -> int | str | None:
-    if isinstance(cell, TaskCell):
-        return states.FAILURE
-    return {"5xx": 503, "transient": 429, "kill9": None}.get(cell.ending, 500)
+    if isinstance(cell, HttpCell):
+        return {"5xx": 503, "transient": 429, "kill9": None}.get(cell.ending, 500)
+    if isinstance(cell, FunctionCell) and cell.ending == "kill9":
+        return None  # the calling process died with it
+    return states.FAILURE
 
 
 def describe(record: IdempotencyKey | None) -> str:
@@ -353,16 +380,16 @@ def check_held(cell: Cell) -> None:
     assert runs(cell) == 1
     assert cell.rows() == 1
     run_out = held.locked_until + timedelta(milliseconds=50)
-    if isinstance(cell, HttpCell):
+    if not isinstance(cell, TaskCell):
         if timezone.now() < held.locked_until - timedelta(milliseconds=300):
             early = cell.again()
-            assert early.status == 409, f"a retry inside the lease got {early.status}"
-            assert early.retry_after is not None and int(early.retry_after) >= 1
+            assert early.status == in_flight(cell), f"a retry inside the lease got {early.status}"
+            assert early.retry_after is not None and float(early.retry_after) > 0
         record = cell.record()
         assert record is not None and record.owner_token == held.owner_token
         wait_until(lambda: timezone.now() > run_out, "the dead owner's lease to run out")
         takeover = cell.again()
-        assert takeover.status == 201, (takeover.status, takeover.body)
+        assert takeover.status == success(cell), (takeover.status, takeover.body)
         assert not takeover.replayed
     else:
         # The duplicate is put off (TaskInFlight) until the lease runs out.
