@@ -260,6 +260,15 @@ def middleware_view(atomic: bool) -> Any:
     return view if atomic else transaction.non_atomic_requests(view)
 
 
+def async_middleware_view(atomic: bool) -> Any:
+    """:func:`middleware_view`, written ``async def``."""
+
+    async def view(request: HttpRequest) -> HttpResponseBase:
+        return await arun_handler(request, django_response, middleware_slow_response)
+
+    return view if atomic else transaction.non_atomic_requests(view)
+
+
 def middleware_slow_response(key: str, data: dict[str, Any]) -> HttpResponse:
     response = JsonResponse(data, status=201)
     response.hold_key = key  # type: ignore[attr-defined]
@@ -311,4 +320,5 @@ ROWS = {
     "async_function": async_function_view,
     "async_class_based": async_class_based_view,
     "middleware": middleware_view,
+    "async_middleware": async_middleware_view,
 }

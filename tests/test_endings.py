@@ -136,10 +136,11 @@ ADAPTERS = [
     Adapter("adrf", "uvicorn", "http", "/endings/adrf/"),
     Adapter("async_function", "uvicorn", "http", "/endings/async_function/"),
     Adapter("async_class_based", "uvicorn", "http", "/endings/async_class_based/"),
-    # IdempotencyMiddleware on undecorated sync views: atomic, or lease mode
-    # for a transaction.non_atomic_requests view.
+    # IdempotencyMiddleware on undecorated views: atomic, or lease mode for a
+    # transaction.non_atomic_requests view; under ASGI a sync and an async view.
     Adapter("middleware_wsgi", "gunicorn", "http", "/endings/middleware/"),
     Adapter("middleware_asgi", "uvicorn", "http", "/endings/middleware/"),
+    Adapter("middleware_asgi_async_view", "uvicorn", "http", "/endings/async_middleware/"),
     Adapter("celery_task", "celery", "task"),
     # django_idempotency.idempotent_function, called from separate processes:
     # its row waits for the function (see the ``function_runner`` fixture).
