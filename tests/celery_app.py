@@ -48,6 +48,8 @@ def make_app(broker_url: str, queue: str) -> Celery:
     # Lazy, so that building the app never touches the models before the
     # worker's Django setup has run.
     app.autodiscover_tasks(["django_idempotency", "tests"])
+    # The endings table's tasks (tests/test_endings.py).
+    app.autodiscover_tasks(["tests"], related_name="endings_tasks")
     return app
 
 

@@ -1,0 +1,315 @@
+"""Playing one cell of the endings table (``tests/test_endings.py``) on a real server or worker.
+
+A cell is one adapter, one ending and one mode, under a key of its own. Its
+:meth:`~Cell.play` sends the first request (or publishes the first message)
+and makes it end the cell's way: the handler answers, raises, holds while
+the client disconnects, the worker is killed, or its database connection is
+killed. After that the table's checks ask the same questions of every cell:
+what the first attempt got, what a retry gets (:meth:`~Cell.again`), how
+many times the handler ran (a file the handler appends to, outside the
+database), how many of its rows committed, and what the record says.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+from celery import states
+from celery.result import AsyncResult
+
+from django_idempotency.models import IdempotencyKey
+from tests.celery_worker import WorkerProcess
+from tests.databases import kill_connection
+from tests.endings_tasks import endings_atomic, endings_lease
+from tests.models import Order
+from tests.polling import in_background, wait_until
+from tests.server import ROOT, GunicornServer, kill9, wait_for_exit, wait_for_file
+
+#: A function's answer when the package would not run its body alongside the original.
+IN_FLIGHT = "IN_FLIGHT"
+#: How long a retry keeps asking while the original is still in flight.
+SETTLE_LIMIT = 15.0
+REQUEST_TIMEOUT = 15.0
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What one attempt got back: an HTTP response, or a task's final state and value."""
+
+    status: int | str
+    body: bytes | None = None
+    #: HTTP: the replay header said so. Tasks cannot tell (``None``).
+    replayed: bool | None = None
+    retry_after: str | None = None
+
+
+@dataclass
+class Cell:
+    """One adapter x ending x mode, under ``key``; subclasses know their server."""
+
+    key: str
+    ending: str
+    atomic: bool
+    #: Where the handler's files are: its runs, its reports, the go-ahead.
+    control: Path
+    #: The first attempt's answer; ``None`` when it never got one (disconnect, kill).
+    first: Answer | None = field(default=None, init=False)
+    #: The framework ran the handler again by itself (Celery's retry, a requeue).
+    retried_by_framework: bool = field(default=False, init=False)
+
+    def play(self) -> None:
+        raise NotImplementedError
+
+    def again(self, *, settle: bool = False) -> Answer:
+        """A retry of the same work; with ``settle``, past answers that it is still in flight."""
+        raise NotImplementedError
+
+    # What the handler left behind.
+
+    def runs(self) -> list[float]:
+        """When each run of the handler started (epoch seconds)."""
+        path = self.control / f"{self.key}.runs"
+        if not path.exists():
+            return []
+        return [float(line.split()[1]) for line in path.read_text().splitlines()]
+
+    def rows(self) -> int:
+        return Order.objects.filter(item=self.key).count()
+
+    def record(self) -> IdempotencyKey | None:
+        return IdempotencyKey.objects.filter(key=self.key).first()
+
+    def go(self) -> None:
+        (self.control / f"{self.key}.go").touch()
+
+    def held_report(self, what: str = "held") -> dict[str, Any]:
+        return wait_for_file(self.control / f"{self.key}.{what}")
+
+
+@dataclass
+class HttpCell(Cell):
+    """A cell on gunicorn or uvicorn: the views under ``path`` (tests/endings_views.py)."""
+
+    server: GunicornServer = field(kw_only=True)
+    path: str = field(kw_only=True)
+    #: The server tells the application that a client went away (ASGI does, WSGI cannot).
+    notices_disconnect: bool = field(kw_only=True)
+
+    @property
+    def target(self) -> str:
+        return f"{self.path}{'atomic' if self.atomic else 'lease'}/?ending={self.ending}"
+
+    def send(self) -> Answer:
+        response = requests.post(
+            self.server.url + self.target,
+            json={"key": self.key},
+            headers={"Idempotency-Key": self.key},
+            timeout=REQUEST_TIMEOUT,
+        )
+        return Answer(
+            response.status_code,
+            response.content,
+            response.headers.get("Idempotent-Replayed") == "true",
+            response.headers.get("Retry-After"),
+        )
+
+    def again(self, *, settle: bool = False) -> Answer:
+        if not settle:
+            return self.send()
+        answers: list[Answer] = []
+
+        def answered() -> bool:
+            answers.append(self.send())
+            return answers[-1].status != 409
+
+        wait_until(answered, f"{self.key} to be out of flight", SETTLE_LIMIT)
+        return answers[-1]
+
+    def play(self) -> None:
+        if self.ending in ("disconnect_before", "disconnect_after"):
+            self._disconnect()
+        elif self.ending == "kill9":
+            self._kill_worker()
+        elif self.ending == "db_kill_mid":
+            self._kill_connection()
+        else:
+            self.first = self.send()
+
+    def _disconnect(self) -> None:
+        """Close the client's socket while the handler holds, or while its response renders."""
+        client = self._open_request()
+        try:
+            self.held_report("held" if self.ending == "disconnect_before" else "rendering")
+        finally:
+            client.close()
+        if self.notices_disconnect:
+            # Let the disconnect reach the application before the handler may go on.
+            disconnected = self.control / f"{self.key}.disconnected"
+            wait_until(disconnected.exists, f"the server to see {self.key}'s client go", 10)
+        self.go()
+
+    def _open_request(self) -> socket.socket:
+        body = json.dumps({"key": self.key}).encode()
+        head = (
+            f"POST {self.target} HTTP/1.1\r\n"
+            f"Host: 127.0.0.1:{self.server.port}\r\n"
+            "Content-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n"
+            f"Idempotency-Key: {self.key}\r\n\r\n"
+        )
+        client = socket.create_connection(("127.0.0.1", self.server.port), timeout=10)
+        client.sendall(head.encode() + body)
+        return client
+
+    def _kill_worker(self) -> None:
+        doomed = in_background(self.send)
+        pid = self.held_report()["pid"]
+        kill9(pid)
+        try:
+            doomed()
+        except requests.ConnectionError:
+            pass
+        else:
+            raise AssertionError(f"the killed worker {pid} answered")
+        wait_for_exit(pid)
+        self.go()
+
+    def _kill_connection(self) -> None:
+        first = in_background(self.send)
+        kill_connection(self.held_report()["connection"])
+        self.go()
+        self.first = first()
+
+
+@dataclass
+class TaskCell(Cell):
+    """A cell on a real Celery worker: ``tests.endings_tasks``, published by the test."""
+
+    worker: WorkerProcess = field(kw_only=True)
+    results: list[AsyncResult] = field(default_factory=list, init=False)
+
+    @property
+    def task(self) -> Any:
+        return endings_atomic if self.atomic else endings_lease
+
+    def publish(self) -> AsyncResult:
+        result = self.task.apply_async(args=[self.key, self.ending])
+        self.results.append(result)
+        return result
+
+    def finish(self, result: AsyncResult, *, may_be_ignored: bool = True) -> Answer:
+        """The message's final state: a stored result, or the worker's log that it was ignored.
+
+        A replaced task is logged as ignored before its replacement, which
+        takes over its id, stores the result: that one is waited for.
+        """
+        ignored = f"[{result.id}] ignored"
+
+        def done() -> bool:
+            if result.state in states.READY_STATES:
+                return True
+            return may_be_ignored and ignored in self.log()
+
+        wait_until(done, f"task {result.id} to finish", 60)
+        if result.state not in states.READY_STATES:
+            return Answer("IGNORED")
+        if result.state != states.SUCCESS:
+            return Answer(result.state)
+        return Answer(states.SUCCESS, json.dumps(result.result, sort_keys=True).encode())
+
+    def log(self) -> str:
+        return self.worker.log.read_text()
+
+    def again(self, *, settle: bool = False) -> Answer:
+        # A task never answers "in flight": the duplicate retries until it can finish.
+        return self.finish(self.publish())
+
+    def play(self) -> None:
+        result = self.publish()
+        if self.ending == "kill9":
+            pid = self.held_report()["pid"]
+            kill9(pid)
+            wait_for_exit(pid)
+            self.go()
+        elif self.ending == "db_kill_mid":
+            kill_connection(self.held_report()["connection"])
+            self.go()
+        self.first = self.finish(result, may_be_ignored=self.ending != "replace")
+        self.retried_by_framework = self.ending in ("retry", "reject")
+
+    def replacements(self) -> int:
+        path = self.control / f"{self.key}.replacement"
+        return len(path.read_text().splitlines()) if path.exists() else 0
+
+    def retried_in_flight(self, result: AsyncResult) -> bool:
+        """Whether the worker put this message off while the key was in flight."""
+        return f"[{result.id}] retry:" in self.log()
+
+
+@dataclass
+class FunctionCell(Cell):
+    """A cell of ``idempotent_function``: each call a process of its own.
+
+    ``tests/endings_function.py`` makes the call and prints its outcome:
+    ``SUCCESS`` and the value, ``FAILURE``, or ``IN_FLIGHT`` and its
+    ``retry_after``.
+    """
+
+    env: dict[str, str] = field(kw_only=True)
+
+    def call(self) -> Answer | None:
+        """One call; ``None`` when its process was killed before it answered."""
+        mode = "atomic" if self.atomic else "lease"
+        process = subprocess.run(
+            [sys.executable, "-m", "tests.endings_function", self.key, self.ending, mode],
+            env=self.env,
+            cwd=ROOT,
+            capture_output=True,
+            timeout=60,
+        )
+        lines = process.stdout.decode().splitlines()
+        if not lines:
+            assert process.returncode == -9, process.stderr.decode()[-3000:]
+            return None
+        outcome = json.loads(lines[-1])
+        body = None
+        if outcome["status"] == states.SUCCESS:
+            body = json.dumps(outcome["value"], sort_keys=True).encode()
+        retry_after = outcome.get("retry_after")
+        return Answer(
+            outcome["status"], body, None, None if retry_after is None else str(retry_after)
+        )
+
+    def again(self, *, settle: bool = False) -> Answer:
+        answers: list[Answer | None] = []
+
+        def answered() -> bool:
+            answers.append(self.call())
+            return not settle or (answers[-1] is not None and answers[-1].status != IN_FLIGHT)
+
+        wait_until(answered, f"{self.key} to be out of flight", SETTLE_LIMIT)
+        answer = answers[-1]
+        assert answer is not None
+        return answer
+
+    def play(self) -> None:
+        if self.ending == "kill9":
+            doomed = in_background(self.call)
+            pid = self.held_report()["pid"]
+            kill9(pid)
+            assert doomed() is None, f"the killed process {pid} answered"
+            self.go()
+        elif self.ending == "db_kill_mid":
+            first = in_background(self.call)
+            kill_connection(self.held_report()["connection"])
+            self.go()
+            self.first = first()
+        else:
+            self.first = self.call()
