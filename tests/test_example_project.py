@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from example_project import walkthrough
+
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [
     pytest.mark.server,
@@ -111,6 +113,9 @@ def test_walkthrough_shows_every_behaviour(example_env):
 
     out = completed.stdout
     assert completed.returncode == 0, out + completed.stderr
+    # Every step of the walkthrough's own list ran, numbered in order.
+    numbers = re.findall(r"^(\d+)\. ", out, re.MULTILINE)
+    assert numbers == [str(n) for n in range(1, len(walkthrough.STEPS) + 1)], out
     assert "first request                      -> 201" in out
     assert "retry                              -> 201  Idempotent-Replayed: true" in out
     assert "changed body                       -> 422" in out

@@ -1,0 +1,52 @@
+"""Promises the documentation makes about the project itself, held to the project."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from example_project import walkthrough
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+
+
+def section(text: str, heading: str) -> str:
+    """The body of the reStructuredText section titled ``heading``."""
+    match = re.search(
+        rf"^{re.escape(heading)}\n[-=^]+\n(.*?)(?=^\S[^\n]*\n[-=^]+\n|\Z)", text, re.M | re.S
+    )
+    assert match, f"no section {heading!r}"
+    return match.group(1)
+
+
+class ExamplePageTests:
+    page = (DOCS / "example.rst").read_text()
+
+    def test_transcript_shows_the_walkthrough_steps_in_order(self):
+        transcript = section(self.page, "A walkthrough transcript")
+        run = re.search(r"\(run (\w+)\)", transcript).group(1)
+        shown = re.findall(r"^    (\d+)\. (.+)$", transcript, re.M)
+
+        expected = [
+            (str(number), title.format(run=run))
+            for number, title in enumerate(walkthrough.STEPS.values(), start=1)
+        ]
+        assert shown == expected
+
+    def test_what_it_shows_labels_each_step_once_in_order(self):
+        bullets = re.findall(r"^\* (Steps? [^:]+):", self.page, re.M)
+        covered: list[int] = []
+        for label in bullets:
+            if span := re.fullmatch(r"Steps (\d+) to (\d+)", label):
+                covered += range(int(span[1]), int(span[2]) + 1)
+            else:
+                covered.append(int(re.fullmatch(r"Step (\d+)", label)[1]))
+
+        assert covered == list(range(1, len(walkthrough.STEPS) + 1)), bullets
+
+    def test_receipt_bullet_is_the_receipt_step(self):
+        number = list(walkthrough.STEPS).index("receipt") + 1
+        bullet = re.search(rf"^\* Step {number}: (.*?)(?=^\* |^\S)", self.page, re.M | re.S)
+
+        assert bullet and "Celery worker" in bullet[1]
