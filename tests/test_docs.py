@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -50,3 +51,21 @@ class ExamplePageTests:
         bullet = re.search(rf"^\* Step {number}: (.*?)(?=^\* |^\S)", self.page, re.M | re.S)
 
         assert bullet and "Celery worker" in bullet[1]
+
+
+class InstallationPageTests:
+    page = " ".join((DOCS / "installation.rst").read_text().split())
+
+    def test_says_how_an_editable_install_keeps_mypy_working(self):
+        assert "--config-settings editable_mode=compat" in self.page
+        assert "[import-not-found]" in self.page
+        assert "plain (non-editable) install" in self.page
+
+    def test_celery_extra_is_what_idempotent_task_needs_and_brings_no_broker_client(self):
+        pyproject = (ROOT / "pyproject.toml").read_text()
+        extra = re.search(r"^celery = (\[.*\])$", pyproject, re.MULTILINE)
+        # What the page says of the extra is what the extra is: Celery, no broker client.
+        assert extra and ast.literal_eval(extra[1]) == ["celery>=5.3"]
+        assert ":func:`~django_idempotency.tasks.idempotent_task`" in self.page
+        assert "without a broker client" in self.page
+        assert '"celery[redis]"' in self.page
