@@ -6,6 +6,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 from example_project import walkthrough
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,3 +71,11 @@ class InstallationPageTests:
         assert ":func:`~django_idempotency.tasks.idempotent_task`" in self.page
         assert "without a broker client" in self.page
         assert '"celery[redis]"' in self.page
+
+
+@pytest.mark.parametrize("page", ["quickstart.rst", "installation.rst"])
+def test_page_points_browsers_at_the_cors_settings(page):
+    text = (DOCS / page).read_text()
+
+    assert ":ref:`Browsers and CORS <cors>`" in text
+    assert ".. _cors:\n\nBrowsers and CORS\n" in (DOCS / "http.rst").read_text()
