@@ -79,3 +79,19 @@ def test_page_points_browsers_at_the_cors_settings(page):
 
     assert ":ref:`Browsers and CORS <cors>`" in text
     assert ".. _cors:\n\nBrowsers and CORS\n" in (DOCS / "http.rst").read_text()
+
+
+def test_read_the_docs_builds_docs_conf_py_with_the_docs_extra_and_fails_on_warnings():
+    import yaml
+
+    config = yaml.safe_load((ROOT / ".readthedocs.yaml").read_text())
+
+    assert config["version"] == 2
+    assert config["sphinx"] == {"configuration": "docs/conf.py", "fail_on_warning": True}
+    assert (ROOT / config["sphinx"]["configuration"]).is_file()
+    (install,) = config["python"]["install"]
+    assert install == {"method": "pip", "path": ".", "extra_requirements": ["docs"]}
+    assert re.search(r"^docs = \[", (ROOT / "pyproject.toml").read_text(), re.MULTILINE)
+    python = config["build"]["tools"]["python"]
+    classifiers = (ROOT / "pyproject.toml").read_text()
+    assert f'"Programming Language :: Python :: {python}"' in classifiers

@@ -65,6 +65,7 @@ def test_sdist_holds_the_readme_license_changelog_docs_and_tests(dist: Path) -> 
         "pyproject.toml",
         "docs/index.rst",
         "docs/conf.py",
+        ".readthedocs.yaml",
         "tests/conftest.py",
         "tests/settings.py",
         "example_project/settings.py",
