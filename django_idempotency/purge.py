@@ -16,9 +16,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
+from django.utils.connection import ConnectionDoesNotExist
 
 from django_idempotency import store
 from django_idempotency.conf import idempotency_settings
@@ -54,8 +56,9 @@ def purge_expired(
     be deleted and deletes nothing. ``progress`` is called after each batch
     with the running total, so callers can report on long runs.
 
-    A missing table raises :class:`~django.core.exceptions.ImproperlyConfigured`
-    saying to run ``migrate``; a lock wait that ran out (the database is
+    An unknown database alias, and a missing table, raise
+    :class:`~django.core.exceptions.ImproperlyConfigured` (the latter saying
+    to run ``migrate``); a lock wait that ran out (the database is
     locked) raises :class:`~django_idempotency.store.Busy`, a
     :class:`~django.db.DatabaseError`; other database errors propagate
     unchanged.
@@ -65,11 +68,17 @@ def purge_expired(
     if batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}.")
     using = using or idempotency_settings.database
+    try:
+        connection = connections[using]
+    except ConnectionDoesNotExist as exc:
+        # A scheduled task meets this as the command does: as configuration
+        # to fix, not as an error of Django's connection handler.
+        raise ImproperlyConfigured(f"Unknown database {using!r}: {exc}") from exc
     cutoff = timezone.now() if now is None else now
     with store.explained(using):
         if dry_run:
             return IdempotencyKey.objects.using(using).filter(expires_at__lte=cutoff).count()
-        return _purge(connections[using], cutoff, batch_size, progress)
+        return _purge(connection, cutoff, batch_size, progress)
 
 
 def _purge(

@@ -290,8 +290,9 @@ def _header_parameter(protection: Protection) -> dict[str, Any]:
             "A key unique to this request, such as a UUID, sent again with every "
             "retry of it. The first request with a key runs; a retry gets the "
             f"response the first one got, with {conf.replay_header}: true, and does "
-            f"not run again. Keys expire {ttl} after the response is stored: after "
-            "that the same key starts a new request. Up to "
+            f"not run again. Keys expire {ttl} after the response is stored, or at "
+            "most 1% of that sooner (counted from when the first request arrived): "
+            "after that the same key starts a new request. Up to "
             f"{conf.key_max_length} visible ASCII characters, sent bare (abc-123) or "
             'quoted ("abc-123"; the quotes do not count).'
             + ("" if protection.required else " Without the header the request is not protected.")

@@ -170,10 +170,30 @@ def _assert_replay(first: HttpResponseBase, answer: HttpResponseBase, what: str)
     body_stored = not first.streaming and len(first_body) <= idempotency_settings.max_stored_body
     expected_body = first_body if body_stored else b""
     assert _content(answer) == expected_body, f"{what} replayed a different body"
+    if not body_stored:
+        _assert_no_body_headers(answer, what)
     for name in idempotency_settings.stored_headers:
         if name in BODY_HEADERS and not body_stored:
-            continue  # dropped with the body, see docs/http.rst
+            continue  # asserted absent above
         assert answer.get(name) == first.get(name), f"{what} replayed a different {name} header"
+
+
+def _assert_no_body_headers(answer: HttpResponseBase, what: str) -> None:
+    """A replay without the stored body must not describe one (docs/http.rst).
+
+    ``Content-Length: 0`` is the one exception: it describes the empty body
+    that was sent, and Django's ``CommonMiddleware`` adds it to every answer.
+    """
+    from django_idempotency.responses import BODY_HEADERS
+
+    for name in sorted(BODY_HEADERS):
+        if name == "content-length" and answer.get(name) == "0":
+            continue
+        assert not answer.has_header(name), (
+            f"{what} replayed an empty body with {name}: {answer[name]!r}; "
+            "a body too large to store, or streamed, is replayed without the "
+            "headers that describe a body"
+        )
 
 
 def _content(response: HttpResponseBase) -> bytes:

@@ -10,6 +10,7 @@ router = DefaultRouter()
 router.register("bookings", views.BookingViewSet, basename="booking")
 
 urlpatterns = [
+    path("", views.index, name="index"),
     path("admin/", admin.site.urls),
     path("orders/", views.create_order, name="create-order"),
     path("async-orders/", views.create_order_async, name="create-order-async"),

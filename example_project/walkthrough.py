@@ -1,11 +1,11 @@
 """A guided tour of the example shop over real HTTP.
 
 Run it while ``python3 dev.py serve`` is up (``python3 dev.py walkthrough``).
-Each step prints what it sent and what came back. Step 5 starts a gunicorn
-of its own on port 8001, against the same database, so that it can kill a
-worker in the middle of a payment without touching your server; step 6
-starts a Celery worker of its own (the broker is ``CELERY_BROKER_URL``), which
-dies in the middle of a task.
+Each step prints what it sent and what came back. The payment step starts a
+gunicorn of its own on port 8001, against the same database, so that it can
+kill a worker in the middle of a payment without touching your server; the
+receipt step starts a Celery worker of its own (the broker is
+``CELERY_BROKER_URL``), which dies in the middle of a task.
 """
 
 from __future__ import annotations
@@ -29,6 +29,23 @@ from django_idempotency.info import IdempotencyInfo
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_TOKEN = "demo" + "0" * 36
+
+#: The steps in the order they run: each is numbered by its place here, and
+#: its title is formatted with the run id. docs/example.rst is tested
+#: against this list.
+STEPS = {
+    "order": "POST /orders/ with Idempotency-Key: order-{run}",
+    "retry": "The same request again (a retry)",
+    "changed": "The same key with a different body",
+    "async": (
+        "POST /async-orders/ (an async view) with Idempotency-Key: async-order-{run}, then a retry"
+    ),
+    "bookings": (
+        "20 concurrent POST /api/bookings/ with Idempotency-Key: booking-{run} (DRF, token auth)"
+    ),
+    "payment": "A payment whose worker dies after charging, then retried",
+    "receipt": "A receipt task whose Celery worker process dies mid-task, then redelivered",
+}
 
 
 class Answer:
@@ -71,23 +88,24 @@ def show(label: str, answer: Answer) -> None:
     print(f"  {'':<34}    {answer.body.decode(errors='replace')[:110]}")
 
 
-def step(number: int, title: str) -> None:
-    print(f"\n{number}. {title}")
+def step(name: str, run: str) -> None:
+    number = list(STEPS).index(name) + 1
+    print(f"\n{number}. {STEPS[name].format(run=run)}")
 
 
 def orders(base: str, run: str) -> None:
     key = f"order-{run}"
-    step(1, f"POST /orders/ with Idempotency-Key: {key}")
+    step("order", run)
     show("first request", call(base, "POST", "/orders/", {"item": "book"}, key))
-    step(2, "The same request again (a retry)")
+    step("retry", run)
     show("retry", call(base, "POST", "/orders/", {"item": "book"}, key))
-    step(3, "The same key with a different body")
+    step("changed", run)
     show("changed body", call(base, "POST", "/orders/", {"item": "lamp"}, key))
 
 
 def async_orders(base: str, run: str) -> None:
     key = f"async-order-{run}"
-    step(4, f"POST /async-orders/ (an async view) with Idempotency-Key: {key}, then a retry")
+    step("async", run)
     show("async first request", call(base, "POST", "/async-orders/", {"item": "mug"}, key))
     show("async retry", call(base, "POST", "/async-orders/", {"item": "mug"}, key))
 
@@ -96,7 +114,7 @@ def bookings(base: str, run: str) -> None:
     key = f"booking-{run}"
     slot = f"table-for-two-{run}"
     auth = {"Authorization": f"Token {DEMO_TOKEN}"}
-    step(5, f"20 concurrent POST /api/bookings/ with Idempotency-Key: {key} (DRF, token auth)")
+    step("bookings", run)
     answers: list[Answer] = []
     lock = threading.Lock()
     gate = threading.Barrier(20)
@@ -122,7 +140,7 @@ def bookings(base: str, run: str) -> None:
 
 
 def payments(base_dir: Path, run: str, port: int) -> None:
-    step(6, "A payment whose worker dies after charging, then retried")
+    step("payment", run)
     env = {
         **os.environ,
         "EXAMPLE_ALLOW_CRASH": "1",
@@ -173,7 +191,7 @@ def payments(base_dir: Path, run: str, port: int) -> None:
 
 
 def receipts(base: str, base_dir: Path, run: str) -> None:
-    step(7, "A receipt task whose Celery worker process dies mid-task, then redelivered")
+    step("receipt", run)
     broker = os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0")
     if not _broker_up(broker):
         print(f"  skipped: no Celery broker answers at {broker}")

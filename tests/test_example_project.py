@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import html
 import os
 import re
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+
+from example_project import walkthrough
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [
@@ -62,9 +66,10 @@ def test_example_project_tests_pass(example_env):
     assert "Ran 7 tests" in completed.stderr
 
 
-def test_walkthrough_shows_every_behaviour(example_env):
-    port, crash_port = free_port(), free_port()
-    # Served as ``dev.py serve`` serves it: through an ASGI server.
+@pytest.fixture
+def example_server(example_env):
+    """The example served as ``dev.py serve`` serves it: through an ASGI server."""
+    port = free_port()
     server = subprocess.Popen(
         [
             sys.executable,
@@ -80,37 +85,80 @@ def test_walkthrough_shows_every_behaviour(example_env):
         env=example_env,
         stderr=subprocess.DEVNULL,
     )
+    base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
         while True:
             try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/provider/charges/", timeout=2)
+                urllib.request.urlopen(f"{base}/provider/charges/", timeout=2)
                 break
             except OSError:
                 assert time.monotonic() < deadline, "the example server did not start"
                 time.sleep(0.2)
-        completed = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "example_project.walkthrough",
-                "--base-url",
-                f"http://127.0.0.1:{port}",
-                "--crash-port",
-                str(crash_port),
-            ],
-            cwd=ROOT,
-            env=example_env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        yield base
     finally:
         server.terminate()
         server.wait(10)
 
+
+def serve_prints(monkeypatch, capsys) -> str:
+    """What ``python3 dev.py serve`` prints before it hands over to uvicorn."""
+    import dev
+
+    monkeypatch.setattr(dev, "ensure_venv", lambda extras: None)
+    monkeypatch.setattr(dev, "run", lambda *args, **kwargs: 0)
+    monkeypatch.setattr(dev.os, "execv", lambda *args: None)
+    dev.serve()
+    return capsys.readouterr().out
+
+
+def test_landing_page_lists_the_endpoints_and_the_curl_lines_serve_prints(
+    example_server, monkeypatch, capsys
+):
+    printed = serve_prints(monkeypatch, capsys)
+    try_it = printed.split("Try, in another terminal:\n\n", 1)[1].split("\n\nOr run", 1)[0]
+    assert "http://127.0.0.1:8000/" in printed  # the address the README's quick start shows
+
+    with urllib.request.urlopen(f"{example_server}/", timeout=10) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/html")
+        page = html.unescape(response.read().decode())
+
+    # The same lines, for the address the page was read at.
+    expected = textwrap.dedent(try_it).replace("http://127.0.0.1:8000", example_server)
+    assert expected.strip() in page
+    routes = re.findall(r'path\("([^"]+)"', (ROOT / "example_project" / "urls.py").read_text())
+    assert routes, "no routes found in example_project/urls.py"
+    for route in routes:
+        assert f"<code>/{route}" in page, f"/{route} is not on the landing page"
+    assert "/api/bookings/" in page
+    assert "python3 dev.py walkthrough" in page
+
+
+def test_walkthrough_shows_every_behaviour(example_env, example_server):
+    crash_port = free_port()
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "example_project.walkthrough",
+            "--base-url",
+            example_server,
+            "--crash-port",
+            str(crash_port),
+        ],
+        cwd=ROOT,
+        env=example_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
     out = completed.stdout
     assert completed.returncode == 0, out + completed.stderr
+    # Every step of the walkthrough's own list ran, numbered in order.
+    numbers = re.findall(r"^(\d+)\. ", out, re.MULTILINE)
+    assert numbers == [str(n) for n in range(1, len(walkthrough.STEPS) + 1)], out
     assert "first request                      -> 201" in out
     assert "retry                              -> 201  Idempotent-Replayed: true" in out
     assert "changed body                       -> 422" in out

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tarfile
 import zipfile
+from datetime import date
 from pathlib import Path
 
 import pytest
@@ -65,6 +67,7 @@ def test_sdist_holds_the_readme_license_changelog_docs_and_tests(dist: Path) -> 
         "pyproject.toml",
         "docs/index.rst",
         "docs/conf.py",
+        ".readthedocs.yaml",
         "tests/conftest.py",
         "tests/settings.py",
         "example_project/settings.py",
@@ -73,3 +76,35 @@ def test_sdist_holds_the_readme_license_changelog_docs_and_tests(dist: Path) -> 
         assert required in names, f"{required} is missing from the sdist"
     assert not any(name.startswith("docs/_build") for name in names)
     assert not any("__pycache__" in name or name.endswith(".sqlite3") for name in names)
+
+
+def test_version_is_the_newest_dated_changelog_section() -> None:
+    declared = re.search(
+        r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.MULTILINE
+    ).group(1)
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    headings = re.findall(r"^## (.+)$", changelog, re.MULTILINE)
+    releases = [re.fullmatch(r"(\d+\.\d+\.\d+) \((\d{4}-\d{2}-\d{2})\)", h) for h in headings]
+
+    # An "Unreleased" section may sit on top; every other section is a dated release.
+    assert headings[0] == "Unreleased"
+    assert all(releases[1:]), f"undated or malformed sections: {headings}"
+    versions = [tuple(map(int, r[1].split("."))) for r in releases[1:] if r]
+    dates = [date.fromisoformat(r[2]) for r in releases[1:] if r]
+    assert releases[1] and releases[1][1] == declared
+    assert versions == sorted(versions, reverse=True)
+    assert dates == sorted(dates, reverse=True)
+
+
+def test_last_release_for_dropped_django_is_an_older_release() -> None:
+    installation = " ".join((ROOT / "docs" / "installation.rst").read_text().split())
+    last = re.search(
+        r"The last release of django-idempotency to support it is (\S+?);", installation
+    )
+    declared = re.search(
+        r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.MULTILINE
+    ).group(1)
+
+    assert last, "installation.rst no longer names the last release for the dropped Django"
+    assert last[1] != declared
+    assert f"## {last[1]} (" in (ROOT / "CHANGELOG.md").read_text()

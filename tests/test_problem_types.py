@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
+import runpy
+from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
@@ -10,12 +13,20 @@ from django.test import override_settings
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from django_idempotency import exceptions
 from django_idempotency.checks import check_settings
 from django_idempotency.models import IdempotencyKey
 from tests.factories import IdempotencyKeyFactory
 
 BASE = "https://api.example.com/problems/"
 WITH_BASE = {"PROBLEM_TYPE_BASE_URL": BASE}
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+# Raised to the caller of an idempotent task or function, never an HTTP answer.
+TASK_ERRORS = (
+    exceptions.TaskInFlight,
+    exceptions.TaskArgumentsMismatch,
+    exceptions.UnstorableResult,
+)
 
 
 def post(client, url: str = "/orders/", body: dict | None = None, key: str = "k"):
@@ -110,3 +121,50 @@ class ProblemTypeBaseUrlCheckTests:
             errors = check_settings()
         assert [error.id for error in errors] == ["django_idempotency.E119"]
         assert "'PROBLEM_TYPE_BASE_URL'" in errors[0].msg
+
+
+def http_problem_classes() -> list[type[exceptions.IdempotencyError]]:
+    return [
+        cls
+        for cls in vars(exceptions).values()
+        if isinstance(cls, type)
+        and issubclass(cls, exceptions.IdempotencyError)
+        and cls is not exceptions.IdempotencyError
+        and not issubclass(cls, TASK_ERRORS)
+    ]
+
+
+class DocumentedProblemTypesTests:
+    """The docs list every problem type a view answers with, from the code itself."""
+
+    generated = DOCS / "_generated" / "problem_types.rst"
+
+    def documented_names(self) -> list[str]:
+        return re.findall(r"^   \* - ``([a-z-]+)``$", self.generated.read_text(), re.MULTILINE)
+
+    def test_docs_list_the_code_of_every_exception_class_a_view_answers_with(self):
+        codes = [cls.code.replace("_", "-") for cls in http_problem_classes()]
+
+        assert self.documented_names() == codes
+        assert "database-busy" in codes
+
+    @override_settings(IDEMPOTENCY=WITH_BASE)
+    def test_each_documented_name_is_a_url_under_the_base(self):
+        urls = {cls().type_uri for cls in http_problem_classes()}
+
+        assert urls == {BASE + name for name in self.documented_names()}
+
+    def test_generated_list_is_what_the_docs_build_writes(self):
+        build = runpy.run_path(str(DOCS / "conf.py"))
+
+        assert self.generated.read_text() == build["problem_types_rst"](), (
+            "docs/_generated/problem_types.rst is stale: run python3 dev.py docs"
+        )
+
+    @pytest.mark.parametrize("page", ["http.rst", "settings.rst"])
+    def test_pages_under_problem_type_base_url_include_the_list_and_count_nothing(self, page):
+        text = (DOCS / page).read_text()
+
+        assert ".. include:: _generated/problem_types.rst" in text
+        numbers = "one|two|three|four|five|six|seven|eight|nine|ten"
+        assert not re.search(rf"\b({numbers}|\d+) (URLs|problem types)\b", text)

@@ -16,7 +16,6 @@ from django.core.management import CommandError, call_command
 from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
-from django.utils.connection import ConnectionDoesNotExist
 
 from django_idempotency.management.commands.purge_idempotency_keys import Command
 from django_idempotency.models import IdempotencyKey
@@ -111,7 +110,7 @@ class PurgeExpiredTests:
         IdempotencyKeyFactory(expired=True)
         settings.IDEMPOTENCY = {"DATABASE": "elsewhere"}
 
-        with pytest.raises(ConnectionDoesNotExist, match="elsewhere"):
+        with pytest.raises(ImproperlyConfigured, match="Unknown database 'elsewhere'"):
             purge_expired()
         assert purge_expired(using="default") == 1
 

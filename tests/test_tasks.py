@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from celery import Celery
 from celery.beat import Scheduler
-from django.db import connection
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError, connection
 
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.tasks import purge_expired_keys
@@ -62,6 +63,12 @@ class WorkerTests:
         assert celery_worker.wait_for(result) == 0
         assert list(IdempotencyKey.objects.values_list("pk", flat=True)) == [record.pk]
 
+    def test_worker_reports_an_unknown_database_as_improperly_configured(self, celery_worker):
+        result = purge_expired_keys.delay(database="nowhere")
+
+        with pytest.raises(ImproperlyConfigured, match="Unknown database 'nowhere'"):
+            celery_worker.wait_for(result)
+
 
 @pytest.mark.django_db
 class TaskTests:
@@ -76,6 +83,17 @@ class TaskTests:
 
         assert result.get() == 3
         assert list(IdempotencyKey.objects.values_list("pk", flat=True)) == [kept.pk]
+
+    def test_unknown_database_is_improperly_configured_as_documented(self):
+        result = purge_expired_keys.apply(kwargs={"database": "nowhere"})
+
+        assert result.failed()
+        # docs/purge.rst: each error is a DatabaseError or ImproperlyConfigured.
+        assert isinstance(result.result, ImproperlyConfigured | DatabaseError)
+        assert isinstance(result.result, ImproperlyConfigured)
+        assert str(result.result) == (
+            "Unknown database 'nowhere': The connection 'nowhere' doesn't exist."
+        )
 
 
 class BeatScheduleTests:

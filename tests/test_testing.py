@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from django.http import HttpRequest, HttpResponse
 from django.test import TestCase, TransactionTestCase
+from django.urls import path
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework.test import APIClient
 
 from django_idempotency.testing import SEQUENTIAL_NOTE, assert_idempotent
@@ -12,6 +15,37 @@ from tests.models import Order
 
 def order_count() -> int:
     return Order.objects.count()
+
+
+@csrf_exempt
+def hand_made_replay(request: HttpRequest) -> HttpResponse:
+    """Answers as a protected view would, except for what ``?keep`` names.
+
+    The first request makes an order and answers a body too large to store;
+    later ones answer as replays of it, with an empty body. ``?keep=...``
+    lists headers that describe a body which the replays wrongly carry.
+    """
+    if b"_assert_idempotent_changed" in request.body:
+        return HttpResponse(status=422)
+    if not Order.objects.filter(item="hand-made").exists():
+        Order.objects.create(item="hand-made")
+        response = HttpResponse(b"x" * 2_000_000, content_type="text/csv", status=201)
+        response["ETag"] = '"first"'
+        response["Location"] = "/exports/1/"
+        return response
+    replay = HttpResponse(b"", status=201)
+    del replay["Content-Type"]
+    keep = request.GET.get("keep", "")
+    if "content-type" in keep:
+        replay["Content-Type"] = "text/csv"
+    if "etag" in keep:
+        replay["ETag"] = '"second"'
+    replay["Location"] = "/exports/1/"
+    replay["Idempotent-Replayed"] = "true"
+    return replay
+
+
+urlpatterns = [path("hand-made-replay/", hand_made_replay)]
 
 
 class PytestUsageTests:
@@ -57,6 +91,37 @@ class PytestUsageTests:
     def test_large_bodies_are_checked_as_replayed_without_body(self, client):
         check = assert_idempotent(client, "post", "/large/", {}, effect=order_count)
         assert check.retry.content == b""
+
+    @pytest.mark.django_db
+    def test_streamed_bodies_are_checked_as_replayed_without_body(self, client):
+        check = assert_idempotent(client, "post", "/stream/", {}, effect=order_count)
+        assert check.retry.content == b""
+
+    @pytest.mark.django_db
+    @pytest.mark.urls("tests.test_testing")
+    def test_replay_without_body_and_without_body_headers_passes(self, client):
+        check = assert_idempotent(client, "post", "/hand-made-replay/", {}, effect=order_count)
+        assert not check.retry.has_header("Content-Type")
+
+    @pytest.mark.django_db
+    @pytest.mark.urls("tests.test_testing")
+    def test_replay_without_body_but_with_its_headers_fails_the_check(self, client):
+        with pytest.raises(AssertionError, match="empty body with content-type: 'text/csv'"):
+            assert_idempotent(
+                client,
+                "post",
+                "/hand-made-replay/?keep=content-type,etag",
+                {},
+                effect=order_count,
+            )
+
+    @pytest.mark.django_db
+    @pytest.mark.urls("tests.test_testing")
+    def test_replay_without_body_but_with_another_etag_fails_the_check(self, client):
+        with pytest.raises(AssertionError, match="empty body with etag: '\"second\"'"):
+            assert_idempotent(
+                client, "post", "/hand-made-replay/?keep=etag", {}, effect=order_count
+            )
 
     @pytest.mark.django_db
     def test_drf_api_client_is_supported(self):

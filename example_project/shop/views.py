@@ -8,7 +8,8 @@ import signal
 
 from django.conf import settings
 from django.db import transaction
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 from rest_framework import permissions, viewsets
@@ -19,6 +20,39 @@ from django_idempotency.drf import IdempotentMixin
 from example_project.provider import client as provider
 from example_project.shop.models import Booking, Order, Payment, Receipt
 from example_project.shop.serializers import BookingSerializer
+
+#: What the landing page lists: each endpoint, and what to try first (the
+#: lines ``python3 dev.py serve`` prints, for the address the page was read at).
+ENDPOINTS = [
+    ("POST", "/orders/", "an order: @idempotent, atomic mode"),
+    ("POST", "/async-orders/", "the same order from an async def view"),
+    ("GET, POST", "/api/bookings/", "bookings: a DRF viewset with IdempotentMixin, token auth"),
+    ("POST", "/payments/", "a payment: lease mode, charging the fake provider once"),
+    ("POST", "/receipts/", "a receipt: an idempotent Celery task, published on commit"),
+    ("GET", "/receipts/list/?order=<id>", "an order's receipts"),
+    ("GET", "/provider/charges/?key=<key>", "the fake payment provider's ledger"),
+    ("GET", "/api/schema/", "the OpenAPI schema, with Idempotency-Key documented"),
+    ("GET", "/admin/", "the idempotency records (after manage.py createsuperuser)"),
+]
+TRY_IT = """\
+curl -i -X POST {base}/orders/ -H 'Idempotency-Key: order-1' \\
+     -H 'Content-Type: application/json' -d '{{"item": "book"}}'
+# the same command again: same 201, same body, plus Idempotent-Replayed: true
+curl -i -X POST {base}/orders/ -H 'Idempotency-Key: order-1' \\
+     -H 'Content-Type: application/json' -d '{{"item": "lamp"}}'
+# same key, different body: 422
+curl -i -X POST {base}/async-orders/ -H 'Idempotency-Key: order-2' \\
+     -H 'Content-Type: application/json' -d '{{"item": "mug"}}'
+# an async view: the same rules
+"""
+
+
+@require_GET
+def index(request: HttpRequest) -> HttpResponse:
+    """The landing page: what the shop serves, and the curl lines to try it."""
+    base = request.build_absolute_uri("/").rstrip("/")
+    context = {"base": base, "endpoints": ENDPOINTS, "try_it": TRY_IT.format(base=base)}
+    return render(request, "shop/index.html", context)
 
 
 def _json(request: HttpRequest) -> dict:

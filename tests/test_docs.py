@@ -1,0 +1,97 @@
+"""Promises the documentation makes about the project itself, held to the project."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from example_project import walkthrough
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+
+
+def section(text: str, heading: str) -> str:
+    """The body of the reStructuredText section titled ``heading``."""
+    match = re.search(
+        rf"^{re.escape(heading)}\n[-=^]+\n(.*?)(?=^\S[^\n]*\n[-=^]+\n|\Z)", text, re.M | re.S
+    )
+    assert match, f"no section {heading!r}"
+    return match.group(1)
+
+
+class ExamplePageTests:
+    page = (DOCS / "example.rst").read_text()
+
+    def test_transcript_shows_the_walkthrough_steps_in_order(self):
+        transcript = section(self.page, "A walkthrough transcript")
+        run = re.search(r"\(run (\w+)\)", transcript).group(1)
+        shown = re.findall(r"^    (\d+)\. (.+)$", transcript, re.M)
+
+        expected = [
+            (str(number), title.format(run=run))
+            for number, title in enumerate(walkthrough.STEPS.values(), start=1)
+        ]
+        assert shown == expected
+
+    def test_what_it_shows_labels_each_step_once_in_order(self):
+        bullets = re.findall(r"^\* (Steps? [^:]+):", self.page, re.M)
+        covered: list[int] = []
+        for label in bullets:
+            if span := re.fullmatch(r"Steps (\d+) to (\d+)", label):
+                covered += range(int(span[1]), int(span[2]) + 1)
+            else:
+                covered.append(int(re.fullmatch(r"Step (\d+)", label)[1]))
+
+        assert covered == list(range(1, len(walkthrough.STEPS) + 1)), bullets
+
+    def test_receipt_bullet_is_the_receipt_step(self):
+        number = list(walkthrough.STEPS).index("receipt") + 1
+        bullet = re.search(rf"^\* Step {number}: (.*?)(?=^\* |^\S)", self.page, re.M | re.S)
+
+        assert bullet and "Celery worker" in bullet[1]
+
+
+class InstallationPageTests:
+    page = " ".join((DOCS / "installation.rst").read_text().split())
+
+    def test_says_how_an_editable_install_keeps_mypy_working(self):
+        assert "--config-settings editable_mode=compat" in self.page
+        assert "[import-not-found]" in self.page
+        assert "plain (non-editable) install" in self.page
+
+    def test_celery_extra_is_what_idempotent_task_needs_and_brings_no_broker_client(self):
+        pyproject = (ROOT / "pyproject.toml").read_text()
+        extra = re.search(r"^celery = (\[.*\])$", pyproject, re.MULTILINE)
+        # What the page says of the extra is what the extra is: Celery, no broker client.
+        assert extra and ast.literal_eval(extra[1]) == ["celery>=5.3"]
+        assert ":func:`~django_idempotency.tasks.idempotent_task`" in self.page
+        assert "without a broker client" in self.page
+        assert '"celery[redis]"' in self.page
+
+
+@pytest.mark.parametrize("page", ["quickstart.rst", "installation.rst"])
+def test_page_points_browsers_at_the_cors_settings(page):
+    text = (DOCS / page).read_text()
+
+    assert ":ref:`Browsers and CORS <cors>`" in text
+    assert ".. _cors:\n\nBrowsers and CORS\n" in (DOCS / "http.rst").read_text()
+
+
+def test_read_the_docs_builds_docs_conf_py_with_the_docs_extra_and_fails_on_warnings():
+    import yaml
+
+    config = yaml.safe_load((ROOT / ".readthedocs.yaml").read_text())
+
+    assert config["version"] == 2
+    assert config["sphinx"] == {"configuration": "docs/conf.py", "fail_on_warning": True}
+    assert (ROOT / config["sphinx"]["configuration"]).is_file()
+    (install,) = config["python"]["install"]
+    assert install == {"method": "pip", "path": ".", "extra_requirements": ["docs"]}
+    assert re.search(r"^docs = \[", (ROOT / "pyproject.toml").read_text(), re.MULTILINE)
+    python = config["build"]["tools"]["python"]
+    classifiers = (ROOT / "pyproject.toml").read_text()
+    assert f'"Programming Language :: Python :: {python}"' in classifiers
