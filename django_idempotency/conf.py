@@ -33,9 +33,9 @@ from django_idempotency.fields import KEY_COLUMN_LENGTH
 SETTING_NAME = "IDEMPOTENCY"
 KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"})
 # RFC 9110 token characters: what a header field name may contain.
-_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
-_DOTTED_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
-_ABSOLUTE_URL = re.compile(r"^https?://[^\s/?#]+[^\s]*$")
+_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
+_DOTTED_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+\Z")
+_ABSOLUTE_URL = re.compile(r"^https?://[^\s/?#]+[^\s]*\Z")
 
 RequestFunction = Callable[[HttpRequest], str]
 

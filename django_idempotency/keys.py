@@ -20,13 +20,13 @@ from django.utils.crypto import salted_hmac
 
 from django_idempotency.exceptions import InvalidIdempotencyKey
 
-_VISIBLE_ASCII = re.compile(r"^[\x21-\x7e]+$")
+_VISIBLE_ASCII = re.compile(r"^[\x21-\x7e]+\Z")
 # An sf-string: printable ASCII (space included) with \" and \\ escapes.
-_SF_STRING = re.compile(r'^"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"$')
+_SF_STRING = re.compile(r'^"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"\Z')
 _SF_ESCAPE = re.compile(r'\\(["\\])')
 # One list member as servers join them: an sf-string, or anything up to the next comma.
 _MEMBER = r'(?:"(?:[^"\\]|\\.)*"|[^",]*)'
-_LIST = re.compile(rf"^{_MEMBER}(?:[ \t]*,[ \t]*{_MEMBER})+$")
+_LIST = re.compile(rf"^{_MEMBER}(?:[ \t]*,[ \t]*{_MEMBER})+\Z")
 
 
 _SEVERAL_KEYS = (

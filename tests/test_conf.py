@@ -22,7 +22,7 @@ from django.views.decorators.csrf import csrf_exempt
 import django_idempotency
 from django_idempotency import idempotent
 from django_idempotency.checks import check_settings
-from django_idempotency.conf import DEFAULTS, SETTINGS, idempotency_settings
+from django_idempotency.conf import BY_NAME, DEFAULTS, SETTINGS, idempotency_settings
 from django_idempotency.drf import IdempotentMixin
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.options import OPTION_NAMES
@@ -72,6 +72,17 @@ class SettingsTableTests:
             "Content-Disposition",
         )
         assert DEFAULTS["KEY_MIN_LENGTH"] == 1
+
+    @pytest.mark.parametrize(
+        ("name", "value"),
+        [
+            ("HEADER", "Idempotency-Key\n"),
+            ("SCOPE", "myproject.scopes.tenant\n"),
+            ("PROBLEM_TYPE_BASE_URL", "https://api.example.com/problems/\n"),
+        ],
+    )
+    def test_a_trailing_newline_is_an_invalid_value(self, name, value):
+        assert BY_NAME[name].problem(value, resolve=False) is not None
 
     def test_every_setting_has_a_typed_accessor(self):
         for setting in SETTINGS:

@@ -57,6 +57,12 @@ class ParseKeyTests:
     def test_length_limit_applies_inside_the_quotes(self):
         assert parse_key('"' + "k" * 10 + '"', 10) == "k" * 10
 
+    @pytest.mark.parametrize("value", ["0\n", "abc\n", '"abc"\n', "a\nb"])
+    def test_a_newline_anywhere_is_rejected(self, value):
+        # A regular expression's "$" also matches before a final newline.
+        with pytest.raises(InvalidIdempotencyKey):
+            parse_key(value, 255)
+
 
 class SeveralKeysTests:
     """Repeated ``Idempotency-Key`` headers arrive joined by commas: never one key."""

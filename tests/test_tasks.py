@@ -1,24 +1,56 @@
-"""The Celery task, run by a real worker over a real broker, and its schedule."""
+"""Celery (tasks.py): the purge task and idempotent tasks, in process with
+``.apply()`` and on real workers over a real broker.
+
+The purge runs on a solo worker; the idempotent-task worker tests run a
+prefork worker with 4 processes on the suite's database and a real broker
+(Redis, else RabbitMQ). The crash tests ``kill -9`` a worker while a body
+holds its transaction (or its lease) open, start a new one, and count the
+effects of the redelivered message.
+"""
 
 from __future__ import annotations
-
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-
 import pytest
 from celery import Celery
 from celery.beat import Scheduler
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connection
-
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.tasks import purge_expired_keys
 from tests.celery_worker import WorkerProcess, find_broker, new_worker, publishing_to
 from tests.factories import IdempotencyKeyFactory
+import logging
+import re
+from collections import Counter, defaultdict
+from celery import Celery, shared_task
+from django.db import connection, connections
+from django.test import override_settings
+from django.utils import timezone
+from django_idempotency.exceptions import TaskArgumentsMismatch, TaskInFlight, UnstorableResult
+from django_idempotency.purge import purge_expired
+from django_idempotency.tasks import idempotent_task
+from tests.models import Order, RemoteCharge
+from tests.polling import wait_until
+from tests.tasks import (
+    LEASE_SECONDS,
+    charge_and_hold,
+    fail_next_run,
+    flaky_lease_order,
+    flaky_order,
+    hold_order,
+    lease_order,
+    lose_connection,
+    place_order,
+    place_other_order,
+    slow_order,
+    unstorable_order,
+)
+
 
 REPO = Path(__file__).resolve().parent.parent
 TASK_NAME = "django_idempotency.tasks.purge_expired_keys"
@@ -41,7 +73,7 @@ def celery_worker(django_db_setup, tmp_path_factory) -> Iterator[WorkerProcess]:
 
 
 @pytest.mark.django_db(transaction=True)
-class WorkerTests:
+class PurgeWorkerTests:
     def test_worker_purges_expired_records(self, celery_worker):
         live = {
             IdempotencyKeyFactory().pk,
@@ -151,3 +183,501 @@ def test_example_project_runs_without_celery_installed():
 
     assert result.returncode == 0, result.stderr
     assert "celery_app None" in result.stdout
+
+
+STORM_KEYS = 100
+STORM_PUBLISHES = 10
+
+
+def _record(task_name: str) -> IdempotencyKey:
+    return IdempotencyKey.objects.get(scope=task_name)
+
+
+# In process: .apply() runs the task with an id, as a worker would.
+
+
+@pytest.mark.django_db
+class ApplyTests:
+    def test_redelivered_task_id_replays_the_stored_value(self):
+        first = hold_order.apply(args=["a"], task_id="task-1")
+        again = hold_order.apply(args=["a"], task_id="task-1")
+
+        assert first.get() == again.get() == {"order": Order.objects.get().pk}
+        record = _record(hold_order.name)
+        assert (record.key, record.state) == ("task-1", IdempotencyKey.State.COMPLETED)
+
+    def test_new_task_id_is_new_work_by_default(self):
+        hold_order.apply(args=["a"], task_id="task-1")
+        hold_order.apply(args=["a"], task_id="task-2")
+
+        assert Order.objects.count() == 2
+
+    def test_key_function_makes_two_publishes_one_effect(self):
+        first = place_order.apply(args=["book"])
+        second = place_order.apply(args=["book"], kwargs={"pause": 0})
+
+        assert first.id != second.id
+        assert first.get() == second.get() == {"label": "book", "order": Order.objects.get().pk}
+        assert _record(place_order.name).key == "order-book"
+
+    def test_equal_keys_of_different_tasks_never_meet(self):
+        place_order.apply(args=["x"])
+        place_other_order.apply(args=["x"])
+
+        assert Order.objects.count() == 2
+        records = IdempotencyKey.objects.values_list("scope", "key")
+        assert sorted(records) == [
+            (place_order.name, "order-x"),
+            (place_other_order.name, "order-x"),
+        ]
+
+    def test_arguments_are_canonicalised_like_json_bodies(self):
+        place_order.apply(args=["book"], kwargs={"pause": 0})
+        place_order.apply(args=["book"], kwargs={"pause": 0.0})
+        place_order.apply(args=["book", 0])
+        place_order.apply(kwargs={"label": "book"})
+
+        assert Order.objects.count() == 1
+
+    def test_bound_task_is_not_an_argument(self):
+        first = charge_and_hold.apply(args=["bound"], task_id="bound-1")
+        again = charge_and_hold.apply(kwargs={"label": "bound"}, task_id="bound-1")
+
+        assert again.get() == first.get()
+        assert RemoteCharge.objects.count() == 1
+
+    def test_same_key_with_other_arguments_fails_and_changes_nothing(self):
+        place_order.apply(args=["book"])
+        before = IdempotencyKey.objects.values().get()
+
+        result = place_order.apply(args=["book"], kwargs={"pause": 0.01})
+
+        assert result.failed()
+        assert isinstance(result.result, TaskArgumentsMismatch)
+        assert "different arguments" in str(result.result)
+        assert IdempotencyKey.objects.values().get() == before
+        assert Order.objects.count() == 1
+
+    def test_unstorable_return_value_fails_before_anything_commits(self):
+        result = unstorable_order.apply(args=["u"])
+
+        assert result.failed()
+        assert isinstance(result.result, UnstorableResult)
+        assert "cannot be stored as JSON" in str(result.result)
+        assert Order.objects.count() == 0
+        assert IdempotencyKey.objects.count() == 0
+
+    def test_lease_mode_stores_the_value_and_passes_derive_to_the_body(self):
+        first = charge_and_hold.apply(args=["lease"], task_id="lease-1")
+        again = charge_and_hold.apply(args=["lease"], task_id="lease-1")
+
+        value = first.get()
+        assert again.get() == value
+        assert RemoteCharge.objects.get().reference == value["reference"]
+        record = _record(charge_and_hold.name)
+        assert record.state == IdempotencyKey.State.COMPLETED
+        assert record.locked_until is None
+        assert record.expires_at > timezone.now() + timedelta(hours=23)
+
+    def test_lease_mode_in_flight_duplicate_is_retried_later(self):
+        charge_and_hold.apply(args=["lease"], task_id="lease-1")
+        IdempotencyKey.objects.update(
+            state=IdempotencyKey.State.IN_PROGRESS,
+            locked_until=timezone.now() + timedelta(seconds=30),
+            expires_at=timezone.now() + timedelta(seconds=30),
+        )
+
+        result = charge_and_hold.apply(args=["lease"], task_id="lease-1")
+
+        # .apply() cannot schedule a retry, so it shows the reason instead.
+        assert isinstance(result.result, TaskInFlight)
+        assert 25 <= result.result.retry_after <= 30
+        assert RemoteCharge.objects.count() == 1
+
+    def test_called_directly_without_an_id_runs_unprotected(self):
+        assert hold_order("direct") == {"order": Order.objects.get().pk}
+        assert IdempotencyKey.objects.count() == 0
+
+    def test_called_directly_with_a_key_function_is_protected(self):
+        place_order("direct")
+        place_order("direct")
+
+        assert Order.objects.count() == 1
+
+    def test_disabled_runs_every_time(self):
+        with override_settings(IDEMPOTENCY={"ENABLED": False}):
+            place_order.apply(args=["off"])
+            place_order.apply(args=["off"])
+
+        assert Order.objects.count() == 2
+        assert IdempotencyKey.objects.count() == 0
+
+    def test_purge_deletes_expired_task_records(self):
+        place_order.apply(args=["old"])
+        hold_order.apply(args=["new"])
+        IdempotencyKey.objects.filter(key="order-old").update(
+            expires_at=timezone.now() - timedelta(seconds=1)
+        )
+
+        assert purge_expired() == 1
+        assert list(IdempotencyKey.objects.values_list("scope", flat=True)) == [hold_order.name]
+
+    def test_admin_lists_task_records(self, admin_client, settings):
+        settings.ROOT_URLCONF = "tests.test_admin"  # the admin's URLconf
+        place_order.apply(args=["listed"])
+
+        response = admin_client.get("/admin/django_idempotency/idempotencykey/")
+
+        assert response.status_code == 200
+        assert place_order.name in response.content.decode()
+
+
+@pytest.fixture
+def refused_updates() -> Iterator[None]:
+    """Make the database refuse every update of the key table, as a failing store would."""
+    table = IdempotencyKey._meta.db_table
+    statements = {
+        "postgresql": (
+            [
+                "CREATE FUNCTION refuse_update() RETURNS trigger AS "
+                "$$ BEGIN RAISE EXCEPTION 'update refused'; END $$ LANGUAGE plpgsql",
+                f"CREATE TRIGGER refuse_update BEFORE UPDATE ON {table} "
+                "FOR EACH ROW EXECUTE FUNCTION refuse_update()",
+            ],
+            [f"DROP TRIGGER refuse_update ON {table}", "DROP FUNCTION refuse_update()"],
+        ),
+        "mysql": (
+            [
+                f"CREATE TRIGGER refuse_update BEFORE UPDATE ON {table} FOR EACH ROW "
+                "SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'update refused'"
+            ],
+            ["DROP TRIGGER refuse_update"],
+        ),
+        "sqlite": (
+            [
+                f"CREATE TRIGGER refuse_update BEFORE UPDATE ON {table} "
+                "BEGIN SELECT RAISE(ABORT, 'update refused'); END"
+            ],
+            ["DROP TRIGGER refuse_update"],
+        ),
+    }
+    create, drop = statements[connection.vendor]
+    with connection.cursor() as cursor:
+        for statement in create:
+            cursor.execute(statement)
+    yield
+    connection.close()  # it may be the one a test killed
+    with connections["default"].cursor() as cursor:
+        for statement in drop:
+            cursor.execute(statement)
+
+
+server_only = pytest.mark.skipif(
+    connection.vendor == "sqlite", reason="a server-side connection to kill"
+)
+
+
+@pytest.fixture
+def no_leftover_flags() -> Iterator[None]:
+    yield
+    lose_connection.clear()
+    fail_next_run.clear()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("no_leftover_flags")
+class LeaseAfterTheBodyTests:
+    """Lease mode once the body has run: its effect is done, so the key is never released."""
+
+    key = "lease-order-once"
+
+    def orders(self) -> int:
+        return Order.objects.filter(item="once").count()
+
+    @pytest.mark.usefixtures("refused_updates")
+    def test_result_that_cannot_be_stored_keeps_the_key_claimed(self, caplog):
+        with caplog.at_level(logging.ERROR, "django_idempotency"):
+            first = lease_order.apply(args=["once"])
+
+        assert first.get() == {"order": Order.objects.get().pk}
+        assert _record(lease_order.name).state == IdempotencyKey.State.IN_PROGRESS
+        assert "stays claimed" in caplog.text
+        assert self.key not in caplog.text
+        redelivered = lease_order.apply(args=["once"])
+        assert isinstance(redelivered.result, TaskInFlight)
+        assert self.orders() == 1
+
+    def test_unstorable_value_keeps_the_key_claimed(self):
+        first = lease_order.apply(args=["once"], kwargs={"unstorable": True})
+
+        assert isinstance(first.result, UnstorableResult)
+        assert "cannot be stored as JSON" in str(first.result)
+        assert _record(lease_order.name).state == IdempotencyKey.State.IN_PROGRESS
+        redelivered = lease_order.apply(args=["once"], kwargs={"unstorable": True})
+        assert isinstance(redelivered.result, TaskInFlight)
+        assert self.orders() == 1
+
+    @server_only
+    def test_body_answering_after_losing_its_connection_is_stored(self):
+        lose_connection.set()
+        first = lease_order.apply(args=["once"])
+        connection.close()  # as the worker does after a task
+
+        assert first.get() == {"order": Order.objects.get().pk}
+        assert _record(lease_order.name).state == IdempotencyKey.State.COMPLETED
+        assert lease_order.apply(args=["once"]).get() == first.get()
+        assert self.orders() == 1
+
+    @server_only
+    def test_body_raising_after_losing_its_connection_releases(self):
+        lose_connection.set()
+        fail_next_run.set()
+        first = lease_order.apply(args=["once"])
+        connection.close()
+
+        # The body's own error, not the dead connection's.
+        assert isinstance(first.result, RuntimeError)
+        assert "the body failed after writing" in str(first.result)
+        assert not IdempotencyKey.objects.exists()
+        redelivered = lease_order.apply(args=["once"])
+        assert redelivered.successful()
+        assert _record(lease_order.name).state == IdempotencyKey.State.COMPLETED
+        assert self.orders() == 2  # the failed run's write, and the redelivery's
+
+
+class DefinitionTests:
+    def test_above_shared_task_fails_at_import(self):
+        def misplaced() -> None: ...
+
+        with pytest.raises(TypeError, match="below @shared_task"):
+            idempotent_task(shared_task(misplaced))
+
+    def test_above_app_task_with_options_fails_at_import(self):
+        app = Celery("definition-check", set_as_current=False)
+
+        def misplaced_on_app() -> None: ...
+
+        with pytest.raises(TypeError, match="below @shared_task"):
+            idempotent_task(atomic=False)(app.task(shared=False)(misplaced_on_app))
+
+    def test_key_that_is_not_callable_fails_at_definition(self):
+        with pytest.raises(TypeError, match=r"key=\.\.\.\) must be a callable"):
+            idempotent_task(key="order-1")
+
+    @pytest.mark.parametrize(
+        ("options", "message"),
+        [
+            # The settings table's rules and hints, as for a view's options.
+            ({"atomic": "yes"}, "atomic=...) has an invalid value: 'yes'. Use True"),
+            ({"wait": -1}, "wait=...) has an invalid value: -1. Use a number of seconds"),
+            ({"ttl": "1h"}, "ttl=...) has an invalid value: '1h'. Use a positive timedelta"),
+            ({"lease": 0}, "lease=...) has an invalid value: 0. Use a positive timedelta"),
+        ],
+    )
+    def test_bad_option_fails_at_definition(self, options, message):
+        with pytest.raises(ImproperlyConfigured, match=re.escape("idempotent_task(" + message)):
+            idempotent_task(**options)
+
+    def test_publish_with_wrong_arguments_is_refused_before_sending(self):
+        # Celery checks arguments against the body's own signature.
+        with pytest.raises(TypeError):
+            place_order.apply_async(args=["book"], kwargs={"colour": "red"})
+
+    def test_key_function_must_return_a_string(self):
+        @shared_task(name="tests.definition.bad_key")
+        @idempotent_task(key=lambda n: n)
+        def bad_key(n: int) -> None: ...
+
+        with pytest.raises(TypeError, match="must return a non-empty string, not int"):
+            bad_key(1)
+
+
+# On a real worker.
+
+
+@pytest.fixture(scope="module")
+def broker() -> str:
+    return find_broker()
+
+
+@pytest.fixture(scope="module")
+def prefork_worker(django_db_setup, django_db_blocker, broker, tmp_path_factory):
+    """A prefork worker with 4 processes, shared by the module's worker tests."""
+    with django_db_blocker.unblock():
+        database = str(connection.settings_dict["NAME"])
+    worker = new_worker(broker, database, tmp_path_factory.mktemp("prefork"), concurrency=4)
+    with publishing_to(worker):
+        yield worker.start()
+
+
+@pytest.fixture
+def crash_worker(db, broker, tmp_path) -> Iterator[WorkerProcess]:
+    """A worker of the test's own, to be killed and started again."""
+    worker = new_worker(broker, str(connection.settings_dict["NAME"]), tmp_path, concurrency=1)
+    with publishing_to(worker):
+        yield worker
+
+
+@pytest.mark.concurrency
+@pytest.mark.django_db(transaction=True)
+class WorkerTests:
+    def test_storm_of_duplicates_is_one_effect_per_key(self, prefork_worker):
+        labels = [f"storm-{n}" for n in range(STORM_KEYS)]
+        sent = [
+            (label, place_order.apply_async(args=[label], kwargs={"pause": 0.01}))
+            for _ in range(STORM_PUBLISHES)
+            for label in labels
+        ]
+
+        values = defaultdict(list)
+        for label, result in sent:
+            values[label].append(prefork_worker.wait_for(result))
+
+        orders = dict(Order.objects.values_list("item", "pk"))
+        effects = Counter(Order.objects.values_list("item", flat=True))
+        print(
+            f"\nstorm on {connection.vendor}: {len(sent)} publishes of {STORM_KEYS} keys "
+            f"-> {sum(effects.values())} effects, "
+            f"{sum(len(v) for v in values.values())} results"
+        )
+        assert sum(effects.values()) == STORM_KEYS
+        assert set(effects.values()) == {1}
+        for label in labels:
+            assert values[label] == [{"label": label, "order": orders[label]}] * STORM_PUBLISHES
+        assert IdempotencyKey.objects.filter(scope=place_order.name).count() == STORM_KEYS
+
+    def test_autoretry_after_a_write_and_raise_is_one_effect(self, prefork_worker):
+        result = flaky_order.delay("flaky", 2)
+
+        assert prefork_worker.wait_for(result) == {"order": Order.objects.get().pk, "run": 3}
+        assert prefork_worker.runs("flaky") == 3
+        assert Order.objects.filter(item="flaky").count() == 1
+
+    def test_lease_mode_autoretry_runs_again_after_release(self, prefork_worker):
+        result = flaky_lease_order.delay("flaky-lease", 2)
+
+        assert prefork_worker.wait_for(result)["run"] == 3
+        assert prefork_worker.runs("flaky-lease") == 3
+        assert Order.objects.filter(item="flaky-lease").count() == 1
+        assert _record(flaky_lease_order.name).state == IdempotencyKey.State.COMPLETED
+
+    def test_same_key_with_other_arguments_fails_on_the_worker(self, prefork_worker):
+        original = prefork_worker.wait_for(place_order.delay("mismatch"))
+        before = IdempotencyKey.objects.values().get()
+
+        duplicate = place_order.delay("mismatch", pause=0.5)
+        prefork_worker.wait_for(duplicate, propagate=False)
+
+        assert duplicate.state == "FAILURE"
+        assert isinstance(duplicate.result, TaskArgumentsMismatch)
+        assert IdempotencyKey.objects.values().get() == before
+        assert Order.objects.get().pk == original["order"]
+
+    def test_unstorable_value_fails_on_the_worker(self, prefork_worker):
+        result = unstorable_order.delay("unstorable")
+        prefork_worker.wait_for(result, propagate=False)
+
+        assert result.state == "FAILURE"
+        assert isinstance(result.result, UnstorableResult)
+        assert Order.objects.count() == 0
+        assert IdempotencyKey.objects.count() == 0
+
+    def test_duplicate_outlasting_wait_is_retried_then_replays(self, prefork_worker):
+        hold = prefork_worker.task_dir / "slow.hold"
+        hold.touch()
+        try:
+            original = slow_order.delay("slow", True)
+            wait_until(lambda: prefork_worker.runs("slow") == 1, "the original to start")
+            duplicate = slow_order.delay("slow", True)
+            retried = f"slow_order[{duplicate.id}] retry: Retry in 1s: TaskInFlight"
+            wait_until(lambda: retried in prefork_worker.log.read_text(), "a retry", 60)
+        finally:
+            hold.unlink()
+
+        value = prefork_worker.wait_for(original)
+        assert prefork_worker.wait_for(duplicate) == value
+        assert prefork_worker.runs("slow") == 1
+        assert Order.objects.count() == 1
+
+    def test_lease_duplicate_is_retried_until_the_original_completes(self, prefork_worker):
+        label = "lease-duplicate"
+        hold = prefork_worker.task_dir / f"{label}.hold"
+        hold.touch()
+        try:
+            original = charge_and_hold.delay(label)
+            wait_until(lambda: prefork_worker.runs(label) == 1, "the original to start")
+            # The same message again, as a visibility timeout would deliver it.
+            charge_and_hold.apply_async(args=[label], task_id=original.id)
+            retried = f"charge_and_hold[{original.id}] retry: Retry in"
+            wait_until(lambda: retried in prefork_worker.log.read_text(), "a retry", 60)
+        finally:
+            hold.unlink()
+
+        value = prefork_worker.wait_for(original)
+        succeeded = f"charge_and_hold[{original.id}] succeeded"
+        wait_until(
+            lambda: prefork_worker.log.read_text().count(succeeded) == 2, "the duplicate", 60
+        )
+        assert prefork_worker.runs(label) == 1
+        assert RemoteCharge.objects.get().pk == value["charge"]
+        assert Order.objects.count() == 1
+
+
+def _wait_for_run(worker: WorkerProcess, label: str) -> None:
+    wait_until(lambda: worker.runs(label) >= 1, f"{label} to start", 60)
+
+
+@pytest.mark.concurrency
+@pytest.mark.django_db(transaction=True)
+class CrashTests:
+    def test_atomic_body_killed_mid_transaction_has_one_effect(self, crash_worker):
+        label = "crash-atomic"
+        hold = crash_worker.task_dir / f"{label}.hold"
+        hold.touch()
+        crash_worker.start()
+        result = hold_order.delay(label)
+        _wait_for_run(crash_worker, label)
+
+        crash_worker.kill9()
+        hold.unlink()
+        # The transaction died with its connection: no order, no record.
+        assert Order.objects.count() == 0
+        assert IdempotencyKey.objects.count() == 0
+
+        crash_worker.start()
+        value = crash_worker.wait_for(result)
+
+        print(
+            f"\natomic crash on {connection.vendor}: {crash_worker.runs(label)} runs "
+            f"-> {Order.objects.count()} effect"
+        )
+        assert value == {"order": Order.objects.get().pk}
+        assert crash_worker.runs(label) == 2
+        assert _record(hold_order.name).key == result.id
+
+    def test_lease_body_killed_is_taken_over_after_the_lease(self, crash_worker):
+        label = "crash-lease"
+        hold = crash_worker.task_dir / f"{label}.hold"
+        hold.touch()
+        crash_worker.start()
+        result = charge_and_hold.delay(label)
+        _wait_for_run(crash_worker, label)
+        claimed = _record(charge_and_hold.name)
+        assert claimed.state == IdempotencyKey.State.IN_PROGRESS
+
+        crash_worker.kill9()
+        hold.unlink()
+        crash_worker.start()
+        value = crash_worker.wait_for(result)
+
+        print(
+            f"\nlease crash on {connection.vendor}: {crash_worker.runs(label)} runs -> "
+            f"{RemoteCharge.objects.count()} charge, {Order.objects.count()} order"
+        )
+        assert timezone.now() >= claimed.locked_until
+        assert crash_worker.runs(label) == 2
+        assert RemoteCharge.objects.get().pk == value["charge"]
+        assert Order.objects.count() == 1
+        record = _record(charge_and_hold.name)
+        assert record.state == IdempotencyKey.State.COMPLETED
+        assert record.created_at >= claimed.locked_until - timedelta(seconds=LEASE_SECONDS)

@@ -1,16 +1,17 @@
-"""Lease mode (lease_mode.py): the claim commits first, the handler runs outside.
+"""The engine (engine.py): atomic and lease mode around a view, and how each ends.
 
-Also where the request's connection cannot end the lease: after the
-connection died, or when the database refuses the response's size. How
-lease mode meets ``ATOMIC_REQUESTS`` is in ``test_transactions.py``.
+Lease mode: the claim commits first, the handler runs outside; also where
+the request's connection cannot end the lease: after the connection died,
+or when the database refuses the response's size. How lease mode meets
+``ATOMIC_REQUESTS`` is in ``test_transactions.py``; every ending of
+every adapter is in ``test_endings.py``.
 
 Every test here is transactional and uses real connections: lease mode
 commits its claim on its own, which a test wrapped in one transaction could
-not show (and which lease mode rightly refuses).
+not show.
 """
 
 from __future__ import annotations
-
 import json
 import logging
 import re
@@ -19,7 +20,6 @@ import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-
 import pytest
 from django.contrib.auth.models import User
 from django.db import connection
@@ -27,18 +27,20 @@ from django.test import override_settings
 from django.utils import timezone
 from rest_framework.request import Request
 from rest_framework.test import APIClient, APIRequestFactory
-
 from django_idempotency import store
 from django_idempotency.fingerprint import request_fingerprint
 from django_idempotency.info import IdempotencyInfo
 from django_idempotency.models import IdempotencyKey
 from tests import drf_views
+from tests import clients
 from tests.clients import LEASE_ORDERS, PAYLOAD, drf_post, reset_lease_views, send, token_client
 from tests.databases import kill_connection
 from tests.factories import IdempotencyKeyFactory
 from tests.models import Order
 from tests.polling import in_background, wait_until
 from tests.views import calls, handler_connection_ids, resume
+from tests.views import calls
+
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -464,3 +466,26 @@ class OversizedBodyTests:
         assert calls.value == 1
         assert "could not be stored; storing its status and headers only" in caplog.text
         assert key not in caplog.text
+
+
+class ExpiryTests:
+    @override_settings(IDEMPOTENCY={"TTL": timedelta(seconds=1)})
+    def test_handler_slower_than_ttl_is_still_replayed(self, client):
+        # The claim set "now + TTL" before the handler ran; by the time the
+        # response is stored that moment has passed, so the expiry restarts.
+        first = clients.post(client, "/orders/?hold=1.2")
+        retry = clients.post(client, "/orders/?hold=1.2")
+
+        assert first.status_code == retry.status_code == 201
+        assert retry["Idempotent-Replayed"] == "true"
+        assert calls.value == 1
+        record = IdempotencyKey.objects.get()
+        assert record.expires_at - record.created_at >= timedelta(seconds=2)
+
+    def test_fast_handler_keeps_the_expiry_its_claim_set(self, client):
+        # Storing the response then changes no indexed column (a heap-only
+        # update on PostgreSQL).
+        clients.post(client, "/orders/")
+
+        record = IdempotencyKey.objects.get()
+        assert record.expires_at - record.created_at == timedelta(hours=24)
