@@ -12,11 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.apps import apps
 from django.conf import settings
 from django.core.checks import CheckMessage, Error
 from django.urls import get_resolver
-from django.utils.module_loading import import_string
 
 from django_idempotency.conf import (
     BY_NAME,
@@ -32,7 +30,6 @@ NOT_A_DICT = "django_idempotency.E001"
 UNKNOWN_KEY = UNKNOWN_KEY_CHECK_ID
 UNKNOWN_DATABASE = "django_idempotency.E004"
 SET_COOKIE_STORED = "django_idempotency.E005"
-MIDDLEWARE_BEFORE_AUTHENTICATION = "django_idempotency.E006"
 KEY_LENGTHS_CROSSED = "django_idempotency.E117"
 VIEW_IMPORT_FAILED = "django_idempotency.E118"
 
@@ -153,44 +150,14 @@ def check_view_options(app_configs: Any = None, **kwargs: Any) -> list[CheckMess
 def check_middleware_order(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """``IdempotencyMiddleware`` must come after ``AuthenticationMiddleware``.
 
-    Listed before it, the middleware takes the scope before Django has set
-    ``request.user``: every session user looks anonymous, and one user's
-    key replays another user's stored response. WSGI and ASGI share the one
-    ``MIDDLEWARE`` list, so one rule covers both. Subclasses count as the
-    class they extend, as in Django's admin checks.
+    The middleware refuses to load in that order too (see
+    :func:`django_idempotency.middleware.misplaced`), since a server such
+    as gunicorn runs no system checks.
     """
-    if not apps.is_installed("django.contrib.auth"):
-        return []  # the auth middleware cannot be imported, let alone used
-    from django.contrib.auth.middleware import AuthenticationMiddleware
+    from django_idempotency.middleware import ORDER_CHECK_ID, misplaced
 
-    from django_idempotency.middleware import IdempotencyMiddleware
-
-    ours = _first_subclass(IdempotencyMiddleware, settings.MIDDLEWARE)
-    authentication = _first_subclass(AuthenticationMiddleware, settings.MIDDLEWARE)
-    if ours is None or authentication is None or ours[0] > authentication[0]:
+    problem = misplaced()
+    if problem is None:
         return []
-    ours_path, authentication_path = ours[1], authentication[1]
-    return [
-        Error(
-            f"{ours_path!r} must come after {authentication_path!r} in MIDDLEWARE.",
-            hint=(
-                f"Move {ours_path!r} below {authentication_path!r}, best to the end of "
-                "MIDDLEWARE. Listed before it, the scope is taken before Django knows "
-                "the user: every session user would be 'anonymous' and could receive "
-                "another user's stored response."
-            ),
-            id=MIDDLEWARE_BEFORE_AUTHENTICATION,
-        )
-    ]
-
-
-def _first_subclass(cls: type, paths: list[str]) -> tuple[int, str] | None:
-    """The position and path of the first entry of ``paths`` that is ``cls`` or a subclass."""
-    for index, path in enumerate(paths):
-        try:
-            candidate = import_string(path)
-        except ImportError:
-            continue  # Django reports a middleware that cannot be imported
-        if isinstance(candidate, type) and issubclass(candidate, cls):
-            return index, path
-    return None
+    message, hint = problem
+    return [Error(message, hint=hint, id=ORDER_CHECK_ID)]

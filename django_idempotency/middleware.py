@@ -33,9 +33,13 @@ from collections.abc import Callable
 from typing import Any
 
 from asgiref.sync import async_to_sync, iscoroutinefunction, markcoroutinefunction, sync_to_async
+from django.apps import apps
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, transaction
 from django.http import HttpRequest, HttpResponseBase
 from django.urls import Resolver404, resolve
+from django.utils.module_loading import import_string
 
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.core import protect, protect_async, sent_key
@@ -83,6 +87,11 @@ class IdempotencyMiddleware:
     async_capable = True
 
     def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        problem = misplaced()
+        if problem is not None and ORDER_CHECK_ID not in settings.SILENCED_SYSTEM_CHECKS:
+            # Never serve with the wrong scope, under a server that runs no
+            # system checks (gunicorn, uvicorn) as under runserver.
+            raise ImproperlyConfigured(" ".join(problem))
         self.get_response = get_response
         self.async_mode = iscoroutinefunction(get_response)
         if self.async_mode:
@@ -210,6 +219,49 @@ def _label(name: str) -> str:
 
 _SETTINGS = DeclaredOptions({}, _label)
 _LEASE_MODE = DeclaredOptions({"atomic": False}, _label)
+
+
+#: The system check that reports what :func:`misplaced` finds.
+ORDER_CHECK_ID = "django_idempotency.E006"
+
+
+def misplaced() -> tuple[str, str] | None:
+    """``(message, fix)`` when ``IdempotencyMiddleware`` comes before ``AuthenticationMiddleware``.
+
+    Listed before it, the middleware takes the scope before Django has set
+    ``request.user``: every session user looks anonymous, and one user's
+    key replays another user's stored response. WSGI and ASGI share the one
+    ``MIDDLEWARE`` list, so one rule covers both. Subclasses count as the
+    class they extend, as in Django's admin checks.
+    """
+    if not apps.is_installed("django.contrib.auth"):
+        return None  # the auth middleware cannot be imported, let alone used
+    from django.contrib.auth.middleware import AuthenticationMiddleware
+
+    ours = _first_subclass(IdempotencyMiddleware, settings.MIDDLEWARE)
+    authentication = _first_subclass(AuthenticationMiddleware, settings.MIDDLEWARE)
+    if ours is None or authentication is None or ours[0] > authentication[0]:
+        return None
+    ours_path, authentication_path = ours[1], authentication[1]
+    return (
+        f"{ours_path!r} must come after {authentication_path!r} in MIDDLEWARE.",
+        f"Move {ours_path!r} below {authentication_path!r}, best to the end of "
+        "MIDDLEWARE. Listed before it, the scope is taken before Django knows "
+        "the user: every session user would be 'anonymous' and could receive "
+        "another user's stored response.",
+    )
+
+
+def _first_subclass(cls: type, paths: list[str]) -> tuple[int, str] | None:
+    """The position and path of the first entry of ``paths`` that is ``cls`` or a subclass."""
+    for index, path in enumerate(paths):
+        try:
+            candidate = import_string(path)
+        except ImportError:
+            continue  # Django reports a middleware that cannot be imported
+        if isinstance(candidate, type) and issubclass(candidate, cls):
+            return index, path
+    return None
 
 
 def _in_request_transactions(view: Any) -> Any:

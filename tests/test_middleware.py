@@ -25,7 +25,7 @@ from django_idempotency.models import IdempotencyKey
 from tests import middleware_views
 from tests.clients import post
 from tests.models import Order
-from tests.test_async import ASYNC_METHOD_DECORATOR
+from tests.test_asynchronous import ASYNC_METHOD_DECORATOR
 from tests.views import calls
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -452,3 +452,31 @@ class RequiredKeysTests:
         assert exempt_patterns[0].callback is not view
         assert exempt_patterns[0].callback.__wrapped__ is view
         assert (app_name, namespace) == (None, None)
+
+
+class MiddlewareOrderTests:
+    """Listed before AuthenticationMiddleware, the middleware refuses to load: no server serves."""
+
+    @pytest.fixture
+    def misordered(self, settings: Any) -> None:
+        auth = "django.contrib.auth.middleware.AuthenticationMiddleware"
+        settings.MIDDLEWARE = [
+            entry if entry != auth else MIDDLEWARE for entry in settings.MIDDLEWARE
+        ] + [auth]
+
+    @pytest.mark.usefixtures("misordered")
+    def test_the_handler_refuses_to_load_with_the_fix(self, any_client) -> None:
+        from django.core.exceptions import ImproperlyConfigured
+
+        with pytest.raises(ImproperlyConfigured, match="must come after") as raised:
+            post(any_client, "/async/sync/plain/", key="k")
+
+        assert "AuthenticationMiddleware" in str(raised.value)
+        assert calls.value == 0
+        assert IdempotencyKey.objects.count() == 0
+
+    @pytest.mark.usefixtures("misordered")
+    def test_silencing_the_check_lets_it_load(self, settings: Any, wsgi) -> None:
+        settings.SILENCED_SYSTEM_CHECKS = ["django_idempotency.E006"]
+
+        assert post(wsgi, "/async/sync/plain/", key="k").status_code == 201
