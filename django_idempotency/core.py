@@ -21,6 +21,7 @@ from django.http import HttpRequest, HttpResponseBase
 from django.template.response import SimpleTemplateResponse
 
 from django_idempotency import engine
+from django_idempotency.asynchronous import run_async
 from django_idempotency.body import close_spools_with
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import (
@@ -116,7 +117,7 @@ async def protect_async(
         # template may run queries.
         return protect(request, body, options, sender=sender, finish=finish)
 
-    return await engine.run_async(run, handler)
+    return await run_async(run, handler)
 
 
 def _call(request: HttpRequest, declared: DeclaredOptions, sender: Any) -> engine.Call | None:

@@ -11,18 +11,16 @@ ends"). Statements live in :mod:`django_idempotency.store`.
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, TypeVar
 
-from asgiref.sync import async_to_sync, sync_to_async
 from django.db import Error, connections, transaction
 from django.dispatch import Signal
 from django.utils import timezone
@@ -447,42 +445,3 @@ class Call:
 
     def _send(self, signal: Signal) -> None:
         observability.record(signal, self.sender, self.request, self.info, self.started)
-
-
-async def run_async(run: Callable[[Callable[[], T]], T], body: Callable[[], Awaitable[T]]) -> T:
-    """``run(body)`` from async code, for a coroutine ``body``, finishing even when cancelled.
-
-    Django ties a transaction to a thread's connection, so the engine runs
-    synchronously in the thread that Django's ASGI handler keeps for this
-    request's ``thread_sensitive`` calls, and the coroutine is handed back
-    to the event loop with ``async_to_sync``: while it runs, that thread
-    serves its ``thread_sensitive`` calls (the async ORM, ``sync_to_async``)
-    on the same connection, inside the same transaction.
-
-    A cancellation (the client went away) must not stop a body that may
-    already have acted, nor make the engine treat it as a failure and give
-    the key back: the call is shielded and runs to its end, its result is
-    stored, and only then is the cancellation passed on.
-    """
-
-    async def coroutine() -> T:
-        return await body()
-
-    def call() -> T:
-        return run(async_to_sync(coroutine))
-
-    task = asyncio.ensure_future(sync_to_async(call, thread_sensitive=True)())
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        while not task.done():
-            try:
-                await asyncio.shield(task)
-            except asyncio.CancelledError:
-                continue
-            except BaseException:
-                break
-        raise
-
-
-__all__ = ["Call", "Ending", "Kind", "plain_ending", "replace", "run_async"]

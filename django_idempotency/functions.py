@@ -23,6 +23,7 @@ from asgiref.sync import iscoroutinefunction
 from django.core.serializers.json import DjangoJSONEncoder
 
 from django_idempotency import engine
+from django_idempotency.asynchronous import run_async
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import ArgumentsMismatch, CallInFlight, UnstorableResult
 from django_idempotency.fields import fit_key_column
@@ -218,7 +219,7 @@ def idempotent_function(
                 async def body() -> Any:
                     return await function(*args, **kwargs)
 
-                return await engine.run_async(
+                return await run_async(
                     lambda sync_body: call_once(args, kwargs, lambda info: sync_body()), body
                 )
 

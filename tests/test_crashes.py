@@ -5,7 +5,7 @@ go-ahead; the test kills the worker while it waits. In atomic mode the
 database rolls the effect back with the claim and the retry runs once; in
 lease mode the dead worker's claim holds until its lease runs out, then a
 retry takes the key over. The Celery worker's crash tests are in
-``test_idempotent_tasks.py``.
+``test_tasks.py``.
 """
 
 from __future__ import annotations

@@ -322,7 +322,7 @@ class ScopeTests:
         assert post(client, "/orders/", {"item": "book"}).content == alice_response.content
 
     def test_scopes_compare_exactly(self, client, settings, reset_calls):
-        settings.IDEMPOTENCY = {"SCOPE": "tests.test_decorator.tenant_scope"}
+        settings.IDEMPOTENCY = {"SCOPE": "tests.test_decorators.tenant_scope"}
         post(client, "/orders/", headers={"X-Tenant": "Acme"})
         other = post(client, "/orders/", headers={"X-Tenant": "acme"})
         padded = post(client, "/orders/", headers={"X-Tenant": "Acme "})
@@ -332,7 +332,7 @@ class ScopeTests:
         assert reset_calls.value == 3
 
     def test_long_scope_is_stored_as_its_digest(self, client, settings):
-        settings.IDEMPOTENCY = {"SCOPE": "tests.test_decorator.tenant_scope"}
+        settings.IDEMPOTENCY = {"SCOPE": "tests.test_decorators.tenant_scope"}
         post(client, "/orders/", headers={"X-Tenant": "t" * 300})
         retry = post(client, "/orders/", headers={"X-Tenant": "t" * 300})
 
@@ -449,7 +449,7 @@ class OptionTests:
         async def view(request):  # pragma: no cover - never called
             return None
 
-        # Async views are protected (tests/test_async.py), not refused.
+        # Async views are protected (tests/test_asynchronous.py), not refused.
         assert iscoroutinefunction(idempotent(view))
         assert iscoroutinefunction(idempotent(wait=1)(view))
 
@@ -513,7 +513,7 @@ class OptionTests:
         request = rf.post("/", headers={"Idempotency-Key": "k"})
         with pytest.raises(
             ImproperlyConfigured,
-            match=r"@idempotent\(scope=\.\.\.\) on tests\.test_decorator\..*view names "
+            match=r"@idempotent\(scope=\.\.\.\) on tests\.test_decorators\..*view names "
             r"'tests.no_such_module.scope', which could not be imported: "
             r"No module named 'tests.no_such_module'",
         ):

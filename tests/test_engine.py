@@ -12,6 +12,7 @@ not show.
 """
 
 from __future__ import annotations
+
 import json
 import logging
 import re
@@ -20,27 +21,26 @@ import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
 import pytest
 from django.contrib.auth.models import User
 from django.db import connection
-from django.test import override_settings
+from django.test import Client, override_settings
 from django.utils import timezone
 from rest_framework.request import Request
 from rest_framework.test import APIClient, APIRequestFactory
+
 from django_idempotency import store
 from django_idempotency.fingerprint import request_fingerprint
 from django_idempotency.info import IdempotencyInfo
 from django_idempotency.models import IdempotencyKey
-from tests import drf_views
-from tests import clients
+from tests import clients, drf_views
 from tests.clients import LEASE_ORDERS, PAYLOAD, drf_post, reset_lease_views, send, token_client
 from tests.databases import kill_connection
 from tests.factories import IdempotencyKeyFactory
 from tests.models import Order
 from tests.polling import in_background, wait_until
 from tests.views import calls, handler_connection_ids, resume
-from tests.views import calls
-
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -469,12 +469,18 @@ class OversizedBodyTests:
 
 
 class ExpiryTests:
+    """Atomic mode: when a completed record expires."""
+
+    @pytest.fixture
+    def plain(self) -> Client:
+        return Client()
+
     @override_settings(IDEMPOTENCY={"TTL": timedelta(seconds=1)})
-    def test_handler_slower_than_ttl_is_still_replayed(self, client):
+    def test_handler_slower_than_ttl_is_still_replayed(self, plain):
         # The claim set "now + TTL" before the handler ran; by the time the
         # response is stored that moment has passed, so the expiry restarts.
-        first = clients.post(client, "/orders/?hold=1.2")
-        retry = clients.post(client, "/orders/?hold=1.2")
+        first = clients.post(plain, "/orders/?hold=1.2")
+        retry = clients.post(plain, "/orders/?hold=1.2")
 
         assert first.status_code == retry.status_code == 201
         assert retry["Idempotent-Replayed"] == "true"
@@ -482,10 +488,10 @@ class ExpiryTests:
         record = IdempotencyKey.objects.get()
         assert record.expires_at - record.created_at >= timedelta(seconds=2)
 
-    def test_fast_handler_keeps_the_expiry_its_claim_set(self, client):
+    def test_fast_handler_keeps_the_expiry_its_claim_set(self, plain):
         # Storing the response then changes no indexed column (a heap-only
         # update on PostgreSQL).
-        clients.post(client, "/orders/")
+        clients.post(plain, "/orders/")
 
         record = IdempotencyKey.objects.get()
         assert record.expires_at - record.created_at == timedelta(hours=24)

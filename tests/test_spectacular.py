@@ -197,7 +197,7 @@ class SettingsInTheSchemaTests:
     def test_projects_own_exception_handler_is_not_guessed(self):
         rest_framework = {
             "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-            "EXCEPTION_HANDLER": "tests.test_openapi.project_exception_handler",
+            "EXCEPTION_HANDLER": "tests.test_spectacular.project_exception_handler",
         }
         with override_settings(REST_FRAMEWORK=rest_framework):
             responses = generate()["paths"]["/orders/"]["post"]["responses"]

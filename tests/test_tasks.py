@@ -9,31 +9,31 @@ effects of the redelivered message.
 """
 
 from __future__ import annotations
+
+import logging
 import os
+import re
 import subprocess
 import sys
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+
 import pytest
-from celery import Celery
+from celery import Celery, shared_task
 from celery.beat import Scheduler
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DatabaseError, connection
-from django_idempotency.models import IdempotencyKey
-from django_idempotency.tasks import purge_expired_keys
-from tests.celery_worker import WorkerProcess, find_broker, new_worker, publishing_to
-from tests.factories import IdempotencyKeyFactory
-import logging
-import re
-from collections import Counter, defaultdict
-from celery import Celery, shared_task
-from django.db import connection, connections
+from django.db import DatabaseError, connection, connections
 from django.test import override_settings
 from django.utils import timezone
+
 from django_idempotency.exceptions import TaskArgumentsMismatch, TaskInFlight, UnstorableResult
+from django_idempotency.models import IdempotencyKey
 from django_idempotency.purge import purge_expired
-from django_idempotency.tasks import idempotent_task
+from django_idempotency.tasks import idempotent_task, purge_expired_keys
+from tests.celery_worker import WorkerProcess, find_broker, new_worker, publishing_to
+from tests.factories import IdempotencyKeyFactory
 from tests.models import Order, RemoteCharge
 from tests.polling import wait_until
 from tests.tasks import (
@@ -50,7 +50,6 @@ from tests.tasks import (
     slow_order,
     unstorable_order,
 )
-
 
 REPO = Path(__file__).resolve().parent.parent
 TASK_NAME = "django_idempotency.tasks.purge_expired_keys"

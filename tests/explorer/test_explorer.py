@@ -169,7 +169,5 @@ def test_a_store_that_takes_the_request_transaction_down_fails_the_request(tally
     201; its claim, committed on the lease's own connection, is released.
     """
     tally.add(
-        run_script(
-            "A:lease_in_tx:s1:f1 B:atomic:s1:f1 C:atomic:s1:f1", "A A A B cut:A A A A B C C"
-        )
+        run_script("A:lease_in_tx:s1:f1 B:atomic:s1:f1 C:atomic:s1:f1", "A A A B cut:A A A A B C C")
     )
