@@ -132,6 +132,14 @@ def _identity(value: Any) -> Any:
     return value
 
 
+def _is_optional_function(value: Any) -> bool:
+    return value is None or _is_request_function(value)
+
+
+def _to_optional_function(value: Any) -> Any:
+    return None if value is None else to_request_function(value)
+
+
 @dataclass(frozen=True)
 class Setting:
     """One row of the settings table."""
@@ -352,6 +360,18 @@ SETTINGS: tuple[Setting, ...] = (
         "django_idempotency.E120",
         "Use None (no replay cache) or the alias of a cache in CACHES, e.g. 'default'.",
     ),
+    Setting(
+        "RECOVER",
+        None,
+        _is_optional_function,
+        _to_optional_function,
+        "django_idempotency.E121",
+        "Use None (an abandoned claim is taken over), or a callable "
+        "f(request, abandoned) -> HttpResponse | None or the dotted path of one, "
+        "e.g. 'django_idempotency.recovery.hold'.",
+        option=True,
+        imports=True,
+    ),
 )
 
 BY_NAME: dict[str, Setting] = {setting.name: setting for setting in SETTINGS}
@@ -425,6 +445,7 @@ class IdempotencySettings:
     enabled: _Accessor[bool] = _Accessor()
     problem_type_base_url: _Accessor[str | None] = _Accessor()
     replay_cache: _Accessor[str | None] = _Accessor()
+    recover: _Accessor[Callable[..., Any] | None] = _Accessor()
 
 
 idempotency_settings = IdempotencySettings()

@@ -139,7 +139,7 @@ def _call(request: HttpRequest, declared: DeclaredOptions, sender: Any) -> engin
         fingerprint=_fit_fingerprint(options.fingerprint(request)),
     )
     request.idempotency = info  # type: ignore[attr-defined]
-    return engine.Call(info, options, RESPONSES, sender, request)
+    return engine.Call(info, options, RESPONSES, sender, request, recover=options.recover)
 
 
 def _may_claim(request: HttpRequest, options: Options) -> bool:

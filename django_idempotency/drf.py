@@ -63,7 +63,8 @@ class FingerprintMismatch(exceptions.APIException):
 _EQUIVALENTS: dict[type[core_exceptions.IdempotencyError], type[exceptions.APIException]] = {
     core_exceptions.IdempotencyKeyRequired: IdempotencyKeyRequired,
     core_exceptions.InvalidIdempotencyKey: InvalidIdempotencyKey,
-    core_exceptions.RequestInFlight: RequestInFlight,
+    # Every 409 with Retry-After: in flight, lease lost, abandoned.
+    core_exceptions.InFlight: RequestInFlight,
     core_exceptions.FingerprintMismatch: FingerprintMismatch,
 }
 
@@ -72,8 +73,8 @@ def to_api_exception(error: core_exceptions.IdempotencyError) -> exceptions.APIE
     """The DRF exception for a core error, so the project's EXCEPTION_HANDLER renders it."""
     # Walk the MRO so that a subclass of a core error keeps its HTTP meaning.
     api_class = next(_EQUIVALENTS[cls] for cls in type(error).__mro__ if cls in _EQUIVALENTS)
-    if isinstance(error, core_exceptions.RequestInFlight):
-        return RequestInFlight(error.detail, wait=error.retry_after)
+    if isinstance(error, core_exceptions.InFlight):
+        return RequestInFlight(error.detail, error.code, wait=error.retry_after)
     return api_class(error.detail)
 
 

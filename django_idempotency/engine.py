@@ -28,10 +28,11 @@ from django.utils import timezone
 from django_idempotency import lease_cleanup, observability, replay_cache, signals, store
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import IdempotencyError
-from django_idempotency.info import IdempotencyInfo
+from django_idempotency.info import IdempotencyInfo, ProgressWriter
 from django_idempotency.keys import mask_key
 from django_idempotency.lease_connection import LeaseConnection
 from django_idempotency.options import Options
+from django_idempotency.recovery import Abandoned
 from django_idempotency.store import StoredResponse
 
 logger = logging.getLogger("django_idempotency.core")
@@ -77,6 +78,20 @@ class Kind:
     #: What the first call returns: its own result (a view's response), or
     #: what a duplicate would get (a function's JSON value).
     fresh: Callable[[Any, StoredResponse], Any] = lambda result, stored: result
+    #: How a recovery policy is asked about an abandoned claim: a view's
+    #: ``f(request, abandoned)``, a function's ``f(abandoned)``.
+    ask: Callable[[Callable[..., Any], Any, Abandoned], Any] = lambda policy, request, abandoned: (
+        policy(request, abandoned)
+    )
+
+
+@dataclass(frozen=True)
+class _Owned:
+    """The claim a lease-mode call holds: where its statements run, its record, its token."""
+
+    connection: LeaseConnection
+    record_id: int
+    token: str
 
 
 @dataclass
@@ -90,6 +105,9 @@ class Call:
     sender: Any
     #: Sent with the signals: the request, or ``None`` for tasks and functions.
     request: Any = None
+    #: Lease mode: the policy asked about an abandoned claim (``Kind.ask``),
+    #: ``None`` to take it over.
+    recover: Callable[..., Any] | None = None
     using: str = field(default_factory=lambda: idempotency_settings.database)
     started: float = field(default_factory=time.monotonic, init=False)
 
@@ -125,8 +143,18 @@ class Call:
             if claim.existing is not None:
                 return self._answer_duplicate(claim.existing)
             self._send(signals.key_claimed)
+
+            def write(checkpoints: dict[str, Any] | None) -> bool:
+                # In the claim's own transaction: nothing to renew, nobody to fence.
+                if checkpoints is None:
+                    return True
+                return store.record_progress(
+                    self.using, claim.record_id, owner_token=None, checkpoints=checkpoints
+                )
+
             try:
-                result = body()
+                with self._progress(claim, write):
+                    result = body()
             except BaseException as exc:
                 # Anything but "done on purpose" leaves the block by raising:
                 # the claim rolls back with the body's writes.
@@ -167,14 +195,38 @@ class Call:
         lease = LeaseConnection.for_alias(self.using)
         token = secrets.token_hex(16)
         claim = store.retrying(lambda: self._lease_claim(lease, token), self._gave_up)
-        if claim.existing is not None:
-            return self._answer_duplicate(claim.existing)
-        record_id = claim.record_id
+        record = claim.existing
+        if record is None:
+            return self._run_leased(body, _Owned(lease, claim.record_id, token), claim)
+        if self.recover is not None and record.abandoned(timezone.now()):
+            return self._recover(body, lease, token, record)
+        return self._answer_duplicate(record)
+
+    def _lease_claim(self, lease: LeaseConnection, token: str) -> store.Claim:
+        now = timezone.now()
+        new = self._new_claim(now, token, now + self.options.lease)
+        with (
+            self._claim_errors(),
+            lease.statements(),
+            store.claiming(self.using, self.options.wait),
+            transaction.atomic(using=self.using),
+        ):
+            # With a recovery policy, an abandoned claim is left for it to decide.
+            take_over = self.recover is None
+            return store.claim(self.using, new, self.options.wait, take_over_abandoned=take_over)
+
+    def _run_leased(self, body: Callable[[], Any], owned: _Owned, claim: store.Claim) -> Any:
+        if claim.attempt > 1:
+            # The claim of a request that stopped before it finished: this
+            # run resumes it, from its checkpoints.
+            self._send(signals.claim_taken_over)
+            observability.record_recovery("started", self.sender)
         self._send(signals.key_claimed)
         try:
-            result = body()
+            with self._progress(claim, lambda cps: self._record_progress(owned, cps)):
+                result = body()
         except BaseException as exc:
-            self._end_lease_on(exc, lease, record_id, token)
+            self._end_lease_on(exc, owned)
             raise
         try:
             stored = self.kind.encode(result)
@@ -190,32 +242,83 @@ class Call:
             )
             raise
         if stored is None:
-            self._release(lease, record_id, token)
+            self._release(owned)
             return result
-        self._complete_lease(lease, record_id, token, stored)
+        if self._complete_lease(owned, stored) and claim.attempt > 1:
+            observability.record_recovery("completed", self.sender)
         return self.kind.fresh(result, stored)
 
-    def _lease_claim(self, lease: LeaseConnection, token: str) -> store.Claim:
-        now = timezone.now()
-        new = self._new_claim(now, token, now + self.options.lease)
-        with (
-            self._claim_errors(),
-            lease.statements(),
-            store.claiming(self.using, self.options.wait),
-            transaction.atomic(using=self.using),
-        ):
-            return store.claim(self.using, new, self.options.wait)
+    def _record_progress(self, owned: _Owned, checkpoints: dict[str, Any] | None) -> bool:
+        """Write checkpoints (or only renew the lease) now, fenced by the owner's token."""
+        locked_until = timezone.now() + self.options.lease
+        return owned.connection.run(
+            lambda: store.record_progress(
+                self.using,
+                owned.record_id,
+                owner_token=owned.token,
+                checkpoints=checkpoints,
+                locked_until=locked_until,
+            ),
+            at_once=True,
+        )
 
-    def _end_lease_on(
-        self, exc: BaseException, lease: LeaseConnection, record_id: int, token: str
-    ) -> None:
+    def _recover(
+        self, body: Callable[[], Any], lease: LeaseConnection, token: str, record: store.Record
+    ) -> Any:
+        """Ask the recovery policy about an abandoned claim: take over, complete, or hold."""
+        if record.fingerprint != self.info.fingerprint:
+            # The key stays bound to the work that may have half happened.
+            return self._answer_duplicate(record)
+        assert self.recover is not None
+        observability.record_recovery("started", self.sender)
+        abandoned = Abandoned(
+            scope=self.info.scope,
+            key=self.info.key,
+            created_at=record.created_at,
+            attempt=record.attempt,
+            checkpoints=dict(record.checkpoints),
+        )
+        answer = self.kind.ask(self.recover, self.request, abandoned)
+        now = timezone.now()
+        if answer is None:
+            new = self._new_claim(now, token, now + self.options.lease)
+            taken = lease.run(lambda: store.take_over(self.using, record, new), at_once=True)
+            if taken is None:
+                raise self._conflict(retry_after=1)  # another request took it first
+            return self._run_leased(body, _Owned(lease, record.id, token), taken)
+        stored = self.kind.encode(answer)
+        if stored is None:
+            self._send(signals.claim_held)
+            self._log(
+                logging.WARNING,
+                "Idempotency key %s in scope %r was abandoned by its owner (attempt %d); "
+                "the recovery policy holds it.",
+                record.attempt,
+                outcome="held",
+            )
+            return answer
+        expires_at = now + self.options.ttl
+        completed = lease.run(
+            lambda: store.complete(
+                self.using, record.id, stored, owner_token=record.owner_token, expires_at=expires_at
+            ),
+            at_once=True,
+        )
+        if not completed:
+            raise self._conflict(retry_after=1)  # another request settled it first
+        self._send(signals.claim_recovered)
+        self._stored(stored, expires_at)
+        observability.record_recovery("completed", self.sender)
+        return self.kind.fresh(answer, stored)
+
+    def _end_lease_on(self, exc: BaseException, owned: _Owned) -> None:
         ending = self.kind.ending(exc)
         if ending is Ending.FAILED:
-            self._release(lease, record_id, token)
+            self._release(owned)
         elif ending is Ending.COMPLETED:
             stored = self.kind.encode(None)
             if stored is not None:
-                self._complete_lease(lease, record_id, token, stored)
+                self._complete_lease(owned, stored)
         else:
             self._log(
                 logging.WARNING,
@@ -226,26 +329,29 @@ class Call:
                 waited=False,
             )
 
-    def _complete_lease(
-        self, lease: LeaseConnection, record_id: int, token: str, stored: StoredResponse
-    ) -> None:
-        """Store a finished body's result. The body has run: the key is never released here.
+    def _complete_lease(self, owned: _Owned, stored: StoredResponse) -> bool:
+        """Store a finished body's result; whether it was. The key is never released here.
 
         On the lease's own connection the result is stored in the request's
         transaction instead, so that it commits with the body's writes; if
         that transaction rolls back after all, the claim is released when
         the request finishes (see docs/decorator.rst).
         """
+        lease = owned.connection
         if lease.own and lease.request_transaction_will_roll_back():
             # The body's writes are lost with it: as for a failed body.
-            self._release(lease, record_id, token)
-            return
+            self._release(owned)
+            return False
         expires_at = timezone.now() + self.options.ttl
 
         def complete(result: StoredResponse) -> bool:
             def update() -> bool:
                 return store.complete(
-                    self.using, record_id, result, owner_token=token, expires_at=expires_at
+                    self.using,
+                    owned.record_id,
+                    result,
+                    owner_token=owned.token,
+                    expires_at=expires_at,
                 )
 
             if lease.own:
@@ -256,17 +362,15 @@ class Call:
 
         outcome = self._complete_or_without_body(complete, stored, lease)
         if lease.own:
-            lease_cleanup.release_unless_committed(
-                self.using, lambda: self._release(lease, record_id, token)
-            )
+            lease_cleanup.release_unless_committed(self.using, lambda: self._release(owned))
         if outcome is None:
-            return
+            return False
         completed, stored = outcome
         # Sent only now, with the request's connection back in place, so
         # that a receiver's writes join the request's transaction.
         if completed:
             self._stored(stored, expires_at)
-            return
+            return True
         self._log(
             logging.WARNING,
             "Lease for idempotency key %s in scope %r ran out before the handler "
@@ -275,6 +379,7 @@ class Call:
             outcome="lease_lost",
             waited=False,
         )
+        return False
 
     def _complete_or_without_body(
         self,
@@ -319,10 +424,18 @@ class Call:
                 )
         return None
 
-    def _release(self, lease: LeaseConnection, record_id: int, token: str) -> None:
-        """Give the key back after a failed body, so that a retry can run."""
+    def _release(self, owned: _Owned) -> None:
+        """Give the key back after a failed body, so that a retry can run.
+
+        A claim with checkpoints keeps them (and its attempt) for the retry,
+        which takes it over at once and resumes from them.
+        """
+        lease = owned.connection
+        keep = bool(self.info.progress.checkpoints)
         try:
-            released = lease.run(lambda: store.release(self.using, record_id, token))
+            released = lease.run(
+                lambda: store.release(self.using, owned.record_id, owned.token, keep_progress=keep)
+            )
         except Error:
             if lease.shares_request_transaction():
                 return  # the failed statement rolls the claim back with the request
@@ -339,6 +452,17 @@ class Call:
             self._send(signals.claim_released)
 
     # What both modes share: the claim, a duplicate's answer, the stored result.
+
+    @contextmanager
+    def _progress(self, claim: store.Claim, write: ProgressWriter) -> Iterator[None]:
+        """While the body runs, ``request.idempotency`` records its progress through ``write``."""
+        progress = self.info.progress
+        progress.attempt, progress.checkpoints = claim.attempt, dict(claim.checkpoints)
+        progress.write = write
+        try:
+            yield
+        finally:
+            progress.write = None
 
     def _new_claim(
         self, now: datetime, token: str = "", locked_until: datetime | None = None

@@ -70,6 +70,9 @@ class InFlight(IdempotencyError):
         #: Whole seconds, at least 1.
         self.retry_after = max(1, math.ceil(retry_after))
 
+    def headers(self) -> dict[str, str]:
+        return {**super().headers(), "Retry-After": str(self.retry_after)}
+
 
 class RequestInFlight(InFlight):
     title = "Request in progress"
@@ -79,8 +82,43 @@ class RequestInFlight(InFlight):
         "Retry after the number of seconds in Retry-After."
     )
 
-    def headers(self) -> dict[str, str]:
-        return {**super().headers(), "Retry-After": str(self.retry_after)}
+
+class LeaseLost(InFlight):
+    """The claim is no longer this request's: its lease ran out and another took it over.
+
+    Raised by ``request.idempotency.checkpoint()`` and ``heartbeat()`` in
+    lease mode, so that a handler that outlived its lease learns it before
+    its next effect. Let it propagate: the request answers 409 and the new
+    owner's result is the one stored.
+    """
+
+    title = "Lease lost"
+    code = "lease_lost"
+    default_detail = (
+        "This request's claim on its idempotency key ran out and another request took "
+        "the key over; that request's answer is the one stored. Retry after the number "
+        "of seconds in Retry-After to get it."
+    )
+
+
+class RequestAbandoned(InFlight):
+    """The original request with this key stopped before it finished, and is held.
+
+    Answered by ``django_idempotency.recovery.hold``: the key stays claimed
+    until an operator decides what the abandoned request did (see the
+    operations page of the docs).
+    """
+
+    title = "Request abandoned"
+    code = "request_abandoned"
+    default_detail = (
+        "The original request with this idempotency key stopped before it finished, "
+        "and its outcome is being checked. Retry later; the answer will be the "
+        "original's once it is settled."
+    )
+
+    def __init__(self, detail: str | None = None, retry_after: float = 60) -> None:
+        super().__init__(detail, retry_after)
 
 
 class DatabaseBusy(RequestInFlight):
@@ -116,6 +154,21 @@ class CallInFlight(InFlight):
     code = "call_in_flight"
     default_detail = (
         "A call with this idempotency key is still running. Call again after retry_after seconds."
+    )
+
+
+class CallAbandoned(CallInFlight):
+    """An ``idempotent_function``'s or task's original stopped before it finished, and is held.
+
+    Raised by ``django_idempotency.recovery.hold_call``; a task's duplicate
+    is retried later by Celery, as for one still in flight.
+    """
+
+    title = "Call abandoned"
+    code = "call_abandoned"
+    default_detail = (
+        "The original call with this idempotency key stopped before it finished, and "
+        "its outcome is being checked. Call again later."
     )
 
 
@@ -161,3 +214,22 @@ class UnstorableResult(IdempotencyError):
         "An idempotent function or task must return a JSON-serialisable value "
         "(or None), since duplicates get the stored value back."
     )
+
+
+#: The errors a view answers with, each a problem ``type`` of its own (the
+#: others are raised to the caller of a function or task, never an HTTP answer).
+PROBLEM_TYPES: tuple[type[IdempotencyError], ...] = (
+    IdempotencyKeyRequired,
+    InvalidIdempotencyKey,
+    RequestInFlight,
+    LeaseLost,
+    RequestAbandoned,
+    DatabaseBusy,
+    FingerprintMismatch,
+)
+#: Raised to the caller of an idempotent function or task.
+CALL_ERRORS: tuple[type[IdempotencyError], ...] = (
+    CallInFlight,
+    ArgumentsMismatch,
+    UnstorableResult,
+)

@@ -34,6 +34,8 @@ from django_idempotency.store import StoredResponse
 
 F = TypeVar("F", bound=Callable[..., Any])
 KeyFunction = Callable[..., str]
+#: A function's or task's recovery policy: ``f(abandoned) -> value | None``.
+Recover = Callable[[Any], Any]
 
 #: The stored "response" of a function: its return value as a JSON document.
 RESULT_STATUS = 200
@@ -65,12 +67,23 @@ VALUES = engine.Kind(
     database_busy=lambda: CallInFlight(retry_after=1),
     # The first call gets what every later call will: the value read back.
     fresh=lambda result, stored: _decode(stored),
+    # f(abandoned): None takes over, a value completes the key, raising holds it.
+    ask=lambda policy, request, abandoned: policy(abandoned),
 )
 
 
 def declare(where: str, **given: Any) -> DeclaredOptions:
     """A function's or task's options, validated now by the settings table's rules."""
     return DeclaredOptions(given, lambda name: f"{where}({name}=...)", CALL_OPTION_NAMES)
+
+
+def checked_recover(recover: object, where: str) -> None:
+    """Refuse a ``recover=`` that is not a callable when the function is decorated."""
+    if recover is not None and not callable(recover):
+        raise TypeError(
+            f"{where}(recover=...) must be a callable f(abandoned) -> value | None, "
+            f"not {recover!r}."
+        )
 
 
 def checked_key(value: object, owner: str) -> str:
@@ -129,6 +142,7 @@ def run_once(
     options: DeclaredOptions,
     sender: Any,
     kind: engine.Kind = VALUES,
+    recover: Callable[..., Any] | None = None,
 ) -> Any:
     """Run ``body`` once per (scope, key); return its value, stored or fresh.
 
@@ -141,7 +155,7 @@ def run_once(
         scope=fit_key_column(scope),
         fingerprint=arguments_fingerprint(arguments, scope),
     )
-    call = engine.Call(info, options.resolve(), kind, sender)
+    call = engine.Call(info, options.resolve(), kind, sender, recover=recover)
     return call.run(lambda: body(info))
 
 
@@ -156,6 +170,7 @@ def idempotent_function(
     ttl: timedelta | float | None = None,
     wait: float | None = None,
     lease: timedelta | float | None = None,
+    recover: Recover | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -169,6 +184,7 @@ def idempotent_function(
     ttl: timedelta | float | None = None,
     wait: float | None = None,
     lease: timedelta | float | None = None,
+    recover: Recover | None = None,
 ) -> Any:
     """Run a function's body once per key; later calls get its first return value.
 
@@ -183,6 +199,12 @@ def idempotent_function(
     one while the original still runs past ``wait``
     :class:`~django_idempotency.exceptions.CallInFlight`. An ``async def``
     function is protected the same way and awaited.
+
+    ``recover`` (lease mode) is asked ``recover(abandoned)`` when a call
+    finds the claim of one that stopped before it finished: ``None`` takes
+    it over (the body runs again as the next attempt, with the checkpoints
+    recorded so far), a value completes the key with it, and raising holds
+    the claim (``django_idempotency.recovery.hold_call``).
     """
     if func is not None:
         raise TypeError("idempotent_function needs key=: @idempotent_function(key=...).")
@@ -196,6 +218,7 @@ def idempotent_function(
             f"idempotent_function(scope=...) must be a non-empty string, not {scope!r}."
         )
     options = declare("idempotent_function", atomic=atomic, ttl=ttl, wait=wait, lease=lease)
+    checked_recover(recover, "idempotent_function")
 
     def decorate(function: F) -> F:
         name = scope or f"{function.__module__}.{function.__qualname__}"
@@ -210,6 +233,7 @@ def idempotent_function(
                 body=body,
                 options=options,
                 sender=function,
+                recover=recover,
             )
 
         if iscoroutinefunction(function):

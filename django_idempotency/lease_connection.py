@@ -101,13 +101,13 @@ class LeaseConnection:
     def for_alias(cls, using: str) -> LeaseConnection:
         return cls(using, needs_own_connection(using))
 
-    def statements(self, *, fresh: bool = False) -> AbstractContextManager[Any]:
+    def statements(self, *, fresh: bool = False, own: bool = False) -> AbstractContextManager[Any]:
         """Route the alias for the block: to the lease's own (or a fresh) connection, if any."""
-        if self.own or fresh:
+        if self.own or fresh or own:
             return own_connection(self.using, fresh=fresh)
         return nullcontext()
 
-    def run(self, step: Callable[[], T]) -> T:
+    def run(self, step: Callable[[], T], *, at_once: bool = False) -> T:
         """Run a lease statement; if its connection has died, again on a fresh one.
 
         A handler can outlive its connection (a server restart, a killed
@@ -115,9 +115,13 @@ class LeaseConnection:
         die with it, or the key stays stuck until the lease runs out. Every
         driver error counts: a connection that is already closed raises
         ``InterfaceError`` (psycopg2), which is no ``DatabaseError``.
+
+        ``at_once`` is for a statement that must commit now although the
+        handler may be inside a transaction of its own (a checkpoint): then
+        it runs on the lease's own connection too, as a claim would.
         """
         try:
-            with self.statements():
+            with self.statements(own=at_once and needs_own_connection(self.using)):
                 return step()
         except Error:
             # Whether the connection is still usable cannot be told reliably

@@ -35,6 +35,11 @@ class IdempotencyKey(models.Model):
     owner_token = models.CharField(_("owner token"), max_length=32, blank=True, default="")
     locked_until = models.DateTimeField(_("locked until"), null=True, blank=True)
     created_at = models.DateTimeField(_("created at"), default=timezone.now)
+    # Lease mode: 1 for a key's first owner, n + 1 after n takeovers of an
+    # abandoned claim; and the steps its owners recorded as done
+    # (``request.idempotency.checkpoint``), name to JSON data.
+    attempt = models.PositiveIntegerField(_("attempt"), default=1)
+    checkpoints = models.JSONField(_("checkpoints"), null=True, blank=True)
     # While a lease is held this equals locked_until, so one indexed column
     # answers both "may this key be taken over?" and "may this row be purged?".
     expires_at = models.DateTimeField(_("expires at"))

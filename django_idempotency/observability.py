@@ -35,6 +35,9 @@ OUTCOMES: dict[Signal, str] = {
     signals.fingerprint_mismatch: "mismatch",
     signals.claim_released: "released",
     signals.wait_timed_out: "wait_timed_out",
+    signals.claim_taken_over: "taken_over",
+    signals.claim_recovered: "recovered",
+    signals.claim_held: "held",
 }
 
 #: The counter each outcome adds to; the others are not counted.

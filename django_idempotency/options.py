@@ -50,6 +50,8 @@ class Options:
     atomic: bool
     wait: float
     lease: timedelta
+    #: Lease mode: what to do with an abandoned claim, ``None`` to take it over.
+    recover: Callable[..., Any] | None
 
 
 def suggest(name: str, known: tuple[str, ...]) -> str:

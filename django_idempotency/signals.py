@@ -26,3 +26,13 @@ claim_released = Signal()
 #: A duplicate waited ``WAIT`` seconds for the in-flight original
 #: and gave up; ``request_conflict`` (the 409) follows.
 wait_timed_out = Signal()
+#: Lease mode: a request took over a claim whose owner stopped before it
+#: finished (its lease ran out); its handler runs again as the next attempt,
+#: with the checkpoints recorded so far.
+claim_taken_over = Signal()
+#: Lease mode: the recovery policy completed an abandoned claim with its own
+#: response (reconciliation); the handler did not run.
+claim_recovered = Signal()
+#: Lease mode: the recovery policy answered an abandoned claim with a response
+#: that is not stored (held for an operator); the claim stays abandoned.
+claim_held = Signal()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -24,6 +24,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 from django.db.models import Field
 from django.db.models.expressions import Col
+from django.utils import timezone
 
 from django_idempotency.info import IdempotencyInfo
 from django_idempotency.models import IdempotencyKey
@@ -98,11 +99,19 @@ class Record:
     locked_until: datetime | None
     created_at: datetime
     expires_at: datetime
+    #: Lease mode's progress: how many owners the key has had, and the steps
+    #: they recorded as done.
+    attempt: int = 1
+    checkpoints: dict[str, Any] = field(default_factory=dict)
 
     @property
     def held_until(self) -> datetime:
         """Until when an in-progress record is its owner's (its lease)."""
         return self.locked_until or self.expires_at
+
+    def abandoned(self, now: datetime) -> bool:
+        """In progress, and its lease ran out: its owner died (or outlived its lease)."""
+        return not self.completed and self.owner_token != "" and self.expires_at <= now
 
 
 @dataclass(frozen=True)
@@ -115,6 +124,10 @@ class Claim:
 
     record_id: int
     existing: Record | None = None
+    #: Of a claimed key: 1, or the abandoned claim's attempt + 1 when it was
+    #: taken over, with the checkpoints its owners recorded.
+    attempt: int = 1
+    checkpoints: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -265,13 +278,19 @@ def retrying(
     raise gave_up()
 
 
-def claim(using: str, new: NewClaim, wait: float) -> Claim:
+def claim(using: str, new: NewClaim, wait: float, *, take_over_abandoned: bool = True) -> Claim:
     """Claim the key, or find the live record that holds it.
 
     Must run inside ``transaction.atomic(using=using)``. A live record that
     is returned is committed and changes only when it expires (or, in
     lease mode, when its owner completes or releases it), so it is read
     without holding a lock: a replay writes nothing.
+
+    An expired record is taken over in the same statement, except, with
+    ``take_over_abandoned=False``, an abandoned claim (in progress, its
+    lease run out): that is returned, for a recovery policy to decide on
+    (:func:`take_over` then takes it, fenced by its owner's token). A claim
+    taken over from the same request carries its attempt and checkpoints.
 
     Raises :class:`Busy` when the wait for an in-flight original runs out,
     :class:`Retry` when the claim must start over (see :func:`retrying`),
@@ -281,7 +300,7 @@ def claim(using: str, new: NewClaim, wait: float) -> Claim:
     connection = connections[using]
     try:
         with explained(using):
-            found = _claim(connection, new, wait)
+            found = _claim(connection, new, wait, take_over_abandoned)
     finally:
         _restore_wait(connection)
     if found is None:
@@ -291,23 +310,29 @@ def claim(using: str, new: NewClaim, wait: float) -> Claim:
     return found
 
 
-def _claim(connection: BaseDatabaseWrapper, new: NewClaim, wait: float) -> Claim | None:
+def _claim(
+    connection: BaseDatabaseWrapper, new: NewClaim, wait: float, take_over_abandoned: bool
+) -> Claim | None:
     if connection.vendor == "postgresql":
-        claimed = _claim_postgresql(connection, new, wait)
+        claimed = _claim_postgresql(connection, new, wait, take_over_abandoned)
         if claimed is None:
             # We waited for an original that committed after this
             # statement's snapshot was taken: read it now.
             claimed = _read(connection, new.scope, new.key)
     elif connection.vendor == "mysql":
-        claimed = _claim_mysql(connection, new, wait)
+        claimed = _claim_mysql(connection, new, wait, take_over_abandoned)
     else:
-        claimed = _claim_upsert(connection, new)
+        claimed = _claim_upsert(connection, new, take_over_abandoned)
         if claimed is None:
             claimed = _read(connection, new.scope, new.key)
-    if isinstance(claimed, int):
-        return Claim(claimed)
-    if claimed is None or claimed.expires_at <= new.created_at:
-        # Gone, or seen as it was before another request took it over.
+    if isinstance(claimed, Claim):
+        return claimed
+    if claimed is None:
+        return None  # gone, as after a purge
+    if claimed.expires_at <= new.created_at and not (
+        not take_over_abandoned and claimed.abandoned(new.created_at)
+    ):
+        # Seen as it was before another request took it over.
         return None
     return Claim(claimed.id, claimed)
 
@@ -396,16 +421,72 @@ def _complete_sql(connection: BaseDatabaseWrapper, *, with_expiry: bool, with_to
     where = [f"{quote(IdempotencyKey._meta.pk.column)} = %s"]
     if with_token:
         where.append(f"{quote(columns['owner_token'])} = %s")
+        where.append(f"{quote(columns['state'])} = '{State.IN_PROGRESS}'")
     return (
         f"UPDATE {quote(IdempotencyKey._meta.db_table)} SET {', '.join(assignments)} "
         f"WHERE {' AND '.join(where)}"
     )
 
 
-def release(using: str, record_id: int, owner_token: str) -> bool:
-    """Give an in-progress claim back so a retry can run; only its owner may."""
-    rows, _ = _owned(using, record_id, owner_token).filter(state=State.IN_PROGRESS).delete()
+def release(using: str, record_id: int, owner_token: str, *, keep_progress: bool = False) -> bool:
+    """Give an in-progress claim back so a retry can run; only its owner may.
+
+    ``keep_progress`` keeps a claim that has checkpoints, with its attempt,
+    as free to take at once (its token cleared, its lease over), so that
+    the retry resumes from them instead of starting again.
+    """
+    owned = _owned(using, record_id, owner_token).filter(state=State.IN_PROGRESS)
+    if keep_progress:
+        now = timezone.now()
+        return owned.update(owner_token="", locked_until=now, expires_at=now) == 1
+    rows, _ = owned.delete()
     return rows == 1
+
+
+def take_over(using: str, abandoned: Record, new: NewClaim) -> Claim | None:
+    """Take an abandoned claim over as its next attempt; ``None`` if another request did first.
+
+    Fenced by the dead owner's token and its run-out lease, so that of two
+    requests deciding on one abandoned claim only one takes it, and a slow
+    owner that renewed its lease in the meantime keeps it.
+    """
+    taken = (
+        _owned(using, abandoned.id, abandoned.owner_token)
+        .filter(state=State.IN_PROGRESS, expires_at__lte=new.created_at)
+        .update(
+            owner_token=new.owner_token,
+            attempt=abandoned.attempt + 1,
+            created_at=new.created_at,
+            expires_at=new.expires_at,
+            locked_until=new.locked_until,
+        )
+    )
+    if taken != 1:
+        return None
+    return Claim(abandoned.id, attempt=abandoned.attempt + 1, checkpoints=abandoned.checkpoints)
+
+
+def record_progress(
+    using: str,
+    record_id: int,
+    *,
+    owner_token: str | None,
+    checkpoints: dict[str, Any] | None = None,
+    locked_until: datetime | None = None,
+) -> bool:
+    """Write an in-progress claim's checkpoints, and renew its lease to ``locked_until``.
+
+    ``False`` when the claim is no longer this owner's (its lease was taken
+    over, or it was released). Atomic mode passes no token: the claim is
+    its own transaction's.
+    """
+    changes: dict[str, Any] = {}
+    if checkpoints is not None:
+        changes["checkpoints"] = checkpoints
+    if locked_until is not None:
+        changes.update(locked_until=locked_until, expires_at=locked_until)
+    owned = _owned(using, record_id, owner_token).filter(state=State.IN_PROGRESS)
+    return owned.update(**changes) == 1
 
 
 def _owned(using: str, record_id: int, owner_token: str | None) -> Any:
@@ -487,32 +568,39 @@ def _insert_params(connection: BaseDatabaseWrapper, new: NewClaim) -> list[Any]:
     ]
 
 
-def _claim_upsert(connection: BaseDatabaseWrapper, new: NewClaim) -> int | None:
+def _claim_upsert(
+    connection: BaseDatabaseWrapper, new: NewClaim, take_over_abandoned: bool
+) -> Claim | None:
     """SQLite: insert, or take over an expired record, in one statement.
 
     SQLite serialises writers on the whole database, so the wait happened
     at ``BEGIN`` (or at this statement) under the busy timeout.
     """
-    sql = _sql(connection, "claim", _upsert_sql)
+    sql = _sql(
+        connection, ("claim", take_over_abandoned), lambda c: _upsert_sql(c, take_over_abandoned)
+    )
     with connection.cursor() as cursor:
         cursor.execute(sql, _insert_params(connection, new))
         row = cursor.fetchone()
-    return None if row is None else int(row[0])
+    return None if row is None else _claimed(connection, row)
 
 
-def _upsert_sql(connection: BaseDatabaseWrapper) -> str:
+def _upsert_sql(connection: BaseDatabaseWrapper, take_over_abandoned: bool) -> str:
     quote = connection.ops.quote_name
     table = quote(IdempotencyKey._meta.db_table)
     columns = _columns()
     names = [quote(columns[field]) for field in _CLAIM_FIELDS]
     expires = quote(columns["expires_at"])
     created = quote(columns["created_at"])
-    pk = quote(IdempotencyKey._meta.pk.column)
+    progress = _progress_assignments(connection, f"EXCLUDED.{quote(columns['fingerprint'])}")
     takeover = _takeover_assignments(connection, from_excluded=True)
     return (
-        f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join(['%s'] * len(names))}) "
-        f"ON CONFLICT ({names[0]}, {names[1]}) DO UPDATE SET {takeover} "
-        f"WHERE {table}.{expires} <= EXCLUDED.{created} RETURNING {pk}"
+        f"INSERT INTO {table} ({', '.join(names)}, {quote(columns['attempt'])}) "
+        f"VALUES ({', '.join(['%s'] * len(names))}, 1) "
+        f"ON CONFLICT ({names[0]}, {names[1]}) DO UPDATE SET {progress}, {takeover} "
+        f"WHERE {table}.{expires} <= EXCLUDED.{created}"
+        f"{_unless_abandoned(connection, take_over_abandoned, table)} "
+        f"RETURNING {_claimed_columns(connection)}"
     )
 
 
@@ -529,6 +617,68 @@ def _takeover_assignments(connection: BaseDatabaseWrapper, *, from_excluded: boo
     return ", ".join(values + [f"{quote(columns[f])} = NULL" for f in _RESPONSE_FIELDS])
 
 
+def _progress_assignments(connection: BaseDatabaseWrapper, fingerprint: str) -> str:
+    """SET clause of a takeover's attempt and checkpoints: kept for the same request's claim.
+
+    An abandoned (or released) claim of the same request is taken over as
+    attempt n + 1 with its checkpoints; an expired completed record, or
+    another request's claim, starts again at 1 with none. It comes first in
+    the SET clause: MySQL evaluates assignments left to right, so ``state``
+    and ``fingerprint`` must still be the old record's here.
+    """
+    quote = connection.ops.quote_name
+    columns = _columns()
+    attempt, checkpoints = quote(columns["attempt"]), quote(columns["checkpoints"])
+    same = (
+        f"{quote(columns['state'])} = '{State.IN_PROGRESS}' "
+        f"AND {quote(columns['fingerprint'])} = {fingerprint}"
+    )
+    return (
+        f"{attempt} = CASE WHEN {same} THEN {attempt} + 1 ELSE 1 END, "
+        f"{checkpoints} = CASE WHEN {same} THEN {checkpoints} ELSE NULL END"
+    )
+
+
+def _unless_abandoned(
+    connection: BaseDatabaseWrapper, take_over_abandoned: bool, table: str
+) -> str:
+    """A takeover's extra condition when abandoned claims are left to a recovery policy.
+
+    A completed record past its expiry, or a claim its owner released (its
+    token cleared), is free to take; an abandoned one is not.
+    """
+    if take_over_abandoned:
+        return ""
+    quote = connection.ops.quote_name
+    columns = _columns()
+    return (
+        f" AND ({table}.{quote(columns['state'])} = '{State.COMPLETED}'"
+        f" OR {table}.{quote(columns['owner_token'])} = '')"
+    )
+
+
+def _claimed_columns(connection: BaseDatabaseWrapper, table: str = "") -> str:
+    """The id and progress columns, qualified by ``table`` if given (SQLite's RETURNING is not)."""
+    quote = connection.ops.quote_name
+    columns = _columns()
+    names = [quote(IdempotencyKey._meta.pk.column), *(quote(columns[f]) for f in _PROGRESS)]
+    return ", ".join(f"{table}.{name}" if table else name for name in names)
+
+
+#: What a claim returns about the key it claimed, after its id.
+_PROGRESS = ["attempt", "checkpoints"]
+
+
+def _claimed(connection: BaseDatabaseWrapper, row: Any) -> Claim:
+    """The claim of ``row``: the record id, then its attempt and checkpoints."""
+    converted = _record_expressions(connection)[-len(_PROGRESS) :]
+    attempt, checkpoints = (
+        _convert(value, column, connection)
+        for value, column in zip(row[1:], converted, strict=True)
+    )
+    return Claim(int(row[0]), attempt=int(attempt), checkpoints=checkpoints or {})
+
+
 #: What the claim and the reads return about a live record, in this order.
 _RECORD_COLUMNS = [
     "id",
@@ -541,6 +691,7 @@ _RECORD_COLUMNS = [
     "locked_until",
     "created_at",
     "expires_at",
+    *_PROGRESS,
 ]
 
 
@@ -550,7 +701,10 @@ def _record(connection: BaseDatabaseWrapper, row: Any) -> Record:
         _convert(value, column, connection)
         for value, column in zip(row, _record_expressions(connection), strict=True)
     ]
-    (pk, fingerprint, state, status_code, headers, body, token, locked, created, expires) = values
+    pk, fingerprint, state, status_code, headers, body, token, locked, created, expires = values[
+        :10
+    ]
+    attempt, checkpoints = values[10:]
     completed = state == _STATE_COMPLETED
     response = StoredResponse(status_code or 200, headers or [], body) if completed else None
     return Record(
@@ -562,6 +716,8 @@ def _record(connection: BaseDatabaseWrapper, row: Any) -> Record:
         locked_until=locked,
         created_at=created,
         expires_at=expires,
+        attempt=int(attempt),
+        checkpoints=checkpoints or {},
     )
 
 
@@ -602,8 +758,8 @@ def _record_select_sql(connection: BaseDatabaseWrapper, *, lock: str = "") -> st
 
 
 def _claim_postgresql(
-    connection: BaseDatabaseWrapper, new: NewClaim, wait: float
-) -> int | Record | None:
+    connection: BaseDatabaseWrapper, new: NewClaim, wait: float, take_over_abandoned: bool
+) -> Claim | Record | None:
     """Claim, take over an expired record, or read the live one, in one statement.
 
     ``INSERT ... ON CONFLICT DO NOTHING`` waits for an uncommitted original
@@ -619,7 +775,11 @@ def _claim_postgresql(
     whose rollback undoes the bounded ``lock_timeout``: so the value the
     statement finds is always the view's own.
     """
-    sql = _sql(connection, "claim", _postgresql_claim_sql)
+    sql = _sql(
+        connection,
+        ("claim", take_over_abandoned),
+        lambda c: _postgresql_claim_sql(c, take_over_abandoned),
+    )
     params = _postgresql_claim_params(connection, new, wait)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -628,7 +788,7 @@ def _claim_postgresql(
     if mine is None:
         return None
     if mine:
-        return int(values[0])
+        return _claimed(connection, [values[0], *values[-len(_PROGRESS) :]])
     return _record(connection, values)
 
 
@@ -640,6 +800,8 @@ def _postgresql_claim_params(
     return [
         f"{max(1, round(wait * 1000))}ms",
         *insert,
+        new.fingerprint,
+        new.fingerprint,
         *insert[2:],
         new.scope,
         new.key,
@@ -649,7 +811,7 @@ def _postgresql_claim_params(
     ]
 
 
-def _postgresql_claim_sql(connection: BaseDatabaseWrapper) -> str:
+def _postgresql_claim_sql(connection: BaseDatabaseWrapper, take_over_abandoned: bool) -> str:
     quote = connection.ops.quote_name
     table = quote(IdempotencyKey._meta.db_table)
     columns = _columns()
@@ -657,21 +819,28 @@ def _postgresql_claim_sql(connection: BaseDatabaseWrapper) -> str:
     scope, key = names[0], names[1]
     expires = quote(columns["expires_at"])
     pk = quote(IdempotencyKey._meta.pk.column)
+    progress = [quote(columns[name]) for name in _PROGRESS]
     record = ", ".join(f"{table}.{quote(columns[name])}" for name in _RECORD_COLUMNS[1:])
-    nulls = ", ".join(["NULL"] * (len(_RECORD_COLUMNS) - 1))
+    # A claimed key's row: its id, nothing of a record, then its progress.
+    nulls = ", ".join(["NULL"] * (len(_RECORD_COLUMNS) - 1 - len(_PROGRESS)))
+    claimed_progress = ", ".join(f"claimed.{name}" for name in progress)
     found_columns = ", ".join(["mine", *(f"c{i}" for i in range(len(_RECORD_COLUMNS)))])
+    returned = ", ".join([pk, *progress])
     return (
         "WITH wait AS (SELECT current_setting('lock_timeout') AS previous, "
         "set_config('lock_timeout', %s, true) AS applied), "
-        f"inserted AS (INSERT INTO {table} ({', '.join(names)}) "
-        f"SELECT {', '.join(['%s'] * len(names))} FROM wait "
-        f"ON CONFLICT ({scope}, {key}) DO NOTHING RETURNING {pk}), "
-        f"taken AS (UPDATE {table} SET {_takeover_assignments(connection, from_excluded=False)} "
-        f"WHERE {scope} = %s AND {key} = %s AND {expires} <= %s "
-        f"AND NOT EXISTS (SELECT 1 FROM inserted) RETURNING {table}.{pk}), "
-        f"claimed AS (SELECT {pk} FROM inserted UNION ALL SELECT {pk} FROM taken), "
-        f"found ({found_columns}) AS (SELECT true, claimed.{pk}, {nulls} FROM claimed "
-        f"UNION ALL SELECT false, {table}.{pk}, {record} FROM {table} "
+        f"inserted AS (INSERT INTO {table} ({', '.join(names)}, {progress[0]}) "
+        f"SELECT {', '.join(['%s'] * len(names))}, 1 FROM wait "
+        f"ON CONFLICT ({scope}, {key}) DO NOTHING RETURNING {returned}), "
+        f"taken AS (UPDATE {table} SET {_progress_assignments(connection, '%s')}, "
+        f"{_takeover_assignments(connection, from_excluded=False)} "
+        f"WHERE {scope} = %s AND {key} = %s AND {expires} <= %s"
+        f"{_unless_abandoned(connection, take_over_abandoned, table)} "
+        "AND NOT EXISTS (SELECT 1 FROM inserted) "
+        f"RETURNING {_claimed_columns(connection, table)}), "
+        f"claimed AS (SELECT {returned} FROM inserted UNION ALL SELECT {returned} FROM taken), "
+        f"found ({found_columns}) AS (SELECT true, claimed.{pk}, {nulls}, {claimed_progress} "
+        f"FROM claimed UNION ALL SELECT false, {table}.{pk}, {record} FROM {table} "
         f"WHERE {scope} = %s AND {key} = %s AND NOT EXISTS (SELECT 1 FROM claimed)) "
         # Always exactly one row, so the view's lock_timeout is always put back when claimed.
         "SELECT found.*, "
@@ -702,8 +871,8 @@ def _mysql_wait_prefix(connection: BaseDatabaseWrapper, wait: float) -> str:
 
 
 def _claim_mysql(
-    connection: BaseDatabaseWrapper, new: NewClaim, wait: float
-) -> int | Record | None:
+    connection: BaseDatabaseWrapper, new: NewClaim, wait: float, take_over_abandoned: bool
+) -> Claim | Record | None:
     """MySQL/MariaDB: insert; on a duplicate, read under a shared lock.
 
     A failed INSERT rolls back only itself in InnoDB, so no savepoint is
@@ -718,7 +887,7 @@ def _claim_mysql(
                 prefix + _sql(connection, "claim", _mysql_insert_sql),
                 _insert_params(connection, new),
             )
-            return int(cursor.lastrowid)
+            return Claim(int(cursor.lastrowid))
         except IntegrityError as exc:
             if exc.__cause__ is None or exc.__cause__.args[0] != _ER_DUP_ENTRY:
                 raise
@@ -732,15 +901,19 @@ def _claim_mysql(
     record = _record(connection, row)
     if record.expires_at > new.created_at:
         return record
+    if not take_over_abandoned and record.abandoned(new.created_at):
+        return record  # for the recovery policy to decide on
     return _take_over_mysql(connection, record.id, new, prefix)
 
 
 def _mysql_insert_sql(connection: BaseDatabaseWrapper) -> str:
     quote = connection.ops.quote_name
-    names = [quote(_columns()[field]) for field in _CLAIM_FIELDS]
+    columns = _columns()
+    names = [quote(columns[field]) for field in _CLAIM_FIELDS]
     return (
-        f"INSERT INTO {quote(IdempotencyKey._meta.db_table)} ({', '.join(names)}) "
-        f"VALUES ({', '.join(['%s'] * len(names))})"
+        f"INSERT INTO {quote(IdempotencyKey._meta.db_table)} "
+        f"({', '.join(names)}, {quote(columns['attempt'])}) "
+        f"VALUES ({', '.join(['%s'] * len(names))}, 1)"
     )
 
 
@@ -750,18 +923,27 @@ def _mysql_read_sql(connection: BaseDatabaseWrapper) -> str:
 
 def _take_over_mysql(
     connection: BaseDatabaseWrapper, record_id: int, new: NewClaim, prefix: str
-) -> int | None:
+) -> Claim | None:
     quote = connection.ops.quote_name
     table = quote(IdempotencyKey._meta.db_table)
     columns = _columns()
+    progress = _progress_assignments(connection, "%s")
     assignments = _takeover_assignments(connection, from_excluded=False)
     pk = quote(IdempotencyKey._meta.pk.column)
     expires = quote(columns["expires_at"])
     adapt = connection.ops.adapt_datetimefield_value
+    params = [new.fingerprint, new.fingerprint, *_insert_params(connection, new)[2:]]
     with connection.cursor() as cursor:
         cursor.execute(
-            f"{prefix}UPDATE {table} SET {assignments} WHERE {pk} = %s AND {expires} <= %s",
-            [*_insert_params(connection, new)[2:], record_id, adapt(new.created_at)],
+            f"{prefix}UPDATE {table} SET {progress}, {assignments} "
+            f"WHERE {pk} = %s AND {expires} <= %s",
+            [*params, record_id, adapt(new.created_at)],
         )
-        taken = cursor.rowcount == 1
-    return record_id if taken else None
+        if cursor.rowcount != 1:
+            return None
+        # No RETURNING on MySQL: read back what the update carried over.
+        cursor.execute(
+            f"SELECT {_claimed_columns(connection, table)} FROM {table} WHERE {pk} = %s",
+            [record_id],
+        )
+        return _claimed(connection, cursor.fetchone())

@@ -22,7 +22,7 @@ from celery.local import Proxy
 from django_idempotency import functions
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.engine import Ending, plain_ending
-from django_idempotency.exceptions import TaskArgumentsMismatch, TaskInFlight
+from django_idempotency.exceptions import CallAbandoned, TaskArgumentsMismatch, TaskInFlight
 from django_idempotency.purge import DEFAULT_BATCH_SIZE, purge_expired
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -72,6 +72,7 @@ def idempotent_task(
     ttl: timedelta | float | None = None,
     wait: float | None = None,
     lease: timedelta | float | None = None,
+    recover: functions.Recover | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -84,6 +85,7 @@ def idempotent_task(
     ttl: timedelta | float | None = None,
     wait: float | None = None,
     lease: timedelta | float | None = None,
+    recover: functions.Recover | None = None,
 ) -> Any:
     """Run a Celery task's body once per key, and give duplicates its stored result.
 
@@ -99,13 +101,17 @@ def idempotent_task(
     task's name. ``atomic``, ``ttl``, ``wait`` and ``lease`` default to the
     settings of the same name. Inside the body,
     ``task.request.idempotency`` (``self.request`` in a bound task) has the
-    key and ``derive(name)`` for downstream idempotency keys.
+    key and ``derive(name)`` for downstream idempotency keys, and in lease
+    mode the attempt, the checkpoints and ``checkpoint()``/``heartbeat()``.
+    ``recover`` is an ``idempotent_function``'s: ``recover(abandoned)`` for
+    the claim of a run that died (``recovery.hold_call`` retries it later).
     """
     if key is not None and not callable(key):
         raise TypeError(
             f"idempotent_task(key=...) must be a callable of the task's arguments, not {key!r}."
         )
     options = functions.declare("idempotent_task", atomic=atomic, ttl=ttl, wait=wait, lease=lease)
+    functions.checked_recover(recover, "idempotent_task")
 
     def decorate(function: F) -> F:
         if issubclass(type(function), (Task, Proxy)):
@@ -144,8 +150,9 @@ def idempotent_task(
                     options=options,
                     sender=function,
                     kind=TASK_VALUES,
+                    recover=recover,
                 )
-            except TaskInFlight as exc:
+            except (TaskInFlight, CallAbandoned) as exc:
                 # Never run alongside the original: come back once it is done.
                 raise task.retry(countdown=exc.retry_after, exc=exc) from None
 

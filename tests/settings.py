@@ -82,6 +82,8 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "django_idempotency",
     "tests",
+    # The example shop's fake payment provider, which the recovery tests charge.
+    "example_project.provider",
 ]
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -99,6 +99,7 @@ class SettingsTableTests:
             "atomic",
             "wait",
             "lease",
+            "recover",
         )
         for name in OPTION_NAMES:
             assert getattr(IdempotentMixin, f"idempotency_{name}") is None

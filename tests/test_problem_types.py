@@ -21,12 +21,6 @@ from tests.factories import IdempotencyKeyFactory
 BASE = "https://api.example.com/problems/"
 WITH_BASE = {"PROBLEM_TYPE_BASE_URL": BASE}
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-# Raised to the caller of an idempotent task or function, never an HTTP answer.
-TASK_ERRORS = (
-    exceptions.TaskInFlight,
-    exceptions.TaskArgumentsMismatch,
-    exceptions.UnstorableResult,
-)
 
 
 def post(client, url: str = "/orders/", body: dict | None = None, key: str = "k"):
@@ -124,14 +118,19 @@ class ProblemTypeBaseUrlCheckTests:
 
 
 def http_problem_classes() -> list[type[exceptions.IdempotencyError]]:
+    """Every concrete error of the module that is not raised to a function's or task's caller."""
     return [
         cls
         for cls in vars(exceptions).values()
         if isinstance(cls, type)
         and issubclass(cls, exceptions.IdempotencyError)
-        and cls is not exceptions.IdempotencyError
-        and not issubclass(cls, TASK_ERRORS)
+        and cls not in (exceptions.IdempotencyError, exceptions.InFlight)
+        and not issubclass(cls, exceptions.CALL_ERRORS)
     ]
+
+
+def test_every_error_a_view_answers_with_is_a_problem_type():
+    assert set(http_problem_classes()) == set(exceptions.PROBLEM_TYPES)
 
 
 class DocumentedProblemTypesTests:
@@ -143,7 +142,7 @@ class DocumentedProblemTypesTests:
         return re.findall(r"^   \* - ``([a-z-]+)``$", self.generated.read_text(), re.MULTILINE)
 
     def test_docs_list_the_code_of_every_exception_class_a_view_answers_with(self):
-        codes = [cls.code.replace("_", "-") for cls in http_problem_classes()]
+        codes = [cls.code.replace("_", "-") for cls in exceptions.PROBLEM_TYPES]
 
         assert self.documented_names() == codes
         assert "database-busy" in codes

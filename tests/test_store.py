@@ -310,8 +310,8 @@ def record_gone_for(monkeypatch: pytest.MonkeyPatch, looks: int) -> None:
     real_upsert, real_read = store._claim_upsert, store._read
     left = [looks]
 
-    def upsert(connection: object, new: store.NewClaim) -> int | None:
-        return None if left[0] else real_upsert(connection, new)  # type: ignore[arg-type]
+    def upsert(connection: object, new: store.NewClaim, *args: object) -> store.Claim | None:
+        return None if left[0] else real_upsert(connection, new, *args)  # type: ignore[arg-type]
 
     def read(connection: object, scope: str, key: str) -> store.Record | None:
         if left[0]:

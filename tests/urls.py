@@ -23,4 +23,5 @@ urlpatterns = [
     path("drf/", include("tests.drf_urls")),
     path("async/", include("tests.async_urls")),
     path("faults/", include("tests.faults.urls")),
+    path("recovery/", include("tests.recovery_urls")),
 ]

@@ -278,15 +278,15 @@ def _current() -> _Thread | None:
 # The gates, installed over the store's functions while a schedule runs.
 
 
-def _gated_claim(using: str, new: store.NewClaim, wait: float) -> Any:
+def _gated_claim(using: str, new: store.NewClaim, wait: float, **options: Any) -> Any:
     actor = _current()
     if not isinstance(actor, Actor):
-        return _real["claim"](using, new, wait)
+        return _real["claim"](using, new, wait, **options)
     actor.gate("claim")
     # When the statement runs, which is later than the request's own "now"
     # if the clock moved since it began.
     claimed_when = timezone.now()
-    result = _real["claim"](using, new, wait)
+    result = _real["claim"](using, new, wait, **options)
     if result.existing is not None:
         if result.existing.expires_at <= new.created_at:
             actor.world.violate(f"{actor.name} was answered from an expired record")
@@ -316,13 +316,13 @@ def _gated_complete(
     return completed
 
 
-def _gated_release(using: str, record_id: int, owner_token: str) -> bool:
+def _gated_release(using: str, record_id: int, owner_token: str, **options: Any) -> bool:
     actor = _current()
     if not isinstance(actor, Actor):
-        return _real["release"](using, record_id, owner_token)
+        return _real["release"](using, record_id, owner_token, **options)
     actor.gate("release")
     actor.releasing = True
-    return _real["release"](using, record_id, owner_token)
+    return _real["release"](using, record_id, owner_token, **options)
 
 
 _real: dict[str, Callable[..., Any]] = {}

@@ -1,0 +1,174 @@
+"""``manage.py idempotency_keys``: find stuck keys and resolve them.
+
+    idempotency_keys list [--scope S] [--state in_progress|completed] [--abandoned]
+    idempotency_keys show SCOPE KEY
+    idempotency_keys release SCOPE KEY [--force]
+    idempotency_keys delete SCOPE KEY [--force]
+
+Arguments and output only; what each action does is in
+:mod:`django_idempotency.operations`. Keys are shown masked, as in the logs,
+unless ``list --show-keys`` asks for them in clear.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
+
+from django_idempotency import operations
+from django_idempotency.keys import mask_key
+from django_idempotency.models import IdempotencyKey
+
+State = IdempotencyKey.State
+
+
+class Command(BaseCommand):
+    help = "List, show, release or delete idempotency records."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--database", default=None, help="The alias to use (default: IDEMPOTENCY's)."
+        )
+        actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+        listing = actions.add_parser("list", help="List records, newest first.")
+        listing.add_argument("--scope", help="Only this scope (compared exactly).")
+        listing.add_argument("--state", choices=[State.IN_PROGRESS, State.COMPLETED])
+        listing.add_argument(
+            "--abandoned",
+            action="store_true",
+            help="Only claims whose lease ran out before their owner finished.",
+        )
+        listing.add_argument("--limit", type=int, default=100, help="At most this many (100).")
+        listing.add_argument("--show-keys", action="store_true", help="Keys in clear.")
+        for name, text in [
+            ("show", "Show one record, its checkpoints included."),
+            ("release", "Let the next retry take an in-progress claim over, resuming it."),
+            ("delete", "Delete one record: the next request with its key runs anew."),
+        ]:
+            action = actions.add_parser(name, help=text)
+            action.add_argument("scope")
+            action.add_argument("key")
+            if name != "show":
+                action.add_argument(
+                    "--force",
+                    action="store_true",
+                    help="Even a live lease, whose request may still be running.",
+                )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        action = options["action"]
+        if action == "list":
+            self._list(options)
+            return
+        record = self._find(options)
+        if action == "show":
+            self._show(record)
+        elif action == "release":
+            self._release(record, options["force"])
+        else:
+            self._delete(record, options["force"])
+
+    def _find(self, options: dict[str, Any]) -> IdempotencyKey:
+        found = (
+            operations.records(options["database"])
+            .filter(scope=options["scope"], key=options["key"])
+            .first()
+        )
+        if found is None:
+            raise CommandError(
+                f"No idempotency record for key {mask_key(options['key'])} "
+                f"in scope {options['scope']!r}."
+            )
+        return found
+
+    def _list(self, options: dict[str, Any]) -> None:
+        now = timezone.now()
+        found = operations.records(options["database"]).order_by("-pk")
+        if options["scope"] is not None:
+            found = found.filter(scope=options["scope"])
+        if options["state"] is not None:
+            found = found.filter(state=options["state"])
+        if options["abandoned"]:
+            found = found.filter(operations.abandoned(now))
+        shown = 0
+        for record in found[: options["limit"]]:
+            key = record.key if options["show_keys"] else mask_key(record.key)
+            self.stdout.write(f"{record.scope}\t{key}\t{self._status(record, now)}")
+            shown += 1
+        self.stderr.write(f"{shown} record{'s' if shown != 1 else ''}.")
+
+    @staticmethod
+    def _status(record: IdempotencyKey, now: Any) -> str:
+        if record.state == State.COMPLETED:
+            return f"completed {record.status_code}, expires {record.expires_at.isoformat()}"
+        done = ", ".join(record.checkpoints or {}) or "no checkpoints"
+        if not record.owner_token:
+            lease = "released"
+        elif record.expires_at <= now:
+            lease = "abandoned"
+        else:
+            lease = f"lease until {record.expires_at.isoformat()}"
+        return f"in progress, attempt {record.attempt}, {lease}, {done}"
+
+    def _show(self, record: IdempotencyKey) -> None:
+        now = timezone.now()
+        lines = [
+            f"scope:        {record.scope}",
+            f"key:          {mask_key(record.key)} (masked)",
+            f"state:        {self._status(record, now)}",
+            f"fingerprint:  {record.fingerprint}",
+            f"created at:   {record.created_at.isoformat()}",
+            f"expires at:   {record.expires_at.isoformat()}",
+            f"attempt:      {record.attempt}",
+            f"checkpoints:  {json.dumps(record.checkpoints or {}, sort_keys=True)}",
+        ]
+        if record.state == State.COMPLETED:
+            body = record.response_body
+            size = "not stored" if body is None else f"{len(body)} bytes"
+            lines += [
+                f"status:       {record.status_code}",
+                f"headers:      {json.dumps(record.response_headers or [])}",
+                f"body:         {size}",
+            ]
+        self.stdout.write("\n".join(lines))
+
+    def _release(self, record: IdempotencyKey, force: bool) -> None:
+        if record.state != State.IN_PROGRESS:
+            raise CommandError(
+                f"Idempotency key {mask_key(record.key)} in scope {record.scope!r} is "
+                "completed: there is no claim to release (delete it to run its request anew)."
+            )
+        try:
+            released = operations.release(record, force=force)
+        except operations.LeaseStillHeld:
+            raise CommandError(self._live(record, "release")) from None
+        if not released:
+            raise CommandError("The record changed meanwhile (completed or taken over).")
+        self.stdout.write(
+            f"Released idempotency key {mask_key(record.key)} in scope {record.scope!r}: "
+            f"the next retry takes it over as attempt {record.attempt + 1}, resuming from "
+            f"its checkpoints ({', '.join(record.checkpoints or {}) or 'none'})."
+        )
+
+    def _delete(self, record: IdempotencyKey, force: bool) -> None:
+        try:
+            deleted = operations.delete(record, force=force)
+        except operations.LeaseStillHeld:
+            raise CommandError(self._live(record, "delete")) from None
+        if not deleted:
+            raise CommandError("The record was deleted meanwhile.")
+        self.stdout.write(
+            f"Deleted idempotency key {mask_key(record.key)} in scope {record.scope!r}: "
+            "the next request with it runs as a new one."
+        )
+
+    @staticmethod
+    def _live(record: IdempotencyKey, action: str) -> str:
+        return (
+            f"The lease of idempotency key {mask_key(record.key)} in scope {record.scope!r} "
+            f"runs until {record.expires_at.isoformat()}: its request may still be running, "
+            f"and would then run twice. Wait for the lease, or {action} with --force."
+        )

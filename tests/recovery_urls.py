@@ -1,0 +1,12 @@
+from django.urls import path
+
+from tests import recovery_views
+
+urlpatterns = [
+    path("pay/", recovery_views.pay),
+    path("pay/reconciled/", recovery_views.pay_reconciled),
+    path("pay/held/", recovery_views.pay_held),
+    path("pay/held-by-path/", recovery_views.pay_held_by_path),
+    path("pay/atomic/", recovery_views.pay_atomic),
+    path("beat/", recovery_views.beat),
+]

@@ -1,0 +1,141 @@
+"""Lease-mode views that record their progress, for the recovery tests.
+
+A payment in two steps, as the recovery docs describe it: charge the
+provider (``example_project.provider``, which keeps one charge per
+idempotency key, like a real one), checkpoint, then ship, checkpoint. Each
+step that really runs is also counted outside the database: in ``steps``
+in process, and as a line in ``<CONTROL_DIR>/<key>.steps`` under a server.
+``die_after`` makes the next run stop after a step as a killed process
+would (``SystemExit``: the effect is unknown, the claim stays); ``fail_after``
+makes it raise instead (a failure: the claim is released, keeping its
+checkpoints). Under a server, ``<key>.hold-after-<step>`` makes the handler
+report its PID (``<key>.pid``) and wait there, for a test to kill it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from django_idempotency import idempotent
+from django_idempotency.recovery import Abandoned, hold
+from example_project.provider import client as provider
+from tests.drf_views import CONTROL_DIR_ENV
+
+#: Steps that ran, in process: ``(key, step)``.
+steps: list[tuple[str, str]] = []
+die_after: set[str] = set()
+fail_after: set[str] = set()
+#: Policy calls, in process: the abandoned claims they were asked about.
+asked: list[Abandoned] = []
+_lock = threading.Lock()
+HOLD_LIMIT = 60.0
+
+
+def reset() -> None:
+    steps.clear()
+    die_after.clear()
+    fail_after.clear()
+    asked.clear()
+
+
+def _control(key: str) -> Path | None:
+    directory = os.environ.get(CONTROL_DIR_ENV)
+    return Path(directory) / key if directory else None
+
+
+def _ran(key: str, step: str) -> None:
+    with _lock:
+        steps.append((key, step))
+    control = _control(key)
+    if control is not None:
+        with control.with_suffix(".steps").open("a") as runs:
+            runs.write(f"{step}\n")
+
+
+def _after(request: HttpRequest, key: str, step: str) -> None:
+    if step in die_after:
+        die_after.discard(step)
+        raise SystemExit(f"stopped after {step}")
+    if step in fail_after:
+        fail_after.discard(step)
+        raise RuntimeError(f"failed after {step}")
+    control = _control(key)
+    if control is not None and Path(f"{control}.hold-after-{step}").exists():
+        Path(f"{control}.pid").write_text(json.dumps({"pid": os.getpid(), "step": step}))
+        deadline = time.monotonic() + HOLD_LIMIT
+        while Path(f"{control}.hold-after-{step}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def _pay(request: HttpRequest) -> HttpResponse:
+    info = request.idempotency  # type: ignore[attr-defined]
+    key = info.key
+    amount = json.loads(request.body)["amount"]
+    done = info.checkpoints
+    if "charged" in done:
+        charge_id = done["charged"]["charge"]
+    else:
+        charge_id = provider.charge(amount, info.derive("charge")).pk
+        _ran(key, "charge")
+        info.checkpoint("charged", {"charge": charge_id})
+    _after(request, key, "charged")
+    if "shipped" not in done:
+        _ran(key, "ship")
+        info.checkpoint("shipped", {"parcel": f"parcel-{charge_id}"})
+    _after(request, key, "shipped")
+    body = {"charge": charge_id, "attempt": info.attempt, "resumed": sorted(done)}
+    return JsonResponse(body, status=201)
+
+
+def reconcile(request: HttpRequest, abandoned: Abandoned) -> HttpResponse | None:
+    """Ask "the provider" whether the charge went through; settle the key if it did."""
+    asked.append(abandoned)
+    charged = abandoned.checkpoints.get("charged")
+    if charged is None:
+        return None  # nothing escaped: run it again
+    body = {"charge": charged["charge"], "attempt": abandoned.attempt, "reconciled": True}
+    return JsonResponse(body, status=201)
+
+
+def counting_hold(request: HttpRequest, abandoned: Abandoned) -> HttpResponse:
+    asked.append(abandoned)
+    return hold(request, abandoned)
+
+
+def _view(**options: Any) -> Any:
+    return csrf_exempt(idempotent(atomic=False, lease=2, **options)(_pay))
+
+
+pay = _view()
+pay_reconciled = _view(recover=reconcile)
+pay_held = _view(recover=counting_hold)
+pay_held_by_path = _view(recover="django_idempotency.recovery.hold")
+
+
+@csrf_exempt
+@idempotent
+def pay_atomic(request: HttpRequest) -> HttpResponse:
+    return _pay(request)
+
+
+@csrf_exempt
+@idempotent(atomic=False, lease=2)
+def beat(request: HttpRequest) -> HttpResponse:
+    """Runs for ``seconds`` (from the body), renewing its 2 s lease every half second."""
+    info = request.idempotency  # type: ignore[attr-defined]
+    seconds = float(json.loads(request.body)["seconds"])
+    _ran(info.key, "start")
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        info.heartbeat()
+    _ran(info.key, "end")
+    return JsonResponse({"attempt": info.attempt}, status=201)

@@ -1,0 +1,443 @@
+"""Recovering abandoned work in lease mode: attempts, checkpoints, heartbeats, the policy.
+
+In process, on every backend: a handler that dies (``SystemExit``, as a
+killed process would leave its claim) or fails after a checkpoint, the
+clock moved past its lease, and the retry that resumes it. The same over
+gunicorn with a worker killed by ``kill -9`` is in ``test_recovery_servers.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import timedelta
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.test import Client
+from django.utils import timezone
+
+from django_idempotency import idempotent_function, signals
+from django_idempotency.exceptions import CallAbandoned, LeaseLost
+from django_idempotency.models import IdempotencyKey
+from django_idempotency.recovery import Abandoned, hold_call
+from example_project.provider.models import Charge
+from tests import recovery_views
+from tests.clients import post
+from tests.polling import in_background, wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+State = IdempotencyKey.State
+LEASE = timedelta(seconds=2)
+
+
+@pytest.fixture(autouse=True)
+def fresh_views() -> Any:
+    recovery_views.reset()
+    yield
+    recovery_views.reset()
+
+
+@pytest.fixture
+def client() -> Client:
+    return Client(raise_request_exception=True)
+
+
+class Clock:
+    """``django.utils.timezone.now``, moved forward by the test."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.offset = timedelta(0)
+        real = timezone.now
+        monkeypatch.setattr(timezone, "now", lambda: real() + self.offset)
+
+    def past_the_lease(self) -> None:
+        self.offset += LEASE + timedelta(seconds=1)
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    return Clock(monkeypatch)
+
+
+def pay(client: Client, url: str = "/recovery/pay/", key: str = "order-1", amount: int = 10) -> Any:
+    return post(client, url, key, amount=amount)
+
+
+def died(client: Client, url: str = "/recovery/pay/", *, after: str = "charged") -> None:
+    """Send a payment whose handler stops after ``after``, as a killed process would."""
+    recovery_views.die_after.add(after)
+    with pytest.raises(SystemExit):
+        pay(client, url)
+
+
+def steps_run() -> list[str]:
+    return [step for _, step in recovery_views.steps]
+
+
+class ProgressTests:
+    def test_first_run_is_attempt_one_with_no_checkpoints(self, client):
+        response = pay(client)
+
+        assert response.status_code == 201, response.content
+        assert response.json()["attempt"] == 1
+        assert response.json()["resumed"] == []
+        record = IdempotencyKey.objects.get()
+        assert (record.state, record.attempt) == (State.COMPLETED, 1)
+        assert set(record.checkpoints) == {"charged", "shipped"}
+
+    def test_a_checkpoint_commits_at_once_and_renews_the_lease(self, client, clock):
+        recovery_views_hold = threading.Event()
+        original = recovery_views._after
+
+        def wait_after_charge(request: Any, key: str, step: str) -> None:
+            if step == "charged":
+                recovery_views_hold.wait(10)
+            original(request, key, step)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(recovery_views, "_after", wait_after_charge)
+            clock.offset = timedelta(seconds=30)  # the checkpoint renews from "now"
+            join = in_background(lambda: pay(Client()))
+            wait_until(lambda: steps_run() == ["charge"], "the charge step")
+            # Seen from this thread's own connection: committed, not in a transaction.
+            record = IdempotencyKey.objects.get()
+            assert record.state == State.IN_PROGRESS
+            assert record.checkpoints == {"charged": {"charge": Charge.objects.get().pk}}
+            assert record.locked_until >= timezone.now() + LEASE - timedelta(seconds=1)
+            recovery_views_hold.set()
+            assert join().status_code == 201
+
+    def test_data_that_is_not_json_is_refused_and_records_nothing(self, client):
+        from django.http import HttpResponse
+
+        from django_idempotency import idempotent
+
+        @idempotent(atomic=False)
+        def view(request: Any) -> HttpResponse:
+            request.idempotency.checkpoint("step", {"when": object()})
+            return HttpResponse(status=201)
+
+        from django.test import RequestFactory
+
+        request = RequestFactory().post(
+            "/x/", b"{}", content_type="application/json", HTTP_IDEMPOTENCY_KEY="k"
+        )
+        with pytest.raises(TypeError, match="JSON-serialisable"):
+            view(request)
+        assert not IdempotencyKey.objects.exists()  # released, nothing recorded
+
+    def test_atomic_mode_writes_checkpoints_in_its_transaction(self, client):
+        response = pay(client, "/recovery/pay/atomic/")
+
+        assert response.status_code == 201
+        assert response.json()["attempt"] == 1
+        record = IdempotencyKey.objects.get()
+        assert set(record.checkpoints) == {"charged", "shipped"}
+
+    def test_atomic_mode_failure_rolls_the_checkpoints_back(self, client):
+        recovery_views.fail_after.add("charged")
+        with pytest.raises(RuntimeError):
+            pay(client, "/recovery/pay/atomic/")
+
+        assert not IdempotencyKey.objects.exists()
+        assert not Charge.objects.exists()
+
+
+class TakeoverTests:
+    def test_a_takeover_resumes_after_the_last_checkpoint(self, client, clock):
+        died(client, after="charged")
+        held = IdempotencyKey.objects.get()
+        assert (held.state, held.attempt) == (State.IN_PROGRESS, 1)
+        assert set(held.checkpoints) == {"charged"}
+        assert pay(client).status_code == 409  # inside the dead owner's lease
+
+        clock.past_the_lease()
+        retry = pay(client)
+
+        assert retry.status_code == 201, retry.content
+        assert retry.json()["attempt"] == 2
+        assert retry.json()["resumed"] == ["charged"]
+        assert steps_run() == ["charge", "ship"]  # each step once
+        assert Charge.objects.count() == 1
+        assert pay(client).json() == retry.json()  # and then replayed
+
+    def test_another_request_takes_an_abandoned_claim_over_as_new(self, client, clock):
+        died(client)
+        clock.past_the_lease()
+
+        other = pay(client, amount=99)  # same key, other body
+
+        assert other.status_code == 201
+        assert other.json()["attempt"] == 1
+        assert other.json()["resumed"] == []
+        assert IdempotencyKey.objects.get().attempt == 1
+
+    def test_a_failed_run_keeps_its_checkpoints_for_the_retry(self, client):
+        recovery_views.fail_after.add("charged")
+        with pytest.raises(RuntimeError):
+            pay(client)
+        released = IdempotencyKey.objects.get()
+        assert released.state == State.IN_PROGRESS
+        assert released.owner_token == ""
+        assert set(released.checkpoints) == {"charged"}
+
+        retry = pay(client)  # at once, without waiting for a lease
+
+        assert retry.status_code == 201
+        assert retry.json()["attempt"] == 2
+        assert retry.json()["resumed"] == ["charged"]
+        assert steps_run() == ["charge", "ship"]
+
+    def test_a_failed_run_without_checkpoints_leaves_nothing(self, client):
+        from tests.views import calls
+
+        calls.reset()
+        response = post(client, "/orders/lease/", "plain", status=503)
+
+        assert response.status_code == 503
+        assert not IdempotencyKey.objects.exists()
+
+    def test_takeover_signals(self, client, clock):
+        sent: list[str] = []
+
+        def taken_over(sender: Any, **kwargs: Any) -> None:
+            sent.append(f"taken over, attempt {kwargs['idempotency'].attempt}")
+
+        signals.claim_taken_over.connect(taken_over)
+        try:
+            died(client)
+            clock.past_the_lease()
+            pay(client)
+        finally:
+            signals.claim_taken_over.disconnect(taken_over)
+        # Sent once the claim is taken over; the attempt is set just after.
+        assert len(sent) == 1
+
+
+class LeaseLostTests:
+    def test_a_heartbeat_keeps_the_lease_past_its_length(self, client):
+        started = time.monotonic()
+        join = in_background(lambda: post(Client(), "/recovery/beat/", "beat", seconds=4))
+        wait_until(lambda: steps_run() == ["start"], "the handler to start")
+        # Past the 2 s lease the handler would have without its heartbeats.
+        wait_until(lambda: time.monotonic() - started > 3, "three seconds to pass")
+
+        duplicate = post(client, "/recovery/beat/", "beat", seconds=4)
+
+        assert duplicate.status_code == 409  # still the original's, not taken over
+        record = IdempotencyKey.objects.get()
+        assert record.state == State.IN_PROGRESS
+        assert record.locked_until > timezone.now()
+        assert join().status_code == 201
+        assert steps_run() == ["start", "end"]  # one run
+
+    def test_a_handler_that_lost_its_lease_learns_it_and_never_completes(self, client, clock):
+        taken = threading.Event()
+        original = recovery_views._after
+
+        def lose_lease_after_charge(request: Any, key: str, step: str) -> None:
+            if step == "charged" and not taken.is_set():
+                # Another request takes the key over while this one still runs.
+                record = IdempotencyKey.objects.get()
+                IdempotencyKey.objects.filter(pk=record.pk).update(owner_token="new-owner")
+                taken.set()
+            original(request, key, step)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(recovery_views, "_after", lose_lease_after_charge)
+            response = Client(raise_request_exception=False).post(
+                "/recovery/pay/",
+                json.dumps({"item": "book", "amount": 10}),
+                content_type="application/json",
+                headers={"Idempotency-Key": "order-1"},
+            )
+
+        # The "ship" checkpoint raised LeaseLost, answered as a 409.
+        assert response.status_code == 409
+        assert response.json()["type"].endswith("lease-lost")
+        assert response["Retry-After"] == "1"
+        assert steps_run() == ["charge", "ship"]
+        record = IdempotencyKey.objects.get()
+        assert (record.state, record.owner_token) == (State.IN_PROGRESS, "new-owner")
+        assert set(record.checkpoints) == {"charged"}  # the lost one wrote nothing
+
+    def test_a_heartbeat_after_a_takeover_raises(self):
+        from django.test import RequestFactory
+
+        from django_idempotency import idempotent
+
+        raised: list[BaseException] = []
+
+        @idempotent(atomic=False)
+        def view(request: Any) -> Any:
+            IdempotencyKey.objects.update(owner_token="someone-else")
+            try:
+                request.idempotency.heartbeat()
+            except LeaseLost as exc:
+                raised.append(exc)
+                raise
+            raise AssertionError("the heartbeat did not notice")
+
+        request = RequestFactory().post(
+            "/x/", b"{}", content_type="application/json", HTTP_IDEMPOTENCY_KEY="k"
+        )
+        response = view(request)
+
+        assert response.status_code == 409
+        assert len(raised) == 1
+
+
+class PolicyTests:
+    def test_a_reconciling_policy_completes_the_key_without_running_it(self, client, clock):
+        died(client, "/recovery/pay/reconciled/")
+        clock.past_the_lease()
+
+        settled = pay(client, "/recovery/pay/reconciled/")
+
+        assert settled.status_code == 201
+        assert settled.json()["reconciled"] is True
+        assert steps_run() == ["charge"]  # nothing ran again
+        (abandoned,) = recovery_views.asked
+        assert (abandoned.attempt, sorted(abandoned.checkpoints)) == (1, ["charged"])
+        assert abandoned.key == "order-1" and "order-1" not in repr(abandoned)
+        record = IdempotencyKey.objects.get()
+        assert record.state == State.COMPLETED
+        replay = pay(client, "/recovery/pay/reconciled/")
+        assert replay["Idempotent-Replayed"] == "true"
+        assert replay.content == settled.content
+        assert len(recovery_views.asked) == 1  # a completed key asks no one
+
+    def test_a_policy_returning_none_takes_over(self, client, clock):
+        died(client, "/recovery/pay/reconciled/", after="shipped")  # hmm: both checkpoints
+        # With "charged" recorded, reconcile settles; a claim abandoned before
+        # any checkpoint is taken over instead:
+        IdempotencyKey.objects.update(checkpoints={})
+        clock.past_the_lease()
+
+        retry = pay(client, "/recovery/pay/reconciled/")
+
+        assert retry.status_code == 201
+        assert retry.json()["attempt"] == 2
+        assert len(recovery_views.asked) == 1
+
+    @pytest.mark.parametrize("url", ["/recovery/pay/held/", "/recovery/pay/held-by-path/"])
+    def test_hold_answers_409_and_keeps_the_claim_until_an_operator_releases_it(
+        self, client, clock, url
+    ):
+        died(client, url)
+        clock.past_the_lease()
+
+        for _ in range(2):
+            held = pay(client, url)
+            assert held.status_code == 409
+            assert held["Content-Type"] == "application/problem+json"
+            assert held.json()["type"].endswith("request-abandoned")
+            assert held["Retry-After"] == "60"
+        record = IdempotencyKey.objects.get()
+        assert (record.state, record.attempt) == (State.IN_PROGRESS, 1)
+        assert steps_run() == ["charge"]
+
+        out = StringIO()
+        call_command(
+            "idempotency_keys", "release", record.scope, "order-1", stdout=out, stderr=StringIO()
+        )
+        assert out.getvalue().startswith("Released idempotency key")
+        again = pay(client, url)  # the policy is not asked about a released claim
+        assert again.status_code == 201
+        assert again.json()["attempt"] == 2
+        assert again.json()["resumed"] == ["charged"]
+        assert steps_run() == ["charge", "ship"]
+        assert Charge.objects.count() == 1
+
+    def test_an_abandoned_claim_with_another_body_is_422_under_a_policy(self, client, clock):
+        died(client, "/recovery/pay/held/")
+        clock.past_the_lease()
+
+        other = pay(client, "/recovery/pay/held/", amount=99)
+
+        assert other.status_code == 422
+        assert recovery_views.asked == []
+
+    def test_recovery_signals(self, client, clock):
+        sent: list[str] = []
+
+        def receiver(sender: Any, signal: Any, **kwargs: Any) -> None:
+            sent.append(signal)
+
+        for signal in (signals.claim_recovered, signals.claim_held):
+            signal.connect(receiver)
+        try:
+            died(client, "/recovery/pay/held/")
+            clock.past_the_lease()
+            pay(client, "/recovery/pay/held/")
+            IdempotencyKey.objects.all().delete()
+            died(client, "/recovery/pay/reconciled/")
+            clock.past_the_lease()
+            pay(client, "/recovery/pay/reconciled/")
+        finally:
+            for signal in (signals.claim_recovered, signals.claim_held):
+                signal.disconnect(receiver)
+        assert sent == [signals.claim_held, signals.claim_recovered]
+
+
+settled_calls: list[Abandoned] = []
+
+
+def settle(abandoned: Abandoned) -> Any:
+    settled_calls.append(abandoned)
+    return {"settled": abandoned.attempt}
+
+
+@idempotent_function(key=lambda n, die: f"job-{n}", atomic=False, lease=2, recover=settle)
+def reconciled_job(n: int, die: bool) -> dict:
+    idempotency = reconciled_job_info[-1] if reconciled_job_info else None
+    del idempotency
+    if die:
+        raise SystemExit("stopped")
+    return {"ran": n}
+
+
+reconciled_job_info: list[Any] = []
+
+
+@idempotent_function(key=lambda n: f"held-{n}", atomic=False, lease=2, recover=hold_call)
+def held_job(n: int) -> dict:
+    if n < 0:
+        raise SystemExit("stopped")
+    return {"ran": n}
+
+
+class FunctionPolicyTests:
+    def test_a_functions_policy_value_completes_the_key(self, clock):
+        settled_calls.clear()
+        with pytest.raises(SystemExit):
+            reconciled_job(1, True)
+        clock.past_the_lease()
+
+        assert reconciled_job(1, True) == {"settled": 1}
+        assert reconciled_job(1, True) == {"settled": 1}
+        assert len(settled_calls) == 1
+
+    def test_hold_call_raises_call_abandoned(self, clock):
+        with pytest.raises(SystemExit):
+            held_job(-1)
+        clock.past_the_lease()
+
+        with pytest.raises(CallAbandoned):
+            held_job(-1)
+        assert IdempotencyKey.objects.get().state == State.IN_PROGRESS
+
+    def test_recover_must_be_callable(self):
+        with pytest.raises(TypeError, match=r"recover=\.\.\.\) must be a callable"):
+            idempotent_function(key=lambda: "k", recover="nope")
+
+
+def test_connection_is_the_tests_own() -> None:
+    # The in-process tests read the record from this thread's connection
+    # while a handler holds another: they need a database that allows it.
+    assert connection.vendor in {"sqlite", "postgresql", "mysql"}
