@@ -2,12 +2,15 @@
 
 Records are written only by the protocol and deleted by the purge, so the
 admin can look but not edit. The key itself is a bearer secret of sorts (it
-replays a stored response), so it is shown masked, as in the logs. The one
-write is releasing in-progress claims whose owner died: a retry of each then
-runs its handler again. A lease that has not run out may still have a live
-owner, so releasing one asks for confirmation on a page of its own first.
-Completed records cannot be deleted here, since that too would let a retry
-run its handler twice; the purge removes them once they expire.
+replays a stored response), so it is shown masked, as in the logs, and is
+searched by exact comparison within a scope, never listed in clear. The one
+write is releasing in-progress claims whose owner stopped: the next retry of
+each takes it over and resumes from its checkpoints
+(:func:`django_idempotency.operations.release`). A lease that has not run
+out may still have a live owner, so releasing one asks for confirmation on
+a page of its own first. Completed records cannot be deleted here, since
+that would let a retry run its handler twice; the purge removes them once
+they expire (``manage.py idempotency_keys delete`` is the operator's tool).
 
 Everything reads and writes ``IDEMPOTENCY["DATABASE"]``, the alias the
 protocol uses, not ``default``.
@@ -15,20 +18,25 @@ protocol uses, not ``default``.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
+from django_idempotency import operations
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.keys import mask_key
 from django_idempotency.models import IdempotencyKey
+
+#: How much of a stored body the detail page shows.
+BODY_SHOWN = 2000
 
 
 class ExpiryFilter(admin.SimpleListFilter):
@@ -49,12 +57,47 @@ class ExpiryFilter(admin.SimpleListFilter):
         return queryset
 
 
+class LeaseFilter(admin.SimpleListFilter):
+    """In-progress claims by their lease: still held, abandoned (run out), or released."""
+
+    title = _("lease")
+    parameter_name = "lease"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [
+            ("held", _("held")),
+            ("abandoned", _("abandoned (lease ran out)")),
+            ("released", _("released")),
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        now = timezone.now()
+        if self.value() == "held":
+            return queryset.filter(operations.lease_held(now))
+        if self.value() == "abandoned":
+            return queryset.filter(operations.abandoned(now))
+        if self.value() == "released":
+            return queryset.filter(state=IdempotencyKey.State.IN_PROGRESS, owner_token="")
+        return queryset
+
+
 @admin.register(IdempotencyKey)
 class IdempotencyKeyAdmin(admin.ModelAdmin):
-    list_display = ("scope", "masked_key", "state", "status_code", "created_at", "expires_at")
-    list_filter = ("state", ExpiryFilter)
+    list_display = (
+        "scope",
+        "masked_key",
+        "state",
+        "attempt",
+        "status_code",
+        "created_at",
+        "expires_at",
+    )
+    list_filter = ("state", LeaseFilter, ExpiryFilter)
     search_fields = ("scope",)
-    search_help_text = _("Exact scope, e.g. user:42 or anonymous.")
+    search_help_text = _(
+        "An exact scope (user:42, anonymous), or a scope and a key separated by a space: "
+        "the key is compared, never listed."
+    )
     # The primary key index, not created_at (unindexed), orders a large table.
     ordering = ("-pk",)
     show_full_result_count = False
@@ -63,9 +106,12 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):
         "masked_key",
         "fingerprint",
         "state",
+        "attempt",
+        "shown_checkpoints",
         "status_code",
         "response_headers",
         "body_size",
+        "stored_body",
         "locked_until",
         "created_at",
         "expires_at",
@@ -88,14 +134,36 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):
             "size": len(obj.response_body)
         }
 
+    @admin.display(description=_("checkpoints"))
+    def shown_checkpoints(self, obj: IdempotencyKey) -> str:
+        # Escaped by the admin like any read-only value.
+        return json.dumps(obj.checkpoints, indent=2, sort_keys=True) if obj.checkpoints else "-"
+
+    @admin.display(description=_("stored body (start)"))
+    def stored_body(self, obj: IdempotencyKey) -> str:
+        body = obj.response_body
+        if body is None:
+            return "-"
+        shown = bytes(body[:BODY_SHOWN]).decode("utf-8", errors="replace")
+        rest = len(body) - BODY_SHOWN
+        if rest > 0:
+            shown += " " + ngettext(
+                "[... %(count)d more byte]", "[... %(count)d more bytes]", rest
+            ) % {"count": rest}
+        return shown
+
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
     ) -> tuple[QuerySet[Any], bool]:
-        # Scopes compare exactly everywhere else, and an exact match is the
-        # prefix of the (scope, key) unique index, not a table scan.
+        # Scopes and keys compare exactly everywhere else, and an exact match
+        # is the (scope, key) unique index, not a table scan. Keys hold no
+        # spaces, so "<scope> <key>" splits at the last one.
         term = search_term.strip()
         if not term:
             return queryset, False
+        scope, _space, key = term.rpartition(" ")
+        if scope:
+            return queryset.filter(scope=scope.strip(), key=key), False
         return queryset.filter(scope=term), False
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -112,18 +180,20 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):
 
     @admin.action(
         permissions=["release"],
-        description=_("Release selected in-progress records (their retries run again)"),
+        description=_("Release selected in-progress records (their retries resume them)"),
     )
     def release_in_progress(
         self, request: HttpRequest, queryset: QuerySet[Any]
     ) -> HttpResponse | None:
-        in_progress = queryset.filter(state=IdempotencyKey.State.IN_PROGRESS)
-        held = list(in_progress.filter(_lease_held(timezone.now())))
+        in_progress = queryset.filter(state=IdempotencyKey.State.IN_PROGRESS).exclude(
+            owner_token=""
+        )
+        held = list(in_progress.filter(operations.lease_held(timezone.now())))
         if held and request.POST.get("confirm") != "yes":
             return self._confirm_release(request, queryset, held)
-        # Filtered in the DELETE itself, so a record that completed after the
-        # page was loaded is left alone.
-        released, _ignored = in_progress.delete()
+        # Each fenced by the token it was read with, so a record that
+        # completed or was taken over after the page was loaded is left alone.
+        released = sum(operations.release(record, force=True) for record in in_progress)
         self.message_user(
             request,
             ngettext(
@@ -151,7 +221,3 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):
         return TemplateResponse(
             request, "admin/django_idempotency/release_confirmation.html", context
         )
-
-
-def _lease_held(now: Any) -> Q:
-    return Q(locked_until__gt=now) | Q(locked_until__isnull=True, expires_at__gt=now)

@@ -1,0 +1,164 @@
+"""Operators' tools (operations.py): ``manage.py idempotency_keys list|show|release|delete``."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.utils import timezone
+
+from django_idempotency.keys import mask_key
+from django_idempotency.models import IdempotencyKey
+from tests.factories import IdempotencyKeyFactory
+
+pytestmark = pytest.mark.django_db
+State = IdempotencyKey.State
+
+
+def run(*args: str) -> tuple[str, str]:
+    out, err = StringIO(), StringIO()
+    call_command("idempotency_keys", *args, stdout=out, stderr=err)
+    return out.getvalue(), err.getvalue()
+
+
+class ListTests:
+    def test_lists_newest_first_with_keys_masked(self):
+        old = IdempotencyKeyFactory(scope="user:1", key="older-key-aaaa")
+        new = IdempotencyKeyFactory(scope="user:2", key="newer-key-bbbb")
+
+        out, err = run("list")
+
+        lines = out.splitlines()
+        assert [line.split("\t")[:2] for line in lines] == [
+            ["user:2", mask_key(new.key)],
+            ["user:1", mask_key(old.key)],
+        ]
+        assert "older-key-aaaa" not in out and "newer-key-bbbb" not in out
+        assert err.strip() == "2 records."
+
+    def test_show_keys_shows_them_in_clear(self):
+        IdempotencyKeyFactory(key="visible-key-cccc")
+
+        out, _ = run("list", "--show-keys")
+
+        assert "\tvisible-key-cccc\t" in out
+
+    def test_filters_by_scope_state_and_abandoned(self):
+        done = IdempotencyKeyFactory(scope="user:1")
+        running = IdempotencyKeyFactory(scope="user:1", in_flight=True)
+        stuck = IdempotencyKeyFactory(scope="user:1", lease_expired=True, checkpoints={"a": 1})
+        IdempotencyKeyFactory(scope="user:9", lease_expired=True)
+
+        def keys(*args: str) -> set[str]:
+            out, _ = run("list", *args)
+            return {line.split("\t")[1] for line in out.splitlines()}
+
+        assert keys("--scope", "user:1", "--state", "completed") == {mask_key(done.key)}
+        assert keys("--scope", "user:1", "--state", "in_progress") == {
+            mask_key(running.key),
+            mask_key(stuck.key),
+        }
+        assert keys("--scope", "user:1", "--abandoned") == {mask_key(stuck.key)}
+        out, _ = run("list", "--scope", "user:1", "--abandoned")
+        assert "in progress, attempt 1, abandoned, a" in out
+
+
+class ShowTests:
+    def test_shows_one_record_with_its_checkpoints(self):
+        record = IdempotencyKeyFactory(
+            scope="user:3",
+            key="shown-key-dddd",
+            lease_expired=True,
+            attempt=2,
+            checkpoints={"charged": {"charge": 7}},
+        )
+
+        out, _ = run("show", "user:3", "shown-key-dddd")
+
+        assert f"key:          {mask_key(record.key)} (masked)" in out
+        assert "attempt:      2" in out
+        assert 'checkpoints:  {"charged": {"charge": 7}}' in out
+        assert "shown-key-dddd" not in out
+
+    @pytest.mark.parametrize("action", ["show", "release", "delete"])
+    def test_no_such_record_exits_non_zero_with_a_message(self, action):
+        IdempotencyKeyFactory(scope="user:3", key="there")
+
+        with pytest.raises(
+            CommandError, match=r"No idempotency record for key \w+ in scope 'user:3'"
+        ):
+            run(action, "user:3", "not-there")
+
+    def test_scope_and_key_compare_exactly(self):
+        IdempotencyKeyFactory(scope="user:3", key="Exact")
+
+        with pytest.raises(CommandError):
+            run("show", "user:3", "exact")
+        with pytest.raises(CommandError):
+            run("show", "USER:3", "Exact")
+
+
+class ReleaseTests:
+    def test_release_lets_the_next_retry_resume_the_abandoned_claim(self):
+        record = IdempotencyKeyFactory(
+            scope="user:4", key="stuck-key", lease_expired=True, checkpoints={"charged": 1}
+        )
+
+        out, _ = run("release", "user:4", "stuck-key")
+
+        assert "the next retry takes it over as attempt 2" in out
+        released = IdempotencyKey.objects.get(pk=record.pk)
+        assert (released.state, released.owner_token) == (State.IN_PROGRESS, "")
+        assert released.expires_at <= timezone.now()
+        assert released.checkpoints == {"charged": 1}
+
+    def test_a_live_lease_is_refused_unless_forced(self):
+        record = IdempotencyKeyFactory(scope="user:4", key="live-key", in_flight=True)
+
+        with pytest.raises(CommandError, match=r"may still be running.*--force"):
+            run("release", "user:4", "live-key")
+        assert IdempotencyKey.objects.get(pk=record.pk).owner_token == record.owner_token
+
+        run("release", "user:4", "live-key", "--force")
+        assert IdempotencyKey.objects.get(pk=record.pk).owner_token == ""
+
+    def test_a_completed_record_is_not_released(self):
+        IdempotencyKeyFactory(scope="user:4", key="done-key")
+
+        with pytest.raises(CommandError, match="is completed"):
+            run("release", "user:4", "done-key")
+
+
+class DeleteTests:
+    def test_delete_removes_the_record(self):
+        IdempotencyKeyFactory(
+            scope="user:5", key="gone-key", expires_at=timezone.now() + timedelta(hours=1)
+        )
+
+        out, _ = run("delete", "user:5", "gone-key")
+
+        assert out.startswith("Deleted idempotency key")
+        assert not IdempotencyKey.objects.exists()
+
+    def test_a_live_lease_is_refused_unless_forced(self):
+        IdempotencyKeyFactory(scope="user:5", key="live-key", in_flight=True)
+
+        with pytest.raises(CommandError, match="--force"):
+            run("delete", "user:5", "live-key")
+        assert IdempotencyKey.objects.exists()
+        run("delete", "user:5", "live-key", "--force")
+        assert not IdempotencyKey.objects.exists()
+
+
+@pytest.mark.django_db(databases=["default", "other"])
+def test_database_option_and_setting(settings):
+    settings.IDEMPOTENCY = {"DATABASE": "other"}
+    IdempotencyKeyFactory.build(scope="user:6", key="elsewhere").save(using="other")
+
+    out, _ = run("list")
+    assert "user:6" in out
+    out, _ = run("--database", "default", "list")
+    assert "user:6" not in out
