@@ -40,6 +40,7 @@ from django_idempotency.conf import idempotency_settings
 from django_idempotency.decorators import idempotent
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.purge import purge_expired
+from django_idempotency.recovery import hold
 from tests.models import Order
 
 KEY = "explored-key-0001"
@@ -70,29 +71,45 @@ class HandlerFailed(Exception):
     """The view's own failure, before it had any effect."""
 
 
+#: What a spec may add after its fingerprint.
+FLAGS = ("fails", "steps", "hold", "reconcile")
+
+
 @dataclass(frozen=True)
 class Spec:
-    """One simulated request: its mode, scope and fingerprint, and whether its view fails."""
+    """One simulated request: its mode, scope and fingerprint, and how its view behaves.
+
+    ``fails``: the view raises before its effect. ``steps``: the view records
+    its effect as a checkpoint, and skips it when a taken-over claim already
+    has it. ``hold`` / ``reconcile``: the view's recovery policy (lease mode)
+    holds an abandoned claim, or settles it from its checkpoint.
+    """
 
     name: str
     mode: str = "atomic"
     scope: str = "s1"
     fingerprint: str = "f1"
     fails: bool = False
+    steps: bool = False
+    policy: str | None = None
 
     @property
     def body(self) -> str:
         return f"{self.name}|{self.scope}|{self.fingerprint}"
 
     def __str__(self) -> str:
-        return f"{self.name}:{self.mode}:{self.scope}:{self.fingerprint}" + (
-            ":fails" if self.fails else ""
-        )
+        flags = [flag for flag in ("fails", "steps") if getattr(self, flag)]
+        flags += [self.policy] if self.policy else []
+        return ":".join([self.name, self.mode, self.scope, self.fingerprint, *flags])
 
     @classmethod
     def parse(cls, text: str) -> Spec:
-        name, mode, scope, fingerprint, *rest = text.split(":")
-        return cls(name, mode, scope, fingerprint, fails=rest == ["fails"])
+        name, mode, scope, fingerprint, *flags = text.split(":")
+        unknown = set(flags) - set(FLAGS)
+        if unknown:
+            raise ValueError(f"unknown flags {sorted(unknown)} in {text!r}")
+        policy = next((flag for flag in flags if flag in ("hold", "reconcile")), None)
+        return cls(name, mode, scope, fingerprint, "fails" in flags, "steps" in flags, policy)
 
 
 class Clock:
@@ -187,6 +204,9 @@ class Actor(_Thread):
         self.releasing = False
         self.database_error = False
         self.label = "begin"
+        #: The body of the effect this actor answered for: its own, or, when
+        #: it resumed or settled a taken-over claim, the one its checkpoint names.
+        self.effect_body = spec.body
 
     def body(self) -> None:
         if self.inbox.get() == "die":
@@ -206,6 +226,7 @@ class Actor(_Thread):
             ttl=TTL,
             scope=lambda request: self.spec.scope,
             fingerprint=lambda request: self.spec.fingerprint,
+            recover=self.recover if self.spec.policy else None,
         )(self.handler)
         try:
             if self.spec.mode == "lease_in_tx":
@@ -233,9 +254,28 @@ class Actor(_Thread):
         self.world.check_view_lock_wait(self)
         if self.spec.fails:
             raise HandlerFailed
-        Order.objects.create(item=self.spec.body)
+        done = request.idempotency.checkpoints
+        if self.spec.steps and "effect" in done:
+            # Resumed: an earlier owner's effect is done, and checkpointed.
+            self.effect_body = done["effect"]
+        else:
+            self.world.check_resumes(self, request)
+            Order.objects.create(item=self.spec.body)
+            if self.spec.steps:
+                request.idempotency.checkpoint("effect", self.spec.body)
         self.handler_returned = True
-        return HttpResponse(self.spec.body, status=201)
+        return HttpResponse(self.effect_body, status=201)
+
+    def recover(self, request: Any, abandoned: Any) -> HttpResponse | None:
+        """The view's recovery policy: hold every abandoned claim, or settle from its checkpoint."""
+        self.gate("recover")
+        if self.spec.policy == "hold":
+            return hold(request, abandoned)
+        effect = abandoned.checkpoints.get("effect")
+        if effect is None:
+            return None  # nothing escaped: take it over
+        self.effect_body = effect
+        return HttpResponse(effect, status=201)
 
     @staticmethod
     def describe(response: HttpResponse) -> str:
@@ -288,7 +328,11 @@ def _gated_claim(using: str, new: store.NewClaim, wait: float, **options: Any) -
     claimed_when = timezone.now()
     result = _real["claim"](using, new, wait, **options)
     if result.existing is not None:
-        if result.existing.expires_at <= new.created_at:
+        # Only a recovery policy is shown an expired record: an abandoned claim.
+        left_to_policy = options.get("take_over_abandoned") is False
+        if result.existing.expires_at <= new.created_at and not (
+            left_to_policy and result.existing.abandoned(new.created_at)
+        ):
             actor.world.violate(f"{actor.name} was answered from an expired record")
     else:
         actor.token = new.owner_token or None
@@ -314,6 +358,33 @@ def _gated_complete(
     if kwargs["owner_token"] is None:
         actor.gate("commit")
     return completed
+
+
+def _gated_progress(using: str, record_id: int, **options: Any) -> bool:
+    actor = _current()
+    if not isinstance(actor, Actor):
+        return _real["record_progress"](using, record_id, **options)
+    actor.gate("progress")
+    recorded = _real["record_progress"](using, record_id, **options)
+    if recorded and options.get("owner_token") is not None:
+        owner = IdempotencyKey.objects.filter(pk=record_id).values_list("owner_token", flat=True)
+        if list(owner) != [options["owner_token"]]:
+            actor.world.violate(f"{actor.name} recorded progress on a claim it no longer owns")
+    return recorded
+
+
+def _gated_take_over(using: str, abandoned: Any, new: store.NewClaim) -> Any:
+    actor = _current()
+    if not isinstance(actor, Actor):
+        return _real["take_over"](using, abandoned, new)
+    actor.gate("take over")
+    taken = _real["take_over"](using, abandoned, new)
+    if taken is not None:
+        actor.token = new.owner_token
+        actor.claimed_at = new.created_at
+        actor.claimed_when = timezone.now()
+        actor.claim_order = next(_claim_order)
+    return taken
 
 
 def _gated_release(using: str, record_id: int, owner_token: str, **options: Any) -> bool:
@@ -348,8 +419,16 @@ def _on_connection(sender: Any, connection: Any, **kwargs: Any) -> None:
 def instrumented(clock: Clock) -> Iterator[None]:
     """Gate the store's functions and show every module ``clock`` as the time."""
     saved_now = timezone.now
-    _real.update(claim=store.claim, complete=store.complete, release=store.release)
-    store.claim, store.complete, store.release = _gated_claim, _gated_complete, _gated_release  # type: ignore[assignment]
+    gated = {
+        "claim": _gated_claim,
+        "complete": _gated_complete,
+        "release": _gated_release,
+        "record_progress": _gated_progress,
+        "take_over": _gated_take_over,
+    }
+    _real.update({name: getattr(store, name) for name in gated})
+    for name, gate in gated.items():
+        setattr(store, name, gate)
     timezone.now = clock.now  # type: ignore[assignment]
     connection_created.connect(_on_connection, dispatch_uid="tests.explorer")
     try:
@@ -357,11 +436,8 @@ def instrumented(clock: Clock) -> Iterator[None]:
     finally:
         connection_created.disconnect(dispatch_uid="tests.explorer")
         timezone.now = saved_now  # type: ignore[assignment]
-        store.claim, store.complete, store.release = (  # type: ignore[assignment]
-            _real["claim"],
-            _real["complete"],
-            _real["release"],
-        )
+        for name in gated:
+            setattr(store, name, _real[name])
 
 
 @dataclass
@@ -594,6 +670,20 @@ class World:
         if str(seen) != str(expected):
             self.violate(f"{actor.name}'s view saw lock wait {seen}, not its own {expected}")
 
+    def check_resumes(self, actor: Actor, request: Any) -> None:
+        """An actor about to run its effect: its own claim must not record the effect as done.
+
+        A takeover carries the record's checkpoints into the request; were
+        they lost on the way, the effect would run twice.
+        """
+        if not actor.spec.steps or actor.token is None:
+            return
+        recorded = IdempotencyKey.objects.filter(owner_token=actor.token).values_list(
+            "checkpoints", flat=True
+        )
+        if any(checkpoints and "effect" in checkpoints for checkpoints in recorded):
+            self.violate(f"{actor.name} runs an effect its claim records as done")
+
     def check(self, last_move: str) -> None:
         """The invariants that hold after every step."""
         effects = list(Order.objects.values_list("item", flat=True))
@@ -680,7 +770,7 @@ class World:
                     or original.spec.fingerprint != actor.spec.fingerprint
                 ):
                     self.violate(f"{actor.name} was replayed {outcome}, not its own original's")
-            elif outcome == "ran" and actor.spec.body not in committed:
+            elif outcome == "ran" and actor.effect_body not in committed:
                 self.violate(f"{actor.name} answered 201 but its effect is not committed")
             elif outcome == "failed" and not actor.spec.fails:
                 self.violate(f"{actor.name} failed though its view does not")

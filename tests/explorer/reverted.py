@@ -73,6 +73,14 @@ REVERSIONS = {
         "            self._release(lease, record_id, token)\n"
         "            raise\n",
     ),
+    "progress-fence": Reversion(
+        "a checkpoint or heartbeat is written without the owner token's fence",
+        "django_idempotency/store.py",
+        "    owned = _owned(using, record_id, owner_token).filter(state=State.IN_PROGRESS)\n"
+        "    return owned.update(**changes) == 1\n",
+        "    owned = _owned(using, record_id, None).filter(state=State.IN_PROGRESS)\n"
+        "    return owned.update(**changes) == 1\n",
+    ),
 }
 
 

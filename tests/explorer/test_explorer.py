@@ -97,6 +97,10 @@ PAIRS = [
     ("A:lease:s1:f1", "B:lease_in_tx:s1:f1"),
     ("A:atomic:s1:f1", "B:atomic:s1:f2"),
     ("A:lease:s1:f1:fails", "B:atomic:s1:f1"),
+    # Checkpoints and takeovers, without a recovery policy and with each one.
+    ("A:lease:s1:f1:steps", "B:lease:s1:f1:steps"),
+    ("A:lease:s1:f1:steps:reconcile", "B:lease:s1:f1:steps:reconcile"),
+    ("A:lease:s1:f1:steps:hold", "B:lease:s1:f1:steps:hold"),
 ]
 
 
@@ -171,3 +175,25 @@ def test_a_store_that_takes_the_request_transaction_down_fails_the_request(tally
     tally.add(
         run_script("A:lease_in_tx:s1:f1 B:atomic:s1:f1 C:atomic:s1:f1", "A A A B cut:A A A A B C C")
     )
+
+
+def test_a_takeover_resumes_after_a_checkpoint_of_a_killed_owner(tally: Tally) -> None:
+    """A checkpoints its effect and dies; after its lease B resumes: the effect runs once."""
+    tally.add(
+        run_script("A:lease:s1:f1:steps B:lease:s1:f1:steps", "A A A A kill:A tick:lease B B B B")
+    )
+
+
+def test_an_owner_that_outlived_its_lease_cannot_checkpoint_over_the_new_one(
+    tally: Tally,
+) -> None:
+    """A's checkpoint after B took the key over fails (LeaseLost) and changes nothing of B's."""
+    tally.add(
+        run_script("A:lease:s1:f1:steps B:lease:s1:f1:steps", "A A tick:lease B B A A B B B A")
+    )
+
+
+def test_a_policy_settles_or_holds_a_killed_owners_claim(tally: Tally) -> None:
+    for policy in ("reconcile", "hold"):
+        actors = f"A:lease:s1:f1:steps:{policy} B:lease:s1:f1:steps:{policy}"
+        tally.add(run_script(actors, "A A A A kill:A tick:lease B B B B"))
