@@ -62,8 +62,7 @@ class IdempotencyInfo:
         only on the scope, the key and ``name``, never on time or on secrets
         that might rotate, and reveals neither.
         """
-        material = "\x00".join(("django-idempotency", self.scope, self.key, name))
-        return hashlib.sha256(material.encode()).hexdigest()
+        return derive(self.scope, self.key, name)
 
     @property
     def attempt(self) -> int:
@@ -113,3 +112,9 @@ class IdempotencyInfo:
             raise RuntimeError("Progress can be recorded only while the protected handler runs.")
         if not write(checkpoints):
             raise LeaseLost
+
+
+def derive(scope: str, key: str, name: str) -> str:
+    """:meth:`IdempotencyInfo.derive` of (scope, key): the downstream key of ``name``."""
+    material = "\x00".join(("django-idempotency", scope, key, name))
+    return hashlib.sha256(material.encode()).hexdigest()

@@ -20,6 +20,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 
 from django_idempotency.exceptions import CallAbandoned, RequestAbandoned
+from django_idempotency.info import derive
 from django_idempotency.keys import mask_key
 from django_idempotency.responses import problem
 
@@ -43,6 +44,13 @@ class Abandoned:
             f"Abandoned(scope={self.scope!r}, key=<masked {mask_key(self.key)}>, "
             f"attempt={self.attempt}, checkpoints={sorted(self.checkpoints)!r})"
         )
+
+    def derive(self, name: str) -> str:
+        """The key the abandoned request gave a downstream call ``name`` (its ``derive``).
+
+        To ask that system whether the call went through, by the same key.
+        """
+        return derive(self.scope, self.key, name)
 
 
 def hold(request: HttpRequest, abandoned: Abandoned) -> HttpResponse:
