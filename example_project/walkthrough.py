@@ -177,7 +177,13 @@ def payments(base_dir: Path, run: str, port: int) -> None:
         lease = float(os.environ.get("EXAMPLE_PAYMENT_LEASE", "5"))
         print(f"  ... waiting {lease:.0f} s for the dead worker's lease to run out")
         time.sleep(lease + 0.5)
-        show("retry after the lease", call(base, "POST", "/payments/", body, key))
+        resumed = call(base, "POST", "/payments/", body, key)
+        show("retry after the lease", resumed)
+        if resumed.status == 201:
+            print(
+                f"  the retry was attempt {resumed.json()['attempt']}, resumed after its "
+                f"checkpoints {resumed.json()['resumed after']}: it did not charge again"
+            )
         show("one more retry", call(base, "POST", "/payments/", body, key))
         # The provider only ever saw request.idempotency.derive("charge").
         derived = IdempotencyInfo(key=key, scope="anonymous", fingerprint="").derive("charge")

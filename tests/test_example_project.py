@@ -168,6 +168,10 @@ def test_walkthrough_shows_every_behaviour(example_env, example_server):
     assert "worker was killed mid-request" in out
     assert "retry at once (lease still held)   -> 409" in out
     assert "retry after the lease              -> 201" in out
+    assert (
+        "the retry was attempt 2, resumed after its checkpoints ['charged']: "
+        "it did not charge again" in out
+    )
     assert re.search(
         r"^  charges at the provider under derive\('charge'\) = \w+\.\.\.: 1$", out, re.M
     )

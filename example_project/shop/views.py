@@ -122,23 +122,40 @@ class BookingViewSet(IdempotentMixin, viewsets.ModelViewSet):
 def create_payment(request: HttpRequest) -> JsonResponse:
     """Lease mode: the charge happens at a provider our transaction cannot undo.
 
-    The provider gets a key derived from ours, the same on every retry, so a
-    retry that takes over after a crash finds the first charge instead of
-    making a second one.
+    Two steps, each recorded as done with a checkpoint: charge the provider
+    (with a key derived from ours, the same on every attempt, so that even a
+    repeated call charges once), then record the payment. A retry that takes
+    over after a crash resumes after the last checkpoint: it neither charges
+    again nor records a second payment.
     """
     data = _json(request)
     if not isinstance(data.get("amount"), int) or not isinstance(data.get("reference"), str):
         return JsonResponse({"error": "send JSON with 'reference' and 'amount'"}, status=400)
-    charge = provider.charge(data["amount"], request.idempotency.derive("charge"))  # type: ignore[attr-defined]
+    info = request.idempotency  # type: ignore[attr-defined]
+    done = info.checkpoints
+    if "charged" in done:
+        charge_id = done["charged"]["charge"]
+    else:
+        charge_id = provider.charge(data["amount"], info.derive("charge")).pk
+        info.checkpoint("charged", {"charge": charge_id})
     if settings.EXAMPLE_ALLOW_CRASH and request.headers.get("X-Simulate-Crash") == "after-charge":
         # The worker dies between the remote charge and recording the payment.
         os.kill(os.getpid(), signal.SIGKILL)
-    payment = Payment.objects.create(
-        reference=data["reference"], amount=data["amount"], charge_id=charge.pk
-    )
-    return JsonResponse(
-        {"id": payment.pk, "reference": payment.reference, "charge": charge.pk}, status=201
-    )
+    if "recorded" in done:
+        payment = Payment.objects.get(pk=done["recorded"]["payment"])
+    else:
+        payment = Payment.objects.create(
+            reference=data["reference"], amount=data["amount"], charge_id=charge_id
+        )
+        info.checkpoint("recorded", {"payment": payment.pk})
+    body = {
+        "id": payment.pk,
+        "reference": payment.reference,
+        "charge": charge_id,
+        "attempt": info.attempt,
+        "resumed after": sorted(done),
+    }
+    return JsonResponse(body, status=201)
 
 
 @csrf_exempt
