@@ -142,7 +142,6 @@ class Call:
                 claim = store.claim(self.using, self._new_claim(claimed_at), self.options.wait)
             if claim.existing is not None:
                 return self._answer_duplicate(claim.existing)
-            self._send(signals.key_claimed)
 
             def write(checkpoints: dict[str, Any] | None) -> bool:
                 # In the claim's own transaction: nothing to renew, nobody to fence.
@@ -154,6 +153,7 @@ class Call:
 
             try:
                 with self._progress(claim, write):
+                    self._send(signals.key_claimed)
                     result = body()
             except BaseException as exc:
                 # Anything but "done on purpose" leaves the block by raising:
@@ -216,14 +216,14 @@ class Call:
             return store.claim(self.using, new, self.options.wait, take_over_abandoned=take_over)
 
     def _run_leased(self, body: Callable[[], Any], owned: _Owned, claim: store.Claim) -> Any:
-        if claim.attempt > 1:
-            # The claim of a request that stopped before it finished: this
-            # run resumes it, from its checkpoints.
-            self._send(signals.claim_taken_over)
-            observability.record_recovery("started", self.sender)
-        self._send(signals.key_claimed)
         try:
             with self._progress(claim, lambda cps: self._record_progress(owned, cps)):
+                if claim.attempt > 1:
+                    # The claim of a request that stopped before it finished:
+                    # this run resumes it, from its checkpoints.
+                    self._send(signals.claim_taken_over)
+                    observability.record_recovery("started", self.sender)
+                self._send(signals.key_claimed)
                 result = body()
         except BaseException as exc:
             self._end_lease_on(exc, owned)

@@ -86,6 +86,8 @@ def log_fields(
         "idempotency_scope": info.scope,
         "idempotency_key": mask_key(info.key),
         "idempotency_view": view_name(sender),
+        # 1, or n + 1 once a request took over a claim abandoned n times.
+        "idempotency_attempt": info.attempt,
     }
     if started is not None:
         fields["idempotency_waited_ms"] = waited_ms(started)
@@ -117,7 +119,7 @@ def record(
         outcome,
         extra=fields,
     )
-    _set_span_attributes(outcome, fields.get("idempotency_waited_ms"))
+    _set_span_attributes(outcome, fields.get("idempotency_waited_ms"), info.attempt)
     _count(outcome, fields["idempotency_view"])
     # Receivers are the project's code (metrics, audit) running inside the
     # protocol: one that raises must not turn a stored response into a 500,
@@ -135,7 +137,7 @@ def record(
             )
 
 
-def _set_span_attributes(outcome: str, waited: float | None) -> None:
+def _set_span_attributes(outcome: str, waited: float | None, attempt: int) -> None:
     if _trace is None:
         return
     span = _trace.get_current_span()
@@ -145,6 +147,7 @@ def _set_span_attributes(outcome: str, waited: float | None) -> None:
     # ends with the final one (claimed, then stored).
     span.set_attribute("idempotency.outcome", outcome)
     span.set_attribute("idempotency.replayed", outcome == "replayed")
+    span.set_attribute("idempotency.attempt", attempt)
     if waited is not None:
         span.set_attribute("idempotency.waited_ms", waited)
 

@@ -146,6 +146,7 @@ class LogFieldTests:
             assert record.idempotency_key == mask_key(KEY)
             assert record.idempotency_scope == "anonymous"
             assert record.idempotency_view == "tests.views.create_order"
+            assert record.idempotency_attempt == 1
         claim, stored, replayed = outcomes[:3]
         assert claim.idempotency_waited_ms >= 0
         assert replayed.idempotency_waited_ms >= 0

@@ -9,6 +9,7 @@ gunicorn with a worker killed by ``kill -9`` is in ``test_recovery_servers.py``.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from datetime import timedelta
@@ -202,6 +203,18 @@ class TakeoverTests:
         assert response.status_code == 503
         assert not IdempotencyKey.objects.exists()
 
+    def test_a_takeover_is_logged_with_its_attempt(self, client, clock, caplog):
+        died(client)
+        clock.past_the_lease()
+        with caplog.at_level(logging.DEBUG, logger="django_idempotency"):
+            pay(client)
+
+        taken = [
+            r for r in caplog.records if getattr(r, "idempotency_outcome", None) == "taken_over"
+        ]
+        assert [r.idempotency_attempt for r in taken] == [2]
+        assert "order-1" not in caplog.text
+
     def test_takeover_signals(self, client, clock):
         sent: list[str] = []
 
@@ -215,8 +228,7 @@ class TakeoverTests:
             pay(client)
         finally:
             signals.claim_taken_over.disconnect(taken_over)
-        # Sent once the claim is taken over; the attempt is set just after.
-        assert len(sent) == 1
+        assert sent == ["taken over, attempt 2"]
 
 
 class LeaseLostTests:
