@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import ast
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -80,8 +82,8 @@ def test_the_cycle_finder_finds_a_cycle():
 def test_rest_framework_is_named_only_by_its_integrations_and_the_apps_wiring():
     # DRF is an optional extra: the rest of the package must import without
     # it. The app config imports the DRF integration when DRF is installed,
-    # so that it registers what it knows (how DRF requests are answered);
-    # the middleware only asks whether a view is DRF's, importing nothing.
+    # so that it registers what it knows (how DRF requests are answered,
+    # which placements it refuses, how the middleware protects its views).
     naming = {
         module_name(path) for path in PACKAGE.rglob("*.py") if "rest_framework" in path.read_text()
     }
@@ -89,6 +91,63 @@ def test_rest_framework_is_named_only_by_its_integrations_and_the_apps_wiring():
     assert naming <= {
         "django_idempotency.apps",
         "django_idempotency.drf",
-        "django_idempotency.middleware",
         "django_idempotency.spectacular",
     }
+
+
+#: What a first request and its replay may run of the package: the adapter
+#: (the decorator), the request core and the engine, the store, and the
+#: helpers that read the request (key, scope, fingerprint, body) or shape
+#: what is stored and said about it. Nothing bounces through another module.
+FIRST_REQUEST_PATH = {
+    "django_idempotency.decorators",
+    "django_idempotency.core",
+    "django_idempotency.engine",
+    "django_idempotency.store",
+    "django_idempotency.keys",
+    "django_idempotency.scopes",
+    "django_idempotency.fingerprint",
+    "django_idempotency.body",
+    # What is stored of the response, and the record of the request.
+    "django_idempotency.responses",
+    "django_idempotency.info",
+    # The settings and the view's options, read through one table.
+    "django_idempotency.conf",
+    "django_idempotency.options",
+    # The outcome's signal, log record and counters; a column's width.
+    "django_idempotency.observability",
+    "django_idempotency.metrics",
+    "django_idempotency.fields",
+    # Its request_started/finished receivers run for every request, and
+    # return at once unless a lease inside a request transaction is pending.
+    "django_idempotency.lease_cleanup",
+}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_first_request_and_its_replay_cross_only_the_adapter_core_store_and_helpers(client):
+    import sys
+
+    ran: set[str] = set()
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            module = frame.f_globals.get("__name__", "")
+            if module.startswith("django_idempotency"):
+                ran.add(module)
+
+    body = json.dumps({"item": "book"})
+    # The URLconf and its decorated views load at the first request.
+    client.post("/orders/", body, content_type="application/json")
+    sys.setprofile(profile)
+    try:
+        for _ in range(2):
+            response = client.post(
+                "/orders/", body, content_type="application/json", headers={"Idempotency-Key": "k"}
+            )
+    finally:
+        sys.setprofile(None)
+
+    assert response["Idempotent-Replayed"] == "true"
+    assert {"django_idempotency.engine", "django_idempotency.store"} <= ran  # it looked
+    assert ran <= FIRST_REQUEST_PATH, sorted(ran - FIRST_REQUEST_PATH)
