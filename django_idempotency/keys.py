@@ -14,9 +14,12 @@ quoted key is one sf-string item and may hold commas inside its quotes.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import re
+from functools import lru_cache
 
-from django.utils.crypto import salted_hmac
+from django.conf import settings
 
 from django_idempotency.exceptions import InvalidIdempotencyKey
 
@@ -88,4 +91,12 @@ def mask_key(key: str) -> str:
     (``receipt-7``), and a plain hash prefix in a log would let anyone who
     reads the log try candidates until one matches, then replay it.
     """
-    return salted_hmac(_MASK_SALT, key, algorithm="sha256").hexdigest()[:MASK_LENGTH]
+    secret = _mask_secret(settings.SECRET_KEY)
+    return hmac.new(secret, key.encode(), hashlib.sha256).hexdigest()[:MASK_LENGTH]
+
+
+@lru_cache(maxsize=4)
+def _mask_secret(secret_key: str) -> bytes:
+    # What salted_hmac derives from the salt and SECRET_KEY, once per secret
+    # rather than once per log line.
+    return hashlib.sha256((_MASK_SALT + secret_key).encode()).digest()

@@ -111,21 +111,29 @@ def record(
     began claiming its key.
     """
     outcome = OUTCOMES[signal]
-    fields = log_fields(outcome, sender, info, started if outcome in _CLAIM_OUTCOMES else None)
-    logger.debug(
-        "Idempotency key %s in scope %r: %s",
-        fields["idempotency_key"],
-        info.scope,
-        outcome,
-        extra=fields,
-    )
-    _set_span_attributes(outcome, fields.get("idempotency_waited_ms"), info.attempt)
-    _count(outcome, fields["idempotency_view"])
+    # Each consumer is asked first whether it listens: a request with no
+    # DEBUG logging, no span and no receiver pays for none of them.
+    waited = started if outcome in _CLAIM_OUTCOMES else None
+    if logger.isEnabledFor(logging.DEBUG):
+        fields = log_fields(outcome, sender, info, waited)
+        logger.debug(
+            "Idempotency key %s in scope %r: %s",
+            fields["idempotency_key"],
+            info.scope,
+            outcome,
+            extra=fields,
+        )
+    _set_span_attributes(outcome, waited, info.attempt)
+    if metrics.enabled:
+        _count(outcome, view_name(sender))
+    if not signal.has_listeners(sender):
+        return
     # Receivers are the project's code (metrics, audit) running inside the
     # protocol: one that raises must not turn a stored response into a 500,
     # nor leave a claimed key stuck, so its error is logged, not raised.
     for receiver, result in signal.send_robust(sender=sender, request=request, idempotency=info):
         if isinstance(result, Exception):
+            fields = log_fields(outcome, sender, info, waited)
             logger.error(
                 "A receiver of the %s signal raised for idempotency key %s in scope %r: %r",
                 outcome,
@@ -137,12 +145,13 @@ def record(
             )
 
 
-def _set_span_attributes(outcome: str, waited: float | None, attempt: int) -> None:
+def _set_span_attributes(outcome: str, started: float | None, attempt: int) -> None:
     if _trace is None:
         return
     span = _trace.get_current_span()
     if not span.is_recording():
         return
+    waited = None if started is None else waited_ms(started)
     # Later outcomes of the same request overwrite earlier ones, so the span
     # ends with the final one (claimed, then stored).
     span.set_attribute("idempotency.outcome", outcome)

@@ -263,3 +263,67 @@ class MiddlewareOrderTests:
             call_command("check")
         settings.MIDDLEWARE = [*project_middleware, IDEMPOTENCY_MIDDLEWARE]
         call_command("check", stdout=StringIO())
+
+
+class BareDecoratedViewsTests:
+    """A bad setting is reported by its check id even where views use bare ``@idempotent``.
+
+    The URLconf (``tests.urls``) imports views decorated with bare
+    ``@idempotent`` and ``IdempotentMixin`` classes; decorating them reads no
+    setting, so ``manage.py check`` reports the check's id instead of ending
+    in a traceback while the URLconf is imported.
+    """
+
+    @pytest.mark.parametrize(
+        ("value", "check_id"),
+        [
+            ("'not a dict'", "django_idempotency.E001"),
+            ("{'ATOMIC': 'yes'}", "django_idempotency.E109"),
+        ],
+    )
+    def test_manage_py_check_reports_the_id(self, value: str, check_id: str) -> None:
+        import os
+        import subprocess
+        import sys
+        from pathlib import Path
+
+        root = Path(__file__).resolve().parent.parent
+        completed = subprocess.run(
+            [sys.executable, "manage.py", "check", "--settings", "tests.check_settings"],
+            cwd=root,
+            env={**os.environ, "IDEMPOTENCY_CHECK_VALUE": value},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+        assert completed.returncode == 1, completed.stdout + completed.stderr
+        assert check_id in completed.stderr
+        assert "Traceback" not in completed.stderr
+
+    def test_silencing_the_id_silences_it(self) -> None:
+        import os
+        import subprocess
+        import sys
+        from pathlib import Path
+
+        root = Path(__file__).resolve().parent.parent
+        completed = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import django, os; os.environ['DJANGO_SETTINGS_MODULE'] = 'tests.check_settings';"
+                "from django.conf import settings;"
+                "settings.SILENCED_SYSTEM_CHECKS = ['django_idempotency.E109'];"
+                "django.setup(); from django.core.management import call_command;"
+                "call_command('check')",
+            ],
+            cwd=root,
+            env={**os.environ, "IDEMPOTENCY_CHECK_VALUE": "{'ATOMIC': 'yes'}"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+        assert completed.returncode == 0, completed.stdout + completed.stderr
+        assert "1 silenced" in completed.stdout
