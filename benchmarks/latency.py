@@ -79,6 +79,8 @@ class DelayProxy:
         if self._process is not None:
             self._process.terminate()
             self._process.wait(timeout=10)
+            if self._process.stdout is not None:
+                self._process.stdout.close()
 
 
 def _relay(source: socket.socket, sink: socket.socket, delay: float) -> None:

@@ -148,7 +148,12 @@ def _sender(method: str, path: str, content_type: str, headers: dict[str, str]) 
         if content_type == "application/json" and not isinstance(data, str | bytes):
             body = json.dumps(data)
         request = getattr(client, method.lower())
-        return request(path, body, content_type=content_type, headers={**headers, header: key})
+        response = request(path, body, content_type=content_type, headers={**headers, header: key})
+        if response.streaming:
+            # Read to its end, as a client would: the test client closes the
+            # response (and the request's copy of its body) only then.
+            response.streamed_content = b"".join(response.streaming_content)
+        return response
 
     return send
 

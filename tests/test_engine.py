@@ -31,6 +31,7 @@ from rest_framework.request import Request
 from rest_framework.test import APIClient, APIRequestFactory
 
 from django_idempotency import store
+from django_idempotency.body import close_spools_with
 from django_idempotency.fingerprint import request_fingerprint
 from django_idempotency.info import IdempotencyInfo
 from django_idempotency.models import IdempotencyKey
@@ -74,7 +75,10 @@ def fingerprint_of(url: str, data: Any = PAYLOAD) -> str:
     """The fingerprint the DRF view computes for ``post()``, after negotiating JSON."""
     request = Request(APIRequestFactory().post(url, data, format="json"))
     request.accepted_media_type = "application/json"
-    return request_fingerprint(request)
+    try:
+        return request_fingerprint(request)
+    finally:
+        close_spools_with(request, None)  # as the response would
 
 
 def expired_lease(user: User, url: str = LEASE_ORDERS) -> Any:
