@@ -29,7 +29,8 @@ the table with one line in ``ADAPTERS`` (and its view in
 ``tests/isolation_views.py``); a new caller kind with one in ``KINDS``.
 
 Below the table: servers started with the middleware listed before
-``AuthenticationMiddleware`` never answer a protected request.
+``AuthenticationMiddleware`` never answer a protected request, and
+``RemoteUserMiddleware`` listed after it is refused as that order is.
 """
 
 from __future__ import annotations
@@ -522,3 +523,59 @@ def test_misplaced_middleware_never_serves(
     assert not IdempotencyKey.objects.exists()
     assert not Order.objects.exists()
 
+
+# RemoteUserMiddleware logs in the web server's user: it too must come before ours.
+
+REMOTE_USER_MIDDLEWARE = "django.contrib.auth.middleware.RemoteUserMiddleware"
+REMOTE_USER_BACKEND = "django.contrib.auth.backends.RemoteUserBackend"
+
+
+class RemoteUserTests:
+    """Listed after IdempotencyMiddleware, RemoteUserMiddleware would log users in too late."""
+
+    @staticmethod
+    def post_as(remote_user: str) -> Answer:
+        client = Client(raise_request_exception=False)
+        response = client.post(
+            "/isolation/plain/",
+            BODY,
+            content_type="application/json",
+            headers={"Idempotency-Key": "shared"},
+            REMOTE_USER=remote_user,
+        )
+        replayed = response.get("Idempotent-Replayed") == "true"
+        return Answer(response.status_code, response.content, replayed)
+
+    @pytest.fixture(autouse=True)
+    def remote_users(self, settings: Any) -> None:
+        settings.AUTHENTICATION_BACKENDS = [REMOTE_USER_BACKEND]
+
+    def test_after_ours_is_e006_and_the_handler_refuses_to_load(self, settings: Any) -> None:
+        from django.core.exceptions import ImproperlyConfigured
+
+        from django_idempotency.checks import check_middleware_order
+
+        settings.MIDDLEWARE = [*settings.MIDDLEWARE, MIDDLEWARE, REMOTE_USER_MIDDLEWARE]
+        [error] = check_middleware_order()
+        assert error.id == "django_idempotency.E006"
+        assert (
+            error.msg == f"{MIDDLEWARE!r} must come after {REMOTE_USER_MIDDLEWARE!r} in MIDDLEWARE."
+        )
+        assert "every remote user would be 'anonymous'" in error.hint
+
+        with pytest.raises(ImproperlyConfigured, match="must come after") as refused:
+            self.post_as("alice")
+        assert REMOTE_USER_MIDDLEWARE in str(refused.value)
+        assert not IdempotencyKey.objects.exists()
+        assert not Order.objects.exists()
+
+    def test_before_ours_each_remote_user_gets_their_own_answer(self, settings: Any) -> None:
+        settings.MIDDLEWARE = [*settings.MIDDLEWARE, REMOTE_USER_MIDDLEWARE, MIDDLEWARE]
+
+        first, other, retry = (self.post_as(name) for name in ("alice", "bob", "alice"))
+
+        check_own(first, Caller("alice"), "user", CLIENT, "alice's first request")
+        check_own(other, Caller("bob"), "user", CLIENT, "bob's request")
+        assert retry.replayed and retry.body == first.body
+        users = {user.username: user.pk for user in User.objects.all()}
+        assert records("shared") == {f"user:{users['alice']}": 1, f"user:{users['bob']}": 1}
