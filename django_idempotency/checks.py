@@ -148,7 +148,7 @@ def check_view_options(app_configs: Any = None, **kwargs: Any) -> list[CheckMess
 
 
 def check_middleware_order(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """``IdempotencyMiddleware`` must come after ``AuthenticationMiddleware``.
+    """``IdempotencyMiddleware`` must come after the middleware that sets ``request.user``.
 
     The middleware refuses to load in that order too (see
     :func:`django_idempotency.middleware.misplaced`), since a server such

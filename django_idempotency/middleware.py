@@ -226,29 +226,40 @@ ORDER_CHECK_ID = "django_idempotency.E006"
 
 
 def misplaced() -> tuple[str, str] | None:
-    """``(message, fix)`` when ``IdempotencyMiddleware`` comes before ``AuthenticationMiddleware``.
+    """``(message, fix)`` when ``IdempotencyMiddleware`` runs before ``request.user`` is set.
 
-    Listed before it, the middleware takes the scope before Django has set
-    ``request.user``: every session user looks anonymous, and one user's
-    key replays another user's stored response. WSGI and ASGI share the one
-    ``MIDDLEWARE`` list, so one rule covers both. Subclasses count as the
-    class they extend, as in Django's admin checks.
+    Listed before ``AuthenticationMiddleware``, the middleware takes the
+    scope before Django has set ``request.user``: every session user looks
+    anonymous, and one user's key replays another user's stored response.
+    The same holds for ``RemoteUserMiddleware`` (the web server's user),
+    listed after it. WSGI and ASGI share the one ``MIDDLEWARE`` list, so
+    one rule covers both. Subclasses count as the class they extend, as in
+    Django's admin checks.
     """
     if not apps.is_installed("django.contrib.auth"):
         return None  # the auth middleware cannot be imported, let alone used
-    from django.contrib.auth.middleware import AuthenticationMiddleware
+    from django.contrib.auth.middleware import AuthenticationMiddleware, RemoteUserMiddleware
 
-    ours = _first_subclass(IdempotencyMiddleware, settings.MIDDLEWARE)
-    authentication = _first_subclass(AuthenticationMiddleware, settings.MIDDLEWARE)
-    if ours is None or authentication is None or ours[0] > authentication[0]:
+    middleware = settings.MIDDLEWARE
+    ours = _first_subclass(IdempotencyMiddleware, middleware)
+    if ours is None:
         return None
-    ours_path, authentication_path = ours[1], authentication[1]
+    authentication = _first_subclass(AuthenticationMiddleware, middleware)
+    if authentication is not None and authentication[0] > ours[0]:
+        return _misplaced(ours[1], authentication[1], "every session user")
+    remote = _first_subclass(RemoteUserMiddleware, middleware[ours[0] + 1 :])
+    if remote is not None:
+        return _misplaced(ours[1], remote[1], "every remote user")
+    return None
+
+
+def _misplaced(ours: str, theirs: str, users: str) -> tuple[str, str]:
     return (
-        f"{ours_path!r} must come after {authentication_path!r} in MIDDLEWARE.",
-        f"Move {ours_path!r} below {authentication_path!r}, best to the end of "
-        "MIDDLEWARE. Listed before it, the scope is taken before Django knows "
-        "the user: every session user would be 'anonymous' and could receive "
-        "another user's stored response.",
+        f"{ours!r} must come after {theirs!r} in MIDDLEWARE.",
+        f"Move {ours!r} below {theirs!r}, best to the end of MIDDLEWARE. "
+        "Listed before it, the scope is taken before Django knows the user: "
+        f"{users} would be 'anonymous' and could receive another user's "
+        "stored response.",
     )
 
 

@@ -1,0 +1,34 @@
+"""The isolation table's URLs: ``/isolation/<view>/``, one per view of ``tests.isolation_views``."""
+
+from django.http import HttpRequest, JsonResponse
+from django.urls import path
+
+from tests import isolation_views as views
+
+
+def ping(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"ok": True})
+
+
+VIEWS = {
+    "function": views.function_view,
+    "class-based": views.ClassBasedView.as_view(),
+    "async-function": views.async_function_view,
+    "async-class-based": views.AsyncClassBasedView.as_view(),
+    "api-view": views.api_view_function,
+    "mixin-apiview": views.MixinAPIView.as_view(),
+    "mixin-viewset": views.MixinViewSet.as_view({"post": "create"}),
+    "drf-method-decorator": views.MethodDecoratedAPIView.as_view(),
+    "adrf": views.AdrfMixinAPIView.as_view(),
+    "plain": views.plain_view,
+    "async-plain": views.async_plain_view,
+    "plain-api-view": views.plain_api_view,
+    "plain-apiview": views.PlainAPIView.as_view(),
+    "plain-viewset": views.PlainViewSet.as_view({"post": "create"}),
+    "plain-adrf": views.PlainAdrfAPIView.as_view(),
+    "plain-adrf-viewset": views.PlainAdrfViewSet.as_view({"post": "create"}),
+}
+
+urlpatterns = [path("isolation/ping/", ping)] + [
+    path(f"isolation/{name}/", view, name=f"isolation-{name}") for name, view in VIEWS.items()
+]

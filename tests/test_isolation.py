@@ -1,0 +1,581 @@
+"""One caller never receives another's stored response, under every adapter (SPEC 4.3, 4.5).
+
+One parametrised table: ``ADAPTERS`` (rows) x ``KINDS`` (caller kinds), each
+cell played through the test client and, for the middleware's rows, over a
+real server as well (gunicorn for WSGI, uvicorn for ASGI). In every cell
+two callers of one kind, alice and bob, send the same key and the same
+body: alice, then bob, then alice again. Then
+
+- alice's first answer is hers (the handler ran, for her);
+- bob's answer is his own: not a replay of alice's (no
+  ``Idempotent-Replayed``), and the handler ran again, for him;
+- alice's retry replays her answer, byte for byte, without a run;
+- the database holds one record per caller's scope, in the scope SPEC 4.5
+  gives that caller (:func:`expected_scope`), and one effect (an ``Order``)
+  per caller.
+
+Callers with nothing to tell them apart (``anonymous``: neither a session
+nor credentials) share the scope ``anonymous``, as SPEC allows: there bob's
+answer *is* alice's replay, and the cell asserts exactly that. Under
+``session_scope``, anonymous callers with sessions of their own are told
+apart (``anonymous_session``).
+
+Some kinds reach some adapters only as another kind, and the table says
+so (:func:`seen_as`): a DRF token or JWT sent to a view that DRF does not
+serve is an ``Authorization`` header that Django does not authenticate,
+which the view checks itself, the ``authorization`` kind; the cell's id
+says so (``function-token-as-authorization-client``). A new adapter joins
+the table with one line in ``ADAPTERS`` (and its view in
+``tests/isolation_views.py``); a new caller kind with one in ``KINDS``.
+
+Below the table: servers started with the middleware listed before
+``AuthenticationMiddleware`` never answer a protected request, and
+``RemoteUserMiddleware`` listed after it is refused as that order is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from asgiref.sync import async_to_sync
+from django.conf import settings as django_settings
+from django.contrib.auth.models import User
+from django.contrib.sessions.backends.db import SessionStore
+from django.test import AsyncClient, Client, RequestFactory
+from django.utils.crypto import get_random_string
+from rest_framework.authtoken.models import Token
+
+from django_idempotency.models import IdempotencyKey
+from django_idempotency.scopes import user_scope
+from django_idempotency.signals import key_claimed
+from tests.isolation_views import API_KEYS, SESSION_CALLER, encode_jwt
+from tests.models import Order
+from tests.polling import wait_until
+from tests.server import GunicornServer, UvicornServer, running
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls("tests.isolation_urls")]
+
+MIDDLEWARE = "django_idempotency.middleware.IdempotencyMiddleware"
+SESSION_SCOPE = "django_idempotency.scopes.session_scope"
+WSGI, ASGI = "wsgi", "asgi"
+BODY = json.dumps({"item": "book", "quantity": 1})
+REQUEST_TIMEOUT = 30
+
+
+# The rows: every adapter, and how it is served.
+
+
+@dataclass(frozen=True)
+class Adapter:
+    name: str
+    #: The view's name in tests/isolation_urls.py: it is served at /isolation/<view>/.
+    view: str
+    #: Which handler serves it: the test client's, and the middleware rows' server.
+    transport: str
+    #: DRF serves the view: its authentication (token, JWT, session) runs.
+    drf: bool = False
+    #: IdempotencyMiddleware is installed.
+    middleware: bool = False
+
+    @property
+    def path(self) -> str:
+        return f"/isolation/{self.view}/"
+
+
+ADAPTERS = [
+    Adapter("function", "function", WSGI),
+    Adapter("method_decorator", "class-based", WSGI),
+    Adapter("api_view", "api-view", WSGI, drf=True),
+    Adapter("mixin_apiview", "mixin-apiview", WSGI, drf=True),
+    Adapter("mixin_viewset", "mixin-viewset", WSGI, drf=True),
+    Adapter("drf_method_decorator", "drf-method-decorator", WSGI, drf=True),
+    Adapter("async_function", "async-function", ASGI),
+    Adapter("async_method_decorator", "async-class-based", ASGI),
+    Adapter("adrf_mixin", "adrf", ASGI, drf=True),
+    # IdempotencyMiddleware on a view that protects nothing itself.
+    Adapter("middleware_wsgi", "plain", WSGI, middleware=True),
+    Adapter("middleware_asgi", "plain", ASGI, middleware=True),
+    Adapter("middleware_asgi_async_view", "async-plain", ASGI, middleware=True),
+    # The middleware over a view that protects itself: protected once, by the view.
+    Adapter("middleware_decorator", "function", WSGI, middleware=True),
+    Adapter("middleware_async_decorator", "async-function", ASGI, middleware=True),
+    Adapter("middleware_mixin", "mixin-apiview", WSGI, drf=True, middleware=True),
+    Adapter("middleware_adrf_mixin", "adrf", ASGI, drf=True, middleware=True),
+    # The middleware over DRF views without the mixin: protected through the
+    # mixin's path, after DRF's authentication.
+    Adapter("middleware_drf_apiview", "plain-apiview", WSGI, drf=True, middleware=True),
+    Adapter("middleware_drf_viewset", "plain-viewset", WSGI, drf=True, middleware=True),
+    Adapter("middleware_drf_api_view", "plain-api-view", WSGI, drf=True, middleware=True),
+    Adapter("middleware_drf_apiview_asgi", "plain-apiview", ASGI, drf=True, middleware=True),
+    Adapter("middleware_adrf", "plain-adrf", ASGI, drf=True, middleware=True),
+    Adapter("middleware_adrf_viewset", "plain-adrf-viewset", ASGI, drf=True, middleware=True),
+]
+
+
+# The columns: every kind of caller the scope tells apart, two of each.
+
+
+@dataclass
+class Caller:
+    name: str
+    headers: dict[str, str] = field(default_factory=dict)
+    cookies: dict[str, str] = field(default_factory=dict)
+    user: User | None = None
+    session_key: str | None = None
+
+
+def session_user(name: str) -> Caller:
+    """A user logged in with Django's session (and a CSRF token, which DRF asks of them)."""
+    user = User.objects.create_user(name)
+    client = Client()
+    client.force_login(user)
+    session = client.cookies[django_settings.SESSION_COOKIE_NAME].value
+    csrf = get_random_string(32)
+    cookies = {django_settings.SESSION_COOKIE_NAME: session, django_settings.CSRF_COOKIE_NAME: csrf}
+    return Caller(name, {"X-CSRFToken": csrf}, cookies, user=user)
+
+
+def token_user(name: str) -> Caller:
+    """A user of DRF's TokenAuthentication."""
+    user = User.objects.create_user(name)
+    token = Token.objects.create(user=user)
+    return Caller(name, {"Authorization": f"Token {token.key}"}, user=user)
+
+
+def jwt_user(name: str) -> Caller:
+    """A user with a bearer JWT, as djangorestframework-simplejwt issues them."""
+    user = User.objects.create_user(name)
+    return Caller(name, {"Authorization": f"Bearer {encode_jwt({'sub': name})}"}, user=user)
+
+
+def api_key_caller(name: str) -> Caller:
+    """A caller that neither Django nor DRF authenticates: the view checks its API key."""
+    key = next(key for key, owner in API_KEYS.items() if owner == name)
+    return Caller(name, {"Authorization": f"Api-Key {key}"})
+
+
+def anonymous_caller(name: str) -> Caller:
+    """Neither a session nor credentials: nothing tells two of them apart."""
+    return Caller("anonymous")
+
+
+def anonymous_with_session(name: str) -> Caller:
+    """An anonymous caller whose own session (one the store knows) names it."""
+    session = SessionStore()
+    session[SESSION_CALLER] = name
+    session.create()
+    assert session.session_key is not None
+    cookies = {django_settings.SESSION_COOKIE_NAME: session.session_key}
+    return Caller(name, cookies=cookies, session_key=session.session_key)
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    make: Callable[[str], Caller]
+    #: The SCOPE setting its cells run with (None: the default, user_scope).
+    scope_setting: str | None = None
+    #: The servers' settings module for its cells.
+    server_settings: str = "tests.isolation_settings"
+
+
+KINDS = [
+    Kind("session", session_user),
+    Kind("token", token_user),
+    Kind("jwt", jwt_user),
+    Kind("authorization", api_key_caller),
+    Kind("anonymous", anonymous_caller),
+    Kind(
+        "anonymous_session",
+        anonymous_with_session,
+        scope_setting=SESSION_SCOPE,
+        server_settings="tests.isolation_session_settings",
+    ),
+]
+
+
+def seen_as(adapter: Adapter, kind: Kind) -> str:
+    """The kind of caller this adapter's scope sees.
+
+    A DRF token or JWT on a view that DRF does not serve is only an
+    ``Authorization`` header Django does not authenticate: the view checks
+    it itself, so the caller is of the ``authorization`` kind there.
+    """
+    if kind.name in ("token", "jwt") and not adapter.drf:
+        return "authorization"
+    return kind.name
+
+
+def expected_scope(seen: str, caller: Caller) -> str:
+    """SPEC 4.5: the scope of ``caller``, seen as ``seen``."""
+    if seen in ("session", "token", "jwt"):
+        assert caller.user is not None
+        return f"user:{caller.user.pk}"
+    if seen == "authorization":
+        # The keyed digest of the header, as user_scope takes it from a bare request.
+        return user_scope(RequestFactory().post("/", headers=caller.headers))
+    if seen == "anonymous_session":
+        assert caller.session_key is not None
+        return "session:" + hashlib.sha256(caller.session_key.encode()).hexdigest()
+    return "anonymous"
+
+
+def expected_via(seen: str) -> str:
+    """How the handler knew the caller (``tests.isolation_views.identify``)."""
+    return {
+        "session": "user",
+        "token": "user",
+        "jwt": "user",
+        "authorization": "view",
+        "anonymous_session": "session",
+    }.get(seen, "nobody")
+
+
+# Where a cell is played: the test client, or a real server.
+
+CLIENT, GUNICORN, UVICORN = "client", "gunicorn", "uvicorn"
+
+
+def places(adapter: Adapter) -> list[str]:
+    """The test client for every row; the middleware's rows over a real server too."""
+    if not adapter.middleware:
+        return [CLIENT]
+    return [CLIENT, GUNICORN if adapter.transport == WSGI else UVICORN]
+
+
+CELLS = [
+    pytest.param(
+        (adapter, kind, place),
+        id=f"{adapter.name}-{kind.name}"
+        + (f"-as-{seen_as(adapter, kind)}" if seen_as(adapter, kind) != kind.name else "")
+        + f"-{place}",
+    )
+    for adapter in ADAPTERS
+    for kind in KINDS
+    for place in places(adapter)
+]
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    body: bytes
+    replayed: bool
+
+    def json(self) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads(self.body)
+        return data
+
+
+def headers_for(caller: Caller, key: str) -> dict[str, str]:
+    return {**caller.headers, "Idempotency-Key": key}
+
+
+def through_client(adapter: Adapter, caller: Caller, key: str) -> Answer:
+    """A new test client per request, as a server serves each with a fresh handler."""
+    client: Client | AsyncClient
+    if adapter.transport == WSGI:
+        client = Client(raise_request_exception=False)
+    else:
+        client = AsyncClient(raise_request_exception=False)
+    for name, value in caller.cookies.items():
+        client.cookies[name] = value
+    post = client.post if isinstance(client, Client) else async_to_sync(client.post)
+    response = post(
+        adapter.path, BODY, content_type="application/json", headers=headers_for(caller, key)
+    )
+    replayed = response.get("Idempotent-Replayed") == "true"
+    return Answer(response.status_code, response.content, replayed)
+
+
+def through_server(
+    server: GunicornServer, path: str, caller: Caller, key: str, timeout: float = REQUEST_TIMEOUT
+) -> Answer:
+    response = requests.post(
+        server.url + path,
+        data=BODY,
+        headers={"Content-Type": "application/json", **headers_for(caller, key)},
+        cookies=caller.cookies,
+        timeout=timeout,
+    )
+    replayed = response.headers.get("Idempotent-Replayed") == "true"
+    return Answer(response.status_code, response.content, replayed)
+
+
+# The servers: one per server and settings module, started on first use.
+
+
+class IsolationGunicorn(GunicornServer):
+    probe_path = "/isolation/ping/"
+
+
+class IsolationUvicorn(UvicornServer):
+    probe_path = "/isolation/ping/"
+
+
+SERVER_CLASSES: dict[str, type[GunicornServer]] = {
+    GUNICORN: IsolationGunicorn,
+    UVICORN: IsolationUvicorn,
+}
+
+
+@dataclass
+class Servers:
+    """The module's servers, each started by the first cell that needs it."""
+
+    stack: ExitStack
+    log_dir: Callable[[str], Path]
+    started: dict[tuple[str, str], GunicornServer] = field(default_factory=dict)
+
+    def get(self, place: str, settings: str) -> GunicornServer:
+        if (place, settings) not in self.started:
+            server = running(SERVER_CLASSES[place], settings, self.log_dir(place), workers=2)
+            self.started[(place, settings)] = self.stack.enter_context(server)
+        return self.started[(place, settings)]
+
+
+@pytest.fixture(scope="module")
+def servers(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
+    with ExitStack() as stack:
+        yield Servers(stack, lambda name: tmp_path_factory.mktemp(f"isolation-{name}"))
+
+
+# A cell: where it is played, and the claims it made.
+
+
+@dataclass
+class Cell:
+    adapter: Adapter
+    kind: Kind
+    place: str
+    #: The test client's, or the server that serves the cell.
+    server: GunicornServer | None = None
+    #: The scopes the key was claimed in, in order (test client only: signals are per process).
+    claims: list[str] = field(default_factory=list)
+
+    @property
+    def seen(self) -> str:
+        return seen_as(self.adapter, self.kind)
+
+    def post(self, caller: Caller, key: str) -> Answer:
+        if self.server is not None:
+            return through_server(self.server, self.adapter.path, caller, key)
+        return through_client(self.adapter, caller, key)
+
+
+@pytest.fixture
+def cell(request: pytest.FixtureRequest, settings: Any) -> Iterator[Cell]:
+    """A cell of the table: the test client with the row's settings, or a running server."""
+    adapter, kind, place = request.param
+    if place != CLIENT:
+        servers = request.getfixturevalue("servers")
+        yield Cell(adapter, kind, place, server=servers.get(place, kind.server_settings))
+        return
+    if adapter.middleware:
+        settings.MIDDLEWARE = [*settings.MIDDLEWARE, MIDDLEWARE]
+    if kind.scope_setting:
+        settings.IDEMPOTENCY = {"SCOPE": kind.scope_setting}
+    played = Cell(adapter, kind, place)
+
+    def claimed(sender: Any, idempotency: Any, **kwargs: Any) -> None:
+        played.claims.append(idempotency.scope)
+
+    key_claimed.connect(claimed)
+    try:
+        yield played
+    finally:
+        key_claimed.disconnect(claimed)
+
+
+# What a cell must come to.
+
+
+def records(key: str) -> Counter[str]:
+    return Counter(IdempotencyKey.objects.filter(key=key).values_list("scope", flat=True))
+
+
+def effects(key: str) -> Counter[str]:
+    """The handler's committed runs, by caller (each run writes ``<key>|<caller>``)."""
+    items = Order.objects.filter(item__startswith=f"{key}|").values_list("item", flat=True)
+    return Counter(item.split("|", 1)[1] for item in items)
+
+
+def check_own(answer: Answer, caller: Caller, via: str, place: str, what: str) -> dict[str, Any]:
+    """``answer`` is the caller's own, from a run of the handler."""
+    assert answer.status == 201, f"{what}: {answer.status} {answer.body!r}"
+    assert not answer.replayed, f"{what} was a replay: {answer.body!r}"
+    data = answer.json()
+    assert data["caller"] == caller.name, f"{what} got {data['caller']}'s answer: {data}"
+    assert data["via"] == via, f"{what}: the caller was known by {data['via']}, not {via}"
+    # Served where the cell says: in this process, or by a server's worker.
+    assert (data["pid"] == os.getpid()) == (place == CLIENT), data
+    return data
+
+
+@pytest.mark.parametrize("cell", CELLS, indirect=True)
+def test_isolation(cell: Cell) -> None:
+    via = expected_via(cell.seen)
+    alice, bob = cell.kind.make("alice"), cell.kind.make("bob")
+    key = f"iso-{uuid.uuid4().hex[:12]}"
+
+    first = cell.post(alice, key)
+    other = cell.post(bob, key)
+    retry = cell.post(alice, key)
+
+    alices = check_own(first, alice, via, cell.place, "alice's first request")
+    assert retry.status == 201 and retry.replayed, f"alice's retry: {retry.status} {retry.body!r}"
+    assert retry.body == first.body, "alice's retry is not her answer"
+    scopes = [expected_scope(cell.seen, alice), expected_scope(cell.seen, bob)]
+    if alice.name == bob.name:
+        # Neither a session nor credentials: one scope, shared, as SPEC 4.5 allows.
+        assert scopes == ["anonymous", "anonymous"]
+        assert other.status == 201 and other.replayed, f"bob: {other.status} {other.body!r}"
+        assert other.body == first.body
+        assert records(key) == {"anonymous": 1}
+        assert effects(key) == {"anonymous": 1}
+        assert cell.claims == ([] if cell.server else ["anonymous"])
+        return
+    bobs = check_own(other, bob, via, cell.place, "bob's request")
+    assert bobs["order"] != alices["order"]
+    assert scopes[0] != scopes[1], f"alice and bob share the scope {scopes[0]}"
+    assert records(key) == dict.fromkeys(scopes, 1), records(key)
+    assert effects(key) == {"alice": 1, "bob": 1}, effects(key)
+    # Protected once: one claim per caller, in the caller's scope.
+    assert cell.claims == ([] if cell.server else scopes)
+    secrets = [*alice.headers.values(), *bob.headers.values()]
+    secrets += [*alice.cookies.values(), *bob.cookies.values()]
+    for scope in scopes:
+        assert not any(secret in scope for secret in secrets), f"a credential in clear: {scope}"
+
+
+# A server whose MIDDLEWARE lists IdempotencyMiddleware before AuthenticationMiddleware.
+
+MISPLACED = "must come after 'django.contrib.auth.middleware.AuthenticationMiddleware'"
+
+
+class Refusing:
+    """A server harness that is up once a worker refused to load the application (or it exited)."""
+
+    process: Any
+    log: Callable[[], str]
+
+    def _wait_until_answering(self, probe_path: str) -> None:
+        refused = lambda: MISPLACED in self.log() or self.process.poll() is not None  # noqa: E731
+        wait_until(refused, "a worker to refuse the misplaced middleware")
+
+
+class RefusingGunicorn(Refusing, IsolationGunicorn):
+    pass
+
+
+class RefusingUvicorn(Refusing, IsolationUvicorn):
+    pass
+
+
+def try_post(server: GunicornServer, caller: Caller, key: str) -> int | None:
+    """The status of a protected request, or ``None`` when nothing answered it."""
+    try:
+        return through_server(server, "/isolation/plain/", caller, key, timeout=2).status
+    except (requests.ConnectionError, requests.Timeout):
+        return None
+
+
+@pytest.mark.parametrize(
+    ("server_class", "workers", "exits"),
+    [(RefusingGunicorn, 2, True), (RefusingUvicorn, 1, True), (RefusingUvicorn, 2, False)],
+    ids=["gunicorn", "uvicorn", "uvicorn-workers"],
+)
+def test_misplaced_middleware_never_serves(
+    server_class: type[GunicornServer],
+    workers: int,
+    exits: bool,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The middleware refuses to load, so no protected request is answered, let alone wrongly.
+
+    Gunicorn and uvicorn run no system checks, so E006 alone would let them
+    serve with every session user ``anonymous``. Gunicorn halts when its
+    workers fail to boot and a single uvicorn process exits; uvicorn's
+    supervisor starts new workers that refuse in turn, and nothing answers.
+    """
+    alice, bob = session_user("alice"), session_user("bob")
+    settings = "tests.isolation_misplaced_settings"
+    log_dir = tmp_path_factory.mktemp(f"misplaced-{server_class.name}")
+    with running(server_class, settings, log_dir, workers=workers) as server:
+        assert "ImproperlyConfigured" in server.log()
+        assert server.process is not None
+        if exits:
+            wait_until(lambda: server.process.poll() is not None, f"{server.name} to exit")
+        statuses = [try_post(server, caller, "shared") for caller in (alice, bob)]
+
+    assert statuses == [None, None], f"a server in that order answered: {statuses}"
+    assert not IdempotencyKey.objects.exists()
+    assert not Order.objects.exists()
+
+
+# RemoteUserMiddleware logs in the web server's user: it too must come before ours.
+
+REMOTE_USER_MIDDLEWARE = "django.contrib.auth.middleware.RemoteUserMiddleware"
+REMOTE_USER_BACKEND = "django.contrib.auth.backends.RemoteUserBackend"
+
+
+class RemoteUserTests:
+    """Listed after IdempotencyMiddleware, RemoteUserMiddleware would log users in too late."""
+
+    @staticmethod
+    def post_as(remote_user: str) -> Answer:
+        client = Client(raise_request_exception=False)
+        response = client.post(
+            "/isolation/plain/",
+            BODY,
+            content_type="application/json",
+            headers={"Idempotency-Key": "shared"},
+            REMOTE_USER=remote_user,
+        )
+        replayed = response.get("Idempotent-Replayed") == "true"
+        return Answer(response.status_code, response.content, replayed)
+
+    @pytest.fixture(autouse=True)
+    def remote_users(self, settings: Any) -> None:
+        settings.AUTHENTICATION_BACKENDS = [REMOTE_USER_BACKEND]
+
+    def test_after_ours_is_e006_and_the_handler_refuses_to_load(self, settings: Any) -> None:
+        from django.core.exceptions import ImproperlyConfigured
+
+        from django_idempotency.checks import check_middleware_order
+
+        settings.MIDDLEWARE = [*settings.MIDDLEWARE, MIDDLEWARE, REMOTE_USER_MIDDLEWARE]
+        [error] = check_middleware_order()
+        assert error.id == "django_idempotency.E006"
+        assert (
+            error.msg == f"{MIDDLEWARE!r} must come after {REMOTE_USER_MIDDLEWARE!r} in MIDDLEWARE."
+        )
+        assert "every remote user would be 'anonymous'" in error.hint
+
+        with pytest.raises(ImproperlyConfigured, match="must come after") as refused:
+            self.post_as("alice")
+        assert REMOTE_USER_MIDDLEWARE in str(refused.value)
+        assert not IdempotencyKey.objects.exists()
+        assert not Order.objects.exists()
+
+    def test_before_ours_each_remote_user_gets_their_own_answer(self, settings: Any) -> None:
+        settings.MIDDLEWARE = [*settings.MIDDLEWARE, REMOTE_USER_MIDDLEWARE, MIDDLEWARE]
+
+        first, other, retry = (self.post_as(name) for name in ("alice", "bob", "alice"))
+
+        check_own(first, Caller("alice"), "user", CLIENT, "alice's first request")
+        check_own(other, Caller("bob"), "user", CLIENT, "bob's request")
+        assert retry.replayed and retry.body == first.body
+        users = {user.username: user.pk for user in User.objects.all()}
+        assert records("shared") == {f"user:{users['alice']}": 1, f"user:{users['bob']}": 1}
