@@ -189,3 +189,10 @@ def receipts_seen(directory: Path, label: str) -> list[dict]:
     """What each run of ``record_receipt`` for ``label`` saw, in order."""
     seen = directory / f"{label}.seen"
     return [json.loads(line) for line in seen.read_text().splitlines()] if seen.exists() else []
+
+
+@shared_task
+@idempotent_task(key=lambda reference: f"receipt-{reference}")
+def logged_order(reference: str) -> dict:
+    """Keyed by a reference it never returns, so a log that shows the key shows it from us."""
+    return {"order": Order.objects.create(item="logged").pk}
