@@ -127,6 +127,13 @@ class PropertyOrderViewSet(IdempotentMixin, OpenOrderViewSet):
         return self.action == "create"
 
 
+@method_decorator(idempotent(ttl=300), name="dispatch")
+class LayeredOrderViewSet(IdempotentMixin, OpenOrderViewSet):
+    """Two layers: ``dispatch`` claims a sent key, the mixin refuses a request without one."""
+
+    idempotency_required = True
+
+
 class ItemSerializer(serializers.Serializer):
     item = serializers.CharField()
 
@@ -201,6 +208,7 @@ router.register("action-orders", ActionDecoratedOrderViewSet, basename="action")
 router.register("dispatch-orders", DispatchDecoratedOrderViewSet, basename="dispatch")
 router.register("update-orders", UpdateDecoratedOrderViewSet, basename="update")
 router.register("property-orders", PropertyOrderViewSet, basename="property")
+router.register("layered-orders", LayeredOrderViewSet, basename="layered")
 
 urlpatterns = [
     path("generic/", drf_views.OrderCreateView.as_view()),

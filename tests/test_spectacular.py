@@ -292,6 +292,13 @@ class EveryWayOfProtectingTests:
         assert documented(schema, "/property-orders/", "post")["required"] is True
         assert documented(schema, "/property-orders/{id}/", "patch")["required"] is False
 
+    def test_the_outer_layer_claims_and_any_layer_may_require(self, schema):
+        parameter = documented(schema, "/layered-orders/", "post")
+
+        assert parameter["x-idempotency-key-expires-after-seconds"] == 300  # dispatch's
+        assert parameter["required"] is True  # the mixin's
+        assert error_media_types(schema, "/layered-orders/", "post") == {"application/problem+json"}
+
     def test_mixin_methods_option(self, schema):
         assert documented(schema, "/put-orders/{id}/", "put") is not None
         assert documented(schema, "/orders/{id}/", "put") is None
