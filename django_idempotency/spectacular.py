@@ -125,7 +125,7 @@ def protection(found: list[Layer], method: str) -> Protected | None:
     claiming, options = protecting[0]
     return Protected(
         options=options,
-        required=any(options.required for _, options in protecting),
+        required=any(each.required for _, each in protecting),
         problem_details=claiming.problem_details,
     )
 
