@@ -18,7 +18,7 @@ from asgiref.sync import iscoroutinefunction
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpResponseBase
 from django.views import View
-from rest_framework import exceptions, status
+from rest_framework import exceptions, generics, mixins, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -193,13 +193,7 @@ class IdempotentMixin:
             setattr(self, method, self._protected(handler))
 
     def _protected(self, handler: Any) -> Any:
-        options = self._idempotency_options
-        dynamic = _properties(type(self))
-        if dynamic:
-            # An option given as a property is read per request and checked then.
-            given = {name: getattr(self, name) for name in _ATTRIBUTES}
-            given = {name: given[name] for name in [*dynamic, *vars(self)] if name in given}
-            options = _class_options(type(self), given)
+        options = view_options(self)
         sender = type(self)
         if iscoroutinefunction(handler):
             # An async handler of an adrf view (docs/async.rst).
@@ -219,6 +213,21 @@ class IdempotentMixin:
 
 for _attribute in _ATTRIBUTES:
     setattr(IdempotentMixin, _attribute, None)
+
+
+def view_options(view: IdempotentMixin) -> DeclaredOptions:
+    """The options this view instance protects its handlers with, read now.
+
+    The class's, or its ``as_view()`` arguments'; an option given as a
+    property is read from the instance and checked now, as each request does.
+    """
+    options = view._idempotency_options
+    dynamic = _properties(type(view))
+    if dynamic:
+        given = {name: getattr(view, name) for name in _ATTRIBUTES}
+        given = {name: given[name] for name in [*dynamic, *vars(view)] if name in given}
+        options = _class_options(type(view), given)
+    return options
 
 
 def _properties(cls: type) -> list[str]:
@@ -307,6 +316,47 @@ def _decorated_options(func: Any, depth: int = 0) -> DeclaredOptions | None:
             if found is not None:
                 return found
     return None
+
+
+def decorated_options(view_class: type, name: str) -> DeclaredOptions | None:
+    """The options ``@idempotent`` gave ``view_class``'s method ``name``, if it decorates it.
+
+    ``name`` is a handler or ``dispatch``; unlike :func:`handler_options`,
+    the mixin's own options are not the answer.
+    """
+    return _decorated_options(getattr(view_class, name, None))
+
+
+#: DRF's own handlers that hand the request to another method of the view:
+#: a generic view's ``post`` calls ``create``, ``partial_update`` calls
+#: ``update``. A decorated ``create`` or ``update`` protects them too.
+_HANDED_TO: dict[Any, str] = {
+    getattr(view, method): target
+    for view, methods in [
+        (generics.CreateAPIView, {"post": "create"}),
+        (generics.ListCreateAPIView, {"post": "create"}),
+        (generics.UpdateAPIView, {"put": "update", "patch": "partial_update"}),
+        (generics.RetrieveUpdateAPIView, {"put": "update", "patch": "partial_update"}),
+        (generics.DestroyAPIView, {"delete": "destroy"}),
+        (generics.RetrieveDestroyAPIView, {"delete": "destroy"}),
+        (
+            generics.RetrieveUpdateDestroyAPIView,
+            {"put": "update", "patch": "partial_update", "delete": "destroy"},
+        ),
+        (mixins.UpdateModelMixin, {"partial_update": "update"}),
+    ]
+    for method, target in methods.items()
+}
+
+
+def handler_chain(view_class: type, name: str) -> list[str]:
+    """``name``, then the methods DRF's own ``name`` hands the request to, in call order."""
+    chain = [name]
+    handed_to = _HANDED_TO.get(getattr(view_class, name, None))
+    while handed_to is not None and handed_to not in chain:
+        chain.append(handed_to)
+        handed_to = _HANDED_TO.get(getattr(view_class, handed_to, None))
+    return chain
 
 
 def handler_name(view: Any, method: str) -> str | None:

@@ -2,23 +2,25 @@
 
 Imported by the app's ``ready()`` when ``drf_spectacular`` is installed: the
 subclass of :class:`~drf_spectacular.extensions.OpenApiViewExtension` below
-registers itself on import. It matches only views that are protected (an
-``IdempotentMixin`` view, or an ``@api_view`` whose function carries
-``@idempotent``) and gives each protected handler a schema class that adds,
-to every operation whose method is protected, the key header, the
-400/409/422 answers and the replay header. The only module importing
-``drf_spectacular``; see the OpenAPI page of the docs.
+registers itself on import. Whether an operation is protected, and with
+which options, is asked of the same functions the run time uses
+(:mod:`django_idempotency.drf`, :meth:`DeclaredOptions.resolve`), layer by
+layer in the order a request meets them; each protected operation then
+documents the key header, the 400/409/422 answers and the replay header.
+The only module importing ``drf_spectacular``; see the OpenAPI page of the
+docs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
-from drf_spectacular.drainage import isolate_view_method
+from django.conf import settings
+from django.urls import URLResolver, get_resolver
+from drf_spectacular.drainage import isolate_view_method, warn
 from drf_spectacular.extensions import OpenApiViewExtension
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.plumbing import ResolvedComponent, get_class, get_doc
@@ -27,101 +29,178 @@ from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from django_idempotency.conf import idempotency_settings, to_timedelta
-from django_idempotency.drf import IdempotentMixin
-from django_idempotency.options import DeclaredOptions
-from django_idempotency.responses import TRANSIENT_STATUSES
+from django_idempotency.conf import idempotency_settings
+from django_idempotency.drf import (
+    IdempotentMixin,
+    decorated_options,
+    handler_chain,
+    handler_name,
+    handler_options,
+    protect_for_middleware,
+    view_options,
+)
+from django_idempotency.marks import is_exempt
+from django_idempotency.middleware import IdempotencyMiddleware, _first_subclass
+from django_idempotency.options import DeclaredOptions, Options
+from django_idempotency.responses import PROBLEM_CONTENT_TYPE, TRANSIENT_STATUSES
 
 ERROR_COMPONENT = "IdempotencyError"
-_DOCUMENTED = ("required", "ttl", "methods", "atomic", "wait")
+PROBLEM_COMPONENT = "IdempotencyProblem"
+# Set on the view class drf-spectacular inspects: the view function the URL
+# resolves to, which is what the run time looks at.
+_CALLBACK = "_idempotency_schema_callback"
+
+
+# Which operations are protected, and how: the run time's answer.
 
 
 @dataclass(frozen=True)
-class Protection:
-    """What a client needs to know about one protected operation."""
+class Layer:
+    """One protection a request meets on its way to the handler."""
 
+    options: DeclaredOptions
+    #: ``@idempotent`` on ``dispatch`` sees Django's request, before DRF
+    #: wraps it, and answers its errors as problem details.
+    problem_details: bool = False
+
+
+@dataclass(frozen=True)
+class Protected:
+    """How one operation is protected."""
+
+    #: The options of the layer that claims the key: the outermost whose
+    #: ``methods`` include the operation's.
+    options: Options
+    #: Whether a request without a key is refused: by any layer that protects the method.
     required: bool
-    ttl: timedelta
-    methods: frozenset[str]
-    atomic: bool
-    wait: float
+    problem_details: bool
 
 
-def _effective(overrides: dict[str, Any]) -> Protection:
-    conf = idempotency_settings
+def layers(callback: Any, view: APIView, method: str, path_regex: str) -> list[Layer]:
+    """What protects ``method`` of the view function ``callback``, outermost first.
 
-    def pick(name: str) -> Any:
-        value = overrides.get(name)
-        return getattr(conf, name) if value is None else value
+    The order of the run time: ``@idempotent`` on ``dispatch`` wraps all of
+    DRF; the mixin (the view's own, or the one ``IdempotencyMiddleware``
+    puts in front of a DRF view that protects nothing itself) wraps the
+    handler; ``@idempotent`` on the handler, or on a method DRF's handler
+    hands the request to (a generic view's ``create``), is innermost.
+    ``view`` is the instance being documented, whose ``as_view()``
+    arguments and properties the mixin reads.
+    """
+    view_class = callback.cls
+    name = handler_name(callback, method)
+    if name is None or not hasattr(view_class, name):
+        return []
+    found = []
+    dispatch = decorated_options(view_class, "dispatch")
+    if dispatch is not None:
+        found.append(Layer(dispatch, problem_details=True))
+    if isinstance(view, IdempotentMixin):
+        found.append(Layer(_instance_options(view)))
+    elif _middleware_protects(callback, method, path_regex):
+        made = protect_for_middleware(callback, method)
+        options = handler_options(made.cls, name) if made is not callback else None
+        if options is not None:
+            found.append(Layer(options))
+    for handler in handler_chain(view_class, name):
+        options = decorated_options(view_class, handler)
+        if options is not None:
+            found.append(Layer(options))
+    return found
 
-    return Protection(
-        required=bool(pick("required")),
-        ttl=to_timedelta(pick("ttl")),
-        methods=frozenset(method.upper() for method in pick("methods")),
-        atomic=bool(pick("atomic")),
-        wait=float(pick("wait")),
+
+def protection(found: list[Layer], method: str) -> Protected | None:
+    """How the operation is protected by ``found``, or ``None`` if it is not.
+
+    A layer whose ``methods`` leave the method out passes the request on;
+    the first that protects it claims a sent key, and any that protects it
+    refuses a request without one when it is ``required``.
+    """
+    if not idempotency_settings.enabled:
+        return None
+    resolved = [(layer, layer.options.resolve()) for layer in found]
+    protecting = [(layer, options) for layer, options in resolved if method in options.methods]
+    if not protecting:
+        return None
+    claiming, options = protecting[0]
+    return Protected(
+        options=options,
+        required=any(each.required for _, each in protecting),
+        problem_details=claiming.problem_details,
     )
 
 
-def _candidates(func: Any, depth: int = 0) -> Iterator[Any]:
-    """``func``, what it wraps, and the functions its closure calls.
+def _instance_options(view: IdempotentMixin) -> DeclaredOptions:
+    try:
+        return view_options(view)
+    except Exception as exc:
+        # A property that needs a real request: document the class's options.
+        warn(f"{type(view).__qualname__}: an idempotency option property raised {exc!r}.")
+        return view._idempotency_options
 
-    ``@api_view`` routes every method through one ``handler`` closure over the
-    decorated function, so that is where ``@idempotent``'s mark is found.
+
+def _middleware_protects(callback: Any, method: str, path_regex: str) -> bool:
+    """Whether ``IdempotencyMiddleware`` is installed and would protect this operation.
+
+    It protects every method in ``METHODS``, except on views marked
+    ``idempotency_exempt`` and on URLs under the admin's namespace.
     """
-    if func is None or depth > 4:
-        return
-    yield func
-    yield from _candidates(getattr(func, "__wrapped__", None), depth + 1)
-    for cell in getattr(func, "__closure__", None) or ():
-        try:
-            contents = cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
-        if callable(contents) and not isinstance(contents, type):
-            yield from _candidates(contents, depth + 1)
+    conf = idempotency_settings
+    return (
+        _first_subclass(IdempotencyMiddleware, settings.MIDDLEWARE) is not None
+        and method in conf.methods
+        and not is_exempt(callback, method)
+        and path_regex not in _admin_path_regexes(get_resolver())
+    )
 
 
-def decorator_options(handler: Any) -> dict[str, Any] | None:
-    """The options ``@idempotent`` was given, if ``handler`` runs a decorated view."""
-    for candidate in _candidates(handler):
-        options = getattr(candidate, "idempotency_options", None)
-        if isinstance(options, DeclaredOptions):
-            return options.given
-    return None
+@lru_cache(maxsize=8)
+def _admin_path_regexes(resolver: URLResolver) -> frozenset[str]:
+    """The URL patterns under an ``admin`` namespace, as drf-spectacular writes them.
+
+    Of the URLconf the middleware resolves requests against; drf-spectacular
+    joins each pattern to those it is included under, as done here.
+    """
+    found: set[str] = set()
+
+    def walk(patterns: Any, prefix: str, admin: bool) -> None:
+        for pattern in patterns:
+            regex = prefix + str(pattern.pattern)
+            if isinstance(pattern, URLResolver):
+                walk(pattern.url_patterns, regex, admin or pattern.app_name == "admin")
+            elif admin:
+                found.add(regex)
+
+    walk(resolver.url_patterns, "", False)
+    return frozenset(found)
 
 
-def _handler_names(view_class: type[APIView], actions: dict[str, str] | None) -> list[str]:
-    if actions:
-        return sorted(set(actions.values()))
-    return [name for name in view_class.http_method_names if hasattr(view_class, name)]
+def _handlers(callback: Any) -> dict[str, str]:
+    """The handler each method of the view function runs: ``{"POST": "create", ...}``."""
+    view_class = callback.cls
+    actions = getattr(callback, "actions", None)
+    methods = actions if actions is not None else view_class.http_method_names
+    found = {}
+    for method in methods:
+        name = handler_name(callback, method)
+        if name is not None and hasattr(view_class, name):
+            found[method.upper()] = name
+    return found
 
 
-def is_protected_view(view_class: Any) -> bool:
-    if not (isinstance(view_class, type) and issubclass(view_class, APIView)):
+def _may_be_protected(callback: Any) -> bool:
+    """Whether some operation of the view function may be protected (``layers`` decides)."""
+    view_class = callback.cls
+    if not idempotency_settings.enabled:
         return False
     if issubclass(view_class, IdempotentMixin):
         return True
-    return any(
-        decorator_options(getattr(view_class, name)) is not None
-        for name in _handler_names(view_class, None)
-    )
-
-
-def protection_for(view: APIView, method: str) -> Protection | None:
-    """How ``method`` on this view instance is protected, or ``None`` if it is not."""
-    if not idempotency_settings.enabled:
-        return None
-    if isinstance(view, IdempotentMixin):
-        overrides = {name: getattr(view, f"idempotency_{name}") for name in _DOCUMENTED}
-    else:
-        action = getattr(view, "action", None) or method.lower()
-        found = decorator_options(getattr(view, action, None))
-        if found is None:
-            return None
-        overrides = found
-    protection = _effective(overrides)
-    return protection if method.upper() in protection.methods else None
+    if _first_subclass(IdempotencyMiddleware, settings.MIDDLEWARE) is not None:
+        return True
+    names = ["dispatch"]
+    for name in _handlers(callback).values():
+        names += handler_chain(view_class, name)
+    return any(decorated_options(view_class, name) is not None for name in names)
 
 
 def describe_duration(duration: timedelta) -> str:
@@ -151,9 +230,15 @@ class IdempotentSchemaMixin:
         )
         if operation is None:
             return None
-        protection = protection_for(self.view, self.method)  # type: ignore[attr-defined]
-        if protection is not None:
-            _document(self, operation, protection)  # type: ignore[arg-type]
+        view: APIView = self.view  # type: ignore[attr-defined]
+        callback = getattr(type(view), _CALLBACK, None)
+        if callback is None:
+            return operation
+        method = self.method.upper()  # type: ignore[attr-defined]
+        found = layers(callback, view, method, self.path_regex)  # type: ignore[attr-defined]
+        protected = protection(found, method)
+        if protected is not None:
+            _document(self, operation, protected)  # type: ignore[arg-type]
         return operation
 
 
@@ -186,16 +271,15 @@ class IdempotencyViewExtension(OpenApiViewExtension):
     # is applied too (below) instead of replacing this one.
     priority = 1000
 
-    @classmethod
-    def _matches(cls, target: Any) -> bool:
-        return super()._matches(target) and is_protected_view(get_class(target))
-
     def view_replacement(self) -> type[APIView]:
         base = self._other_replacement() or self.target
+        callback = self.target_callback
+        if not _may_be_protected(callback):
+            return base
         replacement: type[APIView] = type(base.__name__, (base,), {"__doc__": base.__doc__})
         replacement.__module__ = base.__module__
-        actions = getattr(self.target_callback, "actions", None)
-        for name in _handler_names(replacement, actions):
+        setattr(replacement, _CALLBACK, callback)
+        for name in set(_handlers(callback).values()):
             if not hasattr(replacement, name):
                 continue
             method = isolate_view_method(replacement, name)
@@ -216,8 +300,9 @@ class IdempotencyViewExtension(OpenApiViewExtension):
 # Building the operation's additions.
 
 
-def _document(schema: AutoSchema, operation: dict[str, Any], protection: Protection) -> None:
+def _document(schema: AutoSchema, operation: dict[str, Any], protected: Protected) -> None:
     conf = idempotency_settings
+    options = protected.options
     responses: dict[str, Any] = operation.setdefault("responses", {})
     replay_header = {
         "description": (
@@ -233,14 +318,14 @@ def _document(schema: AutoSchema, operation: dict[str, Any], protection: Protect
 
     parameters: list[dict[str, Any]] = operation.setdefault("parameters", [])
     if not any(p.get("in") == "header" and p.get("name") == conf.header for p in parameters):
-        parameters.append(_header_parameter(protection))
+        parameters.append(_header_parameter(options, protected.required))
 
-    content = _error_content(schema)
+    content = _error_content(schema, protected.problem_details)
     link = _link_header()
-    _add_response(responses, "400", _bad_key_description(protection), content, link)
+    _add_response(responses, "400", _bad_key_description(protected.required), content, link)
     in_flight = "A request with the same key is still being processed" + (
-        f" (this request waited up to {protection.wait:g} seconds for it to finish)"
-        if protection.atomic and protection.wait
+        f" (this request waited up to {options.wait:g} seconds for it to finish)"
+        if options.atomic and options.wait
         else ""
     )
     _add_response(
@@ -273,13 +358,13 @@ def _replayable(code: str) -> bool:
     return status < 500 and status not in TRANSIENT_STATUSES
 
 
-def _header_parameter(protection: Protection) -> dict[str, Any]:
+def _header_parameter(options: Options, required: bool) -> dict[str, Any]:
     conf = idempotency_settings
-    ttl = describe_duration(protection.ttl)
+    ttl = describe_duration(options.ttl)
     return {
         "in": "header",
         "name": conf.header,
-        "required": protection.required,
+        "required": required,
         "schema": {
             "type": "string",
             "minLength": 1,
@@ -295,19 +380,19 @@ def _header_parameter(protection: Protection) -> dict[str, Any]:
             "after that the same key starts a new request. Up to "
             f"{conf.key_max_length} visible ASCII characters, sent bare (abc-123) or "
             'quoted ("abc-123"; the quotes do not count).'
-            + ("" if protection.required else " Without the header the request is not protected.")
+            + ("" if required else " Without the header the request is not protected.")
         ),
-        "x-idempotency-key-expires-after-seconds": int(protection.ttl.total_seconds()),
+        "x-idempotency-key-expires-after-seconds": int(options.ttl.total_seconds()),
     }
 
 
-def _bad_key_description(protection: Protection) -> str:
+def _bad_key_description(required: bool) -> str:
     conf = idempotency_settings
     malformed = (
         f"the {conf.header} header is empty, longer than {conf.key_max_length} "
         "characters, or not visible ASCII"
     )
-    if protection.required:
+    if required:
         return f"The {conf.header} header is missing (this operation requires it), or {malformed}."
     return malformed[0].upper() + malformed[1:] + "."
 
@@ -344,8 +429,27 @@ def _link_header() -> dict[str, Any]:
     }
 
 
-def _error_content(schema: AutoSchema) -> dict[str, Any]:
-    """The body the project's ``EXCEPTION_HANDLER`` renders for these errors."""
+def _error_content(schema: AutoSchema, problem_details: bool) -> dict[str, Any]:
+    """The body these errors have: problem details, or what ``EXCEPTION_HANDLER`` renders."""
+    if problem_details:
+        # @idempotent on dispatch answers before DRF: RFC 9457, as on a plain view.
+        component = ResolvedComponent(
+            name=PROBLEM_COMPONENT,
+            type=ResolvedComponent.SCHEMA,
+            object=PROBLEM_COMPONENT,
+            schema={
+                "type": "object",
+                "properties": {
+                    "type": {"type": "string"},
+                    "title": {"type": "string"},
+                    "status": {"type": "integer"},
+                    "detail": {"type": "string"},
+                },
+                "required": ["type", "title", "status", "detail"],
+            },
+        )
+        schema.registry.register_on_missing(component)
+        return {PROBLEM_CONTENT_TYPE: {"schema": component.ref}}
     if api_settings.EXCEPTION_HANDLER is drf_exception_handler:
         component = ResolvedComponent(
             name=ERROR_COMPONENT,

@@ -13,6 +13,7 @@ urlpatterns = [
     path("orders/exempt/", async_views.create_order_exempt),
     path("orders/class-based/", async_views.OrderView.as_view()),
     path("ping/", async_views.ping),
+    path("orders/publish/", async_views.create_order_and_publish),
     path("sync/plain/", middleware_views.create_order),
     path("sync/exempt/", middleware_views.create_order_exempt),
     path("sync/exempt-class/", middleware_views.ExemptOrderView.as_view()),

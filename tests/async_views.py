@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db import connection
+from django.db import connection, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.decorators import method_decorator
 from django.views import View
@@ -23,6 +23,7 @@ from django.views import View
 from django_idempotency import idempotency_exempt, idempotent
 from tests.drf_views import CONTROL_DIR_ENV, HOLD_LIMIT
 from tests.models import Order
+from tests.tasks import TASK_DIR_ENV, receipts_seen, record_receipt
 from tests.views import calls
 
 
@@ -115,3 +116,53 @@ class OrderView(View):
 async def ping(request: HttpRequest) -> JsonResponse:
     """An unrelated endpoint that touches no database: its latency is the event loop's."""
     return JsonResponse({"pid": os.getpid()})
+
+
+# Publishing a Celery task from a protected async view (docs/tasks.rst).
+
+
+async def _publish(how: str, order_pk: int, label: str) -> None:
+    if how == "naive":
+        # What works in a sync view; from a coroutine Django refuses it.
+        record_receipt.delay_on_commit(order_pk, label)
+    elif how == "at_once":
+        # Before the commit: what the tests must be able to tell apart.
+        await sync_to_async(record_receipt.delay)(order_pk, label)
+    elif how == "transaction":
+        await sync_to_async(transaction.on_commit)(lambda: record_receipt.delay(order_pk, label))
+    else:
+        await sync_to_async(record_receipt.delay_on_commit)(order_pk, label)
+
+
+async def _task_ran(label: str) -> None:
+    """Wait (on the event loop) until the worker's ``record_receipt`` for ``label`` has run."""
+    directory = Path(os.environ[TASK_DIR_ENV])
+    deadline = time.monotonic() + HOLD_LIMIT
+    while not receipts_seen(directory, label) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+
+
+@idempotent
+async def create_order_and_publish(request: HttpRequest) -> HttpResponse:
+    """Write an order and publish ``record_receipt`` for it, as the query string says.
+
+    ``publish``: ``on_commit`` (``delay_on_commit`` through ``sync_to_async``,
+    the default), ``transaction`` (``transaction.on_commit`` through
+    ``sync_to_async``), ``naive`` (``delay_on_commit`` called from the
+    coroutine) or ``at_once`` (``delay``, before the commit). ``hold``:
+    seconds to go on before answering, or ``task`` to go on until the
+    worker ran the task. Body ``raise``: fail after publishing.
+    """
+    data = json.loads(request.body or b"{}")
+    label = request.idempotency.key  # type: ignore[attr-defined]
+    order = await Order.objects.acreate(item=data.get("item", "receipt"))
+    await _publish(request.GET.get("publish", "on_commit"), order.pk, label)
+    hold = request.GET.get("hold")
+    if hold == "task":
+        await _task_ran(label)
+    elif hold:
+        await asyncio.sleep(float(hold))
+    if data.get("raise"):
+        raise RuntimeError("handler failed after publishing")
+    payload = {"id": order.pk, "in_transaction": await sync_to_async(_in_transaction)()}
+    return JsonResponse(payload, status=201)

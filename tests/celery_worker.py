@@ -72,12 +72,17 @@ class WorkerProcess:
     concurrency: int = 4
     pool: str = "prefork"
     result_timeout: float = RESULT_TIMEOUT
+    #: The worker's Django settings and Celery app modules, and more of its environment.
+    settings: str = "tests.celery_settings"
+    app: str = "tests.celery_app"
+    env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen | None = field(default=None, init=False)
 
     def start(self) -> WorkerProcess:
         env = {
             **os.environ,
-            "DJANGO_SETTINGS_MODULE": "tests.celery_settings",
+            **self.env,
+            "DJANGO_SETTINGS_MODULE": self.settings,
             "IDEMPOTENCY_TEST_DATABASE_NAME": self.database,
             celery_app.BROKER_ENV: self.broker,
             celery_app.QUEUE_ENV: self.queue,
@@ -96,7 +101,7 @@ class WorkerProcess:
         ]
         with self.log.open("a") as output:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "tests.celery_app", "worker", *options],
+                [sys.executable, "-m", "celery", "-A", self.app, "worker", *options],
                 cwd=REPO,
                 env=env,
                 stdout=output,

@@ -8,6 +8,7 @@ kill the worker while the body's transaction is open.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -159,3 +160,39 @@ def lease_order(label: str, unstorable: bool = False) -> object:
     if unstorable:
         return {label}
     return {"order": order.pk}
+
+
+@shared_task
+def record_receipt(order_pk: int, label: str) -> dict:
+    """A task a view publishes: records each run, and what it found committed when it ran.
+
+    One line per run in ``<label>.seen``: whether the view's order and its
+    completed idempotency record were visible to the worker, that is
+    whether the view's transaction had committed before the task ran.
+    """
+    from django_idempotency.models import IdempotencyKey
+
+    seen = {
+        "order": Order.objects.filter(pk=order_pk).exists(),
+        "key_completed": IdempotencyKey.objects.filter(
+            key=label, state=IdempotencyKey.State.COMPLETED
+        ).exists(),
+    }
+    directory = os.environ.get(TASK_DIR_ENV)
+    if directory:
+        with Path(directory, f"{label}.seen").open("a") as runs:
+            runs.write(json.dumps(seen) + "\n")
+    return seen
+
+
+def receipts_seen(directory: Path, label: str) -> list[dict]:
+    """What each run of ``record_receipt`` for ``label`` saw, in order."""
+    seen = directory / f"{label}.seen"
+    return [json.loads(line) for line in seen.read_text().splitlines()] if seen.exists() else []
+
+
+@shared_task
+@idempotent_task(key=lambda reference: f"receipt-{reference}")
+def logged_order(reference: str) -> dict:
+    """Keyed by a reference it never returns, so a log that shows the key shows it from us."""
+    return {"order": Order.objects.create(item="logged").pk}

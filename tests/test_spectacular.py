@@ -10,17 +10,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings
+from django.contrib.auth.models import User
 from django.test import override_settings
 from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.renderers import OpenApiJsonRenderer
 from openapi_spec_validator import validate
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
 from rest_framework.views import exception_handler
 
+from django_idempotency.models import IdempotencyKey
 from tests import drf_views
+from tests.models import Order
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = "Idempotency-Key"
 REPLAY = "Idempotent-Replayed"
+MIDDLEWARE = "django_idempotency.middleware.IdempotencyMiddleware"
+URLCONF = "tests.openapi_urls"
 
 # (path, method): (required, expiry as described)
 PROTECTED = {
@@ -46,7 +54,7 @@ UNPROTECTED = [
 ]
 
 
-def generate(urlconf: str = "tests.openapi_urls") -> dict[str, Any]:
+def generate(urlconf: str | None = URLCONF) -> dict[str, Any]:
     schema = SchemaGenerator(urlconf=urlconf).get_schema(request=None, public=True)
     # Through the renderer, as served, so the validator sees plain JSON.
     document = json.loads(OpenApiJsonRenderer().render(schema, renderer_context={}))
@@ -57,6 +65,12 @@ def generate(urlconf: str = "tests.openapi_urls") -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def schema() -> dict[str, Any]:
     return generate()
+
+
+@pytest.fixture(scope="module")
+def middleware_schema() -> dict[str, Any]:
+    with under_middleware():
+        return generate(urlconf=None)
 
 
 def header_parameter(operation: dict[str, Any]) -> dict[str, Any] | None:
@@ -204,6 +218,315 @@ class SettingsInTheSchemaTests:
         body = responses["422"]["content"]["application/json"]["schema"]
         assert "$ref" not in body
         assert "EXCEPTION_HANDLER" in body["description"]
+
+
+def under_middleware(**overrides: Any) -> Any:
+    """Settings with ``IdempotencyMiddleware`` installed, resolving the OpenAPI URLconf."""
+    return override_settings(
+        MIDDLEWARE=[*settings.MIDDLEWARE, MIDDLEWARE], ROOT_URLCONF=URLCONF, **overrides
+    )
+
+
+def documented(schema: dict[str, Any], path: str, method: str) -> dict[str, Any] | None:
+    """The key header parameter of an operation, or ``None`` when it documents none."""
+    return header_parameter(schema["paths"][path][method])
+
+
+def error_media_types(schema: dict[str, Any], path: str, method: str) -> set[str]:
+    return set(schema["paths"][path][method]["responses"]["422"]["content"])
+
+
+def waits(schema: dict[str, Any], path: str, method: str) -> bool:
+    return "waited up to" in schema["paths"][path][method]["responses"]["409"]["description"]
+
+
+class EveryWayOfProtectingTests:
+    """Each way the package protects a DRF operation, documented as the run time protects it."""
+
+    def test_method_decorator_on_a_viewset_action(self, schema):
+        assert documented(schema, "/action-orders/", "post")["required"] is False
+        assert documented(schema, "/action-orders/{id}/", "patch") is None
+        assert documented(schema, "/action-orders/{id}/", "put") is None
+
+    def test_method_decorator_on_a_viewsets_dispatch(self, schema):
+        for path, method in [("/dispatch-orders/", "post"), ("/dispatch-orders/{id}/", "patch")]:
+            parameter = documented(schema, path, method)
+            assert parameter["x-idempotency-key-expires-after-seconds"] == 120
+        assert documented(schema, "/dispatch-orders/{id}/", "put") is None
+        assert documented(schema, "/dispatch-orders/", "get") is None
+
+    def test_method_decorator_on_an_apiview_method(self, schema):
+        assert documented(schema, "/method-decorated/", "post")["required"] is True
+        assert documented(schema, "/method-decorated/", "patch") is None
+
+    def test_method_decorator_on_an_apiviews_dispatch_with_its_methods(self, schema):
+        assert documented(schema, "/dispatch-decorated/", "post") is not None
+        assert documented(schema, "/dispatch-decorated/", "put") is not None
+        assert documented(schema, "/dispatch-decorated/", "patch") is None
+
+    def test_dispatch_answers_before_drf_with_problem_details(self, schema):
+        # @idempotent on dispatch sees Django's request, not DRF's: RFC 9457.
+        assert error_media_types(schema, "/dispatch-orders/", "post") == {
+            "application/problem+json"
+        }
+        problem = schema["components"]["schemas"]["IdempotencyProblem"]
+        assert problem["required"] == ["type", "title", "status", "detail"]
+        assert error_media_types(schema, "/action-orders/", "post") == {"application/json"}
+
+    def test_decorated_update_protects_patch_through_partial_update(self, schema):
+        assert documented(schema, "/update-orders/{id}/", "patch") is not None
+        assert not waits(schema, "/update-orders/{id}/", "patch")  # wait=0
+        # PUT is not in METHODS: the decorator passes it through.
+        assert documented(schema, "/update-orders/{id}/", "put") is None
+
+    def test_decorated_create_protects_a_generic_views_post(self, schema):
+        assert documented(schema, "/generic-create/", "post") is not None
+        assert not waits(schema, "/generic-create/", "post")  # lease mode
+
+    def test_mixin_as_view_arguments(self, schema):
+        parameter = documented(schema, "/as-view-options/", "post")
+        assert parameter["required"] is True
+        assert parameter["x-idempotency-key-expires-after-seconds"] == 30
+
+    def test_mixin_option_given_as_a_property(self, schema):
+        assert documented(schema, "/property-orders/", "post")["required"] is True
+        assert documented(schema, "/property-orders/{id}/", "patch")["required"] is False
+
+    def test_the_outer_layer_claims_and_any_layer_may_require(self, schema):
+        parameter = documented(schema, "/layered-orders/", "post")
+
+        assert parameter["x-idempotency-key-expires-after-seconds"] == 300  # dispatch's
+        assert parameter["required"] is True  # the mixin's
+        assert error_media_types(schema, "/layered-orders/", "post") == {"application/problem+json"}
+
+    def test_mixin_methods_option(self, schema):
+        assert documented(schema, "/put-orders/{id}/", "put") is not None
+        assert documented(schema, "/orders/{id}/", "put") is None
+
+    def test_views_that_protect_nothing_document_nothing(self, schema):
+        for path, method in [
+            ("/creating/", "post"),
+            ("/unprotected-orders/", "post"),
+            ("/unprotected-function/", "post"),
+            ("/non-atomic/", "post"),
+        ]:
+            assert documented(schema, path, method) is None
+
+
+class SettingsChangesTests:
+    """Options left to the settings follow them, as the run time resolves them."""
+
+    def test_ttl_wait_and_methods_follow_the_settings(self, schema):
+        with override_settings(IDEMPOTENCY={"TTL": 3600, "WAIT": 0, "METHODS": ["POST", "PUT"]}):
+            changed = generate()
+
+        assert (
+            documented(changed, "/action-orders/", "post")[
+                "x-idempotency-key-expires-after-seconds"
+            ]
+            == 3600
+        )
+        assert not waits(changed, "/action-orders/", "post")
+        assert documented(changed, "/dispatch-orders/{id}/", "put") is not None
+        assert documented(changed, "/dispatch-orders/{id}/", "patch") is None
+        # A view's own option stays its own.
+        assert (
+            documented(changed, "/dispatch-orders/", "post")[
+                "x-idempotency-key-expires-after-seconds"
+            ]
+            == 120
+        )
+        assert (
+            documented(changed, "/options-orders/", "post")[
+                "x-idempotency-key-expires-after-seconds"
+            ]
+            == 60
+        )
+        # And the settings' next change is seen too.
+        assert (
+            documented(generate(), "/action-orders/", "post")[
+                "x-idempotency-key-expires-after-seconds"
+            ]
+            == 86400
+        )
+
+    def test_required_and_atomic_follow_the_settings(self):
+        with override_settings(IDEMPOTENCY={"REQUIRED": True, "ATOMIC": False}):
+            changed = generate()
+
+        assert documented(changed, "/action-orders/", "post")["required"] is True
+        assert not waits(changed, "/action-orders/", "post")
+        assert documented(changed, "/method-decorated/", "post")["required"] is True
+
+
+class MiddlewareTests:
+    """Under ``IdempotencyMiddleware`` every DRF operation in ``METHODS`` is protected."""
+
+    @pytest.mark.parametrize(
+        ("path", "method"),
+        [
+            ("/unprotected-orders/", "post"),
+            ("/unprotected-orders/{id}/", "patch"),
+            ("/unprotected-function/", "post"),
+            ("/creating/", "post"),
+            ("/creating/", "patch"),
+            # What a view protects itself is left to it; the rest the middleware protects.
+            ("/action-orders/{id}/", "patch"),
+            ("/method-decorated/", "patch"),
+        ],
+    )
+    def test_drf_operations_in_methods_are_protected_with_the_settings(
+        self, middleware_schema, path, method
+    ):
+        parameter = documented(middleware_schema, path, method)
+
+        assert parameter is not None
+        assert parameter["required"] is False
+        assert parameter["x-idempotency-key-expires-after-seconds"] == 86400
+        assert waits(middleware_schema, path, method)
+        assert error_media_types(middleware_schema, path, method) == {"application/json"}
+
+    @pytest.mark.parametrize(
+        ("path", "method"),
+        [
+            ("/unprotected-orders/", "get"),
+            ("/unprotected-orders/{id}/", "put"),
+            ("/unprotected-orders/{id}/", "delete"),
+            ("/creating/", "put"),
+            ("/exempt-view/", "post"),
+            ("/exempt-dispatch/", "post"),
+            ("/exempt-include/orders/", "post"),
+            ("/admin-namespace/orders/", "post"),
+            # The mixin protects POST, PUT and PATCH only, as its methods say.
+            ("/put-orders/{id}/", "delete"),
+        ],
+    )
+    def test_exempt_admin_and_other_methods_are_not(self, middleware_schema, path, method):
+        assert documented(middleware_schema, path, method) is None
+
+    def test_a_view_that_manages_its_transactions_is_in_lease_mode(self, middleware_schema):
+        assert documented(middleware_schema, "/non-atomic/", "post") is not None
+        assert not waits(middleware_schema, "/non-atomic/", "post")
+
+    def test_a_method_dispatch_passes_on_is_the_middlewares(self, middleware_schema):
+        # dispatch protects POST and PUT; PATCH reaches the mixin the middleware adds.
+        assert error_media_types(middleware_schema, "/dispatch-decorated/", "post") == {
+            "application/problem+json"
+        }
+        assert error_media_types(middleware_schema, "/dispatch-decorated/", "patch") == {
+            "application/json"
+        }
+
+    def test_views_own_options_are_kept(self, middleware_schema):
+        assert documented(middleware_schema, "/as-view-options/", "post")["required"] is True
+        assert (
+            documented(middleware_schema, "/documented/", "post")[
+                "x-idempotency-key-expires-after-seconds"
+            ]
+            == 600
+        )
+
+    def test_methods_setting_widens_what_the_middleware_protects(self):
+        with under_middleware(IDEMPOTENCY={"METHODS": ["POST", "PUT", "PATCH", "DELETE"]}):
+            schema = generate(urlconf=None)
+
+        assert documented(schema, "/unprotected-orders/{id}/", "put") is not None
+        assert documented(schema, "/unprotected-orders/{id}/", "delete") is not None
+        assert documented(schema, "/exempt-view/", "put") is None
+
+    def test_disabled_documents_nothing(self):
+        with under_middleware(IDEMPOTENCY={"ENABLED": False}):
+            schema = generate(urlconf=None)
+
+        assert documented(schema, "/unprotected-orders/", "post") is None
+        assert documented(schema, "/orders/", "post") is None
+
+
+# The schema against the run time: every operation, sent with a key twice.
+
+BODY = {"item": "book", "quantity": 2}
+OTHER_BODY = {"item": "pen", "quantity": 3}
+
+
+def operations(schema: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(path, method) for path, item in schema["paths"].items() for method in item]
+
+
+def send(client: APIClient, method: str, url: str, key: str | None, body: Any = BODY) -> Any:
+    headers = {} if key is None else {HEADER: key}
+    if method in ("get", "delete"):
+        return getattr(client, method)(url, headers=headers)
+    return getattr(client, method)(url, body, format="json", headers=headers)
+
+
+def check_against_the_run_time(schema: dict[str, Any]) -> None:
+    """Every documented operation is protected as documented, and no other is.
+
+    Protected: a retry with the key is a replay; the record expires after the
+    documented TTL; without a key the request is refused exactly when the
+    header is required; the key with another body gets 422 in the documented
+    media type. Not protected: a retry runs again and nothing is recorded.
+    """
+    user = User.objects.create_user("reader")
+    client = APIClient(raise_request_exception=False)
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    disagreements = []
+    protected = 0
+    for number, (path, method) in enumerate(operations(schema)):
+        url = path.replace("{id}", str(Order.objects.create(item="existing").pk))
+        key = f"key-{number}"
+        parameter = header_parameter(schema["paths"][path][method])
+        first = send(client, method, url, key)
+        retry = send(client, method, url, key)
+        replayed = retry.get(REPLAY) == "true"
+        where = f"{method.upper()} {path} ({first.status_code})"
+        if parameter is None:
+            if replayed or IdempotencyKey.objects.filter(key=key).exists():
+                disagreements.append(f"{where}: protected, but the schema says nothing")
+            continue
+        if not replayed:
+            disagreements.append(f"{where}: documented, but a retry ran again")
+            continue
+        protected += 1
+        record = IdempotencyKey.objects.get(key=key)
+        ttl = (record.expires_at - record.created_at).total_seconds()
+        documented_ttl = parameter["x-idempotency-key-expires-after-seconds"]
+        if abs(ttl - documented_ttl) > 5:
+            disagreements.append(f"{where}: documented TTL {documented_ttl}s, the record's {ttl}s")
+        refused = send(client, method, url, None).status_code == 400
+        if refused is not parameter["required"]:
+            disagreements.append(f"{where}: required={parameter['required']}, refused={refused}")
+        mismatch = send(client, method, url, key, OTHER_BODY)
+        media_types = error_media_types(schema, path, method)
+        if mismatch.status_code != 422 or mismatch["Content-Type"] not in media_types:
+            disagreements.append(
+                f"{where}: another body got {mismatch.status_code} "
+                f"{mismatch['Content-Type']}, documented 422 {media_types}"
+            )
+    assert not disagreements, "\n".join(disagreements)
+    assert protected >= 20  # so that agreeing on nothing cannot pass
+
+
+@pytest.mark.urls(URLCONF)
+@pytest.mark.django_db(transaction=True)
+class SchemaAgainstRunTimeTests:
+    @pytest.mark.parametrize(
+        "idempotency",
+        [{}, {"TTL": 3600, "METHODS": ["POST", "PUT", "PATCH"], "WAIT": 1}],
+        ids=["defaults", "settings"],
+    )
+    def test_without_the_middleware(self, idempotency):
+        with override_settings(IDEMPOTENCY=idempotency):
+            check_against_the_run_time(generate(urlconf=None))
+
+    @pytest.mark.parametrize(
+        "idempotency",
+        [{}, {"TTL": 3600, "METHODS": ["POST", "PUT", "PATCH"], "REQUIRED": True}],
+        ids=["defaults", "settings"],
+    )
+    def test_under_the_middleware(self, idempotency):
+        with under_middleware(IDEMPOTENCY=idempotency):
+            check_against_the_run_time(generate(urlconf=None))
 
 
 def project_exception_handler(exc, context):  # type: ignore[no-untyped-def]

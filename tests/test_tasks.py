@@ -28,6 +28,7 @@ from django.db import DatabaseError, connection, connections
 from django.test import override_settings
 from django.utils import timezone
 
+from django_idempotency import signals
 from django_idempotency.exceptions import TaskArgumentsMismatch, TaskInFlight, UnstorableResult
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.purge import purge_expired
@@ -204,6 +205,25 @@ class ApplyTests:
         assert first.get() == again.get() == {"order": Order.objects.get().pk}
         record = _record(hold_order.name)
         assert (record.key, record.state) == ("task-1", IdempotencyKey.State.COMPLETED)
+
+    def test_signals_are_sent_with_the_function_and_no_request(self):
+        sent = []
+
+        def receiver(signal, sender, request, idempotency, **kwargs):  # type: ignore[no-untyped-def]
+            sent.append((signal, f"{sender.__module__}.{sender.__qualname__}", request))
+
+        watched = [signals.key_claimed, signals.response_stored, signals.response_replayed]
+        for signal in watched:
+            signal.connect(receiver)
+        try:
+            place_order.apply(args=["signalled"])
+            place_order.apply(args=["signalled"])
+        finally:
+            for signal in watched:
+                signal.disconnect(receiver)
+
+        # The task's own function, as in the log records' idempotency_view.
+        assert sent == [(signal, "tests.tasks.place_order", None) for signal in watched]
 
     def test_new_task_id_is_new_work_by_default(self):
         hold_order.apply(args=["a"], task_id="task-1")
