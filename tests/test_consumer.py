@@ -118,10 +118,11 @@ class Consumer:
         command = [sys.executable, "-m", "tests.consumer_process", self.broker, self.queues.name]
         if idle is not None:
             command.append(str(idle))
-        log = (self.directory / "consumer.log").open("ab")
-        return subprocess.Popen(
-            command, env={**self.env, **env}, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
-        )
+        # The process writes to its own copy of the file; ours is closed at once.
+        with (self.directory / "consumer.log").open("ab") as log:
+            return subprocess.Popen(
+                command, env={**self.env, **env}, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
+            )
 
     def run_until_idle(self, **env: str) -> None:
         process = self.start(idle=IDLE, **env)
