@@ -38,6 +38,8 @@ _DOTTED_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+\Z")
 _ABSOLUTE_URL = re.compile(r"^https?://[^\s/?#]+[^\s]*\Z")
 
 RequestFunction = Callable[[HttpRequest], str]
+#: A view's ``key`` option: the key read from the request itself, or ``None``.
+KeyFunction = Callable[[HttpRequest], "str | None"]
 
 
 class InvalidValue(ValueError):
@@ -369,6 +371,25 @@ SETTINGS: tuple[Setting, ...] = (
         "Use None (an abandoned claim is taken over), or a callable "
         "f(request, abandoned) -> HttpResponse | None or the dotted path of one, "
         "e.g. 'django_idempotency.recovery.hold'.",
+        option=True,
+        imports=True,
+    ),
+)
+
+#: Options with no setting of their own: given per view (``@idempotent(key=...)``,
+#: ``idempotency_key``) and validated by their row as every option is. They
+#: have no ``IDEMPOTENCY`` key, so no value check; a dotted path that fails
+#: to import is the views' check, E118.
+OPTION_ONLY: tuple[Setting, ...] = (
+    Setting(
+        "KEY",
+        None,
+        _is_request_function,
+        to_request_function,
+        "",
+        "Use a callable f(request) -> str | None that reads the key from the request "
+        "(an event id in the body, a delivery id header), or the dotted path of one, "
+        "e.g. 'myproject.webhooks.event_id'.",
         option=True,
         imports=True,
     ),

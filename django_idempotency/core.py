@@ -33,7 +33,7 @@ from django_idempotency.exceptions import (
 )
 from django_idempotency.fields import FINGERPRINT_COLUMN_LENGTH, fit_key_column
 from django_idempotency.info import IdempotencyInfo
-from django_idempotency.keys import parse_key
+from django_idempotency.keys import check_key, parse_key
 from django_idempotency.options import DeclaredOptions, Options
 from django_idempotency.responses import capture, is_storable, problem, replay
 from django_idempotency.store import StoredResponse
@@ -130,11 +130,18 @@ def _call(request: HttpRequest, declared: DeclaredOptions, sender: Any) -> engin
     if not _may_claim(request, options):
         return None
     conf = idempotency_settings
-    raw_key = sent_key(request)
+    raw_key = sent_key(request, options)
     if raw_key is None:
-        raise IdempotencyKeyRequired(f"This endpoint requires an {conf.header} header.")
+        if not options.required:
+            return None  # the view's key function found none: as without the header
+        raise IdempotencyKeyRequired(_missing_key(options))
+    if options.key is None:
+        key = parse_key(raw_key, conf.key_max_length, conf.key_min_length)
+    else:
+        # What a function read from the request has no header syntax to parse.
+        key = check_key(raw_key, conf.key_max_length, conf.key_min_length)
     info = IdempotencyInfo(
-        key=parse_key(raw_key, conf.key_max_length, conf.key_min_length),
+        key=key,
         scope=fit_key_column(options.scope(request)),
         fingerprint=_fit_fingerprint(options.fingerprint(request)),
     )
@@ -143,20 +150,33 @@ def _call(request: HttpRequest, declared: DeclaredOptions, sender: Any) -> engin
 
 
 def _may_claim(request: HttpRequest, options: Options) -> bool:
-    """Whether this request is protected at all: enabled, a protected method, a key or required."""
+    """Whether this request may be protected: enabled, a protected method, a key or required.
+
+    A view's ``key`` function is asked once, by :func:`_call`, in the
+    request's thread: it may read the body or the database.
+    """
     if not idempotency_settings.enabled or request.method not in options.methods:
         return False
-    return options.required or sent_key(request) is not None
+    return options.required or options.key is not None or sent_key(request) is not None
 
 
-def sent_key(request: HttpRequest) -> str | None:
-    """The ``HEADER`` the client sent, as it sent it, or ``None``.
+def sent_key(request: HttpRequest, options: Options | None = None) -> str | None:
+    """What the view's ``key`` function reads from the request, else the ``HEADER`` as sent.
 
-    Read from ``META`` directly: ``request.headers`` builds a mapping of
-    every header on first use, which a replay otherwise never needs.
+    ``None`` when there is no key. The header is read from ``META``
+    directly: ``request.headers`` builds a mapping of every header on first
+    use, which a replay otherwise never needs.
     """
+    if options is not None and options.key is not None:
+        return options.key(request)
     value: str | None = request.META.get(_meta_name(idempotency_settings.header))
     return value
+
+
+def _missing_key(options: Options) -> str:
+    if options.key is None:
+        return f"This endpoint requires an {idempotency_settings.header} header."
+    return "This endpoint requires an idempotency key, and none was found in the request."
 
 
 @lru_cache(maxsize=16)

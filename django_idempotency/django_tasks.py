@@ -1,21 +1,31 @@
-"""The purge as a task of Django's Tasks framework, for projects without Celery.
+"""Django's Tasks framework: the purge as a task, and tasks whose effect runs once per key.
 
 ``django.tasks`` is built into Django 6.0 and later; on Django 5.2 the
 ``django-tasks`` backport (the ``tasks`` extra) provides the same API. This
 module imports whichever is there, so nothing else in the package needs
-either. Enqueue it from your scheduler of choice; see the purge page of the
-docs.
+either. Enqueue the purge from your scheduler of choice (see the purge page
+of the docs); :func:`idempotent_task` is described in ``docs/messages.rst``.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, overload
+
+from asgiref.sync import iscoroutinefunction
 from django.core.exceptions import ImproperlyConfigured
 
 try:
-    from django.tasks import task
+    from django.tasks import Task, task
 except ImportError:  # Django 5.2: the backport
     try:
         from django_tasks import task  # type: ignore[no-redef,import-not-found,unused-ignore]
+        from django_tasks.base import (  # type: ignore[assignment,no-redef,import-not-found,unused-ignore]
+            Task,
+        )
     except ImportError as exc:
         raise ImproperlyConfigured(
             "django_idempotency.django_tasks needs Django's Tasks framework: Django 6.0 "
@@ -23,7 +33,12 @@ except ImportError:  # Django 5.2: the backport
             "pip install 'django-idempotency[tasks]'."
         ) from exc
 
+from django_idempotency import functions
+from django_idempotency.asynchronous import run_async
+from django_idempotency.conf import idempotency_settings
 from django_idempotency.purge import DEFAULT_BATCH_SIZE, purge_expired
+
+KeyFunction = Callable[..., str]
 
 
 @task
@@ -35,3 +50,119 @@ def purge_expired_keys(batch_size: int = DEFAULT_BATCH_SIZE, database: str | Non
     at once are safe.
     """
     return purge_expired(using=database, batch_size=batch_size)
+
+
+@overload
+def idempotent_task(function: Callable[..., Any], /) -> Any: ...
+@overload
+def idempotent_task(
+    *,
+    key: KeyFunction | None = None,
+    atomic: bool | None = None,
+    ttl: timedelta | float | None = None,
+    wait: float | None = None,
+    lease: timedelta | float | None = None,
+    takes_context: bool = False,
+    **task_options: Any,
+) -> Callable[[Callable[..., Any]], Any]: ...
+
+
+def idempotent_task(
+    function: Callable[..., Any] | None = None,
+    /,
+    *,
+    key: KeyFunction | None = None,
+    atomic: bool | None = None,
+    ttl: timedelta | float | None = None,
+    wait: float | None = None,
+    lease: timedelta | float | None = None,
+    takes_context: bool = False,
+    **task_options: Any,
+) -> Any:
+    """Make a task of Django's Tasks framework whose body runs once per key.
+
+    Use it *in place of* ``@task``; it makes the task, with the
+    framework's own options (``priority``, ``queue_name``, ``backend``)::
+
+        @idempotent_task(key=lambda order_id: f"receipt-{order_id}")
+        def send_receipt(order_id): ...
+
+        send_receipt.enqueue(order_id=7)
+
+    The key defaults to the id of the task's result, which the framework
+    hands the task in its context: a backend that runs one result again
+    (after a worker died) runs its effect once. ``key`` is called with the
+    task's own arguments, so that two enqueues of the same work are one
+    effect. The scope is the function's dotted name. ``atomic``, ``ttl``,
+    ``wait`` and ``lease`` default to the settings of the same name; a
+    duplicate gets the first run's return value (JSON) as its own. With
+    ``takes_context=True`` the function receives the context first, as
+    under ``@task``.
+    """
+    if key is not None and not callable(key):
+        raise TypeError(
+            f"idempotent_task(key=...) must be a callable of the task's arguments, not {key!r}."
+        )
+    options = functions.declare("idempotent_task", atomic=atomic, ttl=ttl, wait=wait, lease=lease)
+
+    def decorate(func: Callable[..., Any]) -> Any:
+        if isinstance(func, Task):
+            raise TypeError(
+                "django_idempotency.django_tasks.idempotent_task makes the task itself: "
+                "use it in place of @task, not together with it."
+            )
+        scope = f"{func.__module__}.{func.__qualname__}"
+
+        def call_once(context: Any, args: Any, kwargs: Any, body: Callable[[], Any]) -> Any:
+            if not idempotency_settings.enabled:
+                return body()
+            if key is None:
+                task_key = str(context.task_result.id)
+            else:
+                task_key = functions.checked_key(key(*args, **kwargs), f"task {scope!r}")
+            given = (context, *args) if takes_context else args
+            return functions.run_once(
+                scope=scope,
+                key=task_key,
+                arguments=functions.by_name(func, given, kwargs, skip_first=takes_context),
+                body=lambda info: body(),
+                options=options,
+                sender=func,
+            )
+
+        def own(context: Any, args: Any) -> tuple[Any, ...]:
+            return (context, *args) if takes_context else tuple(args)
+
+        run: Any
+        if iscoroutinefunction(func):
+
+            async def run(context: Any, *args: Any, **kwargs: Any) -> Any:
+                async def body() -> Any:
+                    return await func(*own(context, args), **kwargs)
+
+                return await run_async(
+                    lambda sync_body: call_once(context, args, kwargs, sync_body), body
+                )
+
+        else:
+
+            def run(context: Any, *args: Any, **kwargs: Any) -> Any:
+                return call_once(context, args, kwargs, lambda: func(*own(context, args), **kwargs))
+
+        functools.update_wrapper(run, func)
+        # The framework finds the task by the function's dotted name and
+        # checks that a task taking its context names it first.
+        run.__signature__ = _with_context(func, takes_context)
+        return task(run, takes_context=True, **task_options)
+
+    if function is not None:
+        return decorate(function)
+    return decorate
+
+
+def _with_context(func: Callable[..., Any], takes_context: bool) -> inspect.Signature:
+    signature = inspect.signature(func)
+    if takes_context:
+        return signature
+    context = inspect.Parameter("context", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return signature.replace(parameters=[context, *signature.parameters.values()])

@@ -55,6 +55,24 @@ def parse_key(value: str, max_length: int, min_length: int = 1) -> str:
         raise InvalidIdempotencyKey(_SEVERAL_KEYS)
     if not value:
         raise InvalidIdempotencyKey("The Idempotency-Key header is empty.")
+    return check_key(value, max_length, min_length)
+
+
+def check_key(value: object, max_length: int, min_length: int = 1) -> str:
+    """Return ``value`` if it is a valid key, or raise ``InvalidIdempotencyKey``.
+
+    The rules for the key itself, whether a header carried it or a view's
+    ``key`` function read it from the request (an event id in the body):
+    a function's value has no header syntax, so neither quotes nor the
+    comma rule apply to it. It may come from what the client sent, so a
+    value that is no string is refused as a bad key, not a crash.
+    """
+    if not isinstance(value, str):
+        raise InvalidIdempotencyKey(
+            f"The idempotency key taken from the request is {type(value).__name__}, not a string."
+        )
+    if not value:
+        raise InvalidIdempotencyKey("The idempotency key is empty.")
     if len(value) > max_length:
         raise InvalidIdempotencyKey(
             f"The idempotency key is {len(value)} characters long; the limit is {max_length}."

@@ -7,7 +7,9 @@ is created or the function is decorated, so a wrong value fails where it is
 written, not on every request; at each call :meth:`DeclaredOptions.resolve`
 gives every option its value, the setting's where none was given. Nothing
 else re-derives them: the engine, the OpenAPI extension and the checks all
-read them here. Dotted paths (``scope``, ``fingerprint``) are checked for shape
+read them here. ``key`` is an option with no setting (``OPTION_ONLY``): left
+out, the key is the ``HEADER``. Dotted paths (``scope``, ``fingerprint``,
+``key``) are checked for shape
 then but imported later, by a system check or at the first request:
 importing a project's module while its views module is still being
 imported invites import cycles (see docs/decorator.rst).
@@ -24,10 +26,18 @@ from typing import Any
 
 from django.conf import settings
 
-from django_idempotency.conf import SETTINGS, RequestFunction, Setting, idempotency_settings
+from django_idempotency.conf import (
+    BY_NAME,
+    OPTION_ONLY,
+    SETTINGS,
+    KeyFunction,
+    RequestFunction,
+    Setting,
+    idempotency_settings,
+)
 
-#: Per-view options; each defaults to the setting of the same name.
-OPTIONS: dict[str, Setting] = {s.option_name: s for s in SETTINGS if s.option}
+#: Per-view options; each defaults to the setting of the same name, if it has one.
+OPTIONS: dict[str, Setting] = {s.option_name: s for s in (*SETTINGS, *OPTION_ONLY) if s.option}
 OPTION_NAMES: tuple[str, ...] = tuple(OPTIONS)
 #: What a function or a task may be given: the rest is about requests.
 CALL_OPTION_NAMES: tuple[str, ...] = ("atomic", "ttl", "wait", "lease")
@@ -52,6 +62,8 @@ class Options:
     lease: timedelta
     #: Lease mode: what to do with an abandoned claim, ``None`` to take it over.
     recover: Callable[..., Any] | None
+    #: Reads the key from the request; ``None``: the key is the ``HEADER``.
+    key: KeyFunction | None
 
 
 def suggest(name: str, known: tuple[str, ...]) -> str:
@@ -136,8 +148,10 @@ class DeclaredOptions:
             elif name in self._given:
                 # Imports are cached, so only the first request pays for this.
                 values[name] = setting.clean(self._given[name], self._label(name))
-            else:
+            elif setting.name in BY_NAME:
                 values[name] = getattr(idempotency_settings, name)
+            else:
+                values[name] = setting.default  # an option with no setting
         return Options(**values)
 
 

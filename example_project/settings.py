@@ -111,6 +111,11 @@ CELERY_TASK_DEFAULT_QUEUE = os.environ.get("EXAMPLE_CELERY_QUEUE", "celery")
 # A directory: the walkthrough's own worker kills itself once per receipt in
 # the middle of send_receipt; never set it in production.
 EXAMPLE_CRASH_TASKS_ONCE = os.environ.get("EXAMPLE_CRASH_TASKS_ONCE", "")
+# The orders feed (manage.py consume_orders): a RabbitMQ queue of order messages.
+ORDERS_FEED_BROKER_URL = os.environ.get(
+    "ORDERS_FEED_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//"
+)
+ORDERS_FEED_QUEUE = os.environ.get("ORDERS_FEED_QUEUE", "shop.orders")
 CELERY_BEAT_SCHEDULE = {
     "purge-idempotency-keys": {
         "task": "django_idempotency.tasks.purge_expired_keys",

@@ -100,6 +100,7 @@ class SettingsTableTests:
             "wait",
             "lease",
             "recover",
+            "key",
         )
         for name in OPTION_NAMES:
             assert getattr(IdempotentMixin, f"idempotency_{name}") is None

@@ -24,4 +24,5 @@ urlpatterns = [
     path("async/", include("tests.async_urls")),
     path("faults/", include("tests.faults.urls")),
     path("recovery/", include("tests.recovery_urls")),
+    path("webhooks/", include("tests.webhook_urls")),
 ]

@@ -1,0 +1,407 @@
+"""``idempotent_function``: a function's body once per key, its first value given to every call.
+
+The proof is eight processes (as consumers on several hosts would be)
+calling with one key at the same moment, in both modes, on each backend;
+the rest are the contract's details, in this process: the same key with
+other arguments, failures, values, async code, and the mistakes refused
+where the function is defined.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync, sync_to_async
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connection, transaction
+from django.test import override_settings
+
+from django_idempotency import idempotent_function
+from django_idempotency.exceptions import (
+    ArgumentsMismatch,
+    CallInFlight,
+    IdempotencyError,
+    UnstorableResult,
+)
+from django_idempotency.models import IdempotencyKey
+from tests.function_calls import CONTROL_DIR_ENV
+from tests.models import Order
+from tests.polling import wait_until
+from tests.server import DATABASE_NAME_ENV
+
+ROOT = Path(__file__).resolve().parent.parent
+PROCESSES = 8
+State = IdempotencyKey.State
+
+
+def unique(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.mark.concurrency
+@pytest.mark.django_db(transaction=True)
+class ProcessesTests:
+    """Eight processes call with one key at once: one effect, one value, or in flight."""
+
+    def call(
+        self, directory: Path, key: str, mode: str, *, quantity: int = 1, processes: int = PROCESSES
+    ) -> list[dict[str, Any]]:
+        """What each of ``processes`` calls, made at the same moment, got."""
+        env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "tests.server_settings",
+            DATABASE_NAME_ENV: str(connection.settings_dict["NAME"]),
+            CONTROL_DIR_ENV: str(directory),
+        }
+        batch = uuid.uuid4().hex[:8]
+        command = [sys.executable, "-m", "tests.function_calls", batch, key, mode, str(quantity)]
+        started = [
+            subprocess.Popen(
+                command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+            for _ in range(processes)
+        ]
+        try:
+            wait_until(
+                lambda: len(list(directory.glob(f"{batch}-*.ready"))) == processes,
+                "every process to be connected",
+                60,
+            )
+        finally:
+            (directory / f"{batch}.go").touch()
+        outcomes = []
+        for process in started:
+            out, err = process.communicate(timeout=120)
+            assert process.returncode == 0, err.decode()[-3000:]
+            outcomes.append(json.loads(out.decode().splitlines()[-1]))
+        return outcomes
+
+    @staticmethod
+    def runs(directory: Path, key: str) -> int:
+        return (directory / f"{key}.runs").read_text().count("\n")
+
+    @pytest.mark.parametrize("mode", ["atomic", "lease"])
+    def test_one_key_at_once_is_one_effect(self, tmp_path, mode):
+        key = unique(f"at-once-{mode}")
+
+        outcomes = self.call(tmp_path, key, mode)
+
+        statuses = Counter(outcome["status"] for outcome in outcomes)
+        assert set(statuses) <= {"SUCCESS", "IN_FLIGHT"}, outcomes
+        values = [outcome["value"] for outcome in outcomes if outcome["status"] == "SUCCESS"]
+        assert values, outcomes
+        assert all(value == values[0] for value in values)
+        for outcome in outcomes:
+            if outcome["status"] == "IN_FLIGHT":
+                assert outcome["error"] == "CallInFlight"
+                assert outcome["retry_after"] >= 1
+        if mode == "atomic":
+            # Duplicates wait on the original's row lock and get its value.
+            assert statuses == {"SUCCESS": PROCESSES}
+        else:
+            # The original holds its lease for a second: the others met it in flight.
+            assert statuses["IN_FLIGHT"] >= 1, outcomes
+        assert self.runs(tmp_path, key) == 1
+        assert list(Order.objects.values_list("item", flat=True)) == [key]
+        assert values[0]["order"] == Order.objects.get().pk
+        record = IdempotencyKey.objects.get()
+        assert (record.scope, record.key, record.state) == (
+            "tests.function_calls.place",
+            key,
+            State.COMPLETED,
+        )
+        # Later calls, each a process of its own, get the same value and run nothing.
+        later = self.call(tmp_path, key, mode, processes=2)
+        assert later == [{"status": "SUCCESS", "value": values[0]}] * 2
+        assert self.runs(tmp_path, key) == 1
+        assert Order.objects.count() == 1
+
+    @pytest.mark.parametrize("mode", ["atomic", "lease"])
+    def test_other_arguments_at_once_are_refused_and_change_nothing(self, tmp_path, mode):
+        key = unique(f"mismatch-{mode}")
+        [original] = self.call(tmp_path, key, mode, quantity=1, processes=1)
+        record = IdempotencyKey.objects.get()
+
+        outcomes = self.call(tmp_path, key, mode, quantity=2)
+
+        assert original["status"] == "SUCCESS"
+        assert outcomes == [{"status": "MISMATCH", "error": "ArgumentsMismatch"}] * PROCESSES
+        assert self.runs(tmp_path, key) == 1
+        assert list(Order.objects.values_list("quantity", flat=True)) == [1]
+        after = IdempotencyKey.objects.get()
+        assert (after.pk, after.fingerprint, after.state, bytes(after.response_body)) == (
+            record.pk,
+            record.fingerprint,
+            State.COMPLETED,
+            bytes(record.response_body),
+        )
+        assert self.call(tmp_path, key, mode, processes=1) == [original]
+
+
+def counted(atomic: bool = True, **options: Any) -> tuple[Any, list[Any]]:
+    """A protected function that writes an Order and records each run of its body."""
+    runs: list[Any] = []
+
+    @idempotent_function(key=lambda key, quantity=1: key, atomic=atomic, **options)
+    def place(key: str, quantity: int = 1) -> dict[str, Any]:
+        runs.append((key, quantity))
+        order = Order.objects.create(item=key, quantity=quantity)
+        return {"order": order.pk, "quantity": quantity}
+
+    return place, runs
+
+
+MODES = pytest.mark.parametrize("atomic", [True, False], ids=["atomic", "lease"])
+
+
+@pytest.mark.django_db(transaction=True)
+class ContractTests:
+    @MODES
+    def test_later_calls_get_the_first_value_without_running(self, atomic):
+        place, runs = counted(atomic)
+
+        first = place("k", 3)
+        again = place("k", quantity=3)
+
+        assert first == again == {"order": Order.objects.get().pk, "quantity": 3}
+        assert runs == [("k", 3)]
+
+    @MODES
+    def test_other_arguments_raise_and_change_nothing(self, atomic):
+        place, runs = counted(atomic)
+        place("k", 1)
+        record = IdempotencyKey.objects.get()
+
+        with pytest.raises(ArgumentsMismatch) as raised:
+            place("k", 2)
+
+        assert isinstance(raised.value, IdempotencyError)
+        assert runs == [("k", 1)]
+        assert list(Order.objects.values_list("quantity", flat=True)) == [1]
+        after = IdempotencyKey.objects.get()
+        assert (after.fingerprint, bytes(after.response_body)) == (
+            record.fingerprint,
+            bytes(record.response_body),
+        )
+        assert place("k", 1) == {"order": Order.objects.get().pk, "quantity": 1}
+
+    def test_defaults_and_keywords_are_the_same_work(self):
+        place, runs = counted()
+        place("k")
+        place("k", 1)
+        place(key="k", quantity=1)
+        assert runs == [("k", 1)]
+
+    def test_first_call_gets_the_value_as_later_calls_will(self):
+        @idempotent_function(key=lambda n: f"tuple-{n}")
+        def pair(n: int) -> tuple[int, int]:
+            return (n, n)
+
+        assert pair(1) == [1, 1]
+        assert pair(1) == [1, 1]
+
+    @MODES
+    def test_body_that_raises_stores_nothing_and_runs_again(self, atomic):
+        attempts: list[int] = []
+
+        @idempotent_function(key=lambda key: key, atomic=atomic)
+        def flaky(key: str) -> str:
+            attempts.append(1)
+            Order.objects.create(item=key)
+            if len(attempts) == 1:
+                raise RuntimeError("the first run fails after writing")
+            return "done"
+
+        with pytest.raises(RuntimeError):
+            flaky("k")
+        assert not IdempotencyKey.objects.exists()
+        assert Order.objects.count() == (0 if atomic else 1)  # lease mode's write stands
+
+        assert flaky("k") == "done"
+        assert flaky("k") == "done"
+        assert len(attempts) == 2
+
+    def test_unstorable_value_rolls_back_in_atomic_mode(self):
+        @idempotent_function(key=lambda key: key)
+        def bad(key: str) -> object:
+            Order.objects.create(item=key)
+            return object()
+
+        with pytest.raises(UnstorableResult, match="JSON"):
+            bad("k")
+        assert not Order.objects.exists()
+        assert not IdempotencyKey.objects.exists()
+
+    def test_lease_mode_in_flight_call_is_refused(self):
+        inner: list[Any] = []
+
+        @idempotent_function(key=lambda key: key, atomic=False)
+        def outer(key: str) -> str:
+            with pytest.raises(CallInFlight) as raised:
+                outer(key)  # the same key, while the first call still runs
+            inner.append(raised.value.retry_after)
+            return "first"
+
+        assert outer("k") == "first"
+        assert inner and inner[0] >= 1
+        assert outer("k") == "first"
+
+    def test_scope_defaults_to_the_dotted_name_and_separates_functions(self):
+        first, _ = counted()
+        second, _ = counted()
+        first("k")
+        second("k")
+        scopes = set(IdempotencyKey.objects.values_list("scope", flat=True))
+        assert scopes == {"tests.test_functions.counted.<locals>.place"}
+        assert Order.objects.count() == 1  # one dotted name, one scope
+
+        @idempotent_function(key=lambda key: key, scope="payments.capture")
+        def capture(key: str) -> None:
+            Order.objects.create(item=key)
+
+        capture("k")
+        assert Order.objects.count() == 2
+        assert IdempotencyKey.objects.filter(scope="payments.capture").exists()
+
+    def test_atomic_call_inside_a_transaction_of_the_caller(self):
+        place, runs = counted()
+        with transaction.atomic():
+            place("k")
+            place("k")
+        assert runs == [("k", 1)]
+        assert IdempotencyKey.objects.get().state == State.COMPLETED
+
+    def test_disabled_runs_every_time(self):
+        place, runs = counted()
+        with override_settings(IDEMPOTENCY={"ENABLED": False}):
+            place("k")
+            place("k")
+        assert len(runs) == 2
+        assert not IdempotencyKey.objects.exists()
+
+    def test_key_function_must_return_a_string(self):
+        @idempotent_function(key=lambda n: n)
+        def by_number(n: int) -> None: ...
+
+        with pytest.raises(TypeError, match="must return a non-empty string, not int"):
+            by_number(7)
+
+    def test_ttl_and_lease_options_reach_the_record(self):
+        place, _ = counted(atomic=False, ttl=timedelta(minutes=10), lease=30)
+        place("k")
+        record = IdempotencyKey.objects.get()
+        assert timedelta(minutes=9) < record.expires_at - record.created_at <= timedelta(minutes=11)
+
+
+@pytest.mark.django_db(transaction=True)
+class AsyncTests:
+    @MODES
+    def test_async_def_function_is_awaited_once_per_key(self, atomic):
+        runs: list[str] = []
+
+        @idempotent_function(key=lambda key: key, atomic=atomic)
+        async def notify(key: str) -> dict[str, Any]:
+            runs.append(key)
+            order = await Order.objects.acreate(item=key)
+            await asyncio.sleep(0)
+            return {"order": order.pk}
+
+        async def main() -> list[Any]:
+            return [await notify("k"), await notify("k")]
+
+        first, again = async_to_sync(main)()
+
+        assert first == again == {"order": Order.objects.get().pk}
+        assert runs == ["k"]
+        assert IdempotencyKey.objects.get().state == State.COMPLETED
+
+    def test_async_def_function_with_other_arguments_raises(self):
+        @idempotent_function(key=lambda key, n: key)
+        async def notify(key: str, n: int) -> int:
+            return n
+
+        async def main() -> None:
+            assert await notify("k", 1) == 1
+            with pytest.raises(ArgumentsMismatch):
+                await notify("k", 2)
+
+        async_to_sync(main)()
+
+    def test_atomic_async_body_writes_roll_back_when_it_raises(self):
+        @idempotent_function(key=lambda key: key)
+        async def failing(key: str) -> None:
+            await Order.objects.acreate(item=key)
+            raise RuntimeError("after writing")
+
+        async def main() -> None:
+            with pytest.raises(RuntimeError):
+                await failing("k")
+
+        async_to_sync(main)()
+        assert not Order.objects.exists()
+        assert not IdempotencyKey.objects.exists()
+
+    @MODES
+    def test_sync_function_called_from_async_code(self, atomic):
+        place, runs = counted(atomic)
+
+        async def main() -> list[Any]:
+            call = sync_to_async(place)
+            return [await call("k", 2), await call("k", 2)]
+
+        first, again = async_to_sync(main)()
+
+        assert first == again == {"order": Order.objects.get().pk, "quantity": 2}
+        assert runs == [("k", 2)]
+
+
+class DefinitionTests:
+    """Mistakes fail where the function is defined, not at its first call."""
+
+    def test_bare_decorator_asks_for_a_key(self):
+        with pytest.raises(TypeError, match=r"needs key=: @idempotent_function\(key=\.\.\.\)"):
+
+            @idempotent_function
+            def no_key() -> None: ...
+
+    def test_no_key_is_refused(self):
+        with pytest.raises(TypeError, match="must be a callable of the function's arguments"):
+            idempotent_function()
+
+    @pytest.mark.parametrize("key", ["message_id", 42])
+    def test_a_key_that_is_not_callable_is_refused(self, key):
+        with pytest.raises(TypeError, match=f"returning its key, not {key!r}"):
+            idempotent_function(key=key)
+
+    @pytest.mark.parametrize(
+        ("options", "message"),
+        [
+            ({"ttl": -1}, r"idempotent_function\(ttl=\.\.\.\) has an invalid value: -1"),
+            ({"ttl": "1h"}, r"idempotent_function\(ttl=\.\.\.\) has an invalid value: '1h'"),
+            ({"lease": 0}, r"idempotent_function\(lease=\.\.\.\) has an invalid value: 0"),
+            ({"wait": 7200}, r"idempotent_function\(wait=\.\.\.\) has an invalid value: 7200"),
+            ({"atomic": "yes"}, r"idempotent_function\(atomic=\.\.\.\) has an invalid value"),
+        ],
+    )
+    def test_a_bad_option_value_is_refused(self, options, message):
+        with pytest.raises(ImproperlyConfigured, match=message):
+            idempotent_function(key=lambda: "k", **options)
+
+    @pytest.mark.parametrize("scope", ["", 7])
+    def test_a_bad_scope_is_refused(self, scope):
+        with pytest.raises(TypeError, match=r"scope=\.\.\.\) must be a non-empty string"):
+            idempotent_function(key=lambda: "k", scope=scope)
+
+    def test_an_unknown_option_is_a_type_error(self):
+        with pytest.raises(TypeError, match="methods"):
+            idempotent_function(key=lambda: "k", methods=("POST",))  # type: ignore[call-overload]
