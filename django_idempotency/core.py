@@ -87,11 +87,14 @@ def protect(
     got. Raises an :class:`~django_idempotency.exceptions.IdempotencyError`
     for the 400/409/422 answers; a :class:`Guard` renders those.
     """
-    call = _call(request, options, sender)
-    if call is None:
-        return handler()
     try:
-        response: HttpResponseBase = call.run(lambda: finish(handler()))
+        # The key's checks read the body (its fingerprint) into a copy, which
+        # is closed however the request ends: a refused key included.
+        call = _call(request, options, sender)
+        if call is None:
+            response: HttpResponseBase = handler()
+        else:
+            response = call.run(lambda: finish(handler()))
     except BaseException:
         close_spools_with(request, None)
         raise

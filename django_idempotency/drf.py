@@ -27,6 +27,7 @@ from django_idempotency import exceptions as core_exceptions
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.core import Guard, guard_for, render
 from django_idempotency.decorators import PLACEMENT_CHECKS
+from django_idempotency.marks import EXEMPT_ATTRIBUTE
 from django_idempotency.middleware import VIEW_PROTECTORS
 from django_idempotency.options import OPTION_NAMES, DeclaredOptions, NonAtomicRequests
 
@@ -388,8 +389,16 @@ def protect_for_middleware(view: Any, method: str) -> Any:
     if not (isinstance(view_class, type) and issubclass(view_class, APIView)):
         return None
     name = handler_name(view, method)
-    if name is None or not hasattr(view_class, name) or handler_options(view_class, name):
-        return view  # DRF answers 405 itself, or the view protects itself
+    if name is None or not hasattr(view_class, name):
+        return view  # DRF answers 405 itself
+    # The handler and the methods it hands the request to (a generic view's
+    # ``post`` calls ``create``): one of them decorated protects the view with
+    # its own options, one of them exempt leaves it out.
+    handlers = [getattr(view_class, each, None) for each in handler_chain(view_class, name)]
+    if any(getattr(handler, EXEMPT_ATTRIBUTE, False) for handler in handlers):
+        return view
+    if any(handler_options(view_class, each) for each in handler_chain(view_class, name)):
+        return view
     # A view that manages its own transactions runs in lease mode, as the
     # middleware runs a plain one.
     lease = idempotency_settings.database in getattr(view, "_non_atomic_requests", ())

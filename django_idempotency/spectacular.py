@@ -316,13 +316,21 @@ def _document(schema: AutoSchema, operation: dict[str, Any], protected: Protecte
         if _replayable(code):
             response.setdefault("headers", {}).setdefault(conf.replay_header, replay_header)
 
+    # With ``key=`` the key comes from the request itself (a webhook's event
+    # id): the client sends no header, so none is documented.
+    from_header = options.key is None
     parameters: list[dict[str, Any]] = operation.setdefault("parameters", [])
-    if not any(p.get("in") == "header" and p.get("name") == conf.header for p in parameters):
+    header_listed = any(
+        each.get("in") == "header" and each.get("name") == conf.header for each in parameters
+    )
+    if from_header and not header_listed:
         parameters.append(_header_parameter(options, protected.required))
 
     content = _error_content(schema, protected.problem_details)
     link = _link_header()
-    _add_response(responses, "400", _bad_key_description(protected.required), content, link)
+    _add_response(
+        responses, "400", _bad_key_description(protected.required, from_header), content, link
+    )
     in_flight = "A request with the same key is still being processed" + (
         f" (this request waited up to {options.wait:g} seconds for it to finish)"
         if options.atomic and options.wait
@@ -386,8 +394,13 @@ def _header_parameter(options: Options, required: bool) -> dict[str, Any]:
     }
 
 
-def _bad_key_description(required: bool) -> str:
+def _bad_key_description(required: bool, from_header: bool = True) -> str:
     conf = idempotency_settings
+    if not from_header:
+        return (
+            "The idempotency key this operation reads from the request is missing, empty, "
+            f"longer than {conf.key_max_length} characters, or not visible ASCII."
+        )
     malformed = (
         f"the {conf.header} header is empty, longer than {conf.key_max_length} "
         "characters, or not visible ASCII"

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.faults.plugin import (  # noqa: F401  the fault suite's session hooks
     pytest_addoption,
@@ -10,6 +11,12 @@ from tests.faults.plugin import (  # noqa: F401  the fault suite's session hooks
     pytest_terminal_summary,
 )
 from tests.views import calls
+
+# Property tests check what the code does, not how fast: speed is measured by
+# the benchmarks. Hypothesis's timing checks (a deadline per example, slow
+# generation) would fail a correct run on a loaded two-core machine.
+settings.register_profile("project", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("project")
 
 
 @pytest.fixture(autouse=True)

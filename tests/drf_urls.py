@@ -16,7 +16,10 @@ router.register(
     "unprotected-orders", drf_views.UnprotectedOrderViewSet, basename="drf-unprotected-order"
 )
 
+router.register("exempt-create", drf_views.ExemptCreateViewSet, basename="drf-exempt-create")
+
 urlpatterns = [
+    path("decorated-create/", drf_views.DecoratedCreateView.as_view()),
     path("apiview/", drf_views.OrderAPIView.as_view()),
     path("generic/", drf_views.OrderCreateView.as_view()),
     path("template/", drf_views.TemplateOrderView.as_view()),

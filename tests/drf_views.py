@@ -10,6 +10,7 @@ from typing import Any
 
 from django.db import connection, transaction
 from django.http import HttpRequest, HttpResponseBase, StreamingHttpResponse
+from django.utils.decorators import method_decorator
 from django.template import engines
 from django.template.response import SimpleTemplateResponse
 from rest_framework import generics, serializers, status, viewsets
@@ -20,7 +21,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from django_idempotency import idempotent
+from django_idempotency import idempotency_exempt, idempotent
 from django_idempotency.drf import IdempotentMixin
 from tests.models import Order
 from tests.views import calls
@@ -314,3 +315,22 @@ def unprotected_api_view(request: Request) -> Response:
     order = Order.objects.create(item=request.data.get("item", "widget"))
     body = {"id": order.pk, "user": request.user.username, "via": "api_view"}
     return Response(body, status=status.HTTP_201_CREATED)
+
+
+@method_decorator(idempotency_exempt, name="create")
+class ExemptCreateViewSet(UnprotectedOrderViewSet):
+    """Its ``create`` action left out of the middleware, as a ViewSet marks an action."""
+
+
+class DecoratedCreateView(generics.CreateAPIView):
+    """``create`` decorated, reached through the ``post`` DRF's generic view hands on."""
+
+    authentication_classes = [TokenAuthentication]
+    permission_classes = [IsAuthenticated]
+
+    @method_decorator(idempotent(scope=lambda request: "decorated-create"))
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        calls.increment()
+        order = Order.objects.create(item=request.data.get("item", "widget"))
+        body = {"id": order.pk, "user": request.user.username, "via": "create"}
+        return Response(body, status=status.HTTP_201_CREATED)

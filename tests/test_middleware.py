@@ -399,6 +399,25 @@ class DrfViewTests:
         assert calls.value == 2
         assert IdempotencyKey.objects.count() == 0
 
+    def test_an_exempt_viewset_action_runs_unprotected(self, any_client) -> None:
+        alice = token_headers("alice")
+        post(any_client, "/drf/exempt-create/", key="exempt", headers=alice)
+        second = post(any_client, "/drf/exempt-create/", key="exempt", headers=alice)
+
+        assert "Idempotent-Replayed" not in second
+        assert calls.value == 2
+        assert IdempotencyKey.objects.count() == 0
+
+    def test_a_decorated_create_keeps_its_options_behind_post(self, any_client) -> None:
+        alice = token_headers("alice")
+        first = post(any_client, "/drf/decorated-create/", key="decorated", headers=alice)
+        retry = post(any_client, "/drf/decorated-create/", key="decorated", headers=alice)
+
+        assert retry["Idempotent-Replayed"] == "true"
+        assert retry.content == first.content
+        assert calls.value == 1
+        assert list(IdempotencyKey.objects.values_list("scope", flat=True)) == ["decorated-create"]
+
     def test_the_view_stays_as_it_is_elsewhere(self) -> None:
         from django_idempotency.drf import IdempotentMixin
         from tests.drf_views import UnprotectedOrderAPIView

@@ -442,6 +442,16 @@ class MiddlewareTests:
         assert documented(schema, "/orders/", "post") is None
 
 
+def test_a_key_taken_from_the_request_documents_no_header() -> None:
+    operation = generate("tests.openapi_key_urls")["paths"]["/deliveries/"]["post"]
+
+    assert header_parameter(operation) is None
+    responses = operation["responses"]
+    assert {"400", "409", "422"} <= set(responses)
+    assert "reads from the request" in responses["400"]["description"]
+    assert HEADER not in responses["400"]["description"]
+
+
 # The schema against the run time: every operation, sent with a key twice.
 
 BODY = {"item": "book", "quantity": 2}

@@ -41,6 +41,8 @@ def _valid_key(raw: bytes) -> str | None:
         if '"' in inner.replace('\\"', "") or "\\" in inner.replace('\\"', "").replace("\\\\", ""):
             return None
         text = inner.replace('\\"', '"').replace("\\\\", "\\")
+    elif "," in text:
+        return None  # servers join repeated headers with commas: a bare comma is two keys
     ok = 0 < len(text) <= KEY_MAX_LENGTH and all(0x21 <= ord(c) <= 0x7E for c in text)
     return text if ok else None
 
