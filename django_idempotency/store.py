@@ -337,18 +337,6 @@ def _claim(
     return Claim(claimed.id, claimed)
 
 
-def lookup(using: str, scope: str, key: str) -> Record | None:
-    """The committed record of (scope, key), read without a transaction or a lock.
-
-    A completed record changes only when it expires, so one that is still
-    live is the answer a claim would find too; anything else (no record, an
-    expired one, one in progress) is for :func:`claim` to decide.
-    """
-    connection = connections[using]
-    with explained(using):
-        return _read(connection, scope, key)
-
-
 @contextmanager
 def claiming(using: str, wait: float) -> Iterator[None]:
     """Around a claim and the transaction it opens: bound the wait, explain the errors.

@@ -453,3 +453,16 @@ def test_connection_is_the_tests_own() -> None:
     # The in-process tests read the record from this thread's connection
     # while a handler holds another: they need a database that allows it.
     assert connection.vendor in {"sqlite", "postgresql", "mysql"}
+
+
+def test_a_policy_derives_the_keys_the_abandoned_request_gave_its_calls() -> None:
+    from django_idempotency.info import IdempotencyInfo
+
+    abandoned = Abandoned(
+        scope="user:1", key="order-7", created_at=timezone.now(), attempt=1, checkpoints={}
+    )
+    info = IdempotencyInfo(key="order-7", scope="user:1", fingerprint="f" * 64)
+
+    assert abandoned.derive("charge") == info.derive("charge")
+    assert abandoned.derive("charge") != abandoned.derive("refund")
+    assert "order-7" not in abandoned.derive("charge")

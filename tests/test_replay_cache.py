@@ -15,6 +15,7 @@ import socket
 import subprocess
 import time
 import uuid
+from io import StringIO
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 
@@ -301,6 +302,29 @@ def test_a_record_released_in_the_admin_is_never_replayed_from_the_cache(admin_c
         retry = post(admin_client, "k1")
     assert retry.status_code == 201
     assert "Idempotent-Replayed" not in retry
+
+
+def test_a_key_deleted_by_the_command_is_never_replayed_from_the_cache(client):
+    with _settings("replay"):
+        post(client, "deleted-key")
+        assert _cached("replay", "deleted-key") is not None
+        call_command("idempotency_keys", "delete", "anonymous", "deleted-key", stdout=StringIO())
+        assert _cached("replay", "deleted-key") is None
+        retry = post(client, "deleted-key")
+    assert_ran_again(retry)
+
+
+def test_a_cache_that_fails_to_evict_is_logged_and_the_delete_stands(client, caplog):
+    with _settings(None):
+        post(client, "evicted-key")
+    with _settings("dead"), caplog.at_level(logging.WARNING, "django_idempotency.replay_cache"):
+        call_command("idempotency_keys", "delete", "anonymous", "evicted-key", stdout=StringIO())
+    assert not IdempotencyKey.objects.exists()
+    warnings = [
+        r.getMessage() for r in caplog.records if r.name == "django_idempotency.replay_cache"
+    ]
+    assert any("Could not evict" in message for message in warnings), warnings
+    assert not any("evicted-key" in message for message in warnings)  # keys masked
 
 
 def _aware(timestamp: float) -> datetime:
