@@ -6,7 +6,7 @@
     python3 dev.py test    # the test suite on SQLite, plus PostgreSQL and MariaDB when reachable
     python3 dev.py lint    # ruff, ruff format, mypy, makemigrations --check
     python3 dev.py docs    # build the docs with warnings as errors
-    python3 dev.py matrix [ENV ...]  # tox envs (all of tox.ini by default)
+    python3 dev.py matrix [ENV ...] [-- PYTEST ARGS]  # tox envs (all of tox.ini by default)
 
 The first run creates ``.venv`` next to this file and installs the project
 into it; later runs reuse it. Set ``REQUIRE_BACKENDS=postgresql,mariadb`` to
@@ -247,17 +247,30 @@ def docs(args: list[str]) -> None:
     run(python, "-m", "sphinx", "-W", "--keep-going", "-b", "html", "docs", "docs/_build/html")
 
 
-def matrix(envs: list[str]) -> None:
-    """Run tox envs, with every pyenv-installed CPython on PATH for the interpreters."""
-    ensure_venv("test")
-    run(PYTHON, "-m", "pip", "install", "--quiet", "tox>=4.2")
+def matrix(args: list[str]) -> None:
+    """Run tox envs, with every pyenv-installed CPython on PATH for the interpreters.
+
+    ``matrix ENV ... [-- PYTEST ARGS]``: the arguments after ``--`` replace
+    the envs' default selection of tests. Each call has a tox work folder of
+    its own (``.tox/<envs>``), so that several can run at once.
+    """
+    envs, pytest_args = (
+        (args[: args.index("--")], args[args.index("--") + 1 :]) if "--" in args else (args, [])
+    )
+    ensure_venv("test,postgres")
+    probe = subprocess.run([str(PYTHON), "-c", "import tox"], cwd=ROOT, capture_output=True)
+    if probe.returncode != 0:
+        run(PYTHON, "-m", "pip", "install", "--quiet", "tox>=4.2")
     pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
     extra_paths = [str(p / "bin") for p in sorted(pyenv.glob("3.*"))] if pyenv.is_dir() else []
     env = {**os.environ, "PATH": os.pathsep.join([*extra_paths, os.environ.get("PATH", "")])}
     selection = ["-e", ",".join(envs)] if envs else []
-    # Four side by side (each env has its own test databases, tox.ini): most
-    # of a run waits on servers and timeouts, so they share the cores well.
-    run(PYTHON, "-m", "tox", "--parallel", "4", "--parallel-no-spinner", *selection, env=env)
+    workdir = ROOT / ".tox" / ("+".join(envs) or "all")
+    # Several envs four side by side (each has its own test databases,
+    # tox.ini): most of a run waits on servers and timeouts.
+    parallel = ["--parallel", "4", "--parallel-live"] if len(envs) != 1 else []
+    tail = ["--", *pytest_args] if pytest_args else []
+    run(PYTHON, "-m", "tox", "--workdir", workdir, *parallel, *selection, *tail, env=env)
 
 
 def main() -> None:

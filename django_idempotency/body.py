@@ -80,7 +80,28 @@ def _spools(request: HttpRequest) -> list[IO[bytes]]:
     if spools is None:
         spools = []
         setattr(request, _SPOOLS, spools)
+        _close_with_request(request, spools)
     return spools
+
+
+def _close_with_request(request: HttpRequest, spools: list[IO[bytes]]) -> None:
+    """Close the copies when Django closes the request, whatever response it sends.
+
+    Django's handler adds ``request.close`` to the closers of the response
+    it finally sends, also when an error after the view (a request
+    transaction that fails to commit) replaces the view's response, whose
+    own closers then never run.
+    """
+    close_request = request.close
+
+    def close() -> None:
+        try:
+            close_request()
+        finally:
+            for spool in spools:
+                spool.close()
+
+    request.close = close  # type: ignore[method-assign]
 
 
 def close_spools_with(request: Any, response: HttpResponseBase | None) -> None:

@@ -10,9 +10,9 @@ from typing import Any
 
 from django.db import connection, transaction
 from django.http import HttpRequest, HttpResponseBase, StreamingHttpResponse
-from django.utils.decorators import method_decorator
 from django.template import engines
 from django.template.response import SimpleTemplateResponse
+from django.utils.decorators import method_decorator
 from rest_framework import generics, serializers, status, viewsets
 from rest_framework.authentication import TokenAuthentication
 from rest_framework.decorators import action, api_view, authentication_classes, permission_classes

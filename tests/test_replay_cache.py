@@ -15,9 +15,9 @@ import socket
 import subprocess
 import time
 import uuid
-from io import StringIO
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
+from io import StringIO
 
 import pytest
 from django.contrib import admin
