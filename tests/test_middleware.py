@@ -12,6 +12,7 @@ import pytest
 from asgiref.sync import async_to_sync, iscoroutinefunction
 from django.contrib import admin
 from django.contrib.auth.models import User
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 from django.http import HttpResponse
 from django.test import AsyncClient, Client
@@ -194,6 +195,63 @@ class ProtectedOnceTests:
 
         assert idempotency_exempt(view) is view
         assert view._idempotency_exempt  # type: ignore[attr-defined]
+
+
+HIDDEN_WITH_OTHER_OPTIONS = [
+    "/async/sync/hidden-scoped/",
+    "/async/sync/hidden-lease/",
+    "/async/sync/hidden-scoped-outer-lease/",
+    "/async/sync/hidden-scoped-by-class/",
+    "/async/sync/hidden-scoped-async/",
+    "/async/sync/hidden-drf-scoped/",
+]
+
+
+@pytest.mark.usefixtures("installed")
+class HiddenOptionsTests:
+    """A view that protects itself with other options, behind a decorator hiding its mark."""
+
+    @pytest.mark.parametrize("url", HIDDEN_WITH_OTHER_OPTIONS)
+    def test_refused_before_the_handler_and_nothing_stored(self, any_client, url: str) -> None:
+        first = post(any_client, url, key="shared", headers={"X-Api-Key": "A"})
+        other = post(any_client, url, key="shared", headers={"X-Api-Key": "B"})
+
+        assert first.status_code == other.status_code == 500
+        assert b"client" not in other.content
+        assert calls.value == 0
+        assert Order.objects.count() == 0
+        # Atomic mode rolled the claim back; lease mode released it.
+        assert IdempotencyKey.objects.count() == 0
+
+    @pytest.mark.parametrize("url", HIDDEN_WITH_OTHER_OPTIONS)
+    def test_the_refusal_says_how_to_fix_it(self, url: str) -> None:
+        with pytest.raises(ImproperlyConfigured) as raised:
+            post(Client(), url, key="shared", headers={"X-Api-Key": "A"})
+
+        message = str(raised.value)
+        assert "functools.wraps" in message
+        assert "@idempotency_exempt" in message
+        assert "scope" in message or "atomic" in message
+
+    def test_exempt_leaves_the_view_its_own_options(self, any_client) -> None:
+        url = "/async/sync/hidden-scoped-exempt/"
+        alice = post(any_client, url, key="shared", headers={"X-Api-Key": "A"})
+        bob = post(any_client, url, key="shared", headers={"X-Api-Key": "B"})
+
+        assert alice.status_code == bob.status_code == 201
+        assert "Idempotent-Replayed" not in bob
+        assert calls.value == 2
+        scopes = set(IdempotencyKey.objects.values_list("scope", flat=True))
+        assert scopes == {"client:A", "client:B"}
+
+    def test_drf_view_with_the_same_options_is_protected_once(self, any_client) -> None:
+        first = post(any_client, "/async/sync/hidden-drf-default/", key="hidden")
+        retry = post(any_client, "/async/sync/hidden-drf-default/", key="hidden")
+
+        assert first.status_code == 201, first.content
+        assert retry["Idempotent-Replayed"] == "true"
+        assert calls.value == 1
+        assert IdempotencyKey.objects.count() == 1
 
 
 class OrderingTests:
