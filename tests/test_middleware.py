@@ -273,6 +273,47 @@ class OrderingTests:
         assert "Idempotent-Replayed" not in accepted
         assert calls.value == 1
 
+    @pytest.fixture
+    def before_csrf(self, settings: Any) -> None:
+        settings.MIDDLEWARE = [*settings.MIDDLEWARE, MIDDLEWARE, CSRF_MIDDLEWARE]
+
+    @pytest.mark.usefixtures("before_csrf")
+    @pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+    def test_listed_before_csrf_it_refuses_to_load(self, kind: str) -> None:
+        # Its process_view would run before CSRF's: the 403 of a request
+        # without a token would be stored for the key and replayed to the
+        # request that sends one.
+        strict = (
+            Client(enforce_csrf_checks=True)
+            if kind == "wsgi"
+            else AsyncClient(enforce_csrf_checks=True)
+        )
+        with pytest.raises(ImproperlyConfigured, match="must come after") as raised:
+            post(strict, "/async/sync/plain/", key="csrf")
+
+        assert repr(CSRF_MIDDLEWARE) in str(raised.value)
+        assert calls.value == 0
+        assert IdempotencyKey.objects.count() == 0
+
+    @pytest.mark.usefixtures("before_csrf")
+    def test_listed_before_csrf_the_check_says_so(self) -> None:
+        from django_idempotency.checks import check_middleware_order
+
+        [error] = check_middleware_order()
+        assert error.id == "django_idempotency.E006"
+        assert error.msg == f"{MIDDLEWARE!r} must come after {CSRF_MIDDLEWARE!r} in MIDDLEWARE."
+        assert "replay it to the corrected request" in error.hint
+
+    def test_a_later_middleware_without_process_view_is_fine(self, settings: Any) -> None:
+        settings.MIDDLEWARE = [
+            *settings.MIDDLEWARE,
+            MIDDLEWARE,
+            "tests.endings_views.SlowResponseMiddleware",
+        ]
+        from django_idempotency.checks import check_middleware_order
+
+        assert check_middleware_order() == []
+
 
 @pytest.mark.usefixtures("installed")
 class OwnTransactionsTests:
