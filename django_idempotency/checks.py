@@ -148,7 +148,8 @@ def check_view_options(app_configs: Any = None, **kwargs: Any) -> list[CheckMess
 
 
 def check_middleware_order(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """``IdempotencyMiddleware`` must come after the middleware that sets ``request.user``.
+    """``IdempotencyMiddleware`` must come after the middleware that sets ``request.user``,
+    and after every middleware with a ``process_view`` (CSRF, login).
 
     The middleware refuses to load in that order too (see
     :func:`django_idempotency.middleware.misplaced`), since a server such

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache, singledispatch
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponseBase
 from django.template.response import SimpleTemplateResponse
 
@@ -42,6 +43,11 @@ Handler = Callable[[], HttpResponseBase]
 AsyncHandler = Callable[[], Awaitable[HttpResponseBase]]
 Finish = Callable[[HttpResponseBase], HttpResponseBase]
 Answer = Callable[[IdempotencyError], HttpResponseBase]
+
+# Set on the request by the layer that claims its key: the options it runs
+# with, so that a layer inside it can tell whether it would protect the
+# request the same way.
+_PROTECTED_WITH = "_idempotency_protected_with"
 
 
 def render(response: HttpResponseBase) -> HttpResponseBase:
@@ -111,7 +117,7 @@ async def protect_async(
     finish: Finish = render,
 ) -> HttpResponseBase:
     """:func:`protect` for a coroutine handler: the same rules, and it finishes when cancelled."""
-    if not _may_claim(request, options.resolve()):
+    if _protected_outside(request, options, sender) or not _may_claim(request, options.resolve()):
         # Nothing to claim: skip the hop to the request's thread.
         return await handler()
 
@@ -125,9 +131,7 @@ async def protect_async(
 
 def _call(request: HttpRequest, declared: DeclaredOptions, sender: Any) -> engine.Call | None:
     """The engine's call for this request, or ``None`` when it is not protected."""
-    if hasattr(request, "idempotency"):
-        # An outer layer (the middleware around a decorated view it could
-        # not recognise) already protects this request: once is all.
+    if _protected_outside(request, declared, sender):
         return None
     options = declared.resolve()
     if not _may_claim(request, options):
@@ -149,7 +153,39 @@ def _call(request: HttpRequest, declared: DeclaredOptions, sender: Any) -> engin
         fingerprint=_fit_fingerprint(options.fingerprint(request)),
     )
     request.idempotency = info  # type: ignore[attr-defined]
+    setattr(request, _PROTECTED_WITH, options)
     return engine.Call(info, options, RESPONSES, sender, request, recover=options.recover)
+
+
+def _protected_outside(request: HttpRequest, declared: DeclaredOptions, sender: Any) -> bool:
+    """Whether an outer layer already protects this request, as this one would.
+
+    That happens when ``IdempotencyMiddleware`` cannot see that a view
+    protects itself: a project's decorator without ``functools.wraps`` (or
+    a callable class) hides ``@idempotent``'s mark, or a DRF view's class.
+    With the same options, protected once is all. With others (a scope
+    read from an API key, a mode, a key function), the outer layer's would
+    be the ones that count and one client could be replayed another's
+    response: refused before the handler runs, so the outer layer ends as
+    a raise and stores nothing. Options compare field by field: functions
+    by identity, values by value.
+    """
+    outer: Options | None = getattr(request, _PROTECTED_WITH, None)
+    if outer is None:
+        return False
+    inner = declared.resolve()
+    if inner == outer:
+        return True
+    differ = [f.name for f in fields(Options) if getattr(inner, f.name) != getattr(outer, f.name)]
+    name = getattr(sender, "__qualname__", repr(sender))
+    raise ImproperlyConfigured(
+        f"{getattr(sender, '__module__', '')}.{name} protects itself with other options "
+        f"({', '.join(differ)}) than the layer that already protects this request, "
+        "usually IdempotencyMiddleware, which could not see that the view protects "
+        "itself: a decorator around it hides @idempotent's mark. Keep the mark visible "
+        "(functools.wraps in that decorator, functools.update_wrapper in a callable "
+        "class), or leave the view out of the middleware with @idempotency_exempt."
+    )
 
 
 def _may_claim(request: HttpRequest, options: Options) -> bool:

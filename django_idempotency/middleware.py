@@ -57,8 +57,9 @@ __all__ = ["VIEW_PROTECTORS", "IdempotencyMiddleware", "idempotency_exempt"]
 #: when it already does). ``drf.py`` adds DRF's.
 VIEW_PROTECTORS: list[Callable[[Any, str], Any]] = []
 
-# Set on the request by process_view: the request got past every earlier
-# middleware's checks (CSRF, login) and reached the view.
+# Set on the request by process_view: the request got past every other
+# middleware's checks (CSRF, login) and reached the view. Ours is the last
+# process_view, or the middleware refuses to load (see misplaced()).
 _REACHED_VIEW = "_idempotency_reached_view"
 # Set on the request by process_exception: the view raised, and the response
 # get_response returns is the one Django made of the exception.
@@ -226,7 +227,10 @@ ORDER_CHECK_ID = "django_idempotency.E006"
 
 
 def misplaced() -> tuple[str, str] | None:
-    """``(message, fix)`` when ``IdempotencyMiddleware`` runs before ``request.user`` is set.
+    """``(message, fix)`` when ``IdempotencyMiddleware`` is listed where it cannot be right.
+
+    Before ``request.user`` is set, or before another middleware's
+    ``process_view`` (:func:`_view_hook_after`).
 
     Listed before ``AuthenticationMiddleware``, the middleware takes the
     scope before Django has set ``request.user``: every session user looks
@@ -236,20 +240,50 @@ def misplaced() -> tuple[str, str] | None:
     one rule covers both. Subclasses count as the class they extend, as in
     Django's admin checks.
     """
-    if not apps.is_installed("django.contrib.auth"):
-        return None  # the auth middleware cannot be imported, let alone used
-    from django.contrib.auth.middleware import AuthenticationMiddleware, RemoteUserMiddleware
-
     middleware = settings.MIDDLEWARE
     ours = _first_subclass(IdempotencyMiddleware, middleware)
     if ours is None:
         return None
-    authentication = _first_subclass(AuthenticationMiddleware, middleware)
-    if authentication is not None and authentication[0] > ours[0]:
-        return _misplaced(ours[1], authentication[1], "every session user")
-    remote = _first_subclass(RemoteUserMiddleware, middleware[ours[0] + 1 :])
-    if remote is not None:
-        return _misplaced(ours[1], remote[1], "every remote user")
+    if apps.is_installed("django.contrib.auth"):
+        # Without it, the auth middleware cannot be imported, let alone used.
+        from django.contrib.auth.middleware import AuthenticationMiddleware, RemoteUserMiddleware
+
+        authentication = _first_subclass(AuthenticationMiddleware, middleware)
+        if authentication is not None and authentication[0] > ours[0]:
+            return _misplaced(ours[1], authentication[1], "every session user")
+        remote = _first_subclass(RemoteUserMiddleware, middleware[ours[0] + 1 :])
+        if remote is not None:
+            return _misplaced(ours[1], remote[1], "every remote user")
+    return _view_hook_after(ours[1], middleware[ours[0] + 1 :])
+
+
+def _view_hook_after(ours: str, later: list[str]) -> tuple[str, str] | None:
+    """``(message, fix)`` when a middleware listed after ours has a ``process_view``.
+
+    Django calls the ``process_view`` hooks in ``MIDDLEWARE`` order and
+    gives a middleware no way to wrap the call of the view itself, so ours
+    must run last to know that the view was reached. Before a later hook,
+    a request that hook refuses (``CsrfViewMiddleware``'s 403,
+    ``LoginRequiredMiddleware``'s redirect) would look reached, and its
+    refusal be stored and replayed to the corrected request for the whole
+    ``TTL``; and a DRF view, which our hook calls itself, would skip the
+    later hook altogether.
+    """
+    for path in later:
+        try:
+            candidate = import_string(path)
+        except ImportError:
+            continue
+        if isinstance(candidate, type) and issubclass(candidate, IdempotencyMiddleware):
+            continue
+        if hasattr(candidate, "process_view"):
+            return (
+                f"{ours!r} must come after {path!r} in MIDDLEWARE.",
+                f"Move {ours!r} below {path!r}, best to the end of MIDDLEWARE. "
+                "Listed before a middleware that may refuse a request before its view "
+                "(CSRF, login), it would store that refusal for the key and replay it "
+                "to the corrected request.",
+            )
     return None
 
 

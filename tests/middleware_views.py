@@ -4,14 +4,20 @@ one with its own transactions, one that raises after writing, one that authentic
 from __future__ import annotations
 
 import threading
+from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.core.exceptions import PermissionDenied
 from django.db import connection, transaction
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.utils.decorators import method_decorator
 from django.views import View
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.views import APIView
 
 from django_idempotency import idempotency_exempt, idempotent
+from django_idempotency.drf import IdempotentMixin
 from django_idempotency.models import IdempotencyKey
 from tests.models import Order
 from tests.views import _create_order, calls
@@ -42,6 +48,69 @@ def _without_wraps(view):  # type: ignore[no-untyped-def]
 
 
 hidden_decorated = _without_wraps(idempotent(create_order))
+
+
+def api_client_scope(request: HttpRequest) -> str:
+    """A scope of the project's own: the API client, from a header the view trusts."""
+    return "client:" + request.headers.get("X-Api-Key", "none")
+
+
+# Protected with options the middleware does not have, behind decorators
+# that hide the mark: the middleware must not protect them with its own.
+hidden_scoped = _without_wraps(idempotent(scope=api_client_scope)(create_order))
+# The fix the refusal names: the middleware leaves it alone.
+hidden_scoped_exempt = idempotency_exempt(
+    _without_wraps(idempotent(scope=api_client_scope)(create_order))
+)
+hidden_lease = _without_wraps(idempotent(atomic=False)(create_order))
+# The middleware protects this one in lease mode (it sees non_atomic_requests).
+hidden_scoped_outer_lease = transaction.non_atomic_requests(
+    _without_wraps(idempotent(scope=api_client_scope)(create_order))
+)
+
+
+class _HidingWrapper:
+    """A project decorator written as a callable class, without update_wrapper."""
+
+    def __init__(self, view):  # type: ignore[no-untyped-def]
+        self.view = view
+
+    def __call__(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return self.view(request, *args, **kwargs)
+
+
+hidden_scoped_by_class = _HidingWrapper(idempotent(scope=api_client_scope)(create_order))
+
+
+@idempotent(scope=api_client_scope)
+async def _create_order_async(request: HttpRequest) -> HttpResponse:
+    return await sync_to_async(_create_order)(request)
+
+
+async def hidden_scoped_async(request: HttpRequest) -> HttpResponse:
+    """An async project decorator without functools.wraps."""
+    return await _create_order_async(request)
+
+
+class _Open:
+    authentication_classes: list[Any] = []
+    permission_classes = [AllowAny]
+
+
+class ApiClientOrderAPIView(IdempotentMixin, _Open, APIView):
+    idempotency_scope = staticmethod(api_client_scope)
+
+    def post(self, request: Request) -> HttpResponse:
+        return _create_order(request)
+
+
+class DefaultOrderAPIView(IdempotentMixin, _Open, APIView):
+    def post(self, request: Request) -> HttpResponse:
+        return _create_order(request)
+
+
+hidden_drf_scoped = _without_wraps(ApiClientOrderAPIView.as_view())
+hidden_drf_default = _without_wraps(DefaultOrderAPIView.as_view())
 
 
 def claim_seen_from_outside(request: HttpRequest) -> JsonResponse:

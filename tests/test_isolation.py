@@ -110,6 +110,9 @@ ADAPTERS = [
     # The middleware over a view that protects itself: protected once, by the view.
     Adapter("middleware_decorator", "function", WSGI, middleware=True),
     Adapter("middleware_async_decorator", "async-function", ASGI, middleware=True),
+    # ...and one whose mark a project decorator hides: the middleware protects
+    # it, with the same options, and the view runs under that protection.
+    Adapter("middleware_hidden_decorator", "hidden-function", WSGI, middleware=True),
     Adapter("middleware_mixin", "mixin-apiview", WSGI, drf=True, middleware=True),
     Adapter("middleware_adrf_mixin", "adrf", ASGI, drf=True, middleware=True),
     # The middleware over DRF views without the mixin: protected through the

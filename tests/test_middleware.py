@@ -12,6 +12,7 @@ import pytest
 from asgiref.sync import async_to_sync, iscoroutinefunction
 from django.contrib import admin
 from django.contrib.auth.models import User
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 from django.http import HttpResponse
 from django.test import AsyncClient, Client
@@ -196,6 +197,63 @@ class ProtectedOnceTests:
         assert view._idempotency_exempt  # type: ignore[attr-defined]
 
 
+HIDDEN_WITH_OTHER_OPTIONS = [
+    "/async/sync/hidden-scoped/",
+    "/async/sync/hidden-lease/",
+    "/async/sync/hidden-scoped-outer-lease/",
+    "/async/sync/hidden-scoped-by-class/",
+    "/async/sync/hidden-scoped-async/",
+    "/async/sync/hidden-drf-scoped/",
+]
+
+
+@pytest.mark.usefixtures("installed")
+class HiddenOptionsTests:
+    """A view that protects itself with other options, behind a decorator hiding its mark."""
+
+    @pytest.mark.parametrize("url", HIDDEN_WITH_OTHER_OPTIONS)
+    def test_refused_before_the_handler_and_nothing_stored(self, any_client, url: str) -> None:
+        first = post(any_client, url, key="shared", headers={"X-Api-Key": "A"})
+        other = post(any_client, url, key="shared", headers={"X-Api-Key": "B"})
+
+        assert first.status_code == other.status_code == 500
+        assert b"client" not in other.content
+        assert calls.value == 0
+        assert Order.objects.count() == 0
+        # Atomic mode rolled the claim back; lease mode released it.
+        assert IdempotencyKey.objects.count() == 0
+
+    @pytest.mark.parametrize("url", HIDDEN_WITH_OTHER_OPTIONS)
+    def test_the_refusal_says_how_to_fix_it(self, url: str) -> None:
+        with pytest.raises(ImproperlyConfigured) as raised:
+            post(Client(), url, key="shared", headers={"X-Api-Key": "A"})
+
+        message = str(raised.value)
+        assert "functools.wraps" in message
+        assert "@idempotency_exempt" in message
+        assert "scope" in message or "atomic" in message
+
+    def test_exempt_leaves_the_view_its_own_options(self, any_client) -> None:
+        url = "/async/sync/hidden-scoped-exempt/"
+        alice = post(any_client, url, key="shared", headers={"X-Api-Key": "A"})
+        bob = post(any_client, url, key="shared", headers={"X-Api-Key": "B"})
+
+        assert alice.status_code == bob.status_code == 201
+        assert "Idempotent-Replayed" not in bob
+        assert calls.value == 2
+        scopes = set(IdempotencyKey.objects.values_list("scope", flat=True))
+        assert scopes == {"client:A", "client:B"}
+
+    def test_drf_view_with_the_same_options_is_protected_once(self, any_client) -> None:
+        first = post(any_client, "/async/sync/hidden-drf-default/", key="hidden")
+        retry = post(any_client, "/async/sync/hidden-drf-default/", key="hidden")
+
+        assert first.status_code == 201, first.content
+        assert retry["Idempotent-Replayed"] == "true"
+        assert calls.value == 1
+        assert IdempotencyKey.objects.count() == 1
+
+
 class OrderingTests:
     @pytest.mark.parametrize("kind", ["wsgi", "asgi"])
     def test_request_refused_before_its_view_keeps_its_key(self, settings, kind: str) -> None:
@@ -214,6 +272,47 @@ class OrderingTests:
         assert accepted.status_code == 201
         assert "Idempotent-Replayed" not in accepted
         assert calls.value == 1
+
+    @pytest.fixture
+    def before_csrf(self, settings: Any) -> None:
+        settings.MIDDLEWARE = [*settings.MIDDLEWARE, MIDDLEWARE, CSRF_MIDDLEWARE]
+
+    @pytest.mark.usefixtures("before_csrf")
+    @pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+    def test_listed_before_csrf_it_refuses_to_load(self, kind: str) -> None:
+        # Its process_view would run before CSRF's: the 403 of a request
+        # without a token would be stored for the key and replayed to the
+        # request that sends one.
+        strict = (
+            Client(enforce_csrf_checks=True)
+            if kind == "wsgi"
+            else AsyncClient(enforce_csrf_checks=True)
+        )
+        with pytest.raises(ImproperlyConfigured, match="must come after") as raised:
+            post(strict, "/async/sync/plain/", key="csrf")
+
+        assert repr(CSRF_MIDDLEWARE) in str(raised.value)
+        assert calls.value == 0
+        assert IdempotencyKey.objects.count() == 0
+
+    @pytest.mark.usefixtures("before_csrf")
+    def test_listed_before_csrf_the_check_says_so(self) -> None:
+        from django_idempotency.checks import check_middleware_order
+
+        [error] = check_middleware_order()
+        assert error.id == "django_idempotency.E006"
+        assert error.msg == f"{MIDDLEWARE!r} must come after {CSRF_MIDDLEWARE!r} in MIDDLEWARE."
+        assert "replay it to the corrected request" in error.hint
+
+    def test_a_later_middleware_without_process_view_is_fine(self, settings: Any) -> None:
+        settings.MIDDLEWARE = [
+            *settings.MIDDLEWARE,
+            MIDDLEWARE,
+            "tests.endings_views.SlowResponseMiddleware",
+        ]
+        from django_idempotency.checks import check_middleware_order
+
+        assert check_middleware_order() == []
 
 
 @pytest.mark.usefixtures("installed")
