@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from functools import lru_cache, singledispatch
 from typing import Any
 
@@ -157,6 +157,13 @@ def _call(request: HttpRequest, declared: DeclaredOptions, sender: Any) -> engin
     return engine.Call(info, options, RESPONSES, sender, request, recover=options.recover)
 
 
+#: What decides whose response a caller is given and how the effect commits.
+#: Layers that differ only in the rest (``ttl``, ``required``, ``wait``...) are
+#: a design: ``@idempotent`` on ``dispatch`` claiming a sent key over a mixin
+#: that refuses a request without one.
+_DECISIVE = ("scope", "key", "fingerprint", "atomic")
+
+
 def _protected_outside(request: HttpRequest, declared: DeclaredOptions, sender: Any) -> bool:
     """Whether an outer layer already protects this request, as this one would.
 
@@ -168,15 +175,15 @@ def _protected_outside(request: HttpRequest, declared: DeclaredOptions, sender: 
     be the ones that count and one client could be replayed another's
     response: refused before the handler runs, so the outer layer ends as
     a raise and stores nothing. Options compare field by field: functions
-    by identity, values by value.
+    by identity, values by value; only those in ``_DECISIVE`` count.
     """
     outer: Options | None = getattr(request, _PROTECTED_WITH, None)
     if outer is None:
         return False
     inner = declared.resolve()
-    if inner == outer:
+    differ = [name for name in _DECISIVE if getattr(inner, name) != getattr(outer, name)]
+    if not differ:
         return True
-    differ = [f.name for f in fields(Options) if getattr(inner, f.name) != getattr(outer, f.name)]
     name = getattr(sender, "__qualname__", repr(sender))
     raise ImproperlyConfigured(
         f"{getattr(sender, '__module__', '')}.{name} protects itself with other options "
