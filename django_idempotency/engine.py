@@ -295,6 +295,9 @@ class Call:
             if taken is None:
                 raise self._conflict(retry_after=1)  # another request took it first
             return self._run_leased(body, _Owned(lease, record.id, token), taken)
+        # Rendered as a handler's response is: a DRF Response or a template
+        # response has no bytes to store until then.
+        answer = self.finish(answer)
         stored = self.kind.encode(answer)
         if stored is None:
             self._send(signals.claim_held)

@@ -375,6 +375,28 @@ class PolicyTests:
         assert other.status_code == 422
         assert recovery_views.asked == []
 
+    @pytest.mark.parametrize(
+        ("url", "body"),
+        [
+            ("/recovery/pay/reconciled-by-template/", b"reconciled charge %d"),
+            ("/recovery/pay/reconciled-by-drf/", b'{"charge":%d}'),
+        ],
+    )
+    def test_a_policys_response_is_rendered_as_a_handlers_is(self, client, clock, url, body):
+        died(client, url)
+        clock.past_the_lease()
+
+        settled = pay(client, url)
+
+        assert settled.status_code == 201
+        (charge,) = Charge.objects.all()
+        assert settled.content == body % charge.pk
+        replay = pay(client, url)
+        assert replay["Idempotent-Replayed"] == "true"
+        assert replay.content == settled.content
+        assert steps_run() == ["charge"]
+        assert len(recovery_views.asked) == 1
+
     def test_recovery_signals(self, client, clock):
         sent: list[str] = []
 
