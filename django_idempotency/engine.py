@@ -310,14 +310,15 @@ class Call:
             )
             return answer
         expires_at = now + self.options.ttl
-        completed = lease.run(
-            lambda: store.complete(
-                self.using, record.id, stored, owner_token=record.owner_token, expires_at=expires_at
-            ),
+        settled = lease.run(
+            lambda: store.settle(self.using, record, stored, now=now, expires_at=expires_at),
             at_once=True,
         )
-        if not completed:
-            raise self._conflict(retry_after=1)  # another request settled it first
+        if not settled:
+            # Another request settled or took it over first, or its owner
+            # renewed its lease while the policy asked: the claim is in
+            # flight again, and the policy's answer must not overwrite it.
+            raise self._conflict(retry_after=1)
         self._send(signals.claim_recovered)
         self._stored(stored, expires_at)
         observability.record_recovery("completed", self.sender)
