@@ -96,11 +96,11 @@ def protect(
     try:
         # The key's checks read the body (its fingerprint) into a copy, which
         # is closed however the request ends: a refused key included.
-        call = _call(request, options, sender)
+        call = _call(request, options, sender, finish)
         if call is None:
             response: HttpResponseBase = handler()
         else:
-            response = call.run(lambda: finish(handler()))
+            response = call.run(handler)
     except BaseException:
         close_spools_with(request, None)
         raise
@@ -129,7 +129,9 @@ async def protect_async(
     return await run_async(run, handler)
 
 
-def _call(request: HttpRequest, declared: DeclaredOptions, sender: Any) -> engine.Call | None:
+def _call(
+    request: HttpRequest, declared: DeclaredOptions, sender: Any, finish: Finish
+) -> engine.Call | None:
     """The engine's call for this request, or ``None`` when it is not protected."""
     if _protected_outside(request, declared, sender):
         return None
@@ -154,7 +156,9 @@ def _call(request: HttpRequest, declared: DeclaredOptions, sender: Any) -> engin
     )
     request.idempotency = info  # type: ignore[attr-defined]
     setattr(request, _PROTECTED_WITH, options)
-    return engine.Call(info, options, RESPONSES, sender, request, recover=options.recover)
+    return engine.Call(
+        info, options, RESPONSES, sender, request, recover=options.recover, finish=finish
+    )
 
 
 #: What decides whose response a caller is given and how the effect commits.

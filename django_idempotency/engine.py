@@ -108,6 +108,11 @@ class Call:
     #: Lease mode: the policy asked about an abandoned claim (``Kind.ask``),
     #: ``None`` to take it over.
     recover: Callable[..., Any] | None = None
+    #: What turns a result into what is stored and sent (a view's response
+    #: rendered): applied to the body's and to a recovery policy's alike.
+    #: Separate from the body because in lease mode its failure comes after
+    #: the body has acted, and must not give the key back.
+    finish: Callable[[Any], Any] = lambda result: result
     using: str = field(default_factory=lambda: idempotency_settings.database)
     started: float = field(default_factory=time.monotonic, init=False)
 
@@ -154,7 +159,7 @@ class Call:
             try:
                 with self._progress(claim, write):
                     self._send(signals.key_claimed)
-                    result = body()
+                    result = self.finish(body())
             except BaseException as exc:
                 # Anything but "done on purpose" leaves the block by raising:
                 # the claim rolls back with the body's writes.
@@ -229,15 +234,19 @@ class Call:
             self._end_lease_on(exc, owned)
             raise
         try:
+            result = self.finish(result)
             stored = self.kind.encode(result)
         except Exception:
-            # A value of the wrong type (not JSON): the body has run, so the
+            # A response whose rendering fails (a template, DRF's renderer) or
+            # a value of the wrong type (not JSON): the body has run, so the
             # key stays claimed rather than let a retry run it again.
             self._log(
                 logging.ERROR,
                 "The body for idempotency key %s in scope %r ran, but its result cannot "
-                "be stored. The key stays claimed, so that a retry does not repeat the "
-                "effect; retries get 409 until its lease runs out.",
+                "be rendered or stored. The key stays claimed, so that a retry does not "
+                "repeat the effect; retries get 409 until its lease runs out.",
+                outcome="held",
+                waited=False,
                 exc_info=True,
             )
             raise
@@ -286,6 +295,9 @@ class Call:
             if taken is None:
                 raise self._conflict(retry_after=1)  # another request took it first
             return self._run_leased(body, _Owned(lease, record.id, token), taken)
+        # Rendered as a handler's response is: a DRF Response or a template
+        # response has no bytes to store until then.
+        answer = self.finish(answer)
         stored = self.kind.encode(answer)
         if stored is None:
             self._send(signals.claim_held)
@@ -298,14 +310,15 @@ class Call:
             )
             return answer
         expires_at = now + self.options.ttl
-        completed = lease.run(
-            lambda: store.complete(
-                self.using, record.id, stored, owner_token=record.owner_token, expires_at=expires_at
-            ),
+        settled = lease.run(
+            lambda: store.settle(self.using, record, stored, now=now, expires_at=expires_at),
             at_once=True,
         )
-        if not completed:
-            raise self._conflict(retry_after=1)  # another request settled it first
+        if not settled:
+            # Another request settled or took it over first, or its owner
+            # renewed its lease while the policy asked: the claim is in
+            # flight again, and the policy's answer must not overwrite it.
+            raise self._conflict(retry_after=1)
         self._send(signals.claim_recovered)
         self._stored(stored, expires_at)
         observability.record_recovery("completed", self.sender)

@@ -454,6 +454,31 @@ def take_over(using: str, abandoned: Record, new: NewClaim) -> Claim | None:
     return Claim(abandoned.id, attempt=abandoned.attempt + 1, checkpoints=abandoned.checkpoints)
 
 
+def settle(
+    using: str, abandoned: Record, response: StoredResponse, *, now: datetime, expires_at: datetime
+) -> bool:
+    """Complete an abandoned claim with a recovery policy's response; ``False`` if it is not.
+
+    Fenced as :func:`take_over` is, by the dead owner's token and its
+    run-out lease: a slow owner that renewed its lease (a heartbeat, a
+    checkpoint) while the policy asked keeps its claim, and its own result
+    is the one stored.
+    """
+    settled = (
+        _owned(using, abandoned.id, abandoned.owner_token)
+        .filter(state=State.IN_PROGRESS, expires_at__lte=now)
+        .update(
+            state=State.COMPLETED,
+            status_code=response.status_code,
+            response_headers=response.headers,
+            response_body=response.body,
+            locked_until=None,
+            expires_at=expires_at,
+        )
+    )
+    return settled == 1
+
+
 def record_progress(
     using: str,
     record_id: int,

@@ -44,7 +44,8 @@ def _respond(request: Request, data: dict[str, Any], created: Order) -> HttpResp
     ``hold`` keeps the handler (and in atomic mode its transaction) busy
     for that many seconds, ``raise`` fails after the effect is written,
     ``status`` picks the status code, ``stream`` answers with a streaming
-    body and ``size`` pads the body.
+    body, ``size`` pads the body and ``unrenderable`` adds a value JSON
+    cannot render.
     """
     params = request.query_params
     if params.get("hold"):
@@ -55,6 +56,8 @@ def _respond(request: Request, data: dict[str, Any], created: Order) -> HttpResp
         return StreamingHttpResponse(iter([b"chunk-1,", b"chunk-2"]), content_type="text/csv")
     if params.get("size"):
         data = {**data, "padding": "x" * int(params["size"])}
+    if params.get("unrenderable"):
+        data = {**data, "at": object()}  # JSONRenderer raises TypeError when DRF renders
     code = int(params.get("status", status.HTTP_201_CREATED))
     response = Response(data, status=code)
     response["Location"] = f"/drf/orders/{created.pk}/"

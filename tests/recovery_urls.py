@@ -7,6 +7,9 @@ urlpatterns = [
     path("pay/reconciled/", recovery_views.pay_reconciled),
     path("pay/held/", recovery_views.pay_held),
     path("pay/held-by-path/", recovery_views.pay_held_by_path),
+    path("pay/reconciled-by-template/", recovery_views.pay_reconciled_by_template),
+    path("pay/reconciled-by-drf/", recovery_views.ReconciledPayView.as_view()),
+    path("pay/reconciled-while-renewed/", recovery_views.pay_reconciled_while_renewed),
     path("pay/atomic/", recovery_views.pay_atomic),
     path("beat/", recovery_views.beat),
 ]

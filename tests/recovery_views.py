@@ -18,13 +18,23 @@ import json
 import os
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.template import engines
+from django.template.response import TemplateResponse
+from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
 
-from django_idempotency import idempotent
+from django_idempotency import idempotent, store
+from django_idempotency.drf import IdempotentMixin
+from django_idempotency.models import IdempotencyKey
 from django_idempotency.recovery import Abandoned, hold
 from example_project.provider import client as provider
 from tests.drf_views import CONTROL_DIR_ENV
@@ -105,6 +115,33 @@ def reconcile(request: HttpRequest, abandoned: Abandoned) -> HttpResponse | None
     return JsonResponse(body, status=201)
 
 
+def reconcile_with_template(request: HttpRequest, abandoned: Abandoned) -> TemplateResponse:
+    """Settle the key with a template response, which is rendered only when finished."""
+    asked.append(abandoned)
+    template = engines["django"].from_string("reconciled charge {{ charge }}")
+    context = {"charge": abandoned.checkpoints["charged"]["charge"]}
+    return TemplateResponse(request, template, context, status=201)
+
+
+def reconcile_with_drf(request: Request, abandoned: Abandoned) -> Response:
+    """Settle the key with a DRF response, which has no bytes until the view renders it."""
+    asked.append(abandoned)
+    return Response({"charge": abandoned.checkpoints["charged"]["charge"]}, status=201)
+
+
+def reconcile_while_renewed(request: HttpRequest, abandoned: Abandoned) -> HttpResponse | None:
+    """:func:`reconcile`, while the owner (slower than its lease, not dead) renews its lease."""
+    record = IdempotencyKey.objects.get(scope=abandoned.scope, key=abandoned.key)
+    renewed = store.record_progress(
+        "default",
+        record.id,
+        owner_token=record.owner_token,
+        locked_until=timezone.now() + timedelta(seconds=2),
+    )
+    assert renewed
+    return reconcile(request, abandoned)
+
+
 def counting_hold(request: HttpRequest, abandoned: Abandoned) -> HttpResponse:
     asked.append(abandoned)
     return hold(request, abandoned)
@@ -118,6 +155,21 @@ pay = _view()
 pay_reconciled = _view(recover=reconcile)
 pay_held = _view(recover=counting_hold)
 pay_held_by_path = _view(recover="django_idempotency.recovery.hold")
+pay_reconciled_by_template = _view(recover=reconcile_with_template)
+pay_reconciled_while_renewed = _view(recover=reconcile_while_renewed)
+
+
+class ReconciledPayView(IdempotentMixin, APIView):
+    """The payment as a DRF view, whose policy answers with a DRF ``Response``."""
+
+    permission_classes = [AllowAny]
+    authentication_classes: list[type] = []
+    idempotency_atomic = False
+    idempotency_lease = 2
+    idempotency_recover = staticmethod(reconcile_with_drf)
+
+    def post(self, request: Request) -> HttpResponse:
+        return _pay(request)
 
 
 @csrf_exempt

@@ -226,6 +226,37 @@ class LeaseReleaseTests:
         assert calls.value == 1
 
 
+class RenderFailureTests:
+    """A response whose rendering fails after the handler returned: the handler has acted."""
+
+    def test_lease_template_that_fails_to_render_keeps_the_claim(self, caplog: Any) -> None:
+        with caplog.at_level(logging.ERROR, logger="django_idempotency.core"):
+            failed = send("/lease/unrenderable/", KEY)
+        assert failed.status_code == 500
+        assert "cannot be rendered or stored" in caplog.text
+        retry = send("/lease/unrenderable/", KEY)
+        assert retry.status_code == 409
+        assert calls.value == 1
+        assert Order.objects.count() == 1
+        assert IdempotencyKey.objects.get().state == State.IN_PROGRESS
+
+    def test_lease_drf_response_that_fails_to_render_keeps_the_claim(self, client: Any) -> None:
+        api, _ = client
+        assert post(api, f"{LEASE_ORDERS}?unrenderable=1").status_code == 500
+        retry = post(api, f"{LEASE_ORDERS}?unrenderable=1")
+        assert retry.status_code == 409
+        assert calls.value == 1
+        assert IdempotencyKey.objects.get().state == State.IN_PROGRESS
+
+    def test_atomic_template_that_fails_to_render_rolls_back_for_a_retry(self) -> None:
+        # The failure rolls the handler's writes back with the claim: a retry may run.
+        for _ in range(2):
+            assert send("/orders/unrenderable/", KEY).status_code == 500
+        assert calls.value == 2
+        assert Order.objects.count() == 0
+        assert IdempotencyKey.objects.count() == 0
+
+
 class TakeoverTests:
     def test_expired_lease_is_taken_over_in_place(self, client: Any) -> None:
         api, user = client

@@ -22,7 +22,7 @@ from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
-from django_idempotency import idempotent_function, signals
+from django_idempotency import idempotent_function, signals, store
 from django_idempotency.exceptions import CallAbandoned, LeaseLost
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.recovery import Abandoned, hold_call
@@ -374,6 +374,46 @@ class PolicyTests:
 
         assert other.status_code == 422
         assert recovery_views.asked == []
+
+    @pytest.mark.parametrize(
+        ("url", "body"),
+        [
+            ("/recovery/pay/reconciled-by-template/", b"reconciled charge %d"),
+            ("/recovery/pay/reconciled-by-drf/", b'{"charge":%d}'),
+        ],
+    )
+    def test_a_policys_response_is_rendered_as_a_handlers_is(self, client, clock, url, body):
+        died(client, url)
+        clock.past_the_lease()
+
+        settled = pay(client, url)
+
+        assert settled.status_code == 201
+        (charge,) = Charge.objects.all()
+        assert settled.content == body % charge.pk
+        replay = pay(client, url)
+        assert replay["Idempotent-Replayed"] == "true"
+        assert replay.content == settled.content
+        assert steps_run() == ["charge"]
+        assert len(recovery_views.asked) == 1
+
+    def test_a_policy_loses_to_an_owner_that_renewed_its_lease_meanwhile(self, client, clock):
+        url = "/recovery/pay/reconciled-while-renewed/"
+        died(client, url)
+        clock.past_the_lease()
+        original = IdempotencyKey.objects.get()
+
+        answer = pay(client, url)
+
+        assert answer.status_code == 409
+        record = IdempotencyKey.objects.get()
+        assert (record.state, record.owner_token) == (State.IN_PROGRESS, original.owner_token)
+        # The claim is still the owner's: its own result is the one stored.
+        stored = store.StoredResponse(201, [], b"{}")
+        assert store.complete(
+            "default", record.id, stored, owner_token=original.owner_token, expires_at=None
+        )
+        assert pay(client, url)["Idempotent-Replayed"] == "true"
 
     def test_recovery_signals(self, client, clock):
         sent: list[str] = []

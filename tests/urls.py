@@ -15,6 +15,8 @@ urlpatterns = [
     path("lease/outlive-connection/", views.lease_outliving_connection),
     path("lease/outlive-connection/class-based/", views.LeaseOutlivingConnectionView.as_view()),
     path("lease/large/", views.lease_large_response),
+    path("lease/unrenderable/", views.lease_unrenderable),
+    path("orders/unrenderable/", views.atomic_unrenderable),
     path("binary/", views.binary_response),
     path("large/", views.large_response),
     path("stream/", views.streaming_response),

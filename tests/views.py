@@ -9,6 +9,8 @@ import time
 
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.template import engines
+from django.template.response import TemplateResponse
 from django.utils.decorators import method_decorator
 from django.views import View
 from rest_framework.decorators import api_view, permission_classes
@@ -243,3 +245,21 @@ def lease_large_response(request: HttpRequest) -> HttpResponse:
     response = HttpResponse(b"x" * size, content_type="application/octet-stream", status=201)
     response["Location"] = "/exports/1/"
     return response
+
+
+def _unrenderable_order(request: HttpRequest) -> TemplateResponse:
+    """Write the effect, then answer with a template whose rendering fails (NoReverseMatch)."""
+    calls.increment()
+    Order.objects.create(item="unrenderable")
+    template = engines["django"].from_string("{% url 'no-such-view' %}")
+    return TemplateResponse(request, template, status=201)
+
+
+@idempotent(atomic=False)
+def lease_unrenderable(request: HttpRequest) -> TemplateResponse:
+    return _unrenderable_order(request)
+
+
+@idempotent
+def atomic_unrenderable(request: HttpRequest) -> TemplateResponse:
+    return _unrenderable_order(request)
