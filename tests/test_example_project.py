@@ -39,7 +39,9 @@ def example_env(tmp_path):
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "example_project.settings",
         "EXAMPLE_SQLITE_PATH": str(tmp_path / "example.sqlite3"),
-        "EXAMPLE_PAYMENT_LEASE": "2",
+        # Long enough that the retry "at once" still meets the dead worker's
+        # lease after gunicorn has booted a new worker on a loaded machine.
+        "EXAMPLE_PAYMENT_LEASE": "10",
         # The walkthrough's Celery worker takes only this run's messages.
         "EXAMPLE_CELERY_QUEUE": f"example-{tmp_path.name}-{os.getpid()}",
     }
