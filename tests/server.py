@@ -47,12 +47,30 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# What a pid a test kills must never name: with pids wrapping at 32768 on a
+# busy machine, the worker a test meant may be gone and its pid taken by the
+# test run itself (a shell, pytest, tox) by the time the kill comes.
+_NEVER_KILLED = (b"pytest", b"dev.py", b"tox", b".ci/run")
+
+
 def kill9(pid: int, *, group: bool = False) -> None:
-    """``kill -9`` the process, or with ``group`` its whole process group: nothing cleans up."""
+    """``kill -9`` the process, or with ``group`` its whole process group: nothing cleans up.
+
+    A pid that now names a shell or the test run itself raises
+    ``ProcessLookupError``, as it would had it not been taken again: the
+    process the test meant is gone.
+    """
     if group:
         os.killpg(pid, signal.SIGKILL)
-    else:
-        os.kill(pid, signal.SIGKILL)
+        return
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        raise ProcessLookupError(pid) from None
+    program = command.split(b"\0", 1)[0]
+    if program.endswith((b"sh", b"bash")) or any(part in command for part in _NEVER_KILLED):
+        raise ProcessLookupError(pid)
+    os.kill(pid, signal.SIGKILL)
 
 
 def wait_for_exit(pid: int, limit: float = 10) -> None:
