@@ -67,8 +67,10 @@ def kill9(pid: int, *, group: bool = False) -> None:
         command = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         raise ProcessLookupError(pid) from None
-    program = command.split(b"\0", 1)[0]
-    if program.endswith((b"sh", b"bash")) or any(part in command for part in _NEVER_KILLED):
+    argv = command.split(b"\0")
+    if argv[0].endswith((b"sh", b"bash")) or any(
+        arg.endswith(name) for arg in argv for name in _NEVER_KILLED
+    ):
         raise ProcessLookupError(pid)
     os.kill(pid, signal.SIGKILL)
 
