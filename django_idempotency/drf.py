@@ -394,10 +394,10 @@ def protect_for_middleware(view: Any, method: str) -> Any:
     # The handler and the methods it hands the request to (a generic view's
     # ``post`` calls ``create``): one of them decorated protects the view with
     # its own options, one of them exempt leaves it out.
-    handlers = [getattr(view_class, each, None) for each in handler_chain(view_class, name)]
-    if any(getattr(handler, EXEMPT_ATTRIBUTE, False) for handler in handlers):
+    chain = handler_chain(view_class, name)
+    if any(getattr(getattr(view_class, each, None), EXEMPT_ATTRIBUTE, False) for each in chain):
         return view
-    if any(handler_options(view_class, each) for each in handler_chain(view_class, name)):
+    if any(handler_options(view_class, each) for each in chain):
         return view
     # A view that manages its own transactions runs in lease mode, as the
     # middleware runs a plain one.

@@ -438,16 +438,12 @@ def take_over(using: str, abandoned: Record, new: NewClaim) -> Claim | None:
     requests deciding on one abandoned claim only one takes it, and a slow
     owner that renewed its lease in the meantime keeps it.
     """
-    taken = (
-        _owned(using, abandoned.id, abandoned.owner_token)
-        .filter(state=State.IN_PROGRESS, expires_at__lte=new.created_at)
-        .update(
-            owner_token=new.owner_token,
-            attempt=abandoned.attempt + 1,
-            created_at=new.created_at,
-            expires_at=new.expires_at,
-            locked_until=new.locked_until,
-        )
+    taken = _still_abandoned(using, abandoned, new.created_at).update(
+        owner_token=new.owner_token,
+        attempt=abandoned.attempt + 1,
+        created_at=new.created_at,
+        expires_at=new.expires_at,
+        locked_until=new.locked_until,
     )
     if taken != 1:
         return None
@@ -464,19 +460,25 @@ def settle(
     checkpoint) while the policy asked keeps its claim, and its own result
     is the one stored.
     """
-    settled = (
-        _owned(using, abandoned.id, abandoned.owner_token)
-        .filter(state=State.IN_PROGRESS, expires_at__lte=now)
-        .update(
-            state=State.COMPLETED,
-            status_code=response.status_code,
-            response_headers=response.headers,
-            response_body=response.body,
-            locked_until=None,
-            expires_at=expires_at,
-        )
+    settled = _still_abandoned(using, abandoned, now).update(
+        state=State.COMPLETED,
+        status_code=response.status_code,
+        response_headers=response.headers,
+        response_body=response.body,
+        locked_until=None,
+        expires_at=expires_at,
     )
     return settled == 1
+
+
+def _still_abandoned(using: str, abandoned: Record, now: datetime) -> Any:
+    """The claim ``abandoned`` if, at ``now``, it still is: its dead owner's, in progress, run out.
+
+    The one fence of a takeover and of a recovery policy's settlement.
+    """
+    return _owned(using, abandoned.id, abandoned.owner_token).filter(
+        state=State.IN_PROGRESS, expires_at__lte=now
+    )
 
 
 def record_progress(
