@@ -125,10 +125,20 @@ class Call:
             if cached is not None:
                 self._send(signals.response_replayed)
                 return self.kind.decode(cached)
+        in_transaction = connections[self.using].in_atomic_block
+        if not in_transaction:
+            # A retry of finished work is answered from one indexed read,
+            # without a transaction. Inside the caller's transaction the read
+            # would start its snapshot early (MySQL), so the claim decides.
+            with self._claim_errors():
+                completed = store.find_completed(
+                    self.using, self.info.scope, self.info.key, timezone.now()
+                )
+            if completed is not None:
+                return self._answer_duplicate(completed)
         if self.options.atomic:
             # Nested in a transaction of the caller's, a deadlock loses that
             # transaction too and the claim cannot start over.
-            in_transaction = connections[self.using].in_atomic_block
             return store.retrying(
                 lambda: self._atomic(body), self._gave_up, in_transaction=in_transaction
             )

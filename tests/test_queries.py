@@ -77,6 +77,49 @@ def test_malformed_key_uses_no_statement(client):
     assert statements(rejected) == []
 
 
+@pytest.mark.django_db(transaction=True)
+class OutsideATransactionTests:
+    """As a request runs in production: no transaction of the test's around it.
+
+    A retry of finished work is then answered from one indexed read; a new
+    key pays for that read, its claim and its stored response.
+    """
+
+    def test_a_first_request_adds_the_lookup_the_claim_and_the_store(self, client):
+        post(client, "warm-up")
+        with CaptureQueriesContext(connection) as unprotected:
+            post(client, None)
+        with CaptureQueriesContext(connection) as first:
+            post(client, "first")
+
+        assert len(statements(first)) - len(statements(unprotected)) == 3, statements(first)
+        assert statements(first)[0].lstrip().upper().startswith("SELECT"), statements(first)
+
+    def test_a_replay_is_one_read_and_no_transaction(self, client):
+        post(client, "key")
+        before = calls.value
+        with CaptureQueriesContext(connection) as replay:
+            response = post(client, "key")
+
+        assert response["Idempotent-Replayed"] == "true"
+        assert calls.value == before
+        assert len(replay.captured_queries) == 1, replay.captured_queries
+        assert replay.captured_queries[0]["sql"].lstrip().upper().startswith("SELECT")
+
+    def test_a_reused_key_is_refused_from_the_same_read(self, client):
+        post(client, "key")
+        with CaptureQueriesContext(connection) as rejected:
+            response = client.post(
+                "/orders/",
+                "{}",
+                content_type="application/json",
+                headers={"Idempotency-Key": "key"},
+            )
+
+        assert response.status_code == 422
+        assert len(rejected.captured_queries) == 1, rejected.captured_queries
+
+
 class _RoundTrips:
     """Messages the client sends PostgreSQL, read from libpq's own trace.
 
@@ -141,10 +184,10 @@ def test_round_trips_on_postgresql(client):
     replay = _traced(client, "first")
 
     assert len(handler) == 1, handler
-    # BEGIN, the claim, the handler's INSERT, the stored response, COMMIT.
-    assert len(first) == 5, first
-    # A replay waits for BEGIN, the claim and COMMIT only.
-    assert len(replay) == 3, replay
+    # The lookup, BEGIN, the claim, the handler's INSERT, the stored response, COMMIT.
+    assert len(first) == 6, first
+    # A replay waits for the lookup only: no transaction.
+    assert len(replay) == 1, replay
     if "?" not in first + replay:  # statements not prepared: their text is in the trace
-        assert first == ["BEGIN", "WITH", "INSERT", "UPDATE", "COMMIT"]
-        assert replay == ["BEGIN", "WITH", "COMMIT"]
+        assert first == ["SELECT", "BEGIN", "WITH", "INSERT", "UPDATE", "COMMIT"]
+        assert replay == ["SELECT"]

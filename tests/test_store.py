@@ -18,6 +18,7 @@ import pytest
 from django.db import connection, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import RequestFactory
+from django.utils import timezone
 
 from django_idempotency import functions, idempotent, store
 from django_idempotency.exceptions import TaskInFlight
@@ -171,7 +172,19 @@ class PostgresLockTimeoutAfterSecondPassTests:
 
         return Holder(original)
 
-    def test_a_stale_look_starts_the_claim_over_in_its_savepoint(self):
+    def test_a_claim_that_waited_takes_the_expired_record_over_in_its_second_statement(self):
+        # The new key's INSERT waited and then conflicted; the full claim
+        # that follows sees the original's committed record, already expired.
+        with self.original_commits_an_expired_record() as holder, transaction.atomic():
+            holder.release_once_a_claim_waits()
+            claim = store.claim("default", new_claim("k"), wait=3)
+
+            assert claim.existing is None
+            assert IdempotencyKey.objects.get(pk=claim.record_id).expires_at > timezone.now()
+
+    def test_a_stale_look_starts_the_claim_over_in_its_savepoint(self, monkeypatch):
+        # The full claim's own wait: its snapshot predates the original's commit.
+        monkeypatch.setattr(store, "_insert_postgresql", lambda *args: None)
         with self.original_commits_an_expired_record() as holder, transaction.atomic():
             holder.release_once_a_claim_waits()
             with pytest.raises(store.Retry) as retry, transaction.atomic():
@@ -310,14 +323,20 @@ class MysqlSessionWaitTests:
 def record_gone_for(monkeypatch: pytest.MonkeyPatch, looks: int) -> None:
     """The first ``looks`` claims find the record gone, as when a purge races them (SQLite)."""
     real_upsert, real_read = store._claim_upsert, store._read
-    left = [looks]
+    # Only a claim's read after its upsert looks stale, not the replay's
+    # lookup before the claim.
+    left, stale = [looks], [False]
 
     def upsert(connection: object, new: store.NewClaim, *args: object) -> store.Claim | None:
-        return None if left[0] else real_upsert(connection, new, *args)  # type: ignore[arg-type]
-
-    def read(connection: object, scope: str, key: str) -> store.Record | None:
         if left[0]:
             left[0] -= 1
+            stale[0] = True
+            return None
+        return real_upsert(connection, new, *args)  # type: ignore[arg-type]
+
+    def read(connection: object, scope: str, key: str) -> store.Record | None:
+        if stale[0]:
+            stale[0] = False
             return None
         return real_read(connection, scope, key)  # type: ignore[arg-type]
 
