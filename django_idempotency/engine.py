@@ -125,14 +125,20 @@ class Call:
             if cached is not None:
                 self._send(signals.response_replayed)
                 return self.kind.decode(cached)
-        in_transaction = connections[self.using].in_atomic_block
+        connection = connections[self.using]
+        # The caller's transaction: atomic(), or autocommit turned off by hand.
+        in_transaction = connection.in_atomic_block or not connection.get_autocommit()
         if not in_transaction:
             # A retry of finished work is answered from one indexed read,
             # without a transaction. Inside the caller's transaction the read
             # would start its snapshot early (MySQL), so the claim decides.
             with self._claim_errors():
                 completed = store.find_completed(
-                    self.using, self.info.scope, self.info.key, timezone.now()
+                    self.using,
+                    self.info.scope,
+                    self.info.key,
+                    now=timezone.now(),
+                    wait=self.options.wait,
                 )
             if completed is not None:
                 return self._answer_duplicate(completed)

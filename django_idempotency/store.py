@@ -279,17 +279,20 @@ def retrying(
     raise gave_up()
 
 
-def find_completed(using: str, scope: str, key: str, now: datetime) -> Record | None:
+def find_completed(
+    using: str, scope: str, key: str, *, now: datetime, wait: float
+) -> Record | None:
     """The key's completed, live record, read in one indexed statement; ``None`` if there is none.
 
     A replay's answer without a transaction: a completed record is
     committed and stays as it is until it expires, so reading it outside
     one gives what a claim would find. Anything else (no record, one in
-    progress, one expired) is left to :func:`claim`, which decides.
+    progress, one expired) is left to :func:`claim`, which decides. Must
+    run outside a transaction. SQLite's reader waits for a writer's commit
+    at most ``wait`` seconds, as a claim would.
     """
-    connection = connections[using]
-    with explained(using):
-        record = _read(connection, scope, key)
+    with claiming(using, wait):
+        record = _read(connections[using], scope, key)
     if record is None or not record.completed or record.expires_at <= now:
         return None
     return record
@@ -910,9 +913,9 @@ def _postgresql_claim_sql(connection: BaseDatabaseWrapper, take_over_abandoned: 
         f"found ({found_columns}) AS (SELECT true, claimed.{pk}, {nulls}, {claimed_progress} "
         f"FROM claimed UNION ALL SELECT false, {table}.{pk}, {record} FROM {table} "
         f"WHERE {scope} = %s AND {key} = %s AND NOT EXISTS (SELECT 1 FROM claimed)) "
-        # Always exactly one row, so the view's lock_timeout is always put back when claimed.
-        "SELECT found.*, "
-        "CASE WHEN found.mine THEN set_config('lock_timeout', wait.previous, true) END "
+        # Always exactly one row, so the view's lock_timeout is always put back:
+        # also when the claim found another's record inside the view's transaction.
+        "SELECT found.*, set_config('lock_timeout', wait.previous, true) "
         "FROM wait LEFT JOIN found ON true"
     )
 

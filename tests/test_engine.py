@@ -530,3 +530,85 @@ class ExpiryTests:
 
         record = IdempotencyKey.objects.get()
         assert record.expires_at - record.created_at == timedelta(hours=24)
+
+
+class ReplayLookupTests:
+    """A retry of finished work is answered from one read, outside a transaction only."""
+
+    def test_a_replay_in_a_transaction_opened_by_hand_is_answered_by_the_claim(self) -> None:
+        # Autocommit turned off by hand is a transaction of the caller's too:
+        # the read would start a MySQL snapshot early, and refilling the
+        # replay cache on commit is refused outside atomic().
+        from django.db import transaction
+
+        from django_idempotency import idempotent_function
+
+        runs: list[int] = []
+
+        @idempotent_function(key=lambda order: f"order-{order}")
+        def charge(order: int) -> int:
+            runs.append(order)
+            return order * 10
+
+        caches = {
+            "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+            "replay": {
+                "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+                "LOCATION": "replay-lookup",
+            },
+        }
+        assert charge(1) == 10
+        with override_settings(CACHES=caches, IDEMPOTENCY={"REPLAY_CACHE": "replay"}):
+            transaction.set_autocommit(False)
+            try:
+                assert charge(1) == 10
+                transaction.commit()
+            finally:
+                transaction.set_autocommit(True)
+
+        assert runs == [1]
+
+    @pytest.mark.skipif(connection.vendor != "postgresql", reason="lock_timeout: PostgreSQL")
+    def test_a_replay_inside_the_views_transaction_keeps_its_lock_timeout(self) -> None:
+        from django.db import transaction
+
+        from django_idempotency import idempotent_function
+        from tests.databases import lock_timeout
+
+        @idempotent_function(key=lambda order: f"order-{order}", wait=0.5)
+        def charge(order: int) -> int:
+            return order
+
+        assert charge(2) == 2
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '7s'")
+            assert charge(2) == 2  # answered by the claim, in a savepoint
+
+            assert lock_timeout() == "7s"
+
+    @pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's database lock")
+    def test_the_lookup_waits_for_sqlites_lock_no_longer_than_wait(self) -> None:
+        import sqlite3
+
+        from django_idempotency import idempotent_function
+        from django_idempotency.exceptions import CallInFlight
+
+        @idempotent_function(key=lambda order: f"order-{order}", wait=0.2)
+        def charge(order: int) -> int:  # pragma: no cover - never runs
+            return order
+
+        own_timeout = connection.settings_dict["OPTIONS"].get("timeout", 5)
+        holder = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
+        try:
+            # An exclusive lock (a writer committing) keeps readers out too.
+            holder.execute("BEGIN EXCLUSIVE")
+            started = time.monotonic()
+            with pytest.raises(CallInFlight):
+                charge(3)
+            waited = time.monotonic() - started
+        finally:
+            holder.rollback()
+            holder.close()
+
+        assert waited < own_timeout / 2  # WAIT, not the connection's timeout

@@ -385,14 +385,17 @@ class PostgresLockTimeoutTests:
             assert store.claim("default", new_claim("a"), wait=0.25).existing is None
             assert lock_timeout() == before
 
-    def test_conflict_keeps_the_bounded_wait_for_its_read(self):
+    def test_conflict_puts_the_views_lock_timeout_back(self):
+        # A replay or a 409 inside the caller's transaction (ATOMIC_REQUESTS)
+        # leaves that transaction's later statements their own lock_timeout.
         with transaction.atomic():
             store.claim("default", new_claim("b"), wait=0.25)
         with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '7s'")
             claim = store.claim("default", new_claim("b"), wait=0.25)
             assert isinstance(claim.existing, store.Record)
-            assert lock_timeout() == "250ms"
-        assert lock_timeout() != "250ms"  # transaction-local
+            assert lock_timeout() == "7s"
 
 
 @pytest.mark.django_db
