@@ -333,6 +333,7 @@ def claim(using: str, new: NewClaim, wait: float, *, take_over_abandoned: bool =
 def _claim(
     connection: BaseDatabaseWrapper, new: NewClaim, wait: float, take_over_abandoned: bool
 ) -> Claim | None:
+    claimed: Claim | Record | None
     if connection.vendor == "postgresql":
         claimed = _insert_postgresql(connection, new, wait)
         if claimed is None:
