@@ -4,9 +4,9 @@
 through Django's WSGI or ASGI handler, ``post_json`` any JSON body, and
 ``get`` a GET with headers; ``send`` posts through a new client, as a
 server would for each request. ``token_client`` and ``drf_post`` do the
-same for the DRF views, as a user with a token. ``reset_lease_views``
-puts back the switches of the lease views that hold or fail on a test's
-word (``tests.views``).
+same for the DRF views, as a user with a token. ``http_post`` posts to a
+running server over HTTP. ``reset_lease_views`` puts back the switches of
+the lease views that hold or fail on a test's word (``tests.views``).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import requests
 from asgiref.sync import async_to_sync
 from django.contrib.auth.models import User
 from django.test import AsyncClient, Client
@@ -92,6 +93,23 @@ def drf_post(
     """POST ``data`` as DRF's JSON, with ``key`` as its Idempotency-Key."""
     headers = {} if key is None else {"Idempotency-Key": key}
     return client.post(url, data, format="json", headers=headers, **extra)
+
+
+def http_post(
+    url: str,
+    body: Any,
+    key: str,
+    *,
+    headers: dict[str, str] | None = None,
+    timeout: float = 15,
+) -> requests.Response:
+    """POST ``body`` as JSON to a running server, with ``key`` as its Idempotency-Key.
+
+    Over a real connection, not through a test client: for the tests of
+    what a server's processes, threads and event loop make of requests.
+    """
+    headers = {"Idempotency-Key": key, **(headers or {})}
+    return requests.post(url, json=body, headers=headers, timeout=timeout)
 
 
 def reset_lease_views() -> None:

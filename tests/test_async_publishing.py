@@ -186,10 +186,12 @@ def publishing_uvicorn(
 
 
 def http_post(server: UvicornServer, key: str, query: str, **data: Any) -> requests.Response:
-    return requests.post(
+    """``clients.http_post`` of a receipt's order, on a connection of its own."""
+    return clients.http_post(
         f"{server.url}{URL}?{query}",
-        json={"item": "receipt", **data},
-        headers={"Idempotency-Key": key, "Connection": "close"},
+        {"item": "receipt", **data},
+        key,
+        headers={"Connection": "close"},
         timeout=30,
     )
 
