@@ -99,11 +99,7 @@ def idempotent_task(
     ``takes_context=True`` the function receives the context first, as
     under ``@task``.
     """
-    if key is not None and not callable(key):
-        raise TypeError(
-            f"idempotent_task(key=...) must be a callable of the task's arguments, not {key!r}."
-        )
-    options = functions.declare("idempotent_task", atomic=atomic, ttl=ttl, wait=wait, lease=lease)
+    options = functions.declare_task(key, atomic=atomic, ttl=ttl, wait=wait, lease=lease)
 
     def decorate(func: Callable[..., Any]) -> Any:
         if isinstance(func, Task):

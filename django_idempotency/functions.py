@@ -77,6 +77,19 @@ def declare(where: str, **given: Any) -> DeclaredOptions:
     return DeclaredOptions(given, lambda name: f"{where}({name}=...)", CALL_OPTION_NAMES)
 
 
+def declare_task(key: object, **given: Any) -> DeclaredOptions:
+    """A task's ``key=`` and options, validated when it is decorated.
+
+    Celery's ``idempotent_task`` and the Tasks framework's take the same
+    ones, and refuse a wrong one in the same words.
+    """
+    if key is not None and not callable(key):
+        raise TypeError(
+            f"idempotent_task(key=...) must be a callable of the task's arguments, not {key!r}."
+        )
+    return declare("idempotent_task", **given)
+
+
 def checked_recover(recover: object, where: str) -> None:
     """Refuse a ``recover=`` that is not a callable when the function is decorated."""
     if recover is not None and not callable(recover):

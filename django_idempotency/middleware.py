@@ -137,11 +137,9 @@ class IdempotencyMiddleware:
     def process_view(
         self, request: HttpRequest, view_func: Any, view_args: Any, view_kwargs: Any
     ) -> HttpResponseBase | None:
-        setattr(request, _REACHED_VIEW, True)
-        instead = getattr(request, _CALL_INSTEAD, None)
-        if instead is None:
+        view = self._view_instead(request)
+        if view is None:
             return None
-        view = _in_request_transactions(instead)
         if iscoroutinefunction(view):
             return async_to_sync(view)(request, *view_args, **view_kwargs)
         return view(request, *view_args, **view_kwargs)
@@ -149,14 +147,24 @@ class IdempotencyMiddleware:
     async def _process_view_async(
         self, request: HttpRequest, view_func: Any, view_args: Any, view_kwargs: Any
     ) -> HttpResponseBase | None:
-        setattr(request, _REACHED_VIEW, True)
-        instead = getattr(request, _CALL_INSTEAD, None)
-        if instead is None:
+        view = self._view_instead(request)
+        if view is None:
             return None
-        view = _in_request_transactions(instead)
         if not iscoroutinefunction(view):
             view = sync_to_async(view, thread_sensitive=True)
         return await view(request, *view_args, **view_kwargs)
+
+    @staticmethod
+    def _view_instead(request: HttpRequest) -> Any:
+        """Mark the view reached; the view to call in the resolved one's place, if any.
+
+        Both modes' ``process_view`` start here, so that a request counts as
+        reaching its view, and a framework's protection replaces it, alike
+        under WSGI and ASGI.
+        """
+        setattr(request, _REACHED_VIEW, True)
+        instead = getattr(request, _CALL_INSTEAD, None)
+        return None if instead is None else _in_request_transactions(instead)
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> None:
         # Django always calls this hook synchronously, in either mode.

@@ -446,11 +446,10 @@ def _error_content(schema: AutoSchema, problem_details: bool) -> dict[str, Any]:
     """The body these errors have: problem details, or what ``EXCEPTION_HANDLER`` renders."""
     if problem_details:
         # @idempotent on dispatch answers before DRF: RFC 9457, as on a plain view.
-        component = ResolvedComponent(
-            name=PROBLEM_COMPONENT,
-            type=ResolvedComponent.SCHEMA,
-            object=PROBLEM_COMPONENT,
-            schema={
+        problem = _component(
+            schema,
+            PROBLEM_COMPONENT,
+            {
                 "type": "object",
                 "properties": {
                     "type": {"type": "string"},
@@ -461,23 +460,32 @@ def _error_content(schema: AutoSchema, problem_details: bool) -> dict[str, Any]:
                 "required": ["type", "title", "status", "detail"],
             },
         )
-        schema.registry.register_on_missing(component)
-        return {PROBLEM_CONTENT_TYPE: {"schema": component.ref}}
+        return {PROBLEM_CONTENT_TYPE: {"schema": problem}}
     if api_settings.EXCEPTION_HANDLER is drf_exception_handler:
-        component = ResolvedComponent(
-            name=ERROR_COMPONENT,
-            type=ResolvedComponent.SCHEMA,
-            object=ERROR_COMPONENT,
-            schema={
+        body = _component(
+            schema,
+            ERROR_COMPONENT,
+            {
                 "type": "object",
                 "properties": {"detail": {"type": "string"}},
                 "required": ["detail"],
             },
         )
-        schema.registry.register_on_missing(component)
-        body = component.ref
     else:
         # A project's own handler decides the shape; say so rather than guess.
         body = {"description": "Rendered by the project's REST_FRAMEWORK EXCEPTION_HANDLER."}
     media_types = schema.map_renderers("media_type") or ["application/json"]
     return {media_type: {"schema": body} for media_type in media_types}
+
+
+def _component(schema: AutoSchema, name: str, body: dict[str, Any]) -> dict[str, Any]:
+    """A reference to the schema component ``name``, registered the first time it is used.
+
+    Every protected operation's errors point at one component, so the
+    document describes each body once however many operations share it.
+    """
+    component = ResolvedComponent(
+        name=name, type=ResolvedComponent.SCHEMA, object=name, schema=body
+    )
+    schema.registry.register_on_missing(component)
+    return component.ref

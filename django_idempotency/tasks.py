@@ -106,11 +106,7 @@ def idempotent_task(
     ``recover`` is an ``idempotent_function``'s: ``recover(abandoned)`` for
     the claim of a run that died (``recovery.hold_call`` retries it later).
     """
-    if key is not None and not callable(key):
-        raise TypeError(
-            f"idempotent_task(key=...) must be a callable of the task's arguments, not {key!r}."
-        )
-    options = functions.declare("idempotent_task", atomic=atomic, ttl=ttl, wait=wait, lease=lease)
+    options = functions.declare_task(key, atomic=atomic, ttl=ttl, wait=wait, lease=lease)
     functions.checked_recover(recover, "idempotent_task")
 
     def decorate(function: F) -> F:

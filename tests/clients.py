@@ -1,11 +1,12 @@
 """Requests the test modules send to the test views, and the clients they send them with.
 
 ``post`` sends the JSON order ``{"item": "book"}`` with an Idempotency-Key
-through Django's WSGI or ASGI handler; ``send`` does the same through a new
-client, as a server would for each request. ``token_client`` and
-``drf_post`` do the same for the DRF views, as a user with a token.
-``reset_lease_views`` puts back the switches of the lease views that hold
-or fail on a test's word (``tests.views``).
+through Django's WSGI or ASGI handler, ``post_json`` any JSON body, and
+``get`` a GET with headers; ``send`` posts through a new client, as a
+server would for each request. ``token_client`` and ``drf_post`` do the
+same for the DRF views, as a user with a token. ``http_post`` posts to a
+running server over HTTP. ``reset_lease_views`` puts back the switches of
+the lease views that hold or fail on a test's word (``tests.views``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import requests
 from asgiref.sync import async_to_sync
 from django.contrib.auth.models import User
 from django.test import AsyncClient, Client
@@ -34,12 +36,40 @@ def post(
     **data: Any,
 ) -> Any:
     """POST ``{"item": "book", **data}`` as JSON, with ``key`` as its Idempotency-Key."""
+    return post_json(client, url, {"item": "book", **data}, key, headers=headers)
+
+
+def post_json(
+    client: Client | AsyncClient,
+    url: str,
+    body: Any,
+    key: str | None = "k",
+    *,
+    headers: dict[str, str] | None = None,
+) -> Any:
+    """POST ``body`` as JSON, exactly as given, with ``key`` as its Idempotency-Key.
+
+    For bodies other than an order of a book: every field is in the
+    fingerprint, and some steer the test views (``status``, ``raise``), so
+    such a test states its body whole.
+    """
     headers = dict(headers or {})
     if key is not None:
         headers["Idempotency-Key"] = key
-    send = client.post if isinstance(client, Client) else async_to_sync(client.post)
-    body = json.dumps({"item": "book", **data})
-    return send(url, body, content_type="application/json", headers=headers)
+    return _sync(client, "post")(
+        url, json.dumps(body), content_type="application/json", headers=headers
+    )
+
+
+def get(client: Client | AsyncClient, url: str, **headers: str) -> Any:
+    """GET ``url`` with ``headers`` through Django's WSGI or ASGI handler."""
+    return _sync(client, "get")(url, headers=headers)
+
+
+def _sync(client: Client | AsyncClient, method: str) -> Any:
+    """``client``'s ``method``, called as a sync test calls it under either handler."""
+    call = getattr(client, method)
+    return call if isinstance(client, Client) else async_to_sync(call)
 
 
 def send(url: str, key: str = "k", *, asgi: bool = False, **data: Any) -> Any:
@@ -63,6 +93,23 @@ def drf_post(
     """POST ``data`` as DRF's JSON, with ``key`` as its Idempotency-Key."""
     headers = {} if key is None else {"Idempotency-Key": key}
     return client.post(url, data, format="json", headers=headers, **extra)
+
+
+def http_post(
+    url: str,
+    body: Any,
+    key: str,
+    *,
+    headers: dict[str, str] | None = None,
+    timeout: float = 15,
+) -> requests.Response:
+    """POST ``body`` as JSON to a running server, with ``key`` as its Idempotency-Key.
+
+    Over a real connection, not through a test client: for the tests of
+    what a server's processes, threads and event loop make of requests.
+    """
+    headers = {"Idempotency-Key": key, **(headers or {})}
+    return requests.post(url, json=body, headers=headers, timeout=timeout)
 
 
 def reset_lease_views() -> None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from asgiref.sync import async_to_sync
 from django.contrib.auth.models import User
 from django.test import AsyncClient
 from rest_framework.authtoken.models import Token
 
 from django_idempotency.models import IdempotencyKey
+from tests import clients
 from tests.models import Order
 from tests.views import calls
 
@@ -26,14 +26,10 @@ def user() -> User:
 
 
 def post(user: User, url: str, key: str, **data: object):
+    """``clients.post`` through a new ASGI client, as ``user`` with a token."""
     token = Token.objects.get_or_create(user=user)[0].key
     client = AsyncClient(raise_request_exception=False)
-    return async_to_sync(client.post)(
-        url,
-        json.dumps({"item": "book", **data}),
-        content_type="application/json",
-        headers={"Idempotency-Key": key, "Authorization": f"Token {token}"},
-    )
+    return clients.post(client, url, key, headers={"Authorization": f"Token {token}"}, **data)
 
 
 @pytest.mark.parametrize("url", URLS)

@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 import requests
-from asgiref.sync import async_to_sync
 from celery import _state, current_app
 from celery.signals import before_task_publish
 from django.core.exceptions import SynchronousOnlyOperation
@@ -25,7 +24,7 @@ from django.db import connection, connections
 from django.test import AsyncClient
 
 from django_idempotency.models import IdempotencyKey
-from tests import celery_app
+from tests import celery_app, clients
 from tests.celery_worker import WorkerProcess, find_broker, new_worker, publishing_to
 from tests.models import Order
 from tests.server import UvicornServer, running
@@ -108,13 +107,9 @@ def published() -> Iterator[dict[str, list[dict[str, bool]]]]:
 
 
 def post(key: str, query: str = "", client: AsyncClient | None = None, **data: Any) -> Any:
+    """``clients.post_json`` of a receipt's order, through a new ASGI client unless given one."""
     client = client or AsyncClient(raise_request_exception=False)
-    return async_to_sync(client.post)(
-        f"{URL}?{query}",
-        json.dumps({"item": "receipt", **data}),
-        content_type="application/json",
-        headers={"Idempotency-Key": key},
-    )
+    return clients.post_json(client, f"{URL}?{query}", {"item": "receipt", **data}, key)
 
 
 class AsgiClientTests:
@@ -191,10 +186,12 @@ def publishing_uvicorn(
 
 
 def http_post(server: UvicornServer, key: str, query: str, **data: Any) -> requests.Response:
-    return requests.post(
+    """``clients.http_post`` of a receipt's order, on a connection of its own."""
+    return clients.http_post(
         f"{server.url}{URL}?{query}",
-        json={"item": "receipt", **data},
-        headers={"Idempotency-Key": key, "Connection": "close"},
+        {"item": "receipt", **data},
+        key,
+        headers={"Connection": "close"},
         timeout=30,
     )
 

@@ -20,6 +20,7 @@ from django.views import View
 from django_idempotency import idempotent, signals
 from django_idempotency.models import IdempotencyKey
 from tests import async_views
+from tests.clients import post
 from tests.models import Order
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -27,21 +28,12 @@ ASYNC_METHOD_DECORATOR = pytest.mark.skipif(
     django.VERSION < (5, 0), reason="method_decorator supports async methods from Django 5.0"
 )
 State = IdempotencyKey.State
+ORDERS = "/async/orders/"
 
 
 @pytest.fixture
 def aclient() -> AsyncClient:
     return AsyncClient(raise_request_exception=False)
-
-
-def post(
-    client: AsyncClient, url: str = "/async/orders/", key: str | None = "k", **data: Any
-) -> HttpResponse:
-    headers = {} if key is None else {"Idempotency-Key": key}
-    response: HttpResponse = async_to_sync(client.post)(
-        url, json.dumps({"item": "book", **data}), content_type="application/json", headers=headers
-    )
-    return response
 
 
 @pytest.fixture
@@ -62,8 +54,8 @@ def sent() -> Iterator[list[str]]:
 
 class AtomicModeTests:
     def test_first_request_runs_and_retry_replays(self, aclient, sent) -> None:
-        first = post(aclient)
-        retry = post(aclient)
+        first = post(aclient, ORDERS)
+        retry = post(aclient, ORDERS)
 
         assert first.status_code == 201
         assert "Idempotent-Replayed" not in first
@@ -79,20 +71,20 @@ class AtomicModeTests:
         assert IdempotencyKey.objects.get().state == State.COMPLETED
 
     def test_handler_that_writes_then_raises_commits_nothing(self, aclient) -> None:
-        failed = post(aclient, key="boom", **{"raise": True})
+        failed = post(aclient, ORDERS, key="boom", **{"raise": True})
         assert failed.status_code == 500
         assert Order.objects.count() == 0
         assert IdempotencyKey.objects.count() == 0
 
-        retry = post(aclient, key="boom")
-        again = post(aclient, key="boom")
+        retry = post(aclient, ORDERS, key="boom")
+        again = post(aclient, ORDERS, key="boom")
         assert retry.status_code == 201
         assert again["Idempotent-Replayed"] == "true"
         assert async_views.calls.value == 2
         assert Order.objects.count() == 2
 
     def test_request_idempotency_is_set_for_the_coroutine(self, aclient) -> None:
-        body = json.loads(post(aclient, key="info").content)
+        body = json.loads(post(aclient, ORDERS, key="info").content)
         assert body["key"] == "info"
         assert body["scope"] == "anonymous"
         assert len(body["payment"]) == 64
@@ -108,15 +100,15 @@ class AtomicModeTests:
         assert async_views.calls.value == 1
 
     def test_different_body_same_key_is_422(self, aclient, sent) -> None:
-        post(aclient, key="same")
-        other = post(aclient, key="same", item="lamp")
+        post(aclient, ORDERS, key="same")
+        other = post(aclient, ORDERS, key="same", item="lamp")
         assert other.status_code == 422
         assert other["Content-Type"] == "application/problem+json"
         assert "fingerprint_mismatch" in sent
         assert async_views.calls.value == 1
 
     def test_bad_and_missing_keys_are_400(self, aclient) -> None:
-        assert post(aclient, key="").status_code == 400
+        assert post(aclient, ORDERS, key="").status_code == 400
         missing = post(aclient, "/async/orders/required/", key=None)
         assert missing.status_code == 400
         assert missing["Content-Type"] == "application/problem+json"
@@ -124,8 +116,8 @@ class AtomicModeTests:
         assert Order.objects.count() == 0
 
     def test_without_a_key_the_view_runs_unprotected(self, aclient) -> None:
-        post(aclient, key=None)
-        second = post(aclient, key=None)
+        post(aclient, ORDERS, key=None)
+        second = post(aclient, ORDERS, key=None)
         assert second.status_code == 201
         assert json.loads(second.content)["in_transaction"] is False
         assert async_views.calls.value == 2
@@ -144,8 +136,8 @@ class AtomicModeTests:
     @override_settings(IDEMPOTENCY={"ENABLED": False})
     def test_disabled_passes_through_required_included(self, aclient) -> None:
         assert post(aclient, "/async/orders/required/", key=None).status_code == 201
-        assert post(aclient, key="off").status_code == 201
-        assert post(aclient, key="off").status_code == 201
+        assert post(aclient, ORDERS, key="off").status_code == 201
+        assert post(aclient, ORDERS, key="off").status_code == 201
         assert IdempotencyKey.objects.count() == 0
 
 

@@ -6,7 +6,6 @@ connection sees the others' transactions exactly as app instances would.
 
 from __future__ import annotations
 
-import json
 import queue
 import random
 import threading
@@ -14,22 +13,14 @@ from collections.abc import Callable
 
 import pytest
 from django.db import connection
-from django.test import Client
 
 from django_idempotency import signals
 from django_idempotency.models import IdempotencyKey
+from tests.clients import send
 from tests.models import Order
 from tests.views import calls, fail_next
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.concurrency]
-
-BODY = json.dumps({"item": "book"})
-
-
-def send(url: str, key: str, body: str = BODY):
-    return Client(raise_request_exception=False).post(
-        url, body, content_type="application/json", headers={"Idempotency-Key": key}
-    )
 
 
 def run_in_threads(jobs: list[Callable[[], object]], threads: int, timeout: float = 60) -> list:

@@ -12,6 +12,7 @@ from django.test import Client, override_settings
 from django.utils import timezone
 
 from django_idempotency.models import IdempotencyKey
+from tests.clients import post_json
 from tests.factories import IdempotencyKeyFactory
 from tests.models import Order
 from tests.views import fail_next
@@ -19,16 +20,16 @@ from tests.views import fail_next
 pytestmark = pytest.mark.django_db
 
 
-def post(client: Client, url: str, data: dict | None = None, key: str | None = "key-1", **extra):
-    headers = {"Idempotency-Key": key} if key is not None else {}
-    headers.update(extra.pop("headers", {}))
-    return client.post(
-        url,
-        json.dumps(data if data is not None else {"item": "book"}),
-        content_type="application/json",
-        headers=headers,
-        **extra,
-    )
+def post(
+    client: Client,
+    url: str,
+    data: dict | None = None,
+    key: str | None = "key-1",
+    *,
+    headers: dict[str, str] | None = None,
+):
+    """``post_json`` of ``data``, an order of a book unless given, with this module's key."""
+    return post_json(client, url, {"item": "book"} if data is None else data, key, headers=headers)
 
 
 class FirstRequestTests:

@@ -9,7 +9,6 @@ told: by the handler's duration, when the key is claimed, and by the test.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -24,9 +23,11 @@ from rest_framework.test import APIClient
 
 from django_idempotency import signals
 from django_idempotency.models import IdempotencyKey
+from tests.clients import post
 from tests.models import Order
 
 TTL = timedelta(hours=1)
+KEY = "ttl-key"
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 # The sentence, as each page words it for its readers.
 STATEMENT = "is replayed for ``TTL`` after it was stored"
@@ -83,19 +84,10 @@ VIEWS = {
 }
 
 
-def post(client: Client, url: str, key: str = "ttl-key"):
-    return client.post(
-        url,
-        json.dumps({"item": "a"}),
-        content_type="application/json",
-        headers={"Idempotency-Key": key},
-    )
-
-
 def stored_record(client: Client, url: str, clock: Clock) -> tuple[datetime, datetime, datetime]:
     """Send one request; its claim time, the time its response was stored, its expiry."""
     claimed_at = clock.now
-    response = post(client, url)
+    response = post(client, url, KEY, item="a")
     assert response.status_code == 201
     stored_at = clock.now  # nothing moves the clock after the handler
     return claimed_at, stored_at, IdempotencyKey.objects.get().expires_at
@@ -150,12 +142,12 @@ class ExpiryTests:
         handler_takes[0] = timedelta(0)
 
         clock.now = expires_at - timedelta(milliseconds=1)
-        retry = post(client, url)
+        retry = post(client, url, KEY, item="a")
         assert retry["Idempotent-Replayed"] == "true"
         assert Order.objects.count() == 1
 
         clock.now = expires_at
-        late = post(client, url)
+        late = post(client, url, KEY, item="a")
         assert not late.has_header("Idempotent-Replayed")
         assert Order.objects.count() == 2
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import builtins
 import importlib
-import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +25,7 @@ from rest_framework.test import APIClient
 from django_idempotency import metrics, observability
 from django_idempotency.models import IdempotencyKey
 from tests import views
+from tests.clients import post_json
 from tests.factories import IdempotencyKeyFactory
 
 KEY = "metered-key-4711"
@@ -73,12 +73,8 @@ def counts(reader: InMemoryMetricReader) -> dict[tuple[str, str], int]:
 
 
 def post(client: Any, url: str = "/orders/", body: dict | None = None, key: str = KEY) -> Any:
-    return client.post(
-        url,
-        json.dumps(body or {"item": "a"}),
-        content_type="application/json",
-        headers={"Idempotency-Key": key},
-    )
+    """``post_json`` with this module's key, which no metric attribute may carry."""
+    return post_json(client, url, body or {"item": "a"}, key)
 
 
 @pytest.mark.django_db

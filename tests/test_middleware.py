@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 import pytest
-from asgiref.sync import async_to_sync, iscoroutinefunction
+from asgiref.sync import iscoroutinefunction
 from django.contrib import admin
 from django.contrib.auth.models import User
 from django.core.exceptions import ImproperlyConfigured
@@ -24,7 +24,7 @@ from django_idempotency import idempotency_exempt
 from django_idempotency.middleware import IdempotencyMiddleware
 from django_idempotency.models import IdempotencyKey
 from tests import middleware_views
-from tests.clients import post
+from tests.clients import get, post
 from tests.models import Order
 from tests.test_asynchronous import ASYNC_METHOD_DECORATOR
 from tests.views import calls
@@ -44,12 +44,6 @@ def atomic_requests() -> Any:
     connection.settings_dict["ATOMIC_REQUESTS"] = True
     yield
     connection.settings_dict["ATOMIC_REQUESTS"] = False
-
-
-def get(client: Client | AsyncClient, url: str, **headers: str) -> HttpResponse:
-    send = client.get if isinstance(client, Client) else async_to_sync(client.get)
-    response: HttpResponse = send(url, headers=headers)
-    return response
 
 
 def sql(captured: CaptureQueriesContext) -> list[str]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import sys
 import threading
@@ -19,6 +18,7 @@ from django_idempotency import observability, signals
 from django_idempotency.info import IdempotencyInfo
 from django_idempotency.keys import mask_key
 from tests import views
+from tests.clients import post_json
 
 ALL_SIGNALS = (
     "key_claimed",
@@ -58,12 +58,8 @@ def tracing():
 
 
 def post(client, url: str = "/orders/", body: dict | None = None, key: str = KEY):
-    return client.post(
-        url,
-        json.dumps(body or {"item": "a"}),
-        content_type="application/json",
-        headers={"Idempotency-Key": key},
-    )
+    """``post_json`` with this module's key, which no record may show in clear."""
+    return post_json(client, url, body or {"item": "a"}, key)
 
 
 @pytest.mark.django_db

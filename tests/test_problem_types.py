@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import re
 import runpy
 from pathlib import Path
 
 import pytest
-from django.contrib.auth.models import User
 from django.test import override_settings
-from rest_framework.authtoken.models import Token
-from rest_framework.test import APIClient
 
 from django_idempotency import exceptions
 from django_idempotency.checks import check_settings
 from django_idempotency.models import IdempotencyKey
+from tests.clients import drf_post, post, token_client
 from tests.factories import IdempotencyKeyFactory
 
 BASE = "https://api.example.com/problems/"
@@ -23,20 +20,11 @@ WITH_BASE = {"PROBLEM_TYPE_BASE_URL": BASE}
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
-def post(client, url: str = "/orders/", body: dict | None = None, key: str = "k"):
-    return client.post(
-        url,
-        json.dumps(body or {"item": "a"}),
-        content_type="application/json",
-        headers={"Idempotency-Key": key},
-    )
-
-
 @pytest.mark.django_db
 class PlainViewProblemTypeTests:
     def test_default_type_is_a_urn_without_link(self, client):
-        post(client)
-        response = post(client, body={"item": "b"})
+        post(client, "/orders/", item="a")
+        response = post(client, "/orders/", item="b")
 
         assert response.status_code == 422
         assert response.json()["type"] == "urn:django-idempotency:problem:idempotency-key-reused"
@@ -44,8 +32,8 @@ class PlainViewProblemTypeTests:
 
     @override_settings(IDEMPOTENCY=WITH_BASE)
     def test_base_url_makes_type_a_url_with_describedby_link(self, client):
-        post(client)
-        response = post(client, body={"item": "b"})
+        post(client, "/orders/", item="a")
+        response = post(client, "/orders/", item="b")
 
         url = BASE + "idempotency-key-reused"
         assert response.json()["type"] == url
@@ -53,7 +41,7 @@ class PlainViewProblemTypeTests:
 
     @override_settings(IDEMPOTENCY=WITH_BASE)
     def test_invalid_key_has_link_too(self, client):
-        response = post(client, key="")
+        response = post(client, "/orders/", "", item="a")
 
         assert response.status_code == 400
         assert response.json()["type"] == BASE + "invalid-idempotency-key"
@@ -61,12 +49,12 @@ class PlainViewProblemTypeTests:
 
     @override_settings(IDEMPOTENCY=WITH_BASE)
     def test_conflict_keeps_retry_after_beside_link(self, client):
-        post(client)
+        post(client, "/orders/", item="a")
         record = IdempotencyKey.objects.get()
         record.delete()
         IdempotencyKeyFactory(key="k", in_flight=True, fingerprint=record.fingerprint)
 
-        response = post(client)
+        response = post(client, "/orders/", item="a")
 
         assert response.status_code == 409
         assert int(response["Retry-After"]) >= 1
@@ -77,27 +65,21 @@ class PlainViewProblemTypeTests:
 class DrfProblemLinkTests:
     @pytest.fixture
     def api(self):
-        user = User.objects.create_user("alice")
-        client = APIClient(raise_request_exception=False)
-        client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
-        return client
-
-    def send(self, client, url: str, data: dict, key: str = "k"):
-        return client.post(url, data, format="json", headers={"Idempotency-Key": key})
+        return token_client("alice")[0]
 
     @pytest.mark.parametrize("url", ["/drf/orders/", "/api/orders/"])
     @override_settings(IDEMPOTENCY=WITH_BASE)
     def test_drf_error_keeps_its_body_and_gains_link(self, api, url):
-        self.send(api, url, {"item": "a"})
-        response = self.send(api, url, {"item": "b"})
+        drf_post(api, url, {"item": "a"}, "k")
+        response = drf_post(api, url, {"item": "b"}, "k")
 
         assert response.status_code == 422
         assert set(response.json()) == {"detail"}
         assert response["Link"] == f'<{BASE}idempotency-key-reused>; rel="describedby"'
 
     def test_drf_error_without_base_url_has_no_link(self, api):
-        self.send(api, "/drf/orders/", {"item": "a"})
-        response = self.send(api, "/drf/orders/", {"item": "b"})
+        drf_post(api, "/drf/orders/", {"item": "a"}, "k")
+        response = drf_post(api, "/drf/orders/", {"item": "b"}, "k")
 
         assert response.status_code == 422
         assert "Link" not in response

@@ -6,13 +6,13 @@ is on the work each request asks of the database.
 
 from __future__ import annotations
 
-import json
 import tempfile
 
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from tests.clients import post, post_json
 from tests.views import calls
 
 pytestmark = pytest.mark.django_db
@@ -28,19 +28,12 @@ def statements(captured: CaptureQueriesContext) -> list[str]:
     ]
 
 
-def post(client, key: str | None):
-    headers = {"Idempotency-Key": key} if key else {}
-    return client.post(
-        "/orders/", json.dumps({"item": "book"}), content_type="application/json", headers=headers
-    )
-
-
 def test_first_request_adds_at_most_two_statements(client):
-    post(client, "warm-up")  # connection set-up is not per request
+    post(client, "/orders/", "warm-up")  # connection set-up is not per request
     with CaptureQueriesContext(connection) as unprotected:
-        post(client, None)
+        post(client, "/orders/", None)
     with CaptureQueriesContext(connection) as first:
-        post(client, "first")
+        post(client, "/orders/", "first")
 
     handler_own = len(statements(unprotected))
     assert handler_own == 1
@@ -48,10 +41,10 @@ def test_first_request_adds_at_most_two_statements(client):
 
 
 def test_replay_uses_at_most_two_statements_and_never_runs_handler(client):
-    post(client, "key")
+    post(client, "/orders/", "key")
     before = calls.value
     with CaptureQueriesContext(connection) as replay:
-        response = post(client, "key")
+        response = post(client, "/orders/", "key")
 
     assert response["Idempotent-Replayed"] == "true"
     assert calls.value == before
@@ -59,11 +52,9 @@ def test_replay_uses_at_most_two_statements_and_never_runs_handler(client):
 
 
 def test_mismatch_uses_at_most_two_statements(client):
-    post(client, "key")
+    post(client, "/orders/", "key")
     with CaptureQueriesContext(connection) as rejected:
-        response = client.post(
-            "/orders/", "{}", content_type="application/json", headers={"Idempotency-Key": "key"}
-        )
+        response = post_json(client, "/orders/", {}, "key")
 
     assert response.status_code == 422
     assert len(statements(rejected)) <= 2, statements(rejected)
@@ -71,7 +62,7 @@ def test_mismatch_uses_at_most_two_statements(client):
 
 def test_malformed_key_uses_no_statement(client):
     with CaptureQueriesContext(connection) as rejected:
-        response = post(client, "bad key")
+        response = post(client, "/orders/", "bad key")
 
     assert response.status_code == 400
     assert statements(rejected) == []
@@ -86,20 +77,20 @@ class OutsideATransactionTests:
     """
 
     def test_a_first_request_adds_the_lookup_the_claim_and_the_store(self, client):
-        post(client, "warm-up")
+        post(client, "/orders/", "warm-up")
         with CaptureQueriesContext(connection) as unprotected:
-            post(client, None)
+            post(client, "/orders/", None)
         with CaptureQueriesContext(connection) as first:
-            post(client, "first")
+            post(client, "/orders/", "first")
 
         assert len(statements(first)) - len(statements(unprotected)) == 3, statements(first)
         assert statements(first)[0].lstrip().upper().startswith("SELECT"), statements(first)
 
     def test_a_replay_is_one_read_and_no_transaction(self, client):
-        post(client, "key")
+        post(client, "/orders/", "key")
         before = calls.value
         with CaptureQueriesContext(connection) as replay:
-            response = post(client, "key")
+            response = post(client, "/orders/", "key")
 
         assert response["Idempotent-Replayed"] == "true"
         assert calls.value == before
@@ -107,14 +98,9 @@ class OutsideATransactionTests:
         assert replay.captured_queries[0]["sql"].lstrip().upper().startswith("SELECT")
 
     def test_a_reused_key_is_refused_from_the_same_read(self, client):
-        post(client, "key")
+        post(client, "/orders/", "key")
         with CaptureQueriesContext(connection) as rejected:
-            response = client.post(
-                "/orders/",
-                "{}",
-                content_type="application/json",
-                headers={"Idempotency-Key": "key"},
-            )
+            response = post_json(client, "/orders/", {}, "key")
 
         assert response.status_code == 422
         assert len(rejected.captured_queries) == 1, rejected.captured_queries
@@ -165,7 +151,7 @@ class _RoundTrips:
 
 def _traced(client, key: str | None) -> list[str]:
     with _RoundTrips(connection.connection) as trips:
-        post(client, key)
+        post(client, "/orders/", key)
     return trips.trips()
 
 
@@ -176,8 +162,8 @@ def test_round_trips_on_postgresql(client):
     connection.ensure_connection()
     if not hasattr(connection.connection, "pgconn"):
         pytest.skip("libpq's trace: psycopg 3")
-    post(client, "warm-up")
-    post(client, "warm-up")
+    post(client, "/orders/", "warm-up")
+    post(client, "/orders/", "warm-up")
 
     handler = _traced(client, None)
     first = _traced(client, "first")

@@ -32,6 +32,7 @@ from django.urls import include, path
 from django_idempotency import replay_cache, signals
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.purge import purge_expired
+from tests.clients import post
 from tests.models import Order
 from tests.server import free_port
 from tests.views import calls, fail_next
@@ -64,15 +65,6 @@ CACHES = {
     # Nothing listens on this port: every cache call fails.
     "dead": _redis(free_port(), PREFIX),
 }
-
-
-def post(client, key: str, body: dict | None = None, path: str = "/orders/"):
-    return client.post(
-        path,
-        json.dumps(BODY if body is None else body),
-        content_type="application/json",
-        headers={"Idempotency-Key": key},
-    )
 
 
 def statements(captured: CaptureQueriesContext) -> list[str]:
@@ -125,10 +117,10 @@ def _cached(alias: str, key: str, scope: str = "anonymous"):
 @pytest.mark.parametrize("alias", ["replay", "redis"])
 def test_a_replay_from_the_cache_makes_no_statement(client, alias):
     with _settings(alias):
-        first = post(client, "k1")
+        first = post(client, "/orders/", "k1")
         assert first.status_code == 201
         with CaptureQueriesContext(connection) as replay:
-            again = post(client, "k1")
+            again = post(client, "/orders/", "k1")
     assert statements(replay) == []
     assert again.status_code == 201
     assert again.content == first.content
@@ -143,7 +135,7 @@ def test_a_replay_from_the_cache_makes_no_statement(client, alias):
 
 def test_an_entry_lives_no_longer_than_its_record(client):
     with _settings("replay", TTL=120):
-        post(client, "k1")
+        post(client, "/orders/", "k1")
         entry = _cached("replay", "k1")
         record = IdempotencyKey.objects.get(key="k1")
         cache = caches["replay"]
@@ -161,10 +153,10 @@ def test_a_cache_replay_sends_the_same_signal_and_log(client, caplog):
     signals.response_replayed.connect(receiver)
     try:
         with _settings("replay"):
-            post(client, "k1")
-            post(client, "k1")  # the database refills nothing: already cached
+            post(client, "/orders/", "k1")
+            post(client, "/orders/", "k1")  # the database refills nothing: already cached
             with caplog.at_level(logging.DEBUG, logger="django_idempotency.observability"):
-                post(client, "k1")
+                post(client, "/orders/", "k1")
     finally:
         signals.response_replayed.disconnect(receiver)
     assert len(received) == 2
@@ -192,15 +184,15 @@ def test_deployments_sharing_a_cache_never_replay_each_others_responses(client, 
     other_database = connections["other"].settings_dict["NAME"]
     key = f"k-{uuid.uuid4().hex}"  # the Redis server outlives each test's records
     with _settings(alias):
-        first = post(client, key)
+        first = post(client, "/orders/", key)
         with deployment_on(other_database):
             assert not IdempotencyKey.objects.exists()
-            theirs = post(client, key)
+            theirs = post(client, "/orders/", key)
             # Not a replay of the first deployment's answer, which it has no record of.
             assert "Idempotent-Replayed" not in theirs
             assert IdempotencyKey.objects.get().key == key
-            their_retry = post(client, key)
-        mine = post(client, key)
+            their_retry = post(client, "/orders/", key)
+        mine = post(client, "/orders/", key)
     assert first.status_code == theirs.status_code == 201
     assert calls.value == 2
     # Each deployment wrote its own order, in its own database.
@@ -227,9 +219,9 @@ def test_the_cache_key_holds_the_database_alias_server_and_name():
 
 def test_a_different_body_is_refused_by_the_database_not_replayed(client):
     with _settings("replay"):
-        post(client, "k1")
+        post(client, "/orders/", "k1")
         with CaptureQueriesContext(connection) as rejected:
-            response = post(client, "k1", {"item": "lamp"})
+            response = post(client, "/orders/", "k1", item="lamp")
     assert response.status_code == 422
     assert statements(rejected), "a mismatch must be decided by the database"
     assert calls.value == 1
@@ -239,17 +231,17 @@ def test_a_handler_that_raises_after_writing_leaves_nothing(client):
     fail_next.set()
     with _settings("replay"):
         with pytest.raises(RuntimeError):
-            post(client, "k1")
+            post(client, "/orders/", "k1")
         assert _cached("replay", "k1") is None
         assert not IdempotencyKey.objects.filter(key="k1").exists()
         assert Order.objects.count() == 0
-        retry = post(client, "k1")
+        retry = post(client, "/orders/", "k1")
     assert_ran_again(retry)
 
 
 def test_non_storable_answers_are_never_cached(client):
     with _settings("replay"):
-        post(client, "k1", {"item": "book", "status": 503})
+        post(client, "/orders/", "k1", status=503)
     assert _cached("replay", "k1") is None
 
 
@@ -263,7 +255,7 @@ def test_an_in_progress_record_is_never_cached(client):
     signals.key_claimed.connect(on_claimed)
     try:
         with _settings("replay"):
-            post(client, "k1", path="/orders/lease/")
+            post(client, "/orders/lease/", "k1")
     finally:
         signals.key_claimed.disconnect(on_claimed)
     assert seen == {"entry": None, "state": IdempotencyKey.State.IN_PROGRESS}
@@ -274,9 +266,9 @@ def test_a_released_lease_is_never_replayed_from_the_cache(client):
     fail_next.set()
     with _settings("replay"):
         with pytest.raises(RuntimeError):
-            post(client, "k1", path="/orders/lease/")
+            post(client, "/orders/lease/", "k1")
         assert not IdempotencyKey.objects.filter(key="k1").exists()  # released
-        retry = post(client, "k1", path="/orders/lease/")
+        retry = post(client, "/orders/lease/", "k1")
     assert_ran_again(retry)
 
 
@@ -299,24 +291,24 @@ def test_a_record_released_in_the_admin_is_never_replayed_from_the_cache(admin_c
         )
         assert IdempotencyKey.objects.get(pk=record.pk).owner_token == ""  # released
         assert _cached("replay", "k1") is None
-        retry = post(admin_client, "k1")
+        retry = post(admin_client, "/orders/", "k1")
     assert retry.status_code == 201
     assert "Idempotent-Replayed" not in retry
 
 
 def test_a_key_deleted_by_the_command_is_never_replayed_from_the_cache(client):
     with _settings("replay"):
-        post(client, "deleted-key")
+        post(client, "/orders/", "deleted-key")
         assert _cached("replay", "deleted-key") is not None
         call_command("idempotency_keys", "delete", "anonymous", "deleted-key", stdout=StringIO())
         assert _cached("replay", "deleted-key") is None
-        retry = post(client, "deleted-key")
+        retry = post(client, "/orders/", "deleted-key")
     assert_ran_again(retry)
 
 
 def test_a_cache_that_fails_to_evict_is_logged_and_the_delete_stands(client, caplog):
     with _settings(None):
-        post(client, "evicted-key")
+        post(client, "/orders/", "evicted-key")
     with _settings("dead"), caplog.at_level(logging.WARNING, "django_idempotency.replay_cache"):
         call_command("idempotency_keys", "delete", "anonymous", "evicted-key", stdout=StringIO())
     assert not IdempotencyKey.objects.exists()
@@ -334,45 +326,45 @@ def _aware(timestamp: float) -> datetime:
 def test_a_purged_record_is_never_replayed_from_the_cache(client):
     ttl = 2
     with _settings("replay", TTL=ttl):
-        post(client, "k1")
-        assert post(client, "k1")["Idempotent-Replayed"] == "true"
+        post(client, "/orders/", "k1")
+        assert post(client, "/orders/", "k1")["Idempotent-Replayed"] == "true"
         assert _cached("replay", "k1") is not None
         expires_at = IdempotencyKey.objects.get(key="k1").expires_at
         # Wait until the record has expired, then purge it as the command does.
         while time.time() <= expires_at.timestamp():
             time.sleep(0.05)
         assert purge_expired() == 1
-        response = post(client, "k1")
+        response = post(client, "/orders/", "k1")
     assert_ran_again(response)
 
 
 def test_an_expired_entry_is_not_replayed_even_if_the_cache_keeps_it(client):
     with _settings("replay"):
-        post(client, "k1")
+        post(client, "/orders/", "k1")
         entry = list(_cached("replay", "k1"))
         entry[-1] = time.time() - 1  # as if the cache outlived the record
         caches["replay"].set(replay_cache.cache_key("anonymous", "k1"), tuple(entry), 60)
         with CaptureQueriesContext(connection) as replay:
-            response = post(client, "k1")
+            response = post(client, "/orders/", "k1")
     assert statements(replay), "an expired entry must go to the database"
     assert response["Idempotent-Replayed"] == "true"
 
 
 def test_a_replay_from_the_database_refills_the_cache(client):
     with _settings("replay"):
-        post(client, "k1")
+        post(client, "/orders/", "k1")
         caches["replay"].clear()
-        post(client, "k1")
+        post(client, "/orders/", "k1")
         assert _cached("replay", "k1") is not None
         with CaptureQueriesContext(connection) as replay:
-            post(client, "k1")
+            post(client, "/orders/", "k1")
     assert statements(replay) == []
 
 
 def _answers(client, key: str) -> list[tuple[int, str | None]]:
-    first = post(client, key)
-    replay = post(client, key)
-    mismatch = post(client, key, {"item": "lamp"})
+    first = post(client, "/orders/", key)
+    replay = post(client, "/orders/", key)
+    mismatch = post(client, "/orders/", key, item="lamp")
     return [
         (response.status_code, response.get("Idempotent-Replayed"))
         for response in (first, replay, mismatch)
@@ -425,16 +417,16 @@ def test_redis_stopped_mid_run_changes_no_answer(client, own_redis):
     server, port = own_redis
     caches_here = {**CACHES, "own": _redis(port, PREFIX)}
     with override_settings(CACHES=caches_here, IDEMPOTENCY={"REPLAY_CACHE": "own"}):
-        post(client, "k1")
+        post(client, "/orders/", "k1")
         with CaptureQueriesContext(connection) as cached:
-            assert post(client, "k1")["Idempotent-Replayed"] == "true"
+            assert post(client, "/orders/", "k1")["Idempotent-Replayed"] == "true"
         assert statements(cached) == []
         server.terminate()
         server.wait(timeout=10)
-        responses = [post(client, "k1") for _ in range(3)]
-        responses.append(post(client, "k2"))
-        responses.append(post(client, "k2"))
-        mismatch = post(client, "k1", {"item": "lamp"})
+        responses = [post(client, "/orders/", "k1") for _ in range(3)]
+        responses.append(post(client, "/orders/", "k2"))
+        responses.append(post(client, "/orders/", "k2"))
+        mismatch = post(client, "/orders/", "k1", item="lamp")
     assert [r.status_code for r in responses] == [201] * 5
     assert [r.get("Idempotent-Replayed") for r in responses] == ["true"] * 3 + [None, "true"]
     assert mismatch.status_code == 422
@@ -458,16 +450,16 @@ def test_the_setting_names_a_cache_alias(settings):
 
 def test_the_default_is_off(client):
     with override_settings(CACHES=CACHES):
-        post(client, "k1")
+        post(client, "/orders/", "k1")
         assert _cached("replay", "k1") is None
         assert _cached("default", "k1") is None
 
 
 def test_admin_commands_are_unaffected(client):
     with _settings("replay", TTL=timedelta(hours=1)):
-        post(client, "k1")
+        post(client, "/orders/", "k1")
         call_command("purge_idempotency_keys", verbosity=0)
-        assert post(client, "k1")["Idempotent-Replayed"] == "true"
+        assert post(client, "/orders/", "k1")["Idempotent-Replayed"] == "true"
 
 
 def test_a_response_whose_outer_transaction_rolls_back_is_never_cached(client, rf):
@@ -486,18 +478,18 @@ def test_a_response_whose_outer_transaction_rolls_back_is_never_cached(client, r
             assert create_order(request).status_code == 201
             raise RuntimeError("the request's transaction fails after the view")
         assert _cached("replay", "k1") is None
-        retry = post(client, "k1")
+        retry = post(client, "/orders/", "k1")
     assert_ran_again(retry)
 
 
 def test_a_drf_view_replays_from_the_cache_as_from_the_database(client):
     with _settings("replay"):
-        first = post(client, "k1", path="/drf/apiview/")
+        first = post(client, "/drf/apiview/", "k1")
         from_database = _settings(None)
         with from_database:
-            database = post(client, "k1", path="/drf/apiview/")
+            database = post(client, "/drf/apiview/", "k1")
         with CaptureQueriesContext(connection) as replay:
-            cached = post(client, "k1", path="/drf/apiview/")
+            cached = post(client, "/drf/apiview/", "k1")
     assert statements(replay) == []
     assert first.status_code == database.status_code == cached.status_code
     assert cached.content == database.content == first.content

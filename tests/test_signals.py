@@ -1,11 +1,10 @@
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from django_idempotency import signals
 from tests import views
+from tests.clients import post
 
 pytestmark = pytest.mark.django_db
 
@@ -26,19 +25,10 @@ def received():
         getattr(signals, name).disconnect(receiver)
 
 
-def post(client, body: dict):
-    return client.post(
-        "/orders/",
-        json.dumps(body),
-        content_type="application/json",
-        headers={"Idempotency-Key": "k"},
-    )
-
-
 def test_claim_replay_and_mismatch_are_signalled_with_the_view_and_info(client, received):
-    post(client, {"item": "a"})
-    post(client, {"item": "a"})
-    post(client, {"item": "b"})
+    post(client, "/orders/", item="a")
+    post(client, "/orders/", item="a")
+    post(client, "/orders/", item="b")
 
     assert [name for name, _, _ in received] == [
         "key_claimed",
@@ -54,13 +44,13 @@ def test_claim_replay_and_mismatch_are_signalled_with_the_view_and_info(client, 
 def test_conflict_is_signalled(client, received):
     from tests.factories import IdempotencyKeyFactory
 
-    post(client, {"item": "a"})
+    post(client, "/orders/", item="a")
     from django_idempotency.models import IdempotencyKey
 
     record = IdempotencyKey.objects.get()
     record.delete()
     IdempotencyKeyFactory(key="k", in_flight=True, fingerprint=record.fingerprint)
-    response = post(client, {"item": "a"})
+    response = post(client, "/orders/", item="a")
 
     assert response.status_code == 409
     assert 1 <= int(response["Retry-After"]) <= 300
@@ -76,15 +66,12 @@ def test_keys_are_never_logged_in_clear(client, caplog):
 
     secret = "secret-key-4711"
     caplog.set_level(logging.DEBUG)
-    headers = {"Idempotency-Key": secret}
-    for body in ({"item": "a"}, {"item": "a"}, {"item": "b"}):  # claim, replay, mismatch
-        client.post("/orders/", json.dumps(body), content_type="application/json", headers=headers)
+    for item in ("a", "a", "b"):  # claim, replay, mismatch
+        post(client, "/orders/", secret, item=item)
     record = IdempotencyKey.objects.get()
     record.delete()
     IdempotencyKeyFactory(key=secret, in_flight=True, fingerprint=record.fingerprint)
-    client.post(
-        "/orders/", json.dumps({"item": "a"}), content_type="application/json", headers=headers
-    )
+    post(client, "/orders/", secret, item="a")
 
     assert caplog.records, "expected the replay, mismatch and conflict to be logged"
     assert all(secret not in r.getMessage() for r in caplog.records)
@@ -102,12 +89,8 @@ def test_a_receiver_that_raises_changes_no_answer(client, caplog, url, name):
 
     getattr(signals, name).connect(broken)
     try:
-        first = client.post(
-            url, b'{"item": "a"}', content_type="application/json", headers={"Idempotency-Key": "k"}
-        )
-        retry = client.post(
-            url, b'{"item": "a"}', content_type="application/json", headers={"Idempotency-Key": "k"}
-        )
+        first = post(client, url, item="a")
+        retry = post(client, url, item="a")
     finally:
         getattr(signals, name).disconnect(broken)
 

@@ -19,6 +19,7 @@ import pytest
 import requests
 
 from django_idempotency.models import IdempotencyKey
+from tests.clients import http_post
 from tests.databases import claims_waiting
 from tests.models import Order
 from tests.polling import in_background, wait_until
@@ -50,12 +51,6 @@ def one_worker(
     settings = "tests.asgi_settings"
     with controlled(UvicornServer, settings, control_dir, tmp_path_factory, workers=1) as uvicorn:
         yield uvicorn
-
-
-def post(url: str, key: str, item: str = "held", timeout: float = 15) -> requests.Response:
-    return requests.post(
-        url, json={"item": item}, headers={"Idempotency-Key": key}, timeout=timeout
-    )
 
 
 @pytest.mark.parametrize(
@@ -110,19 +105,14 @@ def test_duplicates_across_workers_run_once(uvicorn: UvicornServer, path: str) -
 
 def test_handler_that_raises_leaves_nothing_and_the_retry_runs_once(uvicorn: UvicornServer) -> None:
     url = f"{uvicorn.url}/async/orders/"
-    failed = requests.post(
-        url,
-        json={"item": "doomed", "raise": True},
-        headers={"Idempotency-Key": "raises"},
-        timeout=15,
-    )
+    failed = http_post(url, {"item": "doomed", "raise": True}, "raises")
     assert failed.status_code == 500
     assert Order.objects.count() == 0
     assert IdempotencyKey.objects.count() == 0
 
-    retry = post(url, "raises", item="doomed")
+    retry = http_post(url, {"item": "doomed"}, "raises")
     assert retry.status_code == 201, retry.text
-    again = post(url, "raises", item="doomed")
+    again = http_post(url, {"item": "doomed"}, "raises")
     assert again.headers["Idempotent-Replayed"] == "true"
     assert again.content == retry.content
     assert Order.objects.count() == 2  # the order and its audit row, once
@@ -133,13 +123,15 @@ def test_waiting_duplicates_do_not_hold_up_the_event_loop(
 ) -> None:
     key = "async-in-flight"
     url = f"{one_worker.url}/async/orders/?wait_for_go=1"
-    original = in_background(lambda: post(url, key))
+    original = in_background(lambda: http_post(url, {"item": "held"}, key))
     report = wait_for_file(control_dir / f"{key}.pid")
     (control_dir / f"{key}.pid").unlink()
     held_since = time.monotonic()
 
     with ThreadPoolExecutor(max_workers=WAITING_DUPLICATES) as pool:
-        duplicates = [pool.submit(post, url, key) for _ in range(WAITING_DUPLICATES)]
+        duplicates = [
+            pool.submit(http_post, url, {"item": "held"}, key) for _ in range(WAITING_DUPLICATES)
+        ]
         wait_until(
             lambda: claims_waiting() >= WAITING_DUPLICATES,
             "the duplicates to wait for the original's row lock",

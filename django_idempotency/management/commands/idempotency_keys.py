@@ -13,6 +13,7 @@ unless ``list --show-keys`` asks for them in clear.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -141,11 +142,7 @@ class Command(BaseCommand):
                 f"Idempotency key {mask_key(record.key)} in scope {record.scope!r} is "
                 "completed: there is no claim to release (delete it to run its request anew)."
             )
-        try:
-            released = operations.release(record, force=force)
-        except operations.LeaseStillHeld:
-            raise CommandError(self._live(record, "release")) from None
-        if not released:
+        if not self._unless_live(operations.release, record, force, "release"):
             raise CommandError("The record changed meanwhile (completed or taken over).")
         self.stdout.write(
             f"Released idempotency key {mask_key(record.key)} in scope {record.scope!r}: "
@@ -154,11 +151,7 @@ class Command(BaseCommand):
         )
 
     def _delete(self, record: IdempotencyKey, force: bool) -> None:
-        try:
-            deleted = operations.delete(record, force=force)
-        except operations.LeaseStillHeld:
-            raise CommandError(self._live(record, "delete")) from None
-        if not deleted:
+        if not self._unless_live(operations.delete, record, force, "delete"):
             raise CommandError("The record was deleted meanwhile.")
         self.stdout.write(
             f"Deleted idempotency key {mask_key(record.key)} in scope {record.scope!r}: "
@@ -166,9 +159,19 @@ class Command(BaseCommand):
         )
 
     @staticmethod
-    def _live(record: IdempotencyKey, action: str) -> str:
-        return (
-            f"The lease of idempotency key {mask_key(record.key)} in scope {record.scope!r} "
-            f"runs until {record.expires_at.isoformat()}: its request may still be running, "
-            f"and would then run twice. Wait for the lease, or {action} with --force."
-        )
+    def _unless_live(
+        operation: Callable[..., bool], record: IdempotencyKey, force: bool, action: str
+    ) -> bool:
+        """What ``operation`` returned for ``record``; a live lease refused, and said so.
+
+        ``release`` and ``delete`` both refuse a claim whose request may
+        still be running, unless forced: one message says why, and how.
+        """
+        try:
+            return operation(record, force=force)
+        except operations.LeaseStillHeld:
+            raise CommandError(
+                f"The lease of idempotency key {mask_key(record.key)} in scope {record.scope!r} "
+                f"runs until {record.expires_at.isoformat()}: its request may still be running, "
+                f"and would then run twice. Wait for the lease, or {action} with --force."
+            ) from None
