@@ -128,10 +128,10 @@ class Call:
         connection = connections[self.using]
         # The caller's transaction: atomic(), or autocommit turned off by hand.
         in_transaction = connection.in_atomic_block or not connection.get_autocommit()
-        if not in_transaction:
+        if not in_transaction and store.reads_before_claiming(self.using):
             # A retry of finished work is answered from one indexed read,
             # without a transaction. Inside the caller's transaction the read
-            # would start its snapshot early (MySQL), so the claim decides.
+            # would change what that transaction sees, so the claim decides.
             with self._claim_errors():
                 completed = store.find_completed(
                     self.using,

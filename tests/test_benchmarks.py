@@ -48,7 +48,7 @@ def bench_table():
 
 @pytest.mark.django_db(transaction=True)
 @override_settings(ROOT_URLCONF="benchmarks.bench.urls")
-def test_section_one_counts_the_lookup_claim_and_store_and_a_one_read_replay(bench_table):
+def test_section_one_counts_the_claim_and_store_and_on_postgresql_a_one_read_replay(bench_table):
     undecorated = {
         variant: count_statements(variant) for variant in ("plain", "drf", "plain-async")
     }
@@ -61,12 +61,16 @@ def test_section_one_counts_the_lookup_claim_and_store_and_a_one_read_replay(ben
     ]:
         counts = count_statements(variant)
 
-        # The replay lookup, the claim and the stored response.
-        assert counts.first - undecorated[baseline].first <= 3, counts
-        # The lookup alone, outside a transaction.
-        assert counts.replay == 1, counts
+        if connection.vendor == "postgresql":
+            # The replay lookup, the claim and the stored response.
+            assert counts.first - undecorated[baseline].first <= 3, counts
+            # The lookup alone, outside a transaction.
+            assert counts.replay == counts.mismatch == 1, counts
+        else:
+            # The claim and the stored response; the claim answers a retry.
+            assert counts.first - undecorated[baseline].first <= 2, counts
+            assert counts.replay <= 2 and counts.mismatch <= 2, counts
         assert not counts.replay_ran_handler, counts
-        assert counts.mismatch == 1, counts
         assert counts.mismatch_status == 422, counts
         assert not counts.mismatch_ran_handler, counts
 

@@ -588,7 +588,7 @@ class ReplayLookupTests:
             assert lock_timeout() == "7s"
 
     @pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's database lock")
-    def test_the_lookup_waits_for_sqlites_lock_no_longer_than_wait(self) -> None:
+    def test_a_call_waits_for_sqlites_exclusive_lock_no_longer_than_wait(self) -> None:
         import sqlite3
 
         from django_idempotency import idempotent_function

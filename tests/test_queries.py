@@ -68,25 +68,32 @@ def test_malformed_key_uses_no_statement(client):
     assert statements(rejected) == []
 
 
+#: PostgreSQL looks for a replay before it claims (``store.reads_before_claiming``).
+READS_FIRST = connection.vendor == "postgresql"
+
+
 @pytest.mark.django_db(transaction=True)
 class OutsideATransactionTests:
     """As a request runs in production: no transaction of the test's around it.
 
-    A retry of finished work is then answered from one indexed read; a new
-    key pays for that read, its claim and its stored response.
+    On PostgreSQL a retry of finished work is then answered from one
+    indexed read, and a new key pays for that read, its claim and its stored
+    response; elsewhere the claim answers the retry, as inside a transaction.
     """
 
-    def test_a_first_request_adds_the_lookup_the_claim_and_the_store(self, client):
+    def test_a_first_request_adds_the_claim_the_store_and_on_postgresql_the_lookup(self, client):
         post(client, "/orders/", "warm-up")
         with CaptureQueriesContext(connection) as unprotected:
             post(client, "/orders/", None)
         with CaptureQueriesContext(connection) as first:
             post(client, "/orders/", "first")
 
-        assert len(statements(first)) - len(statements(unprotected)) == 3, statements(first)
-        assert statements(first)[0].lstrip().upper().startswith("SELECT"), statements(first)
+        added = len(statements(first)) - len(statements(unprotected))
+        assert added == (3 if READS_FIRST else 2), statements(first)
+        if READS_FIRST:
+            assert statements(first)[0].lstrip().upper().startswith("SELECT"), statements(first)
 
-    def test_a_replay_is_one_read_and_no_transaction(self, client):
+    def test_a_replay_is_one_read_and_no_transaction_on_postgresql(self, client):
         post(client, "/orders/", "key")
         before = calls.value
         with CaptureQueriesContext(connection) as replay:
@@ -94,16 +101,22 @@ class OutsideATransactionTests:
 
         assert response["Idempotent-Replayed"] == "true"
         assert calls.value == before
-        assert len(replay.captured_queries) == 1, replay.captured_queries
-        assert replay.captured_queries[0]["sql"].lstrip().upper().startswith("SELECT")
+        if READS_FIRST:
+            assert len(replay.captured_queries) == 1, replay.captured_queries
+            assert replay.captured_queries[0]["sql"].lstrip().upper().startswith("SELECT")
+        else:
+            assert len(statements(replay)) <= 2, statements(replay)
 
-    def test_a_reused_key_is_refused_from_the_same_read(self, client):
+    def test_a_reused_key_is_refused_from_the_same_read_on_postgresql(self, client):
         post(client, "/orders/", "key")
         with CaptureQueriesContext(connection) as rejected:
             response = post_json(client, "/orders/", {}, "key")
 
         assert response.status_code == 422
-        assert len(rejected.captured_queries) == 1, rejected.captured_queries
+        if READS_FIRST:
+            assert len(rejected.captured_queries) == 1, rejected.captured_queries
+        else:
+            assert len(statements(rejected)) <= 2, statements(rejected)
 
 
 class _RoundTrips:
