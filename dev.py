@@ -60,16 +60,25 @@ def prepare_venv(where: Path, name: str, fingerprint: str, install: Callable[[Pa
     return python
 
 
-def ensure_venv(extras: str) -> None:
-    """Create .venv and install the project with ``extras`` unless already done."""
+def ensure_venv(extras: str, groups: str = "") -> None:
+    """Create .venv and install the project with ``extras`` and ``groups`` unless already done.
+
+    Both are comma-separated names: ``extras`` of the project's published
+    extras, ``groups`` of the dependency groups in pyproject.toml.
+    """
+    project = f".[{extras}]" if extras else "."
+    group_args = [arg for group in groups.split(",") if group for arg in ("--group", group)]
+    name = " ".join([project, *group_args])
 
     def install(python: Path) -> None:
-        print(f"Installing django-idempotency[{extras}] into the virtualenv ...", flush=True)
-        run(python, "-m", "pip", "install", "--quiet", "-e", f".[{extras}]")
+        print(f"Installing {name} into the virtualenv ...", flush=True)
+        # --group needs pip 25.1 or later; a virtualenv made with an older pip gets one.
+        run(python, "-m", "pip", "install", "--quiet", "pip>=25.1")
+        run(python, "-m", "pip", "install", "--quiet", "-e", project, *group_args)
 
     # A changed pyproject.toml installs again.
     fingerprint = str((ROOT / "pyproject.toml").stat().st_mtime_ns)
-    prepare_venv(VENV, extras, fingerprint, install)
+    prepare_venv(VENV, name, fingerprint, install)
 
 
 def reachable(host: str, port: int) -> bool:
@@ -130,7 +139,7 @@ def walkthrough(args: list[str]) -> None:
 
 
 def test(pytest_args: list[str]) -> None:
-    ensure_venv("test,postgres")
+    ensure_venv("postgres", "test")
     required = {b for b in os.environ.get("REQUIRE_BACKENDS", "").split(",") if b}
     unknown = required - {"sqlite", *SERVERS}
     if unknown:
@@ -221,7 +230,7 @@ def _summary_line(output: str) -> str:
     return "(no pytest summary)"
 
 
-def _interpreter(extras: str, args: list[str]) -> Path:
+def _interpreter(groups: str, args: list[str]) -> Path:
     """The Python to run with: ``.venv``'s, or with ``--here`` the one running this script.
 
     tox's ``lint`` and ``docs`` envs call ``dev.py lint --here`` and
@@ -230,12 +239,12 @@ def _interpreter(extras: str, args: list[str]) -> Path:
     """
     if "--here" in args:
         return Path(sys.executable)
-    ensure_venv(extras)
+    ensure_venv("", groups)
     return PYTHON
 
 
 def lint(args: list[str]) -> None:
-    python = _interpreter("test,typing", args)
+    python = _interpreter("lint", args)
     run(python, "-m", "ruff", "check", ".")
     run(python, "-m", "ruff", "format", "--check", ".")
     run(python, "-m", "mypy", "django_idempotency")
@@ -257,10 +266,9 @@ def matrix(args: list[str]) -> None:
     envs, pytest_args = (
         (args[: args.index("--")], args[args.index("--") + 1 :]) if "--" in args else (args, [])
     )
-    ensure_venv("test,postgres")
-    probe = subprocess.run([str(PYTHON), "-c", "import tox"], cwd=ROOT, capture_output=True)
-    if probe.returncode != 0:
-        run(PYTHON, "-m", "pip", "install", "--quiet", "tox>=4.2")
+    ensure_venv("postgres", "test")
+    # tox.ini's dependency_groups needs tox 4.22 or later; pip does nothing when it is there.
+    run(PYTHON, "-m", "pip", "install", "--quiet", "tox>=4.22")
     pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
     extra_paths = [str(p / "bin") for p in sorted(pyenv.glob("3.*"))] if pyenv.is_dir() else []
     env = {**os.environ, "PATH": os.pathsep.join([*extra_paths, os.environ.get("PATH", "")])}

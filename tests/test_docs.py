@@ -81,7 +81,7 @@ def test_page_points_browsers_at_the_cors_settings(page):
     assert ".. _cors:\n\nBrowsers and CORS\n" in (DOCS / "http.rst").read_text()
 
 
-def test_read_the_docs_builds_docs_conf_py_with_the_docs_extra_and_fails_on_warnings():
+def test_read_the_docs_builds_docs_conf_py_with_the_docs_group_and_fails_on_warnings():
     import yaml
 
     config = yaml.safe_load((ROOT / ".readthedocs.yaml").read_text())
@@ -90,8 +90,14 @@ def test_read_the_docs_builds_docs_conf_py_with_the_docs_extra_and_fails_on_warn
     assert config["sphinx"] == {"configuration": "docs/conf.py", "fail_on_warning": True}
     assert (ROOT / config["sphinx"]["configuration"]).is_file()
     (install,) = config["python"]["install"]
-    assert install == {"method": "pip", "path": ".", "extra_requirements": ["docs"]}
-    assert re.search(r"^docs = \[", (ROOT / "pyproject.toml").read_text(), re.MULTILINE)
+    assert install == {"method": "pip", "path": "."}
+    # The config file has no key for a dependency group: pip installs it, after the package.
+    assert config["build"]["jobs"]["post_install"] == [
+        'python -m pip install "pip>=25.1"',
+        "python -m pip install --group docs",
+    ]
+    groups = (ROOT / "pyproject.toml").read_text().split("\n[dependency-groups]\n", 1)[1]
+    assert re.search(r"^docs = \[", groups.split("\n[", 1)[0], re.MULTILINE)
     python = config["build"]["tools"]["python"]
     classifiers = (ROOT / "pyproject.toml").read_text()
     assert f'"Programming Language :: Python :: {python}"' in classifiers

@@ -56,6 +56,30 @@ def test_wheel_holds_the_app_its_migrations_and_type_marker(dist: Path) -> None:
     )
 
 
+def test_wheel_offers_the_user_extras_and_none_of_the_development_groups(dist: Path) -> None:
+    with zipfile.ZipFile(only(dist, "*.whl")) as wheel:
+        (metadata,) = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
+        headers = wheel.read(metadata).decode()
+
+    extras = set(re.findall(r"^Provides-Extra: (\S+)$", headers, re.MULTILINE))
+    assert extras == {
+        "drf",
+        "adrf",
+        "celery",
+        "postgres",
+        "psycopg2",
+        "mysql",
+        "spectacular",
+        "tasks",
+        "opentelemetry",
+        "example",
+    }
+    # The test, typing, lint and docs tools are dependency groups, which a wheel never carries.
+    requires = re.findall(r"^Requires-Dist: ([A-Za-z0-9_.-]+)", headers, re.MULTILINE)
+    for tool in ("pytest", "mypy", "ruff", "sphinx", "coverage", "hypothesis"):
+        assert tool not in requires
+
+
 def test_sdist_holds_the_readme_license_changelog_docs_and_tests(dist: Path) -> None:
     with tarfile.open(only(dist, "*.tar.gz")) as sdist:
         names = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
