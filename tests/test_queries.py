@@ -40,7 +40,8 @@ def test_first_request_adds_at_most_two_statements(client):
     assert len(statements(first)) - handler_own <= 2, statements(first)
 
 
-def test_replay_uses_at_most_two_statements_and_never_runs_handler(client):
+def replayed(client) -> CaptureQueriesContext:
+    """The statements of a retry of a finished request, which must replay without the handler."""
     post(client, "/orders/", "key")
     before = calls.value
     with CaptureQueriesContext(connection) as replay:
@@ -48,15 +49,28 @@ def test_replay_uses_at_most_two_statements_and_never_runs_handler(client):
 
     assert response["Idempotent-Replayed"] == "true"
     assert calls.value == before
-    assert len(statements(replay)) <= 2, statements(replay)
+    return replay
 
 
-def test_mismatch_uses_at_most_two_statements(client):
+def refused(client) -> CaptureQueriesContext:
+    """The statements of a request that reuses a finished request's key, which must get 422."""
     post(client, "/orders/", "key")
     with CaptureQueriesContext(connection) as rejected:
         response = post_json(client, "/orders/", {}, "key")
 
     assert response.status_code == 422
+    return rejected
+
+
+def test_replay_uses_at_most_two_statements_and_never_runs_handler(client):
+    replay = replayed(client)
+
+    assert len(statements(replay)) <= 2, statements(replay)
+
+
+def test_mismatch_uses_at_most_two_statements(client):
+    rejected = refused(client)
+
     assert len(statements(rejected)) <= 2, statements(rejected)
 
 
@@ -94,13 +108,8 @@ class OutsideATransactionTests:
             assert statements(first)[0].lstrip().upper().startswith("SELECT"), statements(first)
 
     def test_a_replay_is_one_read_and_no_transaction_on_postgresql(self, client):
-        post(client, "/orders/", "key")
-        before = calls.value
-        with CaptureQueriesContext(connection) as replay:
-            response = post(client, "/orders/", "key")
+        replay = replayed(client)
 
-        assert response["Idempotent-Replayed"] == "true"
-        assert calls.value == before
         if READS_FIRST:
             assert len(replay.captured_queries) == 1, replay.captured_queries
             assert replay.captured_queries[0]["sql"].lstrip().upper().startswith("SELECT")
@@ -108,11 +117,8 @@ class OutsideATransactionTests:
             assert len(statements(replay)) <= 2, statements(replay)
 
     def test_a_reused_key_is_refused_from_the_same_read_on_postgresql(self, client):
-        post(client, "/orders/", "key")
-        with CaptureQueriesContext(connection) as rejected:
-            response = post_json(client, "/orders/", {}, "key")
+        rejected = refused(client)
 
-        assert response.status_code == 422
         if READS_FIRST:
             assert len(rejected.captured_queries) == 1, rejected.captured_queries
         else:
