@@ -818,7 +818,7 @@ def _insert_postgresql(connection: BaseDatabaseWrapper, new: NewClaim, wait: flo
     put back by the same statement either way.
     """
     sql = _sql(connection, "insert", _postgresql_insert_sql)
-    params = [f"{max(1, round(wait * 1000))}ms", *_insert_params(connection, new)]
+    params = [_postgresql_lock_timeout(wait), *_insert_params(connection, new)]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         record_id = cursor.fetchone()[0]
@@ -826,19 +826,38 @@ def _insert_postgresql(connection: BaseDatabaseWrapper, new: NewClaim, wait: flo
 
 
 def _postgresql_insert_sql(connection: BaseDatabaseWrapper) -> str:
+    pk = connection.ops.quote_name(IdempotencyKey._meta.pk.column)
+    return (
+        f"{_PG_BOUNDED_WAIT}{_postgresql_inserted(connection, pk)} "
+        f"SELECT inserted.{pk}, {_PG_RESTORED_WAIT} FROM wait LEFT JOIN inserted ON true"
+    )
+
+
+#: The claim statements' first CTE: the view's ``lock_timeout``, and the
+#: claim's bound (the first parameter) applied for the rest of the statement.
+_PG_BOUNDED_WAIT = (
+    "WITH wait AS (SELECT current_setting('lock_timeout') AS previous, "
+    "set_config('lock_timeout', %s, true) AS applied), "
+)
+#: Their last column: the view's ``lock_timeout`` put back, once the insert
+#: (and any wait for an uncommitted original) is over.
+_PG_RESTORED_WAIT = "set_config('lock_timeout', wait.previous, true)"
+
+
+def _postgresql_lock_timeout(wait: float) -> str:
+    return f"{max(1, round(wait * 1000))}ms"
+
+
+def _postgresql_inserted(connection: BaseDatabaseWrapper, returned: str) -> str:
+    """The CTE ``inserted``: the new claim's row, unless the key has one (then nothing)."""
     quote = connection.ops.quote_name
-    table = quote(IdempotencyKey._meta.db_table)
     columns = _columns()
     names = [quote(columns[field]) for field in _CLAIM_FIELDS]
-    pk = quote(IdempotencyKey._meta.pk.column)
     return (
-        "WITH wait AS (SELECT current_setting('lock_timeout') AS previous, "
-        "set_config('lock_timeout', %s, true) AS applied), "
-        f"inserted AS (INSERT INTO {table} ({', '.join(names)}, {quote(columns['attempt'])}) "
+        f"inserted AS (INSERT INTO {quote(IdempotencyKey._meta.db_table)} "
+        f"({', '.join(names)}, {quote(columns['attempt'])}) "
         f"SELECT {', '.join(['%s'] * len(names))}, 1 FROM wait "
-        f"ON CONFLICT ({names[0]}, {names[1]}) DO NOTHING RETURNING {pk}) "
-        f"SELECT inserted.{pk}, set_config('lock_timeout', wait.previous, true) "
-        "FROM wait LEFT JOIN inserted ON true"
+        f"ON CONFLICT ({names[0]}, {names[1]}) DO NOTHING RETURNING {returned})"
     )
 
 
@@ -883,7 +902,7 @@ def _postgresql_claim_params(
     insert = _insert_params(connection, new)
     adapt = connection.ops.adapt_datetimefield_value
     return [
-        f"{max(1, round(wait * 1000))}ms",
+        _postgresql_lock_timeout(wait),
         *insert,
         new.fingerprint,
         new.fingerprint,
@@ -912,11 +931,7 @@ def _postgresql_claim_sql(connection: BaseDatabaseWrapper, take_over_abandoned: 
     found_columns = ", ".join(["mine", *(f"c{i}" for i in range(len(_RECORD_COLUMNS)))])
     returned = ", ".join([pk, *progress])
     return (
-        "WITH wait AS (SELECT current_setting('lock_timeout') AS previous, "
-        "set_config('lock_timeout', %s, true) AS applied), "
-        f"inserted AS (INSERT INTO {table} ({', '.join(names)}, {progress[0]}) "
-        f"SELECT {', '.join(['%s'] * len(names))}, 1 FROM wait "
-        f"ON CONFLICT ({scope}, {key}) DO NOTHING RETURNING {returned}), "
+        f"{_PG_BOUNDED_WAIT}{_postgresql_inserted(connection, returned)}, "
         f"taken AS (UPDATE {table} SET {_progress_assignments(connection, '%s')}, "
         f"{_takeover_assignments(connection, from_excluded=False)} "
         f"WHERE {scope} = %s AND {key} = %s AND {expires} <= %s"
@@ -929,8 +944,7 @@ def _postgresql_claim_sql(connection: BaseDatabaseWrapper, take_over_abandoned: 
         f"WHERE {scope} = %s AND {key} = %s AND NOT EXISTS (SELECT 1 FROM claimed)) "
         # Always exactly one row, so the view's lock_timeout is always put back:
         # also when the claim found another's record inside the view's transaction.
-        "SELECT found.*, set_config('lock_timeout', wait.previous, true) "
-        "FROM wait LEFT JOIN found ON true"
+        f"SELECT found.*, {_PG_RESTORED_WAIT} FROM wait LEFT JOIN found ON true"
     )
 
 

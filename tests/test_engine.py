@@ -532,8 +532,8 @@ class ExpiryTests:
         assert record.expires_at - record.created_at == timedelta(hours=24)
 
 
-class ReplayLookupTests:
-    """A retry of finished work is answered from one read, outside a transaction only."""
+class CallersTransactionTests:
+    """Inside a transaction of the caller's, the claim answers a retry (no lookup before it)."""
 
     def test_a_replay_in_a_transaction_opened_by_hand_is_answered_by_the_claim(self) -> None:
         # Autocommit turned off by hand is a transaction of the caller's too:
@@ -586,29 +586,3 @@ class ReplayLookupTests:
             assert charge(2) == 2  # answered by the claim, in a savepoint
 
             assert lock_timeout() == "7s"
-
-    @pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's database lock")
-    def test_a_call_waits_for_sqlites_exclusive_lock_no_longer_than_wait(self) -> None:
-        import sqlite3
-
-        from django_idempotency import idempotent_function
-        from django_idempotency.exceptions import CallInFlight
-
-        @idempotent_function(key=lambda order: f"order-{order}", wait=0.2)
-        def charge(order: int) -> int:  # pragma: no cover - never runs
-            return order
-
-        own_timeout = connection.settings_dict["OPTIONS"].get("timeout", 5)
-        holder = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
-        try:
-            # An exclusive lock (a writer committing) keeps readers out too.
-            holder.execute("BEGIN EXCLUSIVE")
-            started = time.monotonic()
-            with pytest.raises(CallInFlight):
-                charge(3)
-            waited = time.monotonic() - started
-        finally:
-            holder.rollback()
-            holder.close()
-
-        assert waited < own_timeout / 2  # WAIT, not the connection's timeout

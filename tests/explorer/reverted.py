@@ -37,8 +37,8 @@ REVERSIONS = {
     "pg-lock-timeout": Reversion(
         "PostgreSQL: a claim that finds the key taken leaves the bounded lock_timeout in force",
         "django_idempotency/store.py",
-        "f\"SELECT inserted.{pk}, set_config('lock_timeout', wait.previous, true) \"",
-        'f"SELECT inserted.{pk}, NULL "',
+        'f"SELECT inserted.{pk}, {_PG_RESTORED_WAIT} FROM wait LEFT JOIN inserted ON true"',
+        'f"SELECT inserted.{pk}, NULL FROM wait LEFT JOIN inserted ON true"',
     ),
     "sqlite-busy-timeout": Reversion(
         "SQLite: the claim's busy timeout stays on the connection for the view",
