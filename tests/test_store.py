@@ -340,20 +340,14 @@ class MysqlSessionWaitTests:
 def record_gone_for(monkeypatch: pytest.MonkeyPatch, looks: int) -> None:
     """The first ``looks`` claims find the record gone, as when a purge races them (SQLite)."""
     real_upsert, real_read = store._claim_upsert, store._read
-    # Only a claim's read after its upsert looks stale, not the replay's
-    # lookup before the claim.
-    left, stale = [looks], [False]
+    left = [looks]
 
     def upsert(connection: object, new: store.NewClaim, *args: object) -> store.Claim | None:
-        if left[0]:
-            left[0] -= 1
-            stale[0] = True
-            return None
-        return real_upsert(connection, new, *args)  # type: ignore[arg-type]
+        return None if left[0] else real_upsert(connection, new, *args)  # type: ignore[arg-type]
 
     def read(connection: object, scope: str, key: str) -> store.Record | None:
-        if stale[0]:
-            stale[0] = False
+        if left[0]:
+            left[0] -= 1
             return None
         return real_read(connection, scope, key)  # type: ignore[arg-type]
 
