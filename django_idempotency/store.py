@@ -197,6 +197,17 @@ _CLAIM_FIELDS = [
     "locked_until",
 ]
 _RESPONSE_FIELDS = ["status_code", "response_headers", "response_body"]
+#: A new claim's values: ``_insert_params`` in the order of ``_CLAIM_FIELDS``,
+#: then its first attempt.
+_CLAIM_VALUES = ", ".join(["%s"] * len(_CLAIM_FIELDS) + ["1"])
+
+
+def _insert_claim_into(connection: BaseDatabaseWrapper) -> str:
+    """``INSERT INTO`` the key table, naming the columns :data:`_CLAIM_VALUES` fill."""
+    quote = connection.ops.quote_name
+    columns = _columns()
+    names = [quote(columns[field]) for field in [*_CLAIM_FIELDS, "attempt"]]
+    return f"INSERT INTO {quote(IdempotencyKey._meta.db_table)} ({', '.join(names)})"
 
 
 def prepare_connection(using: str, wait: float) -> None:
@@ -646,8 +657,7 @@ def _upsert_sql(connection: BaseDatabaseWrapper, take_over_abandoned: bool) -> s
     progress = _progress_assignments(connection, f"EXCLUDED.{quote(columns['fingerprint'])}")
     takeover = _takeover_assignments(connection, from_excluded=True)
     return (
-        f"INSERT INTO {table} ({', '.join(names)}, {quote(columns['attempt'])}) "
-        f"VALUES ({', '.join(['%s'] * len(names))}, 1) "
+        f"{_insert_claim_into(connection)} VALUES ({_CLAIM_VALUES}) "
         f"ON CONFLICT ({names[0]}, {names[1]}) DO UPDATE SET {progress}, {takeover} "
         f"WHERE {table}.{expires} <= EXCLUDED.{created}"
         f"{_unless_abandoned(connection, take_over_abandoned, table)} "
@@ -852,12 +862,10 @@ def _postgresql_inserted(connection: BaseDatabaseWrapper, returned: str) -> str:
     """The CTE ``inserted``: the new claim's row, unless the key has one (then nothing)."""
     quote = connection.ops.quote_name
     columns = _columns()
-    names = [quote(columns[field]) for field in _CLAIM_FIELDS]
     return (
-        f"inserted AS (INSERT INTO {quote(IdempotencyKey._meta.db_table)} "
-        f"({', '.join(names)}, {quote(columns['attempt'])}) "
-        f"SELECT {', '.join(['%s'] * len(names))}, 1 FROM wait "
-        f"ON CONFLICT ({names[0]}, {names[1]}) DO NOTHING RETURNING {returned})"
+        f"inserted AS ({_insert_claim_into(connection)} SELECT {_CLAIM_VALUES} FROM wait "
+        f"ON CONFLICT ({quote(columns['scope'])}, {quote(columns['key'])}) "
+        f"DO NOTHING RETURNING {returned})"
     )
 
 
@@ -1006,14 +1014,7 @@ def _claim_mysql(
 
 
 def _mysql_insert_sql(connection: BaseDatabaseWrapper) -> str:
-    quote = connection.ops.quote_name
-    columns = _columns()
-    names = [quote(columns[field]) for field in _CLAIM_FIELDS]
-    return (
-        f"INSERT INTO {quote(IdempotencyKey._meta.db_table)} "
-        f"({', '.join(names)}, {quote(columns['attempt'])}) "
-        f"VALUES ({', '.join(['%s'] * len(names))}, 1)"
-    )
+    return f"{_insert_claim_into(connection)} VALUES ({_CLAIM_VALUES})"
 
 
 def _mysql_read_sql(connection: BaseDatabaseWrapper) -> str:
