@@ -1,6 +1,6 @@
 """Where a protected request's time goes, in one process, on PostgreSQL.
 
-    python3 benchmarks/explain.py [--requests 300]
+    python3 benchmarks/explain.py [--requests 300] [--new-connection]
 
 Runs inside ``.venv-bench`` (make it once with ``benchmarks/run.py``).
 Sends interleaved requests (undecorated, ``@idempotent`` first request,
@@ -10,7 +10,10 @@ the COMMIT, how many times psycopg waited on the connection, whether the
 transaction wrote anything (PostgreSQL assigns a transaction id only to a
 transaction that writes, and only such a COMMIT waits for the WAL flush).
 and how many of the key table's updates were HOT. This is the evidence
-behind the throughput notes in the docs.
+behind the throughput notes in the docs. ``--new-connection`` opens a
+connection for every request, as ``CONN_MAX_AGE = 0`` does, and times the
+connect too: on a new connection the server's caches are cold, so the
+first statement of every request costs more, whichever it is.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ def _kind(sql: str) -> str:
     return f"{words[0]} {table}".strip() + suffix
 
 
-def explain(requests: int) -> None:
+def explain(requests: int, *, new_connection: bool = False) -> None:
     import psycopg
     from django.db import connection
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -50,6 +53,7 @@ def explain(requests: int) -> None:
     phase = {"name": "warm-up"}
     request_ms: dict[str, list[float]] = defaultdict(list)
     statement_ms: dict[tuple[str, str], list[float]] = defaultdict(list)
+    connect_ms: dict[str, list[float]] = defaultdict(list)
     commit_ms: dict[str, list[float]] = defaultdict(list)
     waits: dict[str, int] = defaultdict(int)
     wrote: dict[str, int] = defaultdict(int)
@@ -103,6 +107,12 @@ def explain(requests: int) -> None:
                 ):
                     phase["name"] = name
                     started = time.perf_counter()
+                    if new_connection:
+                        # What Django does at the start of a request with
+                        # CONN_MAX_AGE = 0 (the test client skips it).
+                        connection.close()
+                        connection.ensure_connection()
+                        connect_ms[name].append((time.perf_counter() - started) * 1000)
                     post(path, key)
                     request_ms[name].append((time.perf_counter() - started) * 1000)
     finally:
@@ -111,6 +121,8 @@ def explain(requests: int) -> None:
 
     for name, times in request_ms.items():
         print(f"{name}: request {statistics.median(times):.2f} ms (median of {len(times)})")
+        if connect_ms[name]:
+            print(f"    {'connect':45} {statistics.median(connect_ms[name]):.3f} ms")
         for (statement_phase, kind), values in sorted(statement_ms.items()):
             if statement_phase == name:
                 print(f"    {kind:45} {statistics.median(values):.3f} ms")
@@ -146,13 +158,16 @@ def _print_update_kinds() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument(
+        "--new-connection", action="store_true", help="a new connection for every request"
+    )
     options = parser.parse_args()
     from benchmarks import suite
 
     suite.admin_sql(f'CREATE DATABASE "{suite.DATABASE_NAME}"')
     try:
         suite._setup_django()
-        explain(options.requests)
+        explain(options.requests, new_connection=options.new_connection)
     finally:
         from django.db import connections
 

@@ -3,6 +3,7 @@
 
     python3 benchmarks/run.py            # the full run (about 30 minutes)
     python3 benchmarks/run.py --quick    # a smoke run (under 5 minutes)
+    python3 benchmarks/run.py --only per-request   # one section (repeatable)
 
 Needs a Python 3.10+ and a PostgreSQL server on 127.0.0.1 (settings from
 ``PGHOST``/``PGPORT``/``PGUSER``/``PGPASSWORD``); the in-process rows also
@@ -92,15 +93,30 @@ def main() -> None:
     parser.add_argument(
         "--no-docs", action="store_true", help="print the tables only; leave the docs file alone"
     )
+    parser.add_argument(
+        "--only",
+        action="append",
+        metavar="SECTION",
+        help="run only this section (repeatable): statements, throughput, storms, "
+        "per-request, async, purge, inprocess, latency; the docs file is left alone",
+    )
     options = parser.parse_args()
     # The repository root: dev.py, and the benchmarks package inside the virtualenv.
     sys.path.insert(0, str(ROOT))
     if not _in_bench_venv():
         _bootstrap()
-    from benchmarks.suite import run_all
+    from benchmarks.suite import SECTIONS, run_all
 
+    unknown = sorted(set(options.only or ()) - set(SECTIONS))
+    if unknown:
+        parser.error(f"unknown section {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
     command = "python3 benchmarks/run.py" + (" --quick" if options.quick else "")
-    run_all(quick=options.quick, write_docs=not options.no_docs, command=command)
+    run_all(
+        quick=options.quick,
+        write_docs=not options.no_docs,
+        command=command,
+        only=options.only or SECTIONS,
+    )
 
 
 if __name__ == "__main__":

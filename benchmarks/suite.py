@@ -755,14 +755,38 @@ def section_purge(plan: Plan, progress: Callable) -> Table:
 # Orchestration ----------------------------------------------------------------
 
 
-def run_all(*, quick: bool, write_docs: bool, command: str) -> None:
+#: The section names ``--only`` accepts, in the order a full run takes them.
+SECTIONS = (
+    "statements",
+    "throughput",
+    "storms",
+    "per-request",
+    "async",
+    "purge",
+    "inprocess",
+    "latency",
+)
+
+
+def run_all(*, quick: bool, write_docs: bool, command: str, only: Sequence[str] = SECTIONS) -> None:
+    """Run the sections named in ``only`` (all of them by default).
+
+    Only a full run writes the docs table: a partial one would drop the
+    other sections' tables from the page.
+    """
     from benchmarks.bench import peers as peer_registry
 
     plan = QUICK if quick else FULL
+    wanted = set(only)
+    write_docs = write_docs and wanted == set(SECTIONS)
     started = time.monotonic()
 
     def progress(message: str) -> None:
         print(f"[{time.monotonic() - started:6.0f} s] {message}", file=sys.stderr, flush=True)
+
+    def show(table: Table) -> Table:
+        print(table.text(), "\n", flush=True)
+        return table
 
     installed = peer_registry.installed()
     peers = {peer.variant for peer in installed}
@@ -772,50 +796,51 @@ def run_all(*, quick: bool, write_docs: bool, command: str) -> None:
 
     admin_sql(f'CREATE DATABASE "{DATABASE_NAME}"')
     tables: list[Table] = []
+    async_table = None
     try:
         postgres_version = _setup_django()
         from benchmarks.load import BenchAsgiServer, BenchServer
         from django_idempotency.conf import idempotency_settings
 
-        progress("statements")
-        tables.append(section_statements(peers))
-        print(tables[-1].text(), "\n", flush=True)
-
-        server = BenchServer({"BENCH_DATABASE_NAME": DATABASE_NAME})
-        server.start(probe_path="/plain/")
-        try:
-            tables.append(section_throughput(server.port, plan, peers, progress))
-            print(tables[-1].text(), "\n", flush=True)
-            tables.append(
-                section_storms(server.port, plan, peers, idempotency_settings.wait, progress)
-            )
-            print(tables[-1].text(), "\n", flush=True)
-        finally:
-            server.stop()
-        tables.insert(2, section_throughput_per_request(plan, progress))
-        print(tables[2].text(), "\n", flush=True)
-
-        asgi_server = BenchAsgiServer({"BENCH_DATABASE_NAME": DATABASE_NAME})
-        asgi_server.start(probe_path="/plain/")
-        try:
-            async_table = section_async(asgi_server.port, plan, progress)
-            print(async_table.text(), "\n", flush=True)
-        finally:
-            asgi_server.stop()
+        if "statements" in wanted:
+            progress("statements")
+            tables.append(show(section_statements(peers)))
+        if wanted & {"throughput", "storms"}:
+            server = BenchServer({"BENCH_DATABASE_NAME": DATABASE_NAME})
+            server.start(probe_path="/plain/")
+            try:
+                if "throughput" in wanted:
+                    tables.append(show(section_throughput(server.port, plan, peers, progress)))
+                if "storms" in wanted:
+                    wait = idempotency_settings.wait
+                    tables.append(show(section_storms(server.port, plan, peers, wait, progress)))
+            finally:
+                server.stop()
+        if "per-request" in wanted:
+            # The page keeps it beside the other throughput table.
+            per_request = show(section_throughput_per_request(plan, progress))
+            tables.insert(min(2, len(tables)), per_request)
+        if "async" in wanted:
+            asgi_server = BenchAsgiServer({"BENCH_DATABASE_NAME": DATABASE_NAME})
+            asgi_server.start(probe_path="/plain/")
+            try:
+                async_table = show(section_async(asgi_server.port, plan, progress))
+            finally:
+                asgi_server.stop()
     finally:
         from django.db import connections
 
         connections.close_all()
         admin_sql(f'DROP DATABASE IF EXISTS "{DATABASE_NAME}" WITH (FORCE)')
 
-    tables.append(section_purge(plan, progress))
-    print(tables[-1].text(), "\n", flush=True)
-    tables.append(async_table)
-    tables.append(section_inprocess(plan, progress))
-    print(tables[-1].text(), "\n", flush=True)
-    for table in section_latency(plan, progress):
-        tables.append(table)
-        print(table.text(), "\n", flush=True)
+    if "purge" in wanted:
+        tables.append(show(section_purge(plan, progress)))
+    if async_table is not None:
+        tables.append(async_table)
+    if "inprocess" in wanted:
+        tables.append(show(section_inprocess(plan, progress)))
+    if "latency" in wanted:
+        tables.extend(show(table) for table in section_latency(plan, progress))
     progress("done")
     if write_docs:
         facts = environment(postgres_version, [peer.name for peer in installed])

@@ -186,3 +186,25 @@ def test_the_bench_virtualenv_is_made_by_dev_py_and_keyed_by_its_requirements(mo
     with pytest.raises(SystemExit):
         run._bootstrap()
     assert calls[0][2] != fingerprint
+
+
+def test_only_runs_the_named_sections_and_refuses_an_unknown_one(monkeypatch, capsys):
+    from benchmarks import run, suite
+
+    runs = []
+    monkeypatch.setattr(run, "_in_bench_venv", lambda: True)
+    monkeypatch.setattr(suite, "run_all", lambda **given: runs.append(given))
+
+    monkeypatch.setattr(run.sys, "argv", ["run.py", "--only", "per-request", "--only", "async"])
+    run.main()
+    [given] = runs
+    assert given["only"] == ["per-request", "async"]
+
+    monkeypatch.setattr(run.sys, "argv", ["run.py", "--only", "per_request"])
+    with pytest.raises(SystemExit) as exited:
+        run.main()
+    assert exited.value.code == 2
+    assert "unknown section per_request; choose from statements, throughput" in (
+        capsys.readouterr().err
+    )
+    assert len(runs) == 1
