@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import singledispatch
 from io import BytesIO
 from tempfile import SpooledTemporaryFile
 from typing import IO, Any
@@ -31,6 +32,17 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponseBase, UnreadablePostError
 
 CHUNK_SIZE = 64 * 1024
+
+
+@singledispatch
+def django_request(request: Any) -> HttpRequest:
+    """The Django request under a framework's own request object: here, the request itself.
+
+    The body, its copies and ``META`` belong to Django's request; a
+    framework that wraps it registers how to reach it (``drf.py`` does for
+    DRF's ``Request``), so that no module here needs to know the framework.
+    """
+    return request
 
 
 @contextmanager
@@ -110,7 +122,7 @@ def close_spools_with(request: Any, response: HttpResponseBase | None) -> None:
     The copy is the view's stream until then; the server closes the
     response once it is sent, as Django closes the request's uploads.
     """
-    http_request = getattr(request, "_request", request)  # DRF wraps it
+    http_request = django_request(request)
     spools: list[IO[bytes]] = getattr(http_request, _SPOOLS, None) or []
     if not spools:
         return

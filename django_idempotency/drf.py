@@ -16,7 +16,7 @@ from typing import Any
 
 from asgiref.sync import iscoroutinefunction
 from django.core.exceptions import ImproperlyConfigured
-from django.http import HttpResponseBase
+from django.http import HttpRequest, HttpResponseBase
 from django.views import View
 from rest_framework import exceptions, generics, mixins, status
 from rest_framework.request import Request
@@ -24,6 +24,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from django_idempotency import exceptions as core_exceptions
+from django_idempotency.body import django_request
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.core import Guard, guard_for, render
 from django_idempotency.decorators import PLACEMENT_CHECKS
@@ -104,6 +105,11 @@ def finish(request: Request, response: HttpResponseBase) -> HttpResponseBase:
     if isinstance(response, Response) and not response.is_rendered:
         response = request.parser_context["view"].finalize_response(request, response)
     return render(response)
+
+
+@django_request.register(Request)
+def _django_request(request: Request) -> HttpRequest:
+    return request._request
 
 
 @guard_for.register(Request)

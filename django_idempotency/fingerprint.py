@@ -23,7 +23,13 @@ from django.http.request import RawPostDataException
 from django.utils.datastructures import MultiValueDict
 from django.utils.http import parse_header_parameters
 
-from django_idempotency.body import CHUNK_SIZE, body_size, is_seekable, readable_body
+from django_idempotency.body import (
+    CHUNK_SIZE,
+    body_size,
+    django_request,
+    is_seekable,
+    readable_body,
+)
 from django_idempotency.multipart import DigestedFile, parse_digested
 
 MULTIPART = "multipart/form-data"
@@ -35,7 +41,7 @@ def request_fingerprint(request: HttpRequest) -> str:
 
     The rules are described in ``docs/fingerprint.rst``.
     """
-    http_request: HttpRequest = getattr(request, "_request", request)  # DRF wraps it
+    http_request = django_request(request)
     media_type, _ = parse_header_parameters(http_request.META.get("CONTENT_TYPE", ""))
     media_type = media_type.lower()
     query_string = http_request.META.get("QUERY_STRING", "")

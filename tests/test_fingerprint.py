@@ -178,17 +178,21 @@ class ParsedBodyTests:
         assert parsed('{"b": 1, "a": 2}') != parsed('{"b": 1, "a": 3}')
 
     def test_stream_consumed_before_us_falls_back_to_parsed_data(self):
-        class Parsed:
-            """What a DRF Request looks like once something read the raw stream."""
+        from rest_framework.parsers import JSONParser
+        from rest_framework.request import Request
 
-            def __init__(self, body: str, data: dict) -> None:
-                self._request = factory.post("/o/", body, content_type="application/json")
-                self._request.read()  # a middleware consumed the stream
-                self.data = data
+        def parsed(body: str) -> Request:
+            request = Request(
+                factory.post("/o/", body, content_type="application/json"),
+                parsers=[JSONParser()],
+            )
+            assert request.data is not None  # a permission read request.data first
+            assert request._request._read_started
+            return request
 
-        first = request_fingerprint(Parsed('{"a": 1}', {"a": 1}))
-        assert first == request_fingerprint(Parsed('{"a":1}', {"a": 1}))
-        assert first != request_fingerprint(Parsed('{"a": 2}', {"a": 2}))
+        first = request_fingerprint(parsed('{"a": 1}'))
+        assert first == request_fingerprint(parsed('{"a":1}'))
+        assert first != request_fingerprint(parsed('{"a": 2}'))
 
 
 class CanonicalParsedTests:
@@ -223,11 +227,24 @@ class CanonicalParsedTests:
         assert canonical_parsed({1, 2}) != canonical_parsed([1, 2])
 
     def test_data_nested_deeper_than_the_canonical_form_goes_still_fingerprints(self):
-        class Parsed:
-            def __init__(self, data: object) -> None:
-                self._request = factory.post("/o/", "[]", content_type="application/json")
-                self._request.read()  # a parser consumed the stream
-                self.data = data
+        from rest_framework.parsers import BaseParser
+        from rest_framework.request import Request
+
+        def parsed(data: object) -> Request:
+            class Gives(BaseParser):
+                """A parser that consumes the stream and returns ``data``, however deep."""
+
+                media_type = "application/json"
+
+                def parse(self, stream, media_type=None, parser_context=None):
+                    stream.read()
+                    return data
+
+            request = Request(
+                factory.post("/o/", "[]", content_type="application/json"), parsers=[Gives()]
+            )
+            assert request.data is data
+            return request
 
         def nested(depth: int, leaf: object) -> list:
             value: list = [leaf]
@@ -236,11 +253,11 @@ class CanonicalParsedTests:
             return value
 
         depth = sys.getrecursionlimit() * 3 // 4
-        assert request_fingerprint(Parsed(nested(depth, 1))) == request_fingerprint(
-            Parsed(nested(depth, 1))
+        assert request_fingerprint(parsed(nested(depth, 1))) == request_fingerprint(
+            parsed(nested(depth, 1))
         )
-        assert request_fingerprint(Parsed(nested(depth, 1))) != request_fingerprint(
-            Parsed(nested(depth, 2))
+        assert request_fingerprint(parsed(nested(depth, 1))) != request_fingerprint(
+            parsed(nested(depth, 2))
         )
 
     def test_other_objects_have_a_deterministic_form(self):

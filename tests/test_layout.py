@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,20 @@ def test_rest_framework_is_named_only_by_its_integrations_and_the_apps_wiring():
         "django_idempotency.drf",
         "django_idempotency.spectacular",
     }
+
+
+def test_only_the_drf_integration_reaches_the_django_request_inside_drfs():
+    # The fingerprint and the body's copies need Django's request; under a
+    # DRF view they are handed DRF's. drf.py registers how to reach the
+    # one inside (body.django_request), so no other module knows DRF's
+    # private attribute.
+    reaching = {
+        module_name(path)
+        for path in PACKAGE.rglob("*.py")
+        if re.search(r"""\._request\b|["']_request["']""", path.read_text())
+    }
+
+    assert reaching == {"django_idempotency.drf"}
 
 
 #: What a first request and its replay may run of the package: the adapter
