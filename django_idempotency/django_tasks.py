@@ -13,7 +13,7 @@ import functools
 import inspect
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, overload
+from typing import Any
 
 from asgiref.sync import iscoroutinefunction
 from django.core.exceptions import ImproperlyConfigured
@@ -50,21 +50,6 @@ def purge_expired_keys(batch_size: int = DEFAULT_BATCH_SIZE, database: str | Non
     at once are safe.
     """
     return purge_expired(using=database, batch_size=batch_size)
-
-
-@overload
-def idempotent_task(function: Callable[..., Any], /) -> Any: ...
-@overload
-def idempotent_task(
-    *,
-    key: KeyFunction | None = None,
-    atomic: bool | None = None,
-    ttl: timedelta | float | None = None,
-    wait: float | None = None,
-    lease: timedelta | float | None = None,
-    takes_context: bool = False,
-    **task_options: Any,
-) -> Callable[[Callable[..., Any]], Any]: ...
 
 
 def idempotent_task(

@@ -17,7 +17,7 @@ import inspect
 import json
 from collections.abc import Callable, Mapping
 from datetime import timedelta
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar
 
 from asgiref.sync import iscoroutinefunction
 from django.core.serializers.json import DjangoJSONEncoder
@@ -172,21 +172,6 @@ def run_once(
     return call.run(lambda: body(info))
 
 
-@overload
-def idempotent_function(func: F, /) -> F: ...
-@overload
-def idempotent_function(
-    *,
-    key: KeyFunction,
-    scope: str | None = None,
-    atomic: bool = True,
-    ttl: timedelta | float | None = None,
-    wait: float | None = None,
-    lease: timedelta | float | None = None,
-    recover: Recover | None = None,
-) -> Callable[[F], F]: ...
-
-
 def idempotent_function(
     func: Callable[..., Any] | None = None,
     /,
@@ -198,7 +183,7 @@ def idempotent_function(
     wait: float | None = None,
     lease: timedelta | float | None = None,
     recover: Recover | None = None,
-) -> Any:
+) -> Callable[[F], F]:
     """Run a function's body once per key; later calls get its first return value.
 
     ``key`` is called with the function's own arguments and returns the key

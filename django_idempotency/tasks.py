@@ -12,7 +12,7 @@ import inspect
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar
 
 from celery import current_task, shared_task
 from celery.app.task import Task
@@ -58,22 +58,6 @@ TASK_VALUES = replace(
     database_busy=lambda: TaskInFlight(retry_after=1),
     ending=_ending,
 )
-
-
-@overload
-def idempotent_task(func: F, /) -> F: ...
-
-
-@overload
-def idempotent_task(
-    *,
-    key: KeyFunction | None = None,
-    atomic: bool | None = None,
-    ttl: timedelta | float | None = None,
-    wait: float | None = None,
-    lease: timedelta | float | None = None,
-    recover: functions.Recover | None = None,
-) -> Callable[[F], F]: ...
 
 
 def idempotent_task(
