@@ -72,8 +72,9 @@ class Kind:
     #: seconds to wait), or the key was used for other work.
     in_flight: Callable[[float], IdempotencyError]
     mismatch: Callable[[], IdempotencyError]
-    #: SQLite's one write lock held past ``WAIT`` by a request for any key.
-    database_busy: Callable[[], IdempotencyError]
+    #: SQLite's one write lock held past ``WAIT`` by a request for any key;
+    #: ``None``: the in-flight error, to be retried in a second.
+    database_busy: Callable[[], IdempotencyError] | None = None
     ending: Callable[[BaseException], Ending] = plain_ending
     #: What the first call returns: its own result (a view's response), or
     #: what a duplicate would get (a function's JSON value).
@@ -515,7 +516,8 @@ class Call:
                 "Database busy; answering 409 to idempotency key %s in scope %r",
                 outcome="database_busy",
             )
-            raise self.kind.database_busy() from locked
+            busy_error = self.kind.database_busy
+            raise (self.kind.in_flight(1) if busy_error is None else busy_error()) from locked
         except store.Busy as busy:
             self._send(signals.wait_timed_out)
             raise self._conflict(retry_after=1) from busy

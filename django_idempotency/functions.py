@@ -64,7 +64,6 @@ VALUES = engine.Kind(
     decode=_decode,
     in_flight=lambda retry_after: CallInFlight(retry_after=retry_after),
     mismatch=ArgumentsMismatch,
-    database_busy=lambda: CallInFlight(retry_after=1),
     # The first call gets what every later call will: the value read back.
     fresh=lambda result, stored: _decode(stored),
     # f(abandoned): None takes over, a value completes the key, raising holds it.

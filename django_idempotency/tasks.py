@@ -55,7 +55,6 @@ TASK_VALUES = replace(
     functions.VALUES,
     in_flight=lambda retry_after: TaskInFlight(retry_after=retry_after),
     mismatch=TaskArgumentsMismatch,
-    database_busy=lambda: TaskInFlight(retry_after=1),
     ending=_ending,
 )
 

@@ -22,7 +22,7 @@ from django.test import RequestFactory
 from django.utils import timezone
 
 from django_idempotency import functions, idempotent, store
-from django_idempotency.exceptions import TaskInFlight
+from django_idempotency.exceptions import CallInFlight, DatabaseBusy, TaskInFlight
 from django_idempotency.models import IdempotencyKey
 from tests.databases import claims_waiting, lock_timeout, new_claim
 from tests.factories import IdempotencyKeyFactory
@@ -311,6 +311,30 @@ class SqliteDatabaseBusyTests:
         assert problem["title"] == "Database busy"
         assert "still being processed" not in problem["detail"]
         assert "database is busy" in problem["detail"]
+
+    @pytest.mark.parametrize("kind", ["function", "task"])
+    def test_a_function_or_task_meeting_that_lock_is_in_flight_for_a_second(self, kind):
+        from django_idempotency.tasks import TASK_VALUES
+
+        def run() -> object:  # its body never runs
+            return functions.run_once(
+                scope="tests.charge",
+                key="mine",
+                arguments={},
+                body=lambda info: "charged",
+                options=functions.declare("tests.charge", wait=0.2),
+                sender=None,
+                kind=TASK_VALUES if kind == "task" else functions.VALUES,
+            )
+
+        holder = Holder(lambda: IdempotencyKeyFactory(key="someone-else"))
+        with holder, pytest.raises(CallInFlight) as raised:
+            run()
+
+        assert isinstance(raised.value, TaskInFlight) == (kind == "task")
+        assert not isinstance(raised.value, DatabaseBusy)
+        assert raised.value.retry_after == 1
+        assert not IdempotencyKey.objects.filter(key="mine").exists()
 
 
 @only_mysql
