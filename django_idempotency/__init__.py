@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    # What __getattr__ below gives, for type checkers and editors.
+    from django_idempotency.decorators import idempotent
+    from django_idempotency.functions import idempotent_function
+    from django_idempotency.marks import idempotency_exempt
 
 __all__ = ["__version__", "idempotency_exempt", "idempotent", "idempotent_function"]
 

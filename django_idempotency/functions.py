@@ -172,10 +172,13 @@ def run_once(
 
 
 def idempotent_function(
-    func: Callable[..., Any] | None = None,
+    # Positional only so that a bare ``@idempotent_function`` is told the
+    # keyword it lacks ("missing ... argument: 'key'"), not that it gave
+    # one positional argument too many.
+    func: None = None,
     /,
     *,
-    key: KeyFunction | None = None,
+    key: KeyFunction,
     scope: str | None = None,
     atomic: bool = True,
     ttl: timedelta | float | None = None,
@@ -204,7 +207,7 @@ def idempotent_function(
     the claim (``django_idempotency.recovery.hold_call``).
     """
     if func is not None:
-        raise TypeError("idempotent_function needs key=: @idempotent_function(key=...).")
+        raise TypeError("idempotent_function takes keywords only: @idempotent_function(key=...).")
     if not callable(key):
         raise TypeError(
             "idempotent_function(key=...) must be a callable of the function's arguments "

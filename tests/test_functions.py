@@ -396,14 +396,20 @@ class DefinitionTests:
     """Mistakes fail where the function is defined, not at its first call."""
 
     def test_bare_decorator_asks_for_a_key(self):
-        with pytest.raises(TypeError, match=r"needs key=: @idempotent_function\(key=\.\.\.\)"):
+        with pytest.raises(TypeError, match=r"missing 1 required keyword-only argument: 'key'"):
 
-            @idempotent_function
+            @idempotent_function  # type: ignore[arg-type, call-arg]
             def no_key() -> None: ...
 
     def test_no_key_is_refused(self):
+        with pytest.raises(TypeError, match=r"missing 1 required keyword-only argument: 'key'"):
+            idempotent_function()  # type: ignore[call-arg]
         with pytest.raises(TypeError, match="must be a callable of the function's arguments"):
-            idempotent_function()
+            idempotent_function(key=None)  # type: ignore[arg-type]
+
+    def test_a_function_with_its_key_is_refused_positionally(self):
+        with pytest.raises(TypeError, match=r"keywords only: @idempotent_function\(key=\.\.\.\)"):
+            idempotent_function(lambda: None, key=lambda: "k")  # type: ignore[arg-type]
 
     @pytest.mark.parametrize("key", ["message_id", 42])
     def test_a_key_that_is_not_callable_is_refused(self, key):
@@ -431,4 +437,4 @@ class DefinitionTests:
 
     def test_an_unknown_option_is_a_type_error(self):
         with pytest.raises(TypeError, match="methods"):
-            idempotent_function(key=lambda: "k", methods=("POST",))  # type: ignore[call-overload]
+            idempotent_function(key=lambda: "k", methods=("POST",))  # type: ignore[call-arg]
