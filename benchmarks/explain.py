@@ -97,6 +97,8 @@ def explain(requests: int, *, new_connection: bool = False) -> None:
         post("/plain/", key)
     BaseDatabaseWrapper._commit = timed_commit
     psycopg.Connection.wait = counted_wait
+    if new_connection:
+        connection.close()
     try:
         with connection.execute_wrapper(timed_statement):
             for number in range(requests):
@@ -108,13 +110,14 @@ def explain(requests: int, *, new_connection: bool = False) -> None:
                     phase["name"] = name
                     started = time.perf_counter()
                     if new_connection:
-                        # What Django does at the start of a request with
-                        # CONN_MAX_AGE = 0 (the test client skips it).
-                        connection.close()
                         connection.ensure_connection()
                         connect_ms[name].append((time.perf_counter() - started) * 1000)
                     post(path, key)
                     request_ms[name].append((time.perf_counter() - started) * 1000)
+                    if new_connection:
+                        # What Django does once a request with CONN_MAX_AGE = 0
+                        # has finished (the test client skips it).
+                        connection.close()
     finally:
         BaseDatabaseWrapper._commit = original_commit
         psycopg.Connection.wait = original_wait

@@ -776,8 +776,10 @@ def run_all(*, quick: bool, write_docs: bool, command: str, only: Sequence[str] 
     """
     from benchmarks.bench import peers as peer_registry
 
+    wanted = {only} if isinstance(only, str) else set(only)
+    if not wanted or wanted - set(SECTIONS):
+        raise ValueError(f"only= takes some of {', '.join(SECTIONS)}, not {sorted(wanted)}")
     plan = QUICK if quick else FULL
-    wanted = set(only)
     write_docs = write_docs and wanted == set(SECTIONS)
     started = time.monotonic()
 

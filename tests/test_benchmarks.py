@@ -208,3 +208,11 @@ def test_only_runs_the_named_sections_and_refuses_an_unknown_one(monkeypatch, ca
         capsys.readouterr().err
     )
     assert len(runs) == 1
+
+
+@pytest.mark.parametrize("only", [["per_request"], [], ["statements", "no-such-section"]])
+def test_run_all_refuses_what_names_no_section_before_touching_a_database(only):
+    from benchmarks.suite import run_all
+
+    with pytest.raises(ValueError, match="only= takes some of statements, throughput"):
+        run_all(quick=True, write_docs=False, command="", only=only)
