@@ -11,7 +11,7 @@ from django.http import HttpRequest, HttpResponseBase
 
 from django_idempotency.core import guard_for
 from django_idempotency.marks import PROTECTED_ATTRIBUTE
-from django_idempotency.options import NonAtomicRequests, check_options
+from django_idempotency.options import DeclaredOptions, NonAtomicRequests, check_options
 
 ViewFunc = TypeVar("ViewFunc", bound=Callable[..., HttpResponseBase])
 
@@ -19,6 +19,12 @@ ViewFunc = TypeVar("ViewFunc", bound=Callable[..., HttpResponseBase])
 #: with the fix when it would take the scope before authentication ran.
 #: ``drf.py`` adds DRF's (``@idempotent`` above ``@api_view``).
 PLACEMENT_CHECKS: list[Callable[[Any], None]] = []
+#: Where wrapping what ``@idempotent`` is put on would take the scope before
+#: authentication, but protecting something inside it would not: each
+#: returns the view to call instead, or ``None``. ``drf.py`` adds DRF's (a
+#: DRF view's ``dispatch``: its handler is protected, once DRF has
+#: authenticated the caller).
+PROTECTED_INSIDE: list[Callable[[Any, DeclaredOptions], Callable[..., Any] | None]] = []
 
 
 @overload
@@ -43,6 +49,10 @@ def idempotent(view: ViewFunc | None = None, /, **options: Any) -> Any:
         for check in PLACEMENT_CHECKS:
             check(view_func)
         view_options = check_options(options, view_func)
+        for protect_inside in PROTECTED_INSIDE:
+            inside = protect_inside(view_func, view_options)
+            if inside is not None:
+                return inside  # type: ignore[return-value]
         wrapper: Any
         if iscoroutinefunction(view_func):
 

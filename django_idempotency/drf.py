@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import weakref
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -27,10 +28,11 @@ from django_idempotency import exceptions as core_exceptions
 from django_idempotency.body import django_request
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.core import Guard, guard_for, render
-from django_idempotency.decorators import PLACEMENT_CHECKS
+from django_idempotency.decorators import PLACEMENT_CHECKS, PROTECTED_INSIDE
 from django_idempotency.marks import EXEMPT_ATTRIBUTE
 from django_idempotency.middleware import VIEW_PROTECTORS
 from django_idempotency.options import OPTION_NAMES, DeclaredOptions, NonAtomicRequests
+from django_idempotency.responses import problem
 
 
 class IdempotencyKeyRequired(exceptions.APIException):
@@ -192,30 +194,94 @@ class IdempotentMixin:
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)  # type: ignore[misc]
-        # DRF looks the handler up after initial(); shadow it on the instance
-        # (as ViewSets themselves do) with a protected version.
-        method = (request.method or "").lower()
-        handler = getattr(self, method, None)
-        if handler is not None:
-            setattr(self, method, self._protected(handler))
+        _protect_handler(self, request, view_options(self), guard)
 
-    def _protected(self, handler: Any) -> Any:
-        options = view_options(self)
-        sender = type(self)
-        if iscoroutinefunction(handler):
-            # An async handler of an adrf view (docs/async.rst).
 
-            async def protected_async(request: Request, *args: Any, **kwargs: Any) -> Any:
-                call = partial(handler, request, *args, **kwargs)
-                return await guard(request).acall(request, call, options, sender)
+def _protect_handler(
+    view: Any, request: Request, options: DeclaredOptions, guarded: Callable[[Request], Guard]
+) -> None:
+    """Shadow the handler DRF is about to call, on the instance, with a protected one.
 
-            return protected_async
+    DRF looks the handler up after ``initial()``, which has authenticated
+    the caller and checked permissions and throttles; ViewSets set their
+    actions on the instance the same way.
+    """
+    method = (request.method or "").lower()
+    handler = getattr(view, method, None)
+    if handler is None:
+        return
+    sender = type(view)
+    if iscoroutinefunction(handler):
+        # An async handler of an adrf view (docs/async.rst).
 
-        def protected(request: Request, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        async def protected_async(request: Request, *args: Any, **kwargs: Any) -> Any:
             call = partial(handler, request, *args, **kwargs)
-            return guard(request).call(request, call, options, sender)
+            return await guarded(request).acall(request, call, options, sender)
 
-        return protected
+        setattr(view, method, protected_async)
+        return
+
+    def protected(request: Request, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        call = partial(handler, request, *args, **kwargs)
+        return guarded(request).call(request, call, options, sender)
+
+    setattr(view, method, protected)
+
+
+def _problem_guard(request: Request) -> Guard:
+    """DRF's rendering, with a decorator's answers: problem details."""
+    return Guard(finish=partial(finish, request), answer=problem)
+
+
+def protect_dispatch_inside(view_func: Any, options: DeclaredOptions) -> Any:
+    """``@idempotent`` on a DRF view's ``dispatch``: protect its handler, after authentication.
+
+    ``method_decorator(idempotent, name="dispatch")`` hands the decorator,
+    for each request, the view's bound ``dispatch``. Around it the scope
+    would come from Django's request, before DRF authenticates the caller,
+    so callers DRF tells apart by a token or an API key header would share
+    one scope, and a replay would skip DRF's permission checks. So
+    ``dispatch`` runs as it is, and the handler it picks once ``initial()``
+    has authenticated the caller (and checked permissions and throttles)
+    is protected with the decorator's options, as ``IdempotentMixin``
+    protects it; errors are answered as problem details, as a decorator's
+    are. ``None`` for anything else.
+    """
+    view = _dispatching(view_func)
+    if view is None:
+        return None
+    authenticate = view.initial
+
+    def initial(request: Request, *args: Any, **kwargs: Any) -> None:
+        authenticate(request, *args, **kwargs)
+        _protect_handler(view, request, options, _problem_guard)
+
+    def dispatch(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        view.initial = initial  # type: ignore[method-assign]
+        return view_func(request, *args, **kwargs)
+
+    return dispatch
+
+
+def _dispatching(view_func: Any) -> APIView | None:
+    """The DRF view whose ``dispatch`` ``view_func`` is, as ``method_decorator`` binds it.
+
+    ``method_decorator`` passes a ``partial`` of the bound method (under the
+    decorators listed after this one, which ``functools.wraps`` lets us see
+    through).
+    """
+    for _ in range(8):
+        bound = getattr(view_func, "func", None)
+        view = getattr(bound, "__self__", None)
+        if isinstance(view, APIView):
+            return view if getattr(bound, "__name__", None) == "dispatch" else None
+        view_func = getattr(view_func, "__wrapped__", None)
+        if view_func is None:
+            return None
+    return None
+
+
+PROTECTED_INSIDE.append(protect_dispatch_inside)
 
 
 for _attribute in _ATTRIBUTES:

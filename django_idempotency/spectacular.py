@@ -59,8 +59,8 @@ class Layer:
     """One protection a request meets on its way to the handler."""
 
     options: DeclaredOptions
-    #: ``@idempotent`` on ``dispatch`` sees Django's request, before DRF
-    #: wraps it, and answers its errors as problem details.
+    #: ``@idempotent`` on ``dispatch`` answers its errors as problem
+    #: details, as a decorator does, not through DRF's exception handler.
     problem_details: bool = False
 
 
@@ -79,10 +79,10 @@ class Protected:
 def layers(callback: Any, view: APIView, method: str, path_regex: str) -> list[Layer]:
     """What protects ``method`` of the view function ``callback``, outermost first.
 
-    The order of the run time: ``@idempotent`` on ``dispatch`` wraps all of
-    DRF; the mixin (the view's own, or the one ``IdempotencyMiddleware``
-    puts in front of a DRF view that protects nothing itself) wraps the
-    handler; ``@idempotent`` on the handler, or on a method DRF's handler
+    The order of the run time: ``@idempotent`` on ``dispatch`` protects the
+    handler outside every other layer; the mixin (the view's own, or the
+    one ``IdempotencyMiddleware`` puts in front of a DRF view that protects
+    nothing itself) wraps the handler; ``@idempotent`` on the handler, or on a method DRF's handler
     hands the request to (a generic view's ``create``), is innermost.
     ``view`` is the instance being documented, whose ``as_view()``
     arguments and properties the mixin reads.
@@ -445,7 +445,7 @@ def _link_header() -> dict[str, Any]:
 def _error_content(schema: AutoSchema, problem_details: bool) -> dict[str, Any]:
     """The body these errors have: problem details, or what ``EXCEPTION_HANDLER`` renders."""
     if problem_details:
-        # @idempotent on dispatch answers before DRF: RFC 9457, as on a plain view.
+        # @idempotent on dispatch answers as a decorator: RFC 9457, as on a plain view.
         problem = _component(
             schema,
             PROBLEM_COMPONENT,

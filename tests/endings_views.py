@@ -211,6 +211,24 @@ def mixin_api_view(atomic: bool) -> Any:
     return EndingsAPIView.as_view()
 
 
+def drf_dispatch_view(atomic: bool) -> Any:
+    @method_decorator(idempotent(atomic=atomic), name="dispatch")
+    class EndingsDispatchAPIView(_Open, APIView):
+        def post(self, request: Request) -> HttpResponseBase:
+            return drf_handler(request)
+
+    return EndingsDispatchAPIView.as_view()
+
+
+def adrf_dispatch_view(atomic: bool) -> Any:
+    @method_decorator(idempotent(atomic=atomic), name="dispatch")
+    class EndingsAsyncDispatchAPIView(_Open, AsyncAPIView):
+        async def post(self, request: Request) -> HttpResponseBase:
+            return await arun_handler(request, drf_response, SlowResponse)
+
+    return EndingsAsyncDispatchAPIView.as_view()
+
+
 def mixin_viewset(atomic: bool) -> Any:
     class EndingsViewSet(IdempotentMixin, _Open, ViewSet):
         idempotency_atomic = atomic
@@ -316,7 +334,9 @@ ROWS = {
     "api_view": drf_api_view,
     "mixin_apiview": mixin_api_view,
     "mixin_viewset": mixin_viewset,
+    "drf_dispatch": drf_dispatch_view,
     "adrf": adrf_view,
+    "adrf_dispatch": adrf_dispatch_view,
     "async_function": async_function_view,
     "async_class_based": async_class_based_view,
     "middleware": middleware_view,

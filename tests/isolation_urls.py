@@ -28,6 +28,8 @@ VIEWS = {
     "mixin-apiview": views.MixinAPIView.as_view(),
     "mixin-viewset": views.MixinViewSet.as_view({"post": "create"}),
     "drf-method-decorator": views.MethodDecoratedAPIView.as_view(),
+    "drf-dispatch-decorator": views.DispatchDecoratedAPIView.as_view(),
+    "adrf-dispatch-decorator": views.DispatchDecoratedAdrfAPIView.as_view(),
     "adrf": views.AdrfMixinAPIView.as_view(),
     "hidden-function": _without_wraps(views.function_view),
     "plain": views.plain_view,

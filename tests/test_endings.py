@@ -133,7 +133,9 @@ ADAPTERS = [
     Adapter("api_view", "gunicorn", "http", "/endings/api_view/"),
     Adapter("mixin_apiview", "gunicorn", "http", "/endings/mixin_apiview/"),
     Adapter("mixin_viewset", "gunicorn", "http", "/endings/mixin_viewset/"),
+    Adapter("drf_dispatch", "gunicorn", "http", "/endings/drf_dispatch/"),
     Adapter("adrf", "uvicorn", "http", "/endings/adrf/"),
+    Adapter("adrf_dispatch", "uvicorn", "http", "/endings/adrf_dispatch/"),
     Adapter("async_function", "uvicorn", "http", "/endings/async_function/"),
     Adapter("async_class_based", "uvicorn", "http", "/endings/async_class_based/"),
     # IdempotencyMiddleware on undecorated views: atomic, or lease mode for a

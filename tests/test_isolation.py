@@ -59,7 +59,7 @@ from rest_framework.authtoken.models import Token
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.scopes import user_scope
 from django_idempotency.signals import key_claimed
-from tests.isolation_views import API_KEYS, SESSION_CALLER, encode_jwt
+from tests.isolation_views import API_KEYS, HEADER_API_KEYS, SESSION_CALLER, encode_jwt
 from tests.models import Order
 from tests.polling import wait_until
 from tests.server import GunicornServer, UvicornServer, running
@@ -100,6 +100,9 @@ ADAPTERS = [
     Adapter("mixin_apiview", "mixin-apiview", WSGI, drf=True),
     Adapter("mixin_viewset", "mixin-viewset", WSGI, drf=True),
     Adapter("drf_method_decorator", "drf-method-decorator", WSGI, drf=True),
+    # On dispatch, through method_decorator: the handler is protected, after DRF's authentication.
+    Adapter("drf_dispatch_decorator", "drf-dispatch-decorator", WSGI, drf=True),
+    Adapter("adrf_dispatch_decorator", "adrf-dispatch-decorator", ASGI, drf=True),
     Adapter("async_function", "async-function", ASGI),
     Adapter("async_method_decorator", "async-class-based", ASGI),
     Adapter("adrf_mixin", "adrf", ASGI, drf=True),
@@ -114,6 +117,13 @@ ADAPTERS = [
     # it, with the same options, and the view runs under that protection.
     Adapter("middleware_hidden_decorator", "hidden-function", WSGI, middleware=True),
     Adapter("middleware_mixin", "mixin-apiview", WSGI, drf=True, middleware=True),
+    Adapter(
+        "middleware_drf_dispatch_decorator",
+        "drf-dispatch-decorator",
+        WSGI,
+        drf=True,
+        middleware=True,
+    ),
     Adapter("middleware_adrf_mixin", "adrf", ASGI, drf=True, middleware=True),
     # The middleware over DRF views without the mixin: protected through the
     # mixin's path, after DRF's authentication.
@@ -168,6 +178,13 @@ def api_key_caller(name: str) -> Caller:
     return Caller(name, {"Authorization": f"Api-Key {key}"})
 
 
+def header_api_key_user(name: str) -> Caller:
+    """A user that DRF authenticates from an API key in a header of its own (``X-Api-Key``)."""
+    user = User.objects.create_user(name)
+    key = next(key for key, owner in HEADER_API_KEYS.items() if owner == name)
+    return Caller(name, {"X-Api-Key": key}, user=user)
+
+
 def anonymous_caller(name: str) -> Caller:
     """Neither a session nor credentials: nothing tells two of them apart."""
     return Caller("anonymous")
@@ -191,6 +208,9 @@ class Kind:
     scope_setting: str | None = None
     #: The servers' settings module for its cells.
     server_settings: str = "tests.isolation_settings"
+    #: Only DRF's authentication knows it: elsewhere it is a caller with
+    #: neither a session nor credentials, the ``anonymous`` kind's cells.
+    drf_only: bool = False
 
 
 KINDS = [
@@ -198,6 +218,7 @@ KINDS = [
     Kind("token", token_user),
     Kind("jwt", jwt_user),
     Kind("authorization", api_key_caller),
+    Kind("api_key_header", header_api_key_user, drf_only=True),
     Kind("anonymous", anonymous_caller),
     Kind(
         "anonymous_session",
@@ -222,7 +243,7 @@ def seen_as(adapter: Adapter, kind: Kind) -> str:
 
 def expected_scope(seen: str, caller: Caller) -> str:
     """SPEC 4.5: the scope of ``caller``, seen as ``seen``."""
-    if seen in ("session", "token", "jwt"):
+    if seen in ("session", "token", "jwt", "api_key_header"):
         assert caller.user is not None
         return f"user:{caller.user.pk}"
     if seen == "authorization":
@@ -240,6 +261,7 @@ def expected_via(seen: str) -> str:
         "session": "user",
         "token": "user",
         "jwt": "user",
+        "api_key_header": "user",
         "authorization": "view",
         "anonymous_session": "session",
     }.get(seen, "nobody")
@@ -266,6 +288,7 @@ CELLS = [
     )
     for adapter in ADAPTERS
     for kind in KINDS
+    if adapter.drf or not kind.drf_only
     for place in places(adapter)
 ]
 

@@ -265,7 +265,7 @@ class EveryWayOfProtectingTests:
         assert documented(schema, "/dispatch-decorated/", "patch") is None
 
     def test_dispatch_answers_before_drf_with_problem_details(self, schema):
-        # @idempotent on dispatch sees Django's request, not DRF's: RFC 9457.
+        # @idempotent on dispatch answers as a decorator does: RFC 9457.
         assert error_media_types(schema, "/dispatch-orders/", "post") == {
             "application/problem+json"
         }
