@@ -60,10 +60,10 @@ def fill(rows: int) -> None:
     with connection.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {table} (scope, key, fingerprint, state, status_code, "
-            "response_headers, response_body, owner_token, created_at, expires_at) "
+            "response_headers, response_body, owner_token, created_at, expires_at, attempt) "
             "SELECT 'bench', 'expired-' || n, repeat('f', 64), 'completed', 201, "
             """'[["Content-Type", "application/json"]]'::jsonb, '{"ok": true}'::bytea, '', """
-            "now() - interval '25 hours', now() - interval '1 hour' - n * interval '1 ms' "
+            "now() - interval '25 hours', now() - interval '1 hour' - n * interval '1 ms', 1 "
             "FROM generate_series(1, %s) AS n",
             [rows],
         )

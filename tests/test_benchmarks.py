@@ -216,3 +216,17 @@ def test_run_all_refuses_what_names_no_section_before_touching_a_database(only):
 
     with pytest.raises(ValueError, match="only= takes some of statements, throughput"):
         run_all(quick=True, write_docs=False, command="", only=only)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the purge bench is PostgreSQL's")
+@pytest.mark.django_db(transaction=True)
+def test_the_purge_bench_fills_records_the_purge_deletes():
+    from benchmarks.purge import fill
+    from django_idempotency.models import IdempotencyKey
+    from django_idempotency.purge import purge_expired
+
+    fill(5)
+
+    assert IdempotencyKey.objects.filter(scope="bench").count() == 5
+    assert purge_expired(batch_size=2) == 5
+    assert not IdempotencyKey.objects.exists()
