@@ -117,7 +117,7 @@ async def protect_async(
     finish: Finish = render,
 ) -> HttpResponseBase:
     """:func:`protect` for a coroutine handler: the same rules, and it finishes when cancelled."""
-    if _protected_outside(request, options, sender) or not _may_claim(request, options.resolve()):
+    if _protected_outside(request, options, sender) or not may_claim(request, options.resolve()):
         # Nothing to claim: skip the hop to the request's thread.
         return await handler()
 
@@ -136,7 +136,7 @@ def _call(
     if _protected_outside(request, declared, sender):
         return None
     options = declared.resolve()
-    if not _may_claim(request, options):
+    if not may_claim(request, options):
         return None
     conf = idempotency_settings
     raw_key = sent_key(request, options)
@@ -199,7 +199,7 @@ def _protected_outside(request: HttpRequest, declared: DeclaredOptions, sender: 
     )
 
 
-def _may_claim(request: HttpRequest, options: Options) -> bool:
+def may_claim(request: HttpRequest, options: Options) -> bool:
     """Whether this request may be protected: enabled, a protected method, a key or required.
 
     A view's ``key`` function is asked once, by :func:`_call`, in the

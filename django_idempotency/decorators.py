@@ -20,11 +20,11 @@ ViewFunc = TypeVar("ViewFunc", bound=Callable[..., HttpResponseBase])
 #: ``drf.py`` adds DRF's (``@idempotent`` above ``@api_view``).
 PLACEMENT_CHECKS: list[Callable[[Any], None]] = []
 #: Where wrapping what ``@idempotent`` is put on would take the scope before
-#: authentication, but protecting something inside it would not: each
-#: returns the view to call instead, or ``None``. ``drf.py`` adds DRF's (a
-#: DRF view's ``dispatch``: its handler is protected, once DRF has
-#: authenticated the caller).
-PROTECTED_INSIDE: list[Callable[[Any, DeclaredOptions], Callable[..., Any] | None]] = []
+#: authentication, but protecting something it calls would not: each is
+#: given the decorated callable, its options and the wrapper, and returns
+#: the wrapper to use. ``drf.py`` adds DRF's: on a DRF view's ``dispatch``,
+#: the handler is protected once DRF has authenticated the caller.
+PLACEMENT_ADAPTERS: list[Callable[[Any, DeclaredOptions, Any], Any]] = []
 
 
 @overload
@@ -49,10 +49,6 @@ def idempotent(view: ViewFunc | None = None, /, **options: Any) -> Any:
         for check in PLACEMENT_CHECKS:
             check(view_func)
         view_options = check_options(options, view_func)
-        for protect_inside in PROTECTED_INSIDE:
-            inside = protect_inside(view_func, view_options)
-            if inside is not None:
-                return inside  # type: ignore[return-value]
         wrapper: Any
         if iscoroutinefunction(view_func):
 
@@ -68,6 +64,8 @@ def idempotent(view: ViewFunc | None = None, /, **options: Any) -> Any:
                 handler = partial(view_func, request, *args, **kwargs)
                 return guard_for(request).call(request, handler, view_options, view_func)
 
+        for adapt in PLACEMENT_ADAPTERS:
+            wrapper = adapt(view_func, view_options, wrapper)
         # Read by IdempotencyMiddleware, so that a decorated view is protected once.
         setattr(wrapper, PROTECTED_ATTRIBUTE, True)
         marked: frozenset[str] = getattr(view_func, "_non_atomic_requests", frozenset())

@@ -10,6 +10,8 @@ views go through the same core (``docs/async.rst``).
 from __future__ import annotations
 
 import difflib
+import inspect
+import logging
 import weakref
 from collections.abc import Callable
 from functools import partial
@@ -27,12 +29,14 @@ from rest_framework.views import APIView
 from django_idempotency import exceptions as core_exceptions
 from django_idempotency.body import django_request
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.core import Guard, guard_for, render
-from django_idempotency.decorators import PLACEMENT_CHECKS, PROTECTED_INSIDE
+from django_idempotency.core import Guard, guard_for, may_claim, render
+from django_idempotency.decorators import PLACEMENT_ADAPTERS, PLACEMENT_CHECKS
 from django_idempotency.marks import EXEMPT_ATTRIBUTE
 from django_idempotency.middleware import VIEW_PROTECTORS
 from django_idempotency.options import OPTION_NAMES, DeclaredOptions, NonAtomicRequests
 from django_idempotency.responses import problem
+
+logger = logging.getLogger(__name__)
 
 
 class IdempotencyKeyRequired(exceptions.APIException):
@@ -233,55 +237,111 @@ def _problem_guard(request: Request) -> Guard:
     return Guard(finish=partial(finish, request), answer=problem)
 
 
-def protect_dispatch_inside(view_func: Any, options: DeclaredOptions) -> Any:
+def protect_after_authentication(view_func: Any, options: DeclaredOptions, wrapper: Any) -> Any:
     """``@idempotent`` on a DRF view's ``dispatch``: protect its handler, after authentication.
 
-    ``method_decorator(idempotent, name="dispatch")`` hands the decorator,
-    for each request, the view's bound ``dispatch``. Around it the scope
-    would come from Django's request, before DRF authenticates the caller,
-    so callers DRF tells apart by a token or an API key header would share
-    one scope, and a replay would skip DRF's permission checks. So
+    ``method_decorator`` hands the decorator, for each request, a method of
+    the view bound to it. One that DRF calls with its own request (a
+    handler, a generic view's ``create``) runs after DRF's ``initial()``
+    and is protected where it is. One called with Django's request is
+    ``dispatch`` (whatever a decorator named it): around it the scope would
+    come from Django's request, before DRF authenticates the caller, so
+    callers that DRF tells apart by a token or an API key header would
+    share one scope, and a replay would skip DRF's permission checks. So
     ``dispatch`` runs as it is, and the handler it picks once ``initial()``
-    has authenticated the caller (and checked permissions and throttles)
-    is protected with the decorator's options, as ``IdempotentMixin``
-    protects it; errors are answered as problem details, as a decorator's
-    are. ``None`` for anything else.
+    has authenticated the caller (and checked permissions and throttles) is
+    protected with the decorator's options, as ``IdempotentMixin`` protects
+    it; errors are answered as problem details, as a decorator's are.
     """
-    view = _dispatching(view_func)
+    view = _bound_view(view_func)
     if view is None:
-        return None
-    authenticate = view.initial
+        return wrapper
+    dispatch = partial(_dispatch_protecting_the_handler, view, view_func, options)
+    if iscoroutinefunction(wrapper):
 
-    def initial(request: Request, *args: Any, **kwargs: Any) -> None:
-        authenticate(request, *args, **kwargs)
-        _protect_handler(view, request, options, _problem_guard)
+        async def protected_async(request: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(request, Request):
+                return await wrapper(request, *args, **kwargs)
+            return await dispatch(request, *args, **kwargs)
 
-    def dispatch(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
-        view.initial = initial  # type: ignore[method-assign]
-        return view_func(request, *args, **kwargs)
+        return protected_async
 
-    return dispatch
+    def protected(request: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(request, Request):
+            return wrapper(request, *args, **kwargs)
+        return dispatch(request, *args, **kwargs)
+
+    return protected
 
 
-def _dispatching(view_func: Any) -> APIView | None:
-    """The DRF view whose ``dispatch`` ``view_func`` is, as ``method_decorator`` binds it.
+def _dispatch_protecting_the_handler(
+    view: APIView,
+    dispatch: Any,
+    options: DeclaredOptions,
+    request: HttpRequest,
+    *args: Any,
+    **kwargs: Any,
+) -> Any:
+    """Run ``dispatch``, protecting the handler that DRF picks after ``initial()``.
 
-    ``method_decorator`` passes a ``partial`` of the bound method (under the
-    decorators listed after this one, which ``functools.wraps`` lets us see
-    through).
+    A ``dispatch`` of the project's own that answers without DRF's (and so
+    before any authentication) is not protected: that is logged, as the
+    decorator did nothing there.
+    """
+    authenticated = view.initial
+    reached: list[bool] = []
+
+    def initial(drf_request: Request, *a: Any, **kw: Any) -> None:
+        reached.append(True)
+        authenticated(drf_request, *a, **kw)
+        _protect_handler(view, drf_request, options, _problem_guard)
+
+    view.initial = initial  # type: ignore[method-assign, assignment]
+    response = dispatch(request, *args, **kwargs)
+    if not inspect.isawaitable(response):
+        _unless_reached(reached, view, request, options)
+        return response
+
+    async def awaited() -> Any:  # an adrf view's dispatch
+        answered = await response
+        _unless_reached(reached, view, request, options)
+        return answered
+
+    return awaited()
+
+
+def _unless_reached(
+    reached: list[bool], view: APIView, request: HttpRequest, options: DeclaredOptions
+) -> None:
+    if reached or not may_claim(request, options.resolve()):
+        return
+    logger.warning(
+        "%s.dispatch answered a request with an idempotency key without running DRF's "
+        "initial(), so @idempotent on dispatch protected nothing: it protects the handler "
+        "that DRF calls once it has authenticated the caller. Protect the code that answers "
+        "instead (a view of its own, or a method DRF calls).",
+        type(view).__qualname__,
+    )
+
+
+def _bound_view(view_func: Any) -> APIView | None:
+    """The DRF view a method ``method_decorator`` bound is of, else ``None``.
+
+    ``method_decorator`` passes a ``partial`` of the bound method, under
+    any decorators listed after this one; ``functools.wraps`` lets us see
+    through them.
     """
     for _ in range(8):
-        bound = getattr(view_func, "func", None)
-        view = getattr(bound, "__self__", None)
+        view = getattr(getattr(view_func, "func", None), "__self__", None)
         if isinstance(view, APIView):
-            return view if getattr(bound, "__name__", None) == "dispatch" else None
+            return view
         view_func = getattr(view_func, "__wrapped__", None)
         if view_func is None:
             return None
     return None
 
 
-PROTECTED_INSIDE.append(protect_dispatch_inside)
+PLACEMENT_ADAPTERS.append(protect_after_authentication)
 
 
 for _attribute in _ATTRIBUTES:
@@ -471,6 +531,8 @@ def protect_for_middleware(view: Any, method: str) -> Any:
         return view
     if any(handler_options(view_class, each) for each in chain):
         return view
+    if decorated_options(view_class, "dispatch") is not None:
+        return view  # @idempotent on dispatch protects the handler, with its own options
     # A view that manages its own transactions runs in lease mode, as the
     # middleware runs a plain one.
     lease = idempotency_settings.database in getattr(view, "_non_atomic_requests", ())

@@ -18,12 +18,15 @@ import pytest
 from django.contrib.auth.models import User
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
+from django.http import JsonResponse
 from django.test import override_settings
 from django.urls import path
 from django.utils import timezone
+from django.utils.decorators import method_decorator
 from django.views import View
 from rest_framework import viewsets
-from rest_framework.permissions import AllowAny
+from rest_framework.authentication import BaseAuthentication
+from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.test import APIClient
@@ -767,3 +770,131 @@ class DecoratorPlacementTests:
             def post(self, request: Any) -> Any: ...
 
         assert getattr(idempotent(Plain.as_view()), "_idempotency_protected", False)
+
+
+# @idempotent on a DRF view's dispatch: the handler is protected, after DRF's authentication.
+
+#: API keys DRF authenticates from a header of their own, which neither Django
+#: nor the scope knows of.
+HEADER_KEYS = {"key-alice": "alice", "key-bob": "bob"}
+
+
+class HeaderKeyAuthentication(BaseAuthentication):
+    def authenticate(self, request: Request) -> tuple[User, str] | None:
+        key = request.headers.get("X-Api-Key")
+        if key is None:
+            return None
+        return User.objects.get(username=HEADER_KEYS[key]), key
+
+
+class _HeaderKeyOnly:
+    authentication_classes = [HeaderKeyAuthentication]
+    permission_classes = [IsAuthenticated]
+
+    def post(self, request: Request) -> Response:
+        calls.value += 1
+        return Response({"user": request.user.username, "call": calls.value}, status=201)
+
+
+def without_wraps(method: Any) -> Any:
+    """A project's decorator that hides the method it wraps (its name included)."""
+
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return method(self, *args, **kwargs)
+
+    return wrapper
+
+
+@method_decorator(idempotent, name="dispatch")
+class DispatchOfAHiddenDispatch(_HeaderKeyOnly, APIView):
+    @without_wraps
+    def dispatch(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        return super().dispatch(request, *args, **kwargs)
+
+
+class DispatchOfItsOwn(_HeaderKeyOnly, APIView):
+    @method_decorator(idempotent)
+    def dispatch(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        if request.headers.get("X-Early"):
+            calls.value += 1
+            return JsonResponse({"early": calls.value}, status=201)
+        return super().dispatch(request, *args, **kwargs)
+
+
+@method_decorator(idempotent(required=False, methods=("POST",)), name="dispatch")
+class DispatchWithItsOwnOptions(_HeaderKeyOnly, APIView):
+    def patch(self, request: Request) -> Response:
+        return self.post(request)
+
+
+urlpatterns += [
+    path("hidden-dispatch/", DispatchOfAHiddenDispatch.as_view()),
+    path("own-dispatch/", DispatchOfItsOwn.as_view()),
+    path("dispatch-options/", DispatchWithItsOwnOptions.as_view()),
+]
+
+
+def key_holder(name: str) -> APIClient:
+    User.objects.get_or_create(username=name)
+    client = APIClient()
+    client.credentials(HTTP_X_API_KEY=f"key-{name}")
+    return client
+
+
+@pytest.mark.django_db
+@pytest.mark.urls("tests.test_drf")
+class DispatchPlacementTests:
+    @pytest.mark.parametrize("url", ["/hidden-dispatch/", "/own-dispatch/"])
+    def test_each_caller_drf_authenticates_has_a_scope_of_its_own(self, url: str) -> None:
+        first = post(key_holder("alice"), url)
+        other = post(key_holder("bob"), url)
+        nobody = post(APIClient(), url)
+        retry = post(key_holder("alice"), url)
+
+        assert first.status_code == other.status_code == 201
+        assert "Idempotent-Replayed" not in other
+        assert other.json()["user"] == "bob"
+        assert nobody.status_code == 403  # DRF refused it: nothing replayed past permissions
+        assert retry["Idempotent-Replayed"] == "true" and retry.json() == first.json()
+        alice, bob = (User.objects.get(username=name).pk for name in ("alice", "bob"))
+        scopes = set(IdempotencyKey.objects.values_list("scope", flat=True))
+        assert scopes == {f"user:{alice}", f"user:{bob}"}
+        assert calls.value == 2
+
+    def test_a_dispatch_that_answers_before_drf_is_not_protected_and_says_so(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        client = key_holder("alice")
+        key = "early-key-4f2a9c"
+        with caplog.at_level("WARNING", logger="django_idempotency.drf"):
+            first = post(client, "/own-dispatch/", key=key, HTTP_X_EARLY="1")
+            again = post(client, "/own-dispatch/", key=key, HTTP_X_EARLY="1")
+
+        assert first.json() == {"early": 1} and again.json() == {"early": 2}
+        assert not IdempotencyKey.objects.exists()
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warnings) == 2
+        assert "DispatchOfItsOwn.dispatch answered a request with an idempotency key" in warnings[0]
+        assert key not in warnings[0]
+
+    @override_settings(
+        MIDDLEWARE=[
+            "django.contrib.sessions.middleware.SessionMiddleware",
+            "django.contrib.auth.middleware.AuthenticationMiddleware",
+            "django_idempotency.middleware.IdempotencyMiddleware",
+        ],
+        IDEMPOTENCY={"REQUIRED": True},
+    )
+    def test_under_the_middleware_it_is_protected_once_with_its_own_options(self) -> None:
+        client = key_holder("alice")
+        first = post(client, "/dispatch-options/")
+        retry = post(client, "/dispatch-options/")
+        without_key = post(client, "/dispatch-options/", key=None)
+        patched = client.patch(
+            "/dispatch-options/", PAYLOAD, format="json", HTTP_IDEMPOTENCY_KEY="k-patch"
+        )
+
+        assert retry["Idempotent-Replayed"] == "true" and retry.json() == first.json()
+        assert without_key.status_code == 201  # its own required=False, not the setting's
+        assert patched.status_code == 201  # PATCH is not in its own methods
+        assert IdempotencyKey.objects.count() == 1
