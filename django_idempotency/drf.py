@@ -14,7 +14,7 @@ import inspect
 import logging
 import weakref
 from collections.abc import Callable
-from functools import partial
+from functools import partial, wraps
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction
@@ -241,37 +241,34 @@ def protect_after_authentication(view_func: Any, options: DeclaredOptions, wrapp
     """``@idempotent`` on a DRF view's ``dispatch``: protect its handler, after authentication.
 
     ``method_decorator`` hands the decorator, for each request, a method of
-    the view bound to it. One that DRF calls with its own request (a
-    handler, a generic view's ``create``) runs after DRF's ``initial()``
-    and is protected where it is. One called with Django's request is
-    ``dispatch`` (whatever a decorator named it): around it the scope would
-    come from Django's request, before DRF authenticates the caller, so
-    callers that DRF tells apart by a token or an API key header would
-    share one scope, and a replay would skip DRF's permission checks. So
-    ``dispatch`` runs as it is, and the handler it picks once ``initial()``
-    has authenticated the caller (and checked permissions and throttles) is
-    protected with the decorator's options, as ``IdempotentMixin`` protects
-    it; errors are answered as problem details, as a decorator's are.
+    the view bound to it. Around ``dispatch`` the scope would come from
+    Django's request, before DRF authenticates the caller, so callers that
+    DRF tells apart by a token or an API key header would share one scope,
+    and a replay would skip DRF's permission checks. So ``dispatch`` runs
+    as it is, and the handler it picks once ``initial()`` has authenticated
+    the caller (and checked permissions and throttles) is protected with
+    the decorator's options, as ``IdempotentMixin`` protects it; errors are
+    answered as problem details, as a decorator's are. Any other method
+    (a handler, a generic view's ``create``, a helper) keeps ``wrapper``.
     """
-    view = _bound_view(view_func)
+    view = _dispatched_view(view_func)
     if view is None:
         return wrapper
-    dispatch = partial(_dispatch_protecting_the_handler, view, view_func, options)
-    if iscoroutinefunction(wrapper):
+    if iscoroutinefunction(wrapper):  # an ``async def dispatch`` of the project's own
 
-        async def protected_async(request: Any, *args: Any, **kwargs: Any) -> Any:
-            if isinstance(request, Request):
-                return await wrapper(request, *args, **kwargs)
-            return await dispatch(request, *args, **kwargs)
+        @wraps(view_func)
+        async def dispatch_async(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+            return await _dispatch_protecting_the_handler(
+                view, view_func, options, request, *args, **kwargs
+            )
 
-        return protected_async
+        return dispatch_async
 
-    def protected(request: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(request, Request):
-            return wrapper(request, *args, **kwargs)
-        return dispatch(request, *args, **kwargs)
+    @wraps(view_func)
+    def dispatch(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        return _dispatch_protecting_the_handler(view, view_func, options, request, *args, **kwargs)
 
-    return protected
+    return dispatch
 
 
 def _dispatch_protecting_the_handler(
@@ -324,20 +321,34 @@ def _unless_reached(
     )
 
 
-def _bound_view(view_func: Any) -> APIView | None:
-    """The DRF view a method ``method_decorator`` bound is of, else ``None``.
+def _dispatched_view(view_func: Any) -> APIView | None:
+    """The DRF view whose ``dispatch`` ``view_func`` is, as ``method_decorator`` binds it.
 
     ``method_decorator`` passes a ``partial`` of the bound method, under
-    any decorators listed after this one; ``functools.wraps`` lets us see
-    through them.
+    any decorators listed after this one (``functools.wraps`` lets us see
+    through them). It is ``dispatch`` when its function is the one the
+    class's ``dispatch`` wraps, whatever a decorator without
+    ``functools.wraps`` renamed it.
     """
+    bound = None
     for _ in range(8):
-        view = getattr(getattr(view_func, "func", None), "__self__", None)
-        if isinstance(view, APIView):
-            return view
+        bound = getattr(view_func, "func", None)
+        if isinstance(getattr(bound, "__self__", None), APIView):
+            break
         view_func = getattr(view_func, "__wrapped__", None)
         if view_func is None:
             return None
+    view = getattr(bound, "__self__", None)
+    if not isinstance(view, APIView):
+        return None
+    function = getattr(bound, "__func__", None)
+    dispatch = getattr(type(view), "dispatch", None)
+    for _ in range(8):
+        if dispatch is None:
+            return None
+        if dispatch is function:
+            return view
+        dispatch = getattr(dispatch, "__wrapped__", None)
     return None
 
 

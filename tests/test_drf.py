@@ -821,6 +821,25 @@ class DispatchOfItsOwn(_HeaderKeyOnly, APIView):
         return super().dispatch(request, *args, **kwargs)
 
 
+@method_decorator([idempotent, idempotent(ttl=60)], name="dispatch")
+class DispatchProtectedTwice(_HeaderKeyOnly, APIView):
+    pass
+
+
+class HelperCalledByDispatch(APIView):
+    """A helper method, decorated, that the view's own ``dispatch`` calls with Django's request."""
+
+    def dispatch(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        if request.headers.get("X-Legacy"):
+            return self.legacy(request)
+        return super().dispatch(request, *args, **kwargs)
+
+    @method_decorator(idempotent)
+    def legacy(self, request: Any) -> JsonResponse:
+        calls.value += 1
+        return JsonResponse({"legacy": calls.value}, status=201)
+
+
 @method_decorator(idempotent(required=False, methods=("POST",)), name="dispatch")
 class DispatchWithItsOwnOptions(_HeaderKeyOnly, APIView):
     def patch(self, request: Request) -> Response:
@@ -830,6 +849,8 @@ class DispatchWithItsOwnOptions(_HeaderKeyOnly, APIView):
 urlpatterns += [
     path("hidden-dispatch/", DispatchOfAHiddenDispatch.as_view()),
     path("own-dispatch/", DispatchOfItsOwn.as_view()),
+    path("dispatch-twice/", DispatchProtectedTwice.as_view()),
+    path("helper/", HelperCalledByDispatch.as_view()),
     path("dispatch-options/", DispatchWithItsOwnOptions.as_view()),
 ]
 
@@ -844,7 +865,7 @@ def key_holder(name: str) -> APIClient:
 @pytest.mark.django_db
 @pytest.mark.urls("tests.test_drf")
 class DispatchPlacementTests:
-    @pytest.mark.parametrize("url", ["/hidden-dispatch/", "/own-dispatch/"])
+    @pytest.mark.parametrize("url", ["/hidden-dispatch/", "/own-dispatch/", "/dispatch-twice/"])
     def test_each_caller_drf_authenticates_has_a_scope_of_its_own(self, url: str) -> None:
         first = post(key_holder("alice"), url)
         other = post(key_holder("bob"), url)
@@ -860,6 +881,14 @@ class DispatchPlacementTests:
         scopes = set(IdempotencyKey.objects.values_list("scope", flat=True))
         assert scopes == {f"user:{alice}", f"user:{bob}"}
         assert calls.value == 2
+
+    def test_a_decorated_helper_that_dispatch_calls_is_protected_where_it_is(self) -> None:
+        first = post(APIClient(), "/helper/", HTTP_X_LEGACY="1")
+        retry = post(APIClient(), "/helper/", HTTP_X_LEGACY="1")
+
+        assert first.json() == {"legacy": 1}
+        assert retry["Idempotent-Replayed"] == "true" and retry.json() == first.json()
+        assert calls.value == 1
 
     def test_a_dispatch_that_answers_before_drf_is_not_protected_and_says_so(
         self, caplog: pytest.LogCaptureFixture
