@@ -7,10 +7,12 @@ round by round (undecorated, first, replay, replay from each cache), so that
 the noise of a shared machine falls on all of them alike; each figure is the
 median over rounds of the mean time per request within a round.
 
-``--pipeline`` instead times the statement sequences of a first request and
-a replay on PostgreSQL as psycopg sends them today (one round trip each) and
-in pipeline mode (BEGIN with the claim, the store with COMMIT), on the same
-table with the same SQL, to see whether pipelining pays.
+``--pipeline`` instead times the statement sequences of a first request (the
+lookup in autocommit, then BEGIN, the claim, the handler's INSERT, the store
+and COMMIT) and of a replay (the lookup alone) on PostgreSQL, as psycopg
+sends them today (one round trip each) and in pipeline mode (BEGIN with the
+claim, the store with COMMIT), on the same table with the same SQL, to see
+whether pipelining pays.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import uuid
 from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 BODY = json.dumps({"item": "book", "quantity": 1})
@@ -173,7 +176,8 @@ def _pipeline(requests: int, rounds: int) -> dict[str, list[float]]:
     connection.ensure_connection()
     connection.set_autocommit(False)  # BEGIN before the first statement, as atomic() does
     raw = connection.connection
-    claim_sql = store._sql(connection, "claim", store._postgresql_claim_sql)
+    lookup_sql = store._sql(connection, "read", store._record_select_sql)
+    claim_sql = store._sql(connection, "insert", store._postgresql_insert_sql)
     complete_sql = store._sql(
         connection,
         ("complete", False, False),
@@ -194,24 +198,32 @@ def _pipeline(requests: int, rounds: int) -> dict[str, list[float]]:
         new = store.NewClaim(
             "bench", key, "f" * 64, "", now, now + timezone.timedelta(hours=1), None
         )
-        return store._postgresql_claim_params(connection, new, 5.0)
+        return [store._postgresql_lock_timeout(5.0), *store._insert_params(connection, new)]
+
+    def lookup(key: str, pipelined: bool) -> Any:
+        """The replay lookup, in autocommit, as a request makes it before any claim."""
+        raw.autocommit = True
+        try:
+            cursor = raw.cursor()
+            with raw.pipeline() if pipelined else nullcontext():
+                cursor.execute(lookup_sql, ["bench", key])
+                return cursor.fetchone()
+        finally:
+            raw.autocommit = False
 
     def first(key: str, pipelined: bool) -> None:
+        assert lookup(key, pipelined) is None
         cursor = raw.cursor()
         with raw.pipeline() if pipelined else nullcontext():
             cursor.execute(claim_sql, claim_params(key))
-            record_id = cursor.fetchone()[1]
+            record_id = cursor.fetchone()[0]
             cursor.execute(insert_sql, ["pipeline", key, "", timezone.now()])
             cursor.fetchone()
-            cursor.execute(complete_sql, ["completed", 201, headers, body, record_id])
+            cursor.execute(complete_sql, [store._STATE_COMPLETED, 201, headers, body, record_id])
             raw.commit()
 
     def replay(key: str, pipelined: bool) -> None:
-        cursor = raw.cursor()
-        with raw.pipeline() if pipelined else nullcontext():
-            cursor.execute(claim_sql, claim_params(key))
-            assert cursor.fetchone()[0] is False
-            raw.commit()
+        assert lookup(key, pipelined) is not None
 
     pool = [uuid.uuid4().hex for _ in range(requests)]
     for key in pool:

@@ -553,12 +553,12 @@ def section_latency(plan: Plan, progress: Callable) -> list[Table]:
         ["added round trip", *PIPELINE_VARIANTS, "pipeline pays?"],
     )
     pipeline.notes = [
-        "The statements of a first request (claim, INSERT, store, COMMIT) and of a replay "
-        "(claim, COMMIT), sent by psycopg directly with the same SQL on the same table: one "
-        "round trip per statement as today, or inside psycopg's pipeline mode, meant to send "
-        "BEGIN with the claim and the store with COMMIT. A libpq trace shows psycopg still "
-        "waits for BEGIN on its own and synchronises once more when the pipeline ends, so a "
-        "pipelined replay makes as many round trips as today and a first request one fewer.",
+        "The statements of a first request (the lookup in autocommit, then the claim, INSERT, "
+        "store and COMMIT) and of a replay (the lookup alone), sent by psycopg directly with "
+        "the same SQL on the same table: one round trip per statement as today, or inside "
+        "psycopg's pipeline mode, meant to send BEGIN with the claim and the store with "
+        "COMMIT. A libpq trace shows psycopg still waits for BEGIN on its own and synchronises "
+        "once more when the pipeline ends; a replay is one statement either way.",
         "Adopted only if it wins with latency and does not lose without.",
     ]
     verdicts = []

@@ -230,3 +230,13 @@ def test_the_purge_bench_fills_records_the_purge_deletes():
     assert IdempotencyKey.objects.filter(scope="bench").count() == 5
     assert purge_expired(batch_size=2) == 5
     assert not IdempotencyKey.objects.exists()
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the pipeline bench is PostgreSQL's")
+def test_the_pipeline_bench_sends_this_versions_statements():
+    from benchmarks.inprocess import PIPELINE_VARIANTS, run
+
+    results = run("postgresql", 600, requests=5, rounds=1, pipeline=True, timeout=300)
+
+    assert set(results) == set(PIPELINE_VARIANTS)
+    assert all(len(values) == 1 and values[0] > 0 for values in results.values())
