@@ -25,7 +25,6 @@ from django.utils import timezone
 from django.utils.decorators import method_decorator
 from django.views import View
 from rest_framework import viewsets
-from rest_framework.authentication import BaseAuthentication
 from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -41,6 +40,7 @@ from tests import drf_views
 from tests.clients import PAYLOAD, token_client
 from tests.clients import drf_post as post
 from tests.factories import IdempotencyKeyFactory
+from tests.isolation_views import HEADER_API_KEYS, HeaderApiKeyAuthentication
 from tests.models import Order
 from tests.polling import wait_until
 from tests.views import calls
@@ -774,21 +774,9 @@ class DecoratorPlacementTests:
 
 # @idempotent on a DRF view's dispatch: the handler is protected, after DRF's authentication.
 
-#: API keys DRF authenticates from a header of their own, which neither Django
-#: nor the scope knows of.
-HEADER_KEYS = {"key-alice": "alice", "key-bob": "bob"}
-
-
-class HeaderKeyAuthentication(BaseAuthentication):
-    def authenticate(self, request: Request) -> tuple[User, str] | None:
-        key = request.headers.get("X-Api-Key")
-        if key is None:
-            return None
-        return User.objects.get(username=HEADER_KEYS[key]), key
-
 
 class _HeaderKeyOnly:
-    authentication_classes = [HeaderKeyAuthentication]
+    authentication_classes = [HeaderApiKeyAuthentication]
     permission_classes = [IsAuthenticated]
 
     def post(self, request: Request) -> Response:
@@ -858,7 +846,8 @@ urlpatterns += [
 def key_holder(name: str) -> APIClient:
     User.objects.get_or_create(username=name)
     client = APIClient()
-    client.credentials(HTTP_X_API_KEY=f"key-{name}")
+    key = next(key for key, owner in HEADER_API_KEYS.items() if owner == name)
+    client.credentials(HTTP_X_API_KEY=key)
     return client
 
 
