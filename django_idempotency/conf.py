@@ -1,4 +1,4 @@
-"""The ``IDEMPOTENCY`` settings: each described once, in :data:`SETTINGS`.
+"""The ``IDEMPOTENCY`` settings: each described once, as an attribute of the settings object.
 
 A setting's default, validator, normaliser, check id and hint live in one
 row, and everything else derives from that row: the settings object below,
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import lru_cache
-from typing import Any, Generic, NoReturn, TypeVar, cast
+from typing import Any, Generic, NoReturn, TypeVar, cast, overload
 
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
@@ -37,6 +37,7 @@ _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
 _DOTTED_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+\Z")
 _ABSOLUTE_URL = re.compile(r"^https?://[^\s/?#]+[^\s]*\Z")
 
+T = TypeVar("T")
 RequestFunction = Callable[[HttpRequest], str]
 #: A view's ``key`` option: the key read from the request itself, or ``None``.
 KeyFunction = Callable[[HttpRequest], "str | None"]
@@ -143,13 +144,19 @@ def _to_optional_function(value: Any) -> Any:
 
 
 @dataclass(frozen=True)
-class Setting:
-    """One row of the settings table."""
+class Setting(Generic[T]):
+    """One row of the settings table, and the typed attribute that reads it.
 
-    name: str
+    Rows are declared as attributes of :class:`IdempotencySettings`, and a
+    row takes its name from its attribute (``ttl`` is ``IDEMPOTENCY["TTL"]``):
+    the table and the settings object are one list, with nothing to keep in
+    step. Read from the class, an attribute is its row; from the settings
+    object, the setting's normalised value.
+    """
+
     default: Any
     is_valid: Callable[[Any], bool]
-    normalise: Callable[[Any], Any]
+    normalise: Callable[[Any], T]
     check_id: str
     hint: str
     #: Also a per-view option (``@idempotent(ttl=...)``, ``idempotency_ttl``).
@@ -157,6 +164,21 @@ class Setting:
     #: Normalising imports code: a per-view value is imported at first use,
     #: not when the view module is imported (see docs/decorator.rst).
     imports: bool = False
+    #: The key in ``IDEMPOTENCY``: its attribute's name in capitals, or given
+    #: for an option that has no setting (:data:`OPTION_ONLY`).
+    name: str = ""
+
+    def __set_name__(self, owner: type, attribute: str) -> None:
+        object.__setattr__(self, "name", attribute.upper())
+
+    @overload
+    def __get__(self, instance: None, owner: type) -> Setting[T]: ...
+    @overload
+    def __get__(self, instance: IdempotencySettings, owner: type) -> T: ...
+    def __get__(self, instance: IdempotencySettings | None, owner: type) -> Setting[T] | T:
+        if instance is None:
+            return self
+        return cast(T, instance.value(self))
 
     @property
     def option_name(self) -> str:
@@ -193,27 +215,30 @@ _FUNCTION_HINT = (
     "e.g. 'myproject.idempotency.tenant_scope'."
 )
 
-#: Every setting, once. Check ids E101... are one per setting's value rule.
-SETTINGS: tuple[Setting, ...] = (
-    Setting(
-        "HEADER",
+
+class IdempotencySettings:
+    """The user's ``IDEMPOTENCY`` dict over the defaults, normalised and cached.
+
+    Every setting, once: its default, rule, normaliser, check id (E101...,
+    one per setting's value rule) and hint.
+    """
+
+    header = Setting(
         "Idempotency-Key",
         _is_header_name,
         str,
         "django_idempotency.E101",
         "Use a header field name such as 'Idempotency-Key'.",
-    ),
-    Setting(
-        "REQUIRED",
+    )
+    required = Setting(
         False,
         _is_bool,
         bool,
         "django_idempotency.E102",
         "Use True or False.",
         option=True,
-    ),
-    Setting(
-        "METHODS",
+    )
+    methods: Setting[frozenset[str]] = Setting(
         ("POST", "PATCH"),
         _is_method_list,
         _to_methods,
@@ -221,35 +246,31 @@ SETTINGS: tuple[Setting, ...] = (
         "Use a non-empty tuple of HTTP methods, e.g. ('POST', 'PATCH'); "
         "for one method write ('POST',), not 'POST'.",
         option=True,
-    ),
-    Setting(
-        "TTL",
+    )
+    ttl = Setting(
         timedelta(hours=24),
         _is_positive_duration,
         to_timedelta,
         "django_idempotency.E104",
         _DURATION_HINT,
         option=True,
-    ),
-    Setting(
-        "KEY_MAX_LENGTH",
+    )
+    key_max_length = Setting(
         KEY_COLUMN_LENGTH,
         _is_key_length,
         int,
         "django_idempotency.E105",
         f"Use an integer from 1 to {KEY_COLUMN_LENGTH} (the width of the key column).",
-    ),
-    Setting(
-        "KEY_MIN_LENGTH",
+    )
+    key_min_length = Setting(
         1,
         _is_key_length,
         int,
         "django_idempotency.E106",
         f"Use an integer from 1 to {KEY_COLUMN_LENGTH}, e.g. 16 for public endpoints "
         "whose clients send random keys.",
-    ),
-    Setting(
-        "SCOPE",
+    )
+    scope: Setting[RequestFunction] = Setting(
         "django_idempotency.scopes.user_scope",
         _is_request_function,
         to_request_function,
@@ -257,9 +278,8 @@ SETTINGS: tuple[Setting, ...] = (
         _FUNCTION_HINT,
         option=True,
         imports=True,
-    ),
-    Setting(
-        "FINGERPRINT",
+    )
+    fingerprint: Setting[RequestFunction] = Setting(
         "django_idempotency.fingerprint.request_fingerprint",
         _is_request_function,
         to_request_function,
@@ -267,44 +287,39 @@ SETTINGS: tuple[Setting, ...] = (
         _FUNCTION_HINT,
         option=True,
         imports=True,
-    ),
-    Setting(
-        "ATOMIC",
+    )
+    atomic = Setting(
         True,
         _is_bool,
         bool,
         "django_idempotency.E109",
         "Use True (atomic mode) or False (lease mode).",
         option=True,
-    ),
-    Setting(
-        "WAIT",
+    )
+    wait = Setting(
         5.0,
         lambda value: _is_number(value) and 0 <= value <= 3600,
         float,
         "django_idempotency.E110",
         "Use a number of seconds from 0 to 3600.",
         option=True,
-    ),
-    Setting(
-        "LEASE",
+    )
+    lease = Setting(
         timedelta(minutes=5),
         _is_positive_duration,
         to_timedelta,
         "django_idempotency.E111",
         _DURATION_HINT,
         option=True,
-    ),
-    Setting(
-        "REPLAY_HEADER",
+    )
+    replay_header = Setting(
         "Idempotent-Replayed",
         _is_header_name,
         str,
         "django_idempotency.E112",
         "Use a header field name such as 'Idempotent-Replayed'.",
-    ),
-    Setting(
-        "STORED_HEADERS",
+    )
+    stored_headers: Setting[frozenset[str]] = Setting(
         (
             "Content-Type",
             "Location",
@@ -318,33 +333,29 @@ SETTINGS: tuple[Setting, ...] = (
         _to_stored_headers,
         "django_idempotency.E113",
         "Use a tuple of header field names, e.g. ('Content-Type', 'Location').",
-    ),
-    Setting(
-        "DATABASE",
+    )
+    database = Setting(
         "default",
         lambda value: isinstance(value, str),
         str,
         "django_idempotency.E114",
         "Use a database alias from DATABASES, e.g. 'default'.",
-    ),
-    Setting(
-        "MAX_STORED_BODY",
+    )
+    max_stored_body = Setting(
         1_048_576,
         lambda value: _is_int(value) and value >= 0,
         int,
         "django_idempotency.E115",
         "Use a number of bytes, 0 or more.",
-    ),
-    Setting(
-        "ENABLED",
+    )
+    enabled = Setting(
         True,
         _is_bool,
         bool,
         "django_idempotency.E116",
         "Use True or False.",
-    ),
-    Setting(
-        "PROBLEM_TYPE_BASE_URL",
+    )
+    problem_type_base_url: Setting[str | None] = Setting(
         None,
         lambda value: (
             value is None or (isinstance(value, str) and _ABSOLUTE_URL.match(value) is not None)
@@ -353,17 +364,15 @@ SETTINGS: tuple[Setting, ...] = (
         "django_idempotency.E119",
         "Use None (URN problem types) or an absolute http(s) URL such as "
         "'https://api.example.com/problems/'; each problem's name is appended to it.",
-    ),
-    Setting(
-        "REPLAY_CACHE",
+    )
+    replay_cache: Setting[str | None] = Setting(
         None,
         lambda value: value is None or (isinstance(value, str) and value != ""),
         _identity,
         "django_idempotency.E120",
         "Use None (no replay cache) or the alias of a cache in CACHES, e.g. 'default'.",
-    ),
-    Setting(
-        "RECOVER",
+    )
+    recover: Setting[Callable[..., Any] | None] = Setting(
         None,
         _is_optional_function,
         _to_optional_function,
@@ -373,47 +382,7 @@ SETTINGS: tuple[Setting, ...] = (
         "e.g. 'django_idempotency.recovery.hold'.",
         option=True,
         imports=True,
-    ),
-)
-
-#: Options with no setting of their own: given per view (``@idempotent(key=...)``,
-#: ``idempotency_key``) and validated by their row as every option is. They
-#: have no ``IDEMPOTENCY`` key, so no value check; a dotted path that fails
-#: to import is the views' check, E118.
-OPTION_ONLY: tuple[Setting, ...] = (
-    Setting(
-        "KEY",
-        None,
-        _is_request_function,
-        to_request_function,
-        "",
-        "Use a callable f(request) -> str | None that reads the key from the request "
-        "(an event id in the body, a delivery id header), or the dotted path of one, "
-        "e.g. 'myproject.webhooks.event_id'.",
-        option=True,
-        imports=True,
-    ),
-)
-
-BY_NAME: dict[str, Setting] = {setting.name: setting for setting in SETTINGS}
-DEFAULTS: dict[str, Any] = {setting.name: setting.default for setting in SETTINGS}
-
-T = TypeVar("T")
-
-
-class _Accessor(Generic[T]):
-    """A typed, cached attribute of the settings object, named after its setting."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.setting = BY_NAME[name.upper()]
-
-    def __get__(self, instance: IdempotencySettings | None, owner: type) -> T:
-        assert instance is not None, "read settings from idempotency_settings"
-        return cast(T, instance.value(self.setting))
-
-
-class IdempotencySettings:
-    """The user's ``IDEMPOTENCY`` dict over the defaults, normalised and cached."""
+    )
 
     def __init__(self) -> None:
         self._cache: dict[str, Any] = {}
@@ -433,7 +402,7 @@ class IdempotencySettings:
     def raw(self, name: str) -> Any:
         return self.user_settings().get(name, DEFAULTS[name])
 
-    def value(self, setting: Setting) -> Any:
+    def value(self, setting: Setting[Any]) -> Any:
         try:
             return self._cache[setting.name]
         except KeyError:
@@ -448,26 +417,33 @@ class IdempotencySettings:
         self._cache.clear()
         self.generation += 1
 
-    header: _Accessor[str] = _Accessor()
-    required: _Accessor[bool] = _Accessor()
-    methods: _Accessor[frozenset[str]] = _Accessor()
-    ttl: _Accessor[timedelta] = _Accessor()
-    key_max_length: _Accessor[int] = _Accessor()
-    key_min_length: _Accessor[int] = _Accessor()
-    scope: _Accessor[RequestFunction] = _Accessor()
-    fingerprint: _Accessor[RequestFunction] = _Accessor()
-    atomic: _Accessor[bool] = _Accessor()
-    wait: _Accessor[float] = _Accessor()
-    lease: _Accessor[timedelta] = _Accessor()
-    replay_header: _Accessor[str] = _Accessor()
-    stored_headers: _Accessor[frozenset[str]] = _Accessor()
-    database: _Accessor[str] = _Accessor()
-    max_stored_body: _Accessor[int] = _Accessor()
-    enabled: _Accessor[bool] = _Accessor()
-    problem_type_base_url: _Accessor[str | None] = _Accessor()
-    replay_cache: _Accessor[str | None] = _Accessor()
-    recover: _Accessor[Callable[..., Any] | None] = _Accessor()
 
+#: The rows, in the order they are declared.
+SETTINGS: tuple[Setting[Any], ...] = tuple(
+    row for row in vars(IdempotencySettings).values() if isinstance(row, Setting)
+)
+
+#: Options with no setting of their own: given per view (``@idempotent(key=...)``,
+#: ``idempotency_key``) and validated by their row as every option is. They
+#: have no ``IDEMPOTENCY`` key, so no value check; a dotted path that fails
+#: to import is the views' check, E118.
+OPTION_ONLY: tuple[Setting[Any], ...] = (
+    Setting(
+        None,
+        _is_request_function,
+        to_request_function,
+        "",
+        "Use a callable f(request) -> str | None that reads the key from the request "
+        "(an event id in the body, a delivery id header), or the dotted path of one, "
+        "e.g. 'myproject.webhooks.event_id'.",
+        option=True,
+        imports=True,
+        name="KEY",
+    ),
+)
+
+BY_NAME: dict[str, Setting[Any]] = {setting.name: setting for setting in SETTINGS}
+DEFAULTS: dict[str, Any] = {setting.name: setting.default for setting in SETTINGS}
 
 idempotency_settings = IdempotencySettings()
 
