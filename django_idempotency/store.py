@@ -757,29 +757,28 @@ _RECORD_COLUMNS = [
 
 
 def _record(connection: BaseDatabaseWrapper, row: Any) -> Record:
-    """A row of ``_RECORD_COLUMNS`` as the ORM would convert it, without building a model."""
-    values = [
-        _convert(value, column, connection)
-        for value, column in zip(row, _record_expressions(connection), strict=True)
-    ]
-    pk, fingerprint, state, status_code, headers, body, token, locked, created, expires = values[
-        :10
-    ]
-    attempt, checkpoints = values[10:]
-    completed = state == _STATE_COMPLETED
-    response = StoredResponse(status_code or 200, headers or [], body) if completed else None
-    return Record(
-        id=int(pk),
-        fingerprint=fingerprint,
-        completed=completed,
-        response=response,
-        owner_token=token,
-        locked_until=locked,
-        created_at=created,
-        expires_at=expires,
-        attempt=int(attempt),
-        checkpoints=checkpoints or {},
+    """A row of ``_RECORD_COLUMNS`` as the ORM would convert it, without building a model.
+
+    The columns past the state and the response are named as the record's fields.
+    """
+    values = {
+        name: _convert(value, column, connection)
+        for name, value, column in zip(
+            _RECORD_COLUMNS, row, _record_expressions(connection), strict=True
+        )
+    }
+    completed = values.pop("state") == _STATE_COMPLETED
+    response = StoredResponse(
+        values.pop("status_code") or 200,
+        values.pop("response_headers") or [],
+        values.pop("response_body"),
     )
+    values.update(
+        id=int(values["id"]),
+        attempt=int(values["attempt"]),
+        checkpoints=values["checkpoints"] or {},
+    )
+    return Record(completed=completed, response=response if completed else None, **values)
 
 
 _EXPRESSIONS: dict[str, list[tuple[Col, list[Any]]]] = {}
