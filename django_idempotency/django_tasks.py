@@ -12,8 +12,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import iscoroutinefunction
 from django.core.exceptions import ImproperlyConfigured
@@ -36,9 +35,21 @@ except ImportError:  # Django 5.2: the backport
 from django_idempotency import functions
 from django_idempotency.asynchronous import run_async
 from django_idempotency.conf import idempotency_settings
+from django_idempotency.options import CALL_OPTION_NAMES, CallOptions
 from django_idempotency.purge import DEFAULT_BATCH_SIZE, purge_expired
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 KeyFunction = Callable[..., str]
+
+
+class TaskOptions(CallOptions, total=False):
+    """A task's options: ours, and the framework's own that ``@task`` takes."""
+
+    priority: int
+    queue_name: str
+    backend: str
 
 
 @task
@@ -57,12 +68,8 @@ def idempotent_task(
     /,
     *,
     key: KeyFunction | None = None,
-    atomic: bool | None = None,
-    ttl: timedelta | float | None = None,
-    wait: float | None = None,
-    lease: timedelta | float | None = None,
     takes_context: bool = False,
-    **task_options: Any,
+    **options: Unpack[TaskOptions],
 ) -> Any:
     """Make a task of Django's Tasks framework whose body runs once per key.
 
@@ -84,7 +91,11 @@ def idempotent_task(
     ``takes_context=True`` the function receives the context first, as
     under ``@task``.
     """
-    options = functions.declare_task(key, atomic=atomic, ttl=ttl, wait=wait, lease=lease)
+    ours: dict[str, Any] = {}
+    framework: dict[str, Any] = {}
+    for name, value in options.items():
+        (ours if name in CALL_OPTION_NAMES else framework)[name] = value
+    declared = functions.declare_task(key, **ours)
 
     def decorate(func: Callable[..., Any]) -> Any:
         if isinstance(func, Task):
@@ -107,7 +118,7 @@ def idempotent_task(
                 key=task_key,
                 arguments=functions.by_name(func, given, kwargs, skip_first=takes_context),
                 body=lambda info: body(),
-                options=options,
+                options=declared,
                 sender=func,
             )
 
@@ -134,7 +145,7 @@ def idempotent_task(
         # The framework finds the task by the function's dotted name and
         # checks that a task taking its context names it first.
         run.__signature__ = _with_context(func, takes_context)
-        return task(run, takes_context=True, **task_options)
+        return task(run, takes_context=True, **framework)
 
     if function is not None:
         return decorate(function)

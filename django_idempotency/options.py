@@ -22,7 +22,7 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping, Set
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 from django.conf import settings
 
@@ -39,8 +39,23 @@ from django_idempotency.conf import (
 #: Per-view options; each defaults to the setting of the same name, if it has one.
 OPTIONS: dict[str, Setting] = {s.option_name: s for s in (*SETTINGS, *OPTION_ONLY) if s.option}
 OPTION_NAMES: tuple[str, ...] = tuple(OPTIONS)
-#: What a function or a task may be given: the rest is about requests.
-CALL_OPTION_NAMES: tuple[str, ...] = ("atomic", "ttl", "wait", "lease")
+
+
+class CallOptions(TypedDict, total=False):
+    """The options a task takes besides its key: what a function or a task may be given.
+
+    The rest is about requests. Each is validated by its setting's row and
+    defaults to that setting: ``atomic``, ``ttl`` (a timedelta or seconds),
+    ``wait`` (seconds) and ``lease`` (a timedelta or seconds).
+    """
+
+    atomic: bool | None
+    ttl: timedelta | float | None
+    wait: float | None
+    lease: timedelta | float | None
+
+
+CALL_OPTION_NAMES: tuple[str, ...] = tuple(CallOptions.__annotations__)
 
 # Every view's options, so that the system checks can import the dotted
 # paths that views defer to their first request (see checks.py). Weak: a

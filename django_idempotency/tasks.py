@@ -11,8 +11,7 @@ import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import replace
-from datetime import timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from celery import current_task, shared_task
 from celery.app.task import Task
@@ -23,7 +22,11 @@ from django_idempotency import functions
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.engine import Ending, plain_ending
 from django_idempotency.exceptions import CallAbandoned, TaskArgumentsMismatch, TaskInFlight
+from django_idempotency.options import CallOptions
 from django_idempotency.purge import DEFAULT_BATCH_SIZE, purge_expired
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 F = TypeVar("F", bound=Callable[..., Any])
 KeyFunction = Callable[..., str]
@@ -64,11 +67,8 @@ def idempotent_task(
     /,
     *,
     key: KeyFunction | None = None,
-    atomic: bool | None = None,
-    ttl: timedelta | float | None = None,
-    wait: float | None = None,
-    lease: timedelta | float | None = None,
     recover: functions.Recover | None = None,
+    **options: Unpack[CallOptions],
 ) -> Any:
     """Run a Celery task's body once per key, and give duplicates its stored result.
 
@@ -89,7 +89,7 @@ def idempotent_task(
     ``recover`` is an ``idempotent_function``'s: ``recover(abandoned)`` for
     the claim of a run that died (``recovery.hold_call`` retries it later).
     """
-    options = functions.declare_task(key, atomic=atomic, ttl=ttl, wait=wait, lease=lease)
+    declared = functions.declare_task(key, **options)
     functions.checked_recover(recover, "idempotent_task")
 
     def decorate(function: F) -> F:
@@ -126,7 +126,7 @@ def idempotent_task(
                     key=task_key,
                     arguments=functions.by_name(function, args, kwargs, skip_first=with_task),
                     body=run,
-                    options=options,
+                    options=declared,
                     sender=function,
                     kind=TASK_VALUES,
                     recover=recover,

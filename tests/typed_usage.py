@@ -10,6 +10,8 @@ from __future__ import annotations
 from django.http import HttpRequest, HttpResponse
 
 from django_idempotency import idempotency_exempt, idempotent, idempotent_function
+from django_idempotency.django_tasks import idempotent_task as idempotent_django_task
+from django_idempotency.tasks import idempotent_task
 
 
 @idempotent_function(key=lambda order_id: f"charge-{order_id}")
@@ -19,6 +21,26 @@ def charge(order_id: int) -> dict[str, int]:
 
 @idempotent_function()  # type: ignore[call-arg]
 def no_key(order_id: int) -> None: ...
+
+
+@idempotent_task(key=lambda order_id: f"ship-{order_id}", atomic=False, lease=600)
+def ship(order_id: int) -> None: ...
+
+
+@idempotent_task(ttl="1h")  # type: ignore[arg-type]
+def wrong_ttl(order_id: int) -> None: ...
+
+
+@idempotent_task(leese=60)  # type: ignore[call-arg]
+def misspelt_option(order_id: int) -> None: ...
+
+
+@idempotent_django_task(wait=1.5, priority=10, queue_name="receipts")
+def receipt(order_id: int) -> None: ...
+
+
+@idempotent_django_task(priority="high")  # type: ignore[arg-type]
+def wrong_priority(order_id: int) -> None: ...
 
 
 @idempotent
