@@ -12,7 +12,9 @@ database), how many of its rows committed, and what the record says.
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -241,8 +243,33 @@ class TaskCell(Cell):
         elif self.ending == "db_kill_mid":
             kill_connection(self.held_report()["connection"])
             self.go()
-        self.first = self.finish(result, may_be_ignored=self.ending != "replace")
         self.retried_by_framework = self.ending in ("retry", "reject")
+        if self.retried_by_framework:
+            self.first = self.logged_success(result)
+        else:
+            self.first = self.finish(result, may_be_ignored=self.ending != "replace")
+
+    def logged_success(self, result: AsyncResult) -> Answer:
+        """The value of the run of ``result`` that succeeded, as the worker logged it.
+
+        A body that Celery runs again by itself (``self.retry()``, a message
+        rejected back onto the queue) keeps its task id, and Celery writes
+        the first run's state (``RETRY``) after it has published the second
+        run: with more than one worker process, the second run's ``SUCCESS``
+        can reach the result backend first and be overwritten, so the
+        backend is no witness of how the task ended. The worker's log line
+        for the successful run is, and it carries the value.
+        """
+        succeeded = re.compile(rf"\[{re.escape(result.id)}\] succeeded in \S+s: (.*)$", re.M)
+        found: list[str] = []
+
+        def logged() -> bool:
+            found[:] = succeeded.findall(self.log())
+            return bool(found)
+
+        wait_until(logged, f"the worker to log that task {result.id} succeeded", 60)
+        value = ast.literal_eval(found[-1])
+        return Answer(states.SUCCESS, json.dumps(value, sort_keys=True).encode())
 
     def replacements(self) -> int:
         path = self.control / f"{self.key}.replacement"

@@ -49,10 +49,9 @@ def body(task: Any, key: str, ending: str) -> dict[str, Any]:
     if ending == "replace":
         raise task.replace(endings_replacement.s(key))
     if ending == "retry":
-        # Not at once: Celery publishes the retry before this run's RETRY
-        # state is written, and a retry that ran and stored SUCCESS first
-        # would be overwritten by it (the result would read RETRY for good).
-        raise task.retry(countdown=1)
+        # At once, so that the retry may run before this run's RETRY state is
+        # written: the table reads how it ended from the worker's log.
+        raise task.retry(countdown=0)
     if ending == "reject":
         raise Reject("the body rejected its message", requeue=True)
     if ending == "db_kill_after":
