@@ -8,6 +8,7 @@ from typing import Any, TypeVar, overload
 
 from asgiref.sync import iscoroutinefunction
 from django.http import HttpRequest, HttpResponseBase
+from django.views import View
 
 from django_idempotency.core import guard_for
 from django_idempotency.marks import PROTECTED_ATTRIBUTE
@@ -50,11 +51,11 @@ def idempotent(view: ViewFunc | None = None, /, **options: Any) -> Any:
             check(view_func)
         view_options = check_options(options, view_func)
         wrapper: Any
-        if iscoroutinefunction(view_func):
+        if _returns_coroutine(view_func):
 
             @wraps(view_func)
             async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-                handler = partial(view_func, request, *args, **kwargs)
+                handler: Any = partial(view_func, request, *args, **kwargs)
                 return await guard_for(request).acall(request, handler, view_options, view_func)
 
         else:
@@ -77,3 +78,54 @@ def idempotent(view: ViewFunc | None = None, /, **options: Any) -> Any:
     if view is not None:
         return decorate(view)
     return decorate
+
+
+def _returns_coroutine(view_func: Any) -> bool:
+    """Whether calling ``view_func`` gives a coroutine to await.
+
+    An ``async def`` view does; so does, through ``method_decorator``, the
+    ``dispatch`` of a class-based view whose handlers are ``async def``:
+    a plain method that returns the handler's coroutine.
+    """
+    if iscoroutinefunction(view_func):
+        return True
+    view = dispatched_view(view_func)
+    return view is not None and view.view_is_async
+
+
+def dispatched_view(view_func: Any) -> View | None:
+    """The class-based view whose ``dispatch`` ``view_func`` is, as ``method_decorator`` binds it.
+
+    ``method_decorator`` passes a ``partial`` of the bound method, under
+    any decorators listed after this one (``functools.wraps`` lets us see
+    through them). It is a ``dispatch`` when its function is the one that
+    the ``dispatch`` of the view's class or of any class it inherits from
+    wraps: a subclass may define a ``dispatch`` of its own that calls the
+    decorated one, and a decorator without ``functools.wraps`` may have
+    renamed it.
+    """
+    bound = None
+    for _ in range(_MOST_WRAPPERS):
+        bound = getattr(view_func, "func", None)
+        if isinstance(getattr(bound, "__self__", None), View):
+            break
+        view_func = getattr(view_func, "__wrapped__", None)
+        if view_func is None:
+            return None
+    view = getattr(bound, "__self__", None)
+    if not isinstance(view, View):
+        return None
+    function = getattr(bound, "__func__", None)
+    for cls in type(view).__mro__:
+        dispatch = cls.__dict__.get("dispatch")
+        for _ in range(_MOST_WRAPPERS):
+            if dispatch is None:
+                break
+            if dispatch is function:
+                return view
+            dispatch = getattr(dispatch, "__wrapped__", None)
+    return None
+
+
+#: How many layers of wrapping are looked through, at most.
+_MOST_WRAPPERS = 8

@@ -266,6 +266,15 @@ def async_class_based_view(atomic: bool) -> Any:
     return EndingsAsyncView.as_view()
 
 
+def async_dispatch_view(atomic: bool) -> Any:
+    @method_decorator(idempotent(atomic=atomic), name="dispatch")
+    class EndingsAsyncDispatchView(View):
+        async def post(self, request: HttpRequest) -> HttpResponseBase:
+            return await async_plain_handler(request)
+
+    return EndingsAsyncDispatchView.as_view()
+
+
 def middleware_view(atomic: bool) -> Any:
     """Undecorated: IdempotencyMiddleware protects it, in lease mode when non-atomic.
 
@@ -339,6 +348,7 @@ ROWS = {
     "adrf_dispatch": adrf_dispatch_view,
     "async_function": async_function_view,
     "async_class_based": async_class_based_view,
+    "async_dispatch": async_dispatch_view,
     "middleware": middleware_view,
     "async_middleware": async_middleware_view,
 }

@@ -138,6 +138,7 @@ ADAPTERS = [
     Adapter("adrf_dispatch", "uvicorn", "http", "/endings/adrf_dispatch/"),
     Adapter("async_function", "uvicorn", "http", "/endings/async_function/"),
     Adapter("async_class_based", "uvicorn", "http", "/endings/async_class_based/"),
+    Adapter("async_dispatch", "uvicorn", "http", "/endings/async_dispatch/"),
     # IdempotencyMiddleware on undecorated views: atomic, or lease mode for a
     # transaction.non_atomic_requests view; under ASGI a sync and an async view.
     Adapter("middleware_wsgi", "gunicorn", "http", "/endings/middleware/"),
