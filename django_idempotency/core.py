@@ -45,8 +45,8 @@ Finish = Callable[[HttpResponseBase], HttpResponseBase]
 Answer = Callable[[IdempotencyError], HttpResponseBase]
 
 # Set on the request by the layer that claims its key: the options it runs
-# with, so that a layer inside it can tell whether it would protect the
-# request the same way.
+# with and the request object it took the scope from, so that a layer
+# inside it can tell whether it would protect the request the same way.
 _PROTECTED_WITH = "_idempotency_protected_with"
 
 
@@ -155,10 +155,29 @@ def _call(
         fingerprint=_fit_fingerprint(options.fingerprint(request)),
     )
     request.idempotency = info  # type: ignore[attr-defined]
-    setattr(request, _PROTECTED_WITH, options)
+    setattr(request, _PROTECTED_WITH, (options, request))
     return engine.Call(
-        info, options, RESPONSES, sender, request, recover=options.recover, finish=finish
+        info,
+        options,
+        RESPONSES,
+        sender,
+        request,
+        recover=options.recover,
+        finish=lambda response: finish(check_claimed_for(response, request)),
     )
+
+
+@singledispatch
+def check_claimed_for(response: HttpResponseBase, request: Any) -> HttpResponseBase:
+    """``response``, once it is known that the claim on ``request`` may store it.
+
+    Raises ``ImproperlyConfigured`` when the claim's scope cannot be right
+    for a response of this kind. Any response may be stored here; a
+    framework that authenticates inside its views registers its responses
+    (``drf.py`` does DRF's): one made under a claim taken before the
+    framework authenticated the caller is refused.
+    """
+    return response
 
 
 #: What decides whose response a caller is given and how the effect commits.
@@ -173,24 +192,40 @@ def _protected_outside(request: HttpRequest, declared: DeclaredOptions, sender: 
 
     That happens when ``IdempotencyMiddleware`` cannot see that a view
     protects itself: a project's decorator without ``functools.wraps`` (or
-    a callable class) hides ``@idempotent``'s mark, or a DRF view's class.
-    With the same options, protected once is all. With others (a scope
-    read from an API key, a mode, a key function), the outer layer's would
-    be the ones that count and one client could be replayed another's
-    response: refused before the handler runs, so the outer layer ends as
-    a raise and stores nothing. Options compare field by field: functions
-    by identity, values by value; only those in ``_DECISIVE`` count.
+    a callable class) hides ``@idempotent``'s mark. With the same options,
+    protected once is all. With others (a scope read from an API key, a
+    mode, a key function), the outer layer's would be the ones that count
+    and one client could be replayed another's response: refused before the
+    handler runs, so the outer layer ends as a raise and stores nothing.
+    Options compare field by field: functions by identity, values by value;
+    only those in ``_DECISIVE`` count.
+
+    Refused as well, whatever the options, when this layer's request is
+    not the one the outer layer claimed with: a framework's own request
+    (DRF's) wrapping Django's, made once the framework took over. The outer
+    layer took its scope before the framework authenticated the caller, so
+    callers it alone tells apart (an API key header) would share a scope.
     """
-    outer: Options | None = getattr(request, _PROTECTED_WITH, None)
+    outer: tuple[Options, Any] | None = getattr(request, _PROTECTED_WITH, None)
     if outer is None:
         return False
+    outer_options, claimed_on = outer
+    name = f"{getattr(sender, '__module__', '')}.{getattr(sender, '__qualname__', repr(sender))}"
+    if claimed_on is not request:
+        raise ImproperlyConfigured(
+            f"{name} protects itself inside a layer that claimed the request's key before "
+            "the view's framework authenticated the caller, usually IdempotencyMiddleware "
+            "or @idempotent around a decorator that hides the view's class. Its scope would "
+            "not tell apart the callers that only the framework knows. Keep the view visible "
+            "(functools.wraps in that decorator), or leave it out of the middleware with "
+            "@idempotency_exempt."
+        )
     inner = declared.resolve()
-    differ = [name for name in _DECISIVE if getattr(inner, name) != getattr(outer, name)]
+    differ = [o for o in _DECISIVE if getattr(inner, o) != getattr(outer_options, o)]
     if not differ:
         return True
-    name = getattr(sender, "__qualname__", repr(sender))
     raise ImproperlyConfigured(
-        f"{getattr(sender, '__module__', '')}.{name} protects itself with other options "
+        f"{name} protects itself with other options "
         f"({', '.join(differ)}) than the layer that already protects this request, "
         "usually IdempotencyMiddleware, which could not see that the view protects "
         "itself: a decorator around it hides @idempotent's mark. Keep the mark visible "

@@ -29,8 +29,8 @@ from rest_framework.views import APIView
 from django_idempotency import exceptions as core_exceptions
 from django_idempotency.body import django_request
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.core import Guard, guard_for, may_claim, render
-from django_idempotency.decorators import PLACEMENT_ADAPTERS, PLACEMENT_CHECKS
+from django_idempotency.core import Guard, check_claimed_for, guard_for, may_claim, render
+from django_idempotency.decorators import PLACEMENT_ADAPTERS, PLACEMENT_CHECKS, dispatched_view
 from django_idempotency.marks import EXEMPT_ATTRIBUTE
 from django_idempotency.middleware import VIEW_PROTECTORS
 from django_idempotency.options import OPTION_NAMES, DeclaredOptions, NonAtomicRequests
@@ -155,6 +155,32 @@ def refuse_above_api_view(view: Any) -> None:
 PLACEMENT_CHECKS.append(refuse_above_api_view)
 
 
+@check_claimed_for.register(Response)
+def _claimed_after_authentication(response: Response, request: Any) -> Response:
+    """Refuse a DRF view's response under a claim taken on Django's request, before DRF ran.
+
+    Only a layer that could not see the view was DRF's claims that way:
+    ``IdempotencyMiddleware`` or ``@idempotent`` outside a decorator that
+    hides the view's class (no ``functools.wraps``). Its scope was taken
+    before DRF authenticated the caller, so callers that only DRF tells
+    apart (an API key header) would share it, and one be replayed
+    another's response past DRF's permission checks. Nothing is stored:
+    in atomic mode the handler's writes roll back with the claim.
+    """
+    context = getattr(response, "renderer_context", None) or {}
+    view = context.get("view")
+    if isinstance(request, Request) or not isinstance(view, APIView):
+        return response
+    raise ImproperlyConfigured(
+        f"{type(view).__module__}.{type(view).__qualname__} is a DRF view, but its idempotency "
+        "key was claimed before DRF authenticated the caller, by IdempotencyMiddleware or "
+        "@idempotent around a decorator that hides the view's class (one without "
+        "functools.wraps): callers that only DRF tells apart would share one scope. Keep "
+        "the view visible (functools.wraps in that decorator), or leave it out of the "
+        "middleware with @idempotency_exempt and protect it with IdempotentMixin."
+    )
+
+
 ATTRIBUTE_PREFIX = "idempotency_"
 _ATTRIBUTES = tuple(ATTRIBUTE_PREFIX + name for name in OPTION_NAMES)
 
@@ -251,8 +277,8 @@ def protect_after_authentication(view_func: Any, options: DeclaredOptions, wrapp
     answered as problem details, as a decorator's are. Any other method
     (a handler, a generic view's ``create``, a helper) keeps ``wrapper``.
     """
-    view = _dispatched_view(view_func)
-    if view is None:
+    view = dispatched_view(view_func)
+    if not isinstance(view, APIView):
         return wrapper
     if iscoroutinefunction(wrapper):  # an ``async def dispatch`` of the project's own
 
@@ -319,37 +345,6 @@ def _unless_reached(
         "instead (a view of its own, or a method DRF calls).",
         type(view).__qualname__,
     )
-
-
-def _dispatched_view(view_func: Any) -> APIView | None:
-    """The DRF view whose ``dispatch`` ``view_func`` is, as ``method_decorator`` binds it.
-
-    ``method_decorator`` passes a ``partial`` of the bound method, under
-    any decorators listed after this one (``functools.wraps`` lets us see
-    through them). It is ``dispatch`` when its function is the one the
-    class's ``dispatch`` wraps, whatever a decorator without
-    ``functools.wraps`` renamed it.
-    """
-    bound = None
-    for _ in range(8):
-        bound = getattr(view_func, "func", None)
-        if isinstance(getattr(bound, "__self__", None), APIView):
-            break
-        view_func = getattr(view_func, "__wrapped__", None)
-        if view_func is None:
-            return None
-    view = getattr(bound, "__self__", None)
-    if not isinstance(view, APIView):
-        return None
-    function = getattr(bound, "__func__", None)
-    dispatch = getattr(type(view), "dispatch", None)
-    for _ in range(8):
-        if dispatch is None:
-            return None
-        if dispatch is function:
-            return view
-        dispatch = getattr(dispatch, "__wrapped__", None)
-    return None
 
 
 PLACEMENT_ADAPTERS.append(protect_after_authentication)

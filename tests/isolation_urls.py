@@ -3,6 +3,7 @@
 from django.http import HttpRequest, JsonResponse
 from django.urls import path
 
+from django_idempotency import idempotent
 from tests import isolation_views as views
 
 
@@ -19,6 +20,15 @@ def _without_wraps(view):  # type: ignore[no-untyped-def]
     return outer
 
 
+def _without_wraps_async(view):  # type: ignore[no-untyped-def]
+    """:func:`_without_wraps` for an async view."""
+
+    async def outer(request, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return await view(request, *args, **kwargs)
+
+    return outer
+
+
 VIEWS = {
     "function": views.function_view,
     "class-based": views.ClassBasedView.as_view(),
@@ -30,8 +40,16 @@ VIEWS = {
     "drf-method-decorator": views.MethodDecoratedAPIView.as_view(),
     "drf-dispatch-decorator": views.DispatchDecoratedAPIView.as_view(),
     "adrf-dispatch-decorator": views.DispatchDecoratedAdrfAPIView.as_view(),
+    "drf-dispatch-subclass": views.DispatchDecoratedSubclassAPIView.as_view(),
+    "async-dispatch-decorator": views.AsyncDispatchDecoratedView.as_view(),
     "adrf": views.AdrfMixinAPIView.as_view(),
     "hidden-function": _without_wraps(views.function_view),
+    # DRF views whose class a project decorator hides: refused, with or without
+    # protection of their own, under the middleware or @idempotent.
+    "hidden-mixin-apiview": _without_wraps(views.MixinAPIView.as_view()),
+    "hidden-plain-apiview": _without_wraps(views.PlainAPIView.as_view()),
+    "decorated-hidden-plain-apiview": idempotent(_without_wraps(views.PlainAPIView.as_view())),
+    "hidden-plain-adrf": _without_wraps_async(views.PlainAdrfAPIView.as_view()),
     "plain": views.plain_view,
     "async-plain": views.async_plain_view,
     "plain-api-view": views.plain_api_view,

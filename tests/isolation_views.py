@@ -232,6 +232,14 @@ class AsyncClassBasedView(View):
         return await aplain(request)
 
 
+@method_decorator(idempotent, name="dispatch")
+class AsyncDispatchDecoratedView(View):
+    """``@idempotent`` on an async view's ``dispatch``, which returns the handler's coroutine."""
+
+    async def post(self, request: HttpRequest) -> HttpResponseBase:
+        return await aplain(request)
+
+
 @api_view(["POST"])
 @authentication_classes(AUTHENTICATION)
 @permission_classes([AllowAny])
@@ -266,6 +274,13 @@ class DispatchDecoratedAPIView(_Open, APIView):
 
     def post(self, request: Request) -> HttpResponseBase:
         return drf(request)
+
+
+class DispatchDecoratedSubclassAPIView(DispatchDecoratedAPIView):
+    """A subclass with a ``dispatch`` of its own, calling the decorated one (a logging mixin's)."""
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        return super().dispatch(request, *args, **kwargs)
 
 
 @method_decorator(idempotent, name="dispatch")

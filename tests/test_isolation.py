@@ -87,6 +87,8 @@ class Adapter:
     drf: bool = False
     #: IdempotencyMiddleware is installed.
     middleware: bool = False
+    #: A placement the package refuses at the first keyed request (500, nothing stored).
+    refused: bool = False
 
     @property
     def path(self) -> str:
@@ -103,6 +105,9 @@ ADAPTERS = [
     # On dispatch, through method_decorator: the handler is protected, after DRF's authentication.
     Adapter("drf_dispatch_decorator", "drf-dispatch-decorator", WSGI, drf=True),
     Adapter("adrf_dispatch_decorator", "adrf-dispatch-decorator", ASGI, drf=True),
+    # ...and under a subclass whose own dispatch calls the decorated one.
+    Adapter("drf_dispatch_subclass", "drf-dispatch-subclass", WSGI, drf=True),
+    Adapter("async_dispatch_decorator", "async-dispatch-decorator", ASGI),
     Adapter("async_function", "async-function", ASGI),
     Adapter("async_method_decorator", "async-class-based", ASGI),
     Adapter("adrf_mixin", "adrf", ASGI, drf=True),
@@ -116,6 +121,14 @@ ADAPTERS = [
     # ...and one whose mark a project decorator hides: the middleware protects
     # it, with the same options, and the view runs under that protection.
     Adapter("middleware_hidden_decorator", "hidden-function", WSGI, middleware=True),
+    # A DRF view hidden so: the claim would come before DRF's authentication,
+    # so every keyed request is refused, whether the view protects itself or not.
+    Adapter("middleware_hidden_mixin", "hidden-mixin-apiview", WSGI, True, True, True),
+    Adapter("middleware_hidden_drf_apiview", "hidden-plain-apiview", WSGI, True, True, True),
+    Adapter("middleware_hidden_adrf", "hidden-plain-adrf", ASGI, True, True, True),
+    Adapter(
+        "decorator_over_hidden_drf", "decorated-hidden-plain-apiview", WSGI, True, refused=True
+    ),
     Adapter("middleware_mixin", "mixin-apiview", WSGI, drf=True, middleware=True),
     Adapter(
         "middleware_drf_dispatch_decorator",
@@ -125,6 +138,7 @@ ADAPTERS = [
         middleware=True,
     ),
     Adapter("middleware_adrf_mixin", "adrf", ASGI, drf=True, middleware=True),
+    Adapter("middleware_drf_dispatch_subclass", "drf-dispatch-subclass", WSGI, True, True),
     # The middleware over DRF views without the mixin: protected through the
     # mixin's path, after DRF's authentication.
     Adapter("middleware_drf_apiview", "plain-apiview", WSGI, drf=True, middleware=True),
@@ -459,6 +473,12 @@ def test_isolation(cell: Cell) -> None:
     other = cell.post(bob, key)
     retry = cell.post(alice, key)
 
+    if cell.adapter.refused:
+        for answer in (first, other, retry):
+            assert answer.status == 500 and b"caller" not in answer.body, answer
+        assert records(key) == {}, records(key)
+        assert effects(key) == {}, effects(key)
+        return
     alices = check_own(first, alice, via, cell.place, "alice's first request")
     assert retry.status == 201 and retry.replayed, f"alice's retry: {retry.status} {retry.body!r}"
     assert retry.body == first.body, "alice's retry is not her answer"
