@@ -21,7 +21,7 @@ does (``docs/fingerprint.rst``).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import singledispatch
 from io import BytesIO
@@ -92,28 +92,57 @@ def _spools(request: HttpRequest) -> list[IO[bytes]]:
     if spools is None:
         spools = []
         setattr(request, _SPOOLS, spools)
-        _close_with_request(request, spools)
+        when_closed(request, lambda: _close_all(spools))
     return spools
 
 
-def _close_with_request(request: HttpRequest, spools: list[IO[bytes]]) -> None:
-    """Close the copies when Django closes the request, whatever response it sends.
+def _close_all(spools: list[IO[bytes]]) -> None:
+    for spool in spools:
+        spool.close()
+
+
+_ON_CLOSE = "_idempotency_on_close"
+
+
+def when_closed(request: HttpRequest, callback: Callable[[], None]) -> None:
+    """Call ``callback`` when Django closes ``request``, whatever response it sends.
 
     Django's handler adds ``request.close`` to the closers of the response
     it finally sends, also when an error after the view (a request
     transaction that fails to commit) replaces the view's response, whose
-    own closers then never run.
+    own closers then never run; the server closes that response once it is
+    sent, under WSGI and ASGI alike. Callbacks run in the order given, each
+    whatever the others did.
     """
+    callbacks: list[Callable[[], None]] | None = getattr(request, _ON_CLOSE, None)
+    if callbacks is None:
+        callbacks = _called_on_close(request)
+    callbacks.append(callback)
+
+
+def _called_on_close(request: HttpRequest) -> list[Callable[[], None]]:
+    """A list of callbacks that ``request.close`` calls from now on, after its own work."""
+    callbacks: list[Callable[[], None]] = []
+    setattr(request, _ON_CLOSE, callbacks)
     close_request = request.close
 
     def close() -> None:
         try:
             close_request()
         finally:
-            for spool in spools:
-                spool.close()
+            _run_all(list(callbacks))
 
     request.close = close  # type: ignore[method-assign]
+    return callbacks
+
+
+def _run_all(callbacks: list[Callable[[], None]]) -> None:
+    if not callbacks:
+        return
+    try:
+        callbacks[0]()
+    finally:
+        _run_all(callbacks[1:])
 
 
 def close_spools_with(request: Any, response: HttpResponseBase | None) -> None:

@@ -392,7 +392,9 @@ class Call:
 
         outcome = self._complete_or_without_body(complete, stored, lease)
         if lease.own:
-            lease_cleanup.release_unless_committed(self.using, lambda: self._release(owned))
+            lease_cleanup.release_unless_committed(
+                self.using, lambda: self._release(owned), self.request
+            )
         if outcome is None:
             return False
         completed, stored = outcome

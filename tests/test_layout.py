@@ -133,9 +133,6 @@ FIRST_REQUEST_PATH = {
     "django_idempotency.observability",
     "django_idempotency.metrics",
     "django_idempotency.fields",
-    # Its request_started/finished receivers run for every request, and
-    # return at once unless a lease inside a request transaction is pending.
-    "django_idempotency.lease_cleanup",
 }
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,10 +24,20 @@ from rest_framework.test import APIClient
 from django_idempotency import signals, store
 from django_idempotency.models import IdempotencyKey
 from tests import drf_views
-from tests.clients import LEASE_ORDERS, drf_post, post, reset_lease_views, send, token_client
+from tests.clients import (
+    LEASE_ORDERS,
+    drf_post,
+    http_post,
+    post,
+    reset_lease_views,
+    send,
+    token_client,
+)
 from tests.databases import connections_from_this_process, lock_timeout, new_claim
 from tests.models import Order
 from tests.polling import in_background, wait_until
+from tests.server import GunicornServer, UvicornServer
+from tests.server_fixtures import control_dir_fixture, controlled  # noqa: F401  fixture used by name
 from tests.views import calls, create_order_lease, fail_after_view, fail_at_commit, fail_next
 
 State = IdempotencyKey.State
@@ -360,6 +372,44 @@ def in_progress_elsewhere(key: str) -> bool:
     thread.start()
     thread.join(timeout=10)
     return seen == [IdempotencyKey.State.IN_PROGRESS]
+
+
+@pytest.fixture(scope="module", params=[GunicornServer, UvicornServer], ids=lambda c: c.name)
+def atomic_requests_server(
+    request: pytest.FixtureRequest,
+    django_db_setup: None,
+    control_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[GunicornServer]:
+    """A real server of the test views with ``ATOMIC_REQUESTS = True``."""
+    settings = "tests.atomic_requests_server_settings"
+    with controlled(request.param, settings, control_dir, tmp_path_factory, 2) as server:
+        yield server
+
+
+@pytest.mark.server
+@pytest.mark.django_db(transaction=True)
+@server_only
+def test_lease_request_failing_after_the_view_releases_the_key_on_a_server(
+    atomic_requests_server: GunicornServer,
+) -> None:
+    # On real servers: under ASGI Django runs the view in one task and closes
+    # the request from another, so the release must belong to the request
+    # itself, not to a thread or a context.
+    url = atomic_requests_server.url + "/orders/lease-then-fail-once/"
+    key, body = f"fails-once-{atomic_requests_server.name}", {"item": "book"}
+    assert http_post(url, body, key).status_code == 500
+    # Released when the server closes the response, just after sending it.
+    wait_until(lambda: not IdempotencyKey.objects.exists(), "the claim's release", 10)
+    assert Order.objects.count() == 0
+    retry = http_post(url, body, key)
+    assert retry.status_code == 201, (retry.status_code, retry.content)
+    assert "Idempotent-Replayed" not in retry.headers
+    replay = http_post(url, body, key)
+    assert replay.headers["Idempotent-Replayed"] == "true"
+    assert replay.content == retry.content
+    assert Order.objects.count() == 1
+    assert IdempotencyKey.objects.get().state == State.COMPLETED
 
 
 @pytest.mark.django_db(transaction=True)

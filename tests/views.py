@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import queue
 import threading
 import time
+from pathlib import Path
 
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
@@ -200,6 +202,26 @@ class LeaseThenFailView(View):
                     [999999, 999999],
                 )
         return response
+
+
+class LeaseThenFailOnceView(LeaseThenFailView):
+    """:class:`LeaseThenFailView` in a server's process: a key's first request fails.
+
+    After the protected handler returned, as Django's ``ATOMIC_REQUESTS``
+    transaction is about to commit; the servers' control directory
+    remembers which keys failed once.
+    """
+
+    def dispatch(self, request: HttpRequest, *args: object, **kwargs: object) -> HttpResponse:
+        from tests.drf_views import CONTROL_DIR_ENV  # which imports this module
+
+        response = super().dispatch(request, *args, **kwargs)
+        control = Path(os.environ[CONTROL_DIR_ENV])
+        try:
+            (control / f"{request.headers['Idempotency-Key']}.failed").touch(exist_ok=False)
+        except FileExistsError:
+            return response
+        raise RuntimeError("the request failed after the view")
 
 
 # A test reads the server-side id of the handler's connection here, kills that
