@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Error
+from django.core.checks import CheckMessage, Error, Warning
 from django.urls import get_resolver
 
 from django_idempotency.conf import (
@@ -149,16 +149,37 @@ def check_view_options(app_configs: Any = None, **kwargs: Any) -> list[CheckMess
 
 def check_middleware_order(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """``IdempotencyMiddleware`` must come after the middleware that sets ``request.user``,
-    and after every middleware with a ``process_view`` (CSRF, login).
+    and after every middleware with a ``process_view`` (CSRF, login) or a
+    ``process_exception``; best, it comes last.
 
-    The middleware refuses to load in that order too (see
+    The middleware refuses to load in the wrong order too (see
     :func:`django_idempotency.middleware.misplaced`), since a server such
     as gunicorn runs no system checks.
     """
-    from django_idempotency.middleware import ORDER_CHECK_ID, misplaced
+    from django_idempotency.middleware import ORDER_CHECK_ID, listed_after, misplaced
 
     problem = misplaced()
-    if problem is None:
+    if problem is not None:
+        message, hint = problem
+        return [Error(message, hint=hint, id=ORDER_CHECK_ID)]
+    later = listed_after()
+    if not later:
         return []
-    message, hint = problem
-    return [Error(message, hint=hint, id=ORDER_CHECK_ID)]
+    return [
+        Warning(
+            f"'django_idempotency.middleware.IdempotencyMiddleware' is listed before "
+            f"{', '.join(map(repr, later))} in MIDDLEWARE.",
+            hint=(
+                "Move it to the end of MIDDLEWARE. A replay, and the middleware's own "
+                "400, 409 and 422 answers, skip what is listed after it (headers it adds, "
+                "CORS included, are missing from them), and one that cancels the view or "
+                "answers in its place, such as a timeout, hides how the view ended: a "
+                "view cut short would look like one that answered."
+            ),
+            id=LATER_MIDDLEWARE_CHECK_ID,
+        )
+    ]
+
+
+#: The warning that a middleware is listed after ``IdempotencyMiddleware``.
+LATER_MIDDLEWARE_CHECK_ID = "django_idempotency.W006"

@@ -266,7 +266,7 @@ def misplaced() -> tuple[str, str] | None:
 
 
 def _view_hook_after(ours: str, later: list[str]) -> tuple[str, str] | None:
-    """``(message, fix)`` when a middleware listed after ours has a ``process_view``.
+    """``(message, fix)`` when a middleware listed after ours hooks into the view's call.
 
     Django calls the ``process_view`` hooks in ``MIDDLEWARE`` order and
     gives a middleware no way to wrap the call of the view itself, so ours
@@ -276,6 +276,12 @@ def _view_hook_after(ours: str, later: list[str]) -> tuple[str, str] | None:
     refusal be stored and replayed to the corrected request for the whole
     ``TTL``; and a DRF view, which our hook calls itself, would skip the
     later hook altogether.
+
+    Django calls the ``process_exception`` hooks the other way round, and
+    stops at the first that answers: a later one that turns the view's
+    exception into a response would answer before ours hears of it, and
+    that response would be stored as the view's own, with the writes the
+    view made before it raised.
     """
     for path in later:
         try:
@@ -285,14 +291,46 @@ def _view_hook_after(ours: str, later: list[str]) -> tuple[str, str] | None:
         if isinstance(candidate, type) and issubclass(candidate, IdempotencyMiddleware):
             continue
         if hasattr(candidate, "process_view"):
-            return (
-                f"{ours!r} must come after {path!r} in MIDDLEWARE.",
-                f"Move {ours!r} below {path!r}, best to the end of MIDDLEWARE. "
+            why = (
                 "Listed before a middleware that may refuse a request before its view "
                 "(CSRF, login), it would store that refusal for the key and replay it "
-                "to the corrected request.",
+                "to the corrected request."
             )
+        elif hasattr(candidate, "process_exception"):
+            why = (
+                "Listed before a middleware that may turn a view's exception into a "
+                "response, it would store that response as the view's own, with what the "
+                "view wrote before it raised, instead of rolling it back."
+            )
+        else:
+            continue
+        return (
+            f"{ours!r} must come after {path!r} in MIDDLEWARE.",
+            f"Move {ours!r} below {path!r}, best to the end of MIDDLEWARE. {why}",
+        )
     return None
+
+
+def listed_after() -> list[str]:
+    """The middleware listed after ``IdempotencyMiddleware``, which its answers skip.
+
+    A replay, and our own 400, 409 and 422, never reach them; and one that
+    cancels the view or answers in its place (a timeout) hides from ours
+    how the view ended. See the ``W006`` check.
+    """
+    middleware = settings.MIDDLEWARE
+    ours = _first_subclass(IdempotencyMiddleware, middleware)
+    if ours is None:
+        return []
+    later = []
+    for path in middleware[ours[0] + 1 :]:
+        try:
+            candidate = import_string(path)
+        except ImportError:
+            continue  # Django reports a middleware that cannot be imported
+        if not (isinstance(candidate, type) and issubclass(candidate, IdempotencyMiddleware)):
+            later.append(path)
+    return later
 
 
 def _misplaced(ours: str, theirs: str, users: str) -> tuple[str, str]:

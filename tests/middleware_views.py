@@ -154,3 +154,16 @@ def create_order_token_auth(request: HttpRequest) -> JsonResponse:
         return JsonResponse({"detail": "no credentials"}, status=401)
     order = Order.objects.create(item=f"for {caller}")
     return JsonResponse({"id": order.pk, "caller": caller}, status=201)
+
+
+class ExceptionAsBadRequestMiddleware:
+    """Turns any exception a view raises into a 400, as an API's error middleware may."""
+
+    def __init__(self, get_response: Any) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> Any:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse:
+        return JsonResponse({"error": str(exception)}, status=400)

@@ -12,6 +12,7 @@ import pytest
 from asgiref.sync import iscoroutinefunction
 from django.contrib import admin
 from django.contrib.auth.models import User
+from django.core.checks import WARNING
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 from django.http import HttpResponse
@@ -32,6 +33,7 @@ from tests.views import calls
 pytestmark = pytest.mark.django_db(transaction=True)
 MIDDLEWARE = "django_idempotency.middleware.IdempotencyMiddleware"
 CSRF_MIDDLEWARE = "django.middleware.csrf.CsrfViewMiddleware"
+EXCEPTION_MIDDLEWARE = "tests.middleware_views.ExceptionAsBadRequestMiddleware"
 
 
 @pytest.fixture
@@ -301,15 +303,53 @@ class OrderingTests:
         assert error.msg == f"{MIDDLEWARE!r} must come after {CSRF_MIDDLEWARE!r} in MIDDLEWARE."
         assert "replay it to the corrected request" in error.hint
 
-    def test_a_later_middleware_without_process_view_is_fine(self, settings: Any) -> None:
-        settings.MIDDLEWARE = [
-            *settings.MIDDLEWARE,
-            MIDDLEWARE,
-            "tests.endings_views.SlowResponseMiddleware",
-        ]
+    def test_a_later_middleware_without_view_hooks_is_only_warned_of(self, settings: Any) -> None:
+        later = "tests.endings_views.SlowResponseMiddleware"
+        settings.MIDDLEWARE = [*settings.MIDDLEWARE, MIDDLEWARE, later]
+        from django_idempotency.checks import check_middleware_order
+
+        [warning] = check_middleware_order()
+        assert warning.id == "django_idempotency.W006"
+        assert warning.level == WARNING
+        assert repr(later) in warning.msg
+        assert "end of MIDDLEWARE" in warning.hint
+
+    def test_last_it_is_not_warned_of(self, settings: Any) -> None:
+        settings.MIDDLEWARE = [*settings.MIDDLEWARE, MIDDLEWARE]
         from django_idempotency.checks import check_middleware_order
 
         assert check_middleware_order() == []
+
+    @pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+    def test_listed_before_a_process_exception_it_refuses_to_load(
+        self, settings: Any, kind: str
+    ) -> None:
+        # That hook would answer a raising view before ours hears of it: its
+        # 400 would be stored as the view's own answer, with the view's writes.
+        settings.MIDDLEWARE = [*settings.MIDDLEWARE, MIDDLEWARE, EXCEPTION_MIDDLEWARE]
+        client = Client() if kind == "wsgi" else AsyncClient()
+        with pytest.raises(ImproperlyConfigured, match="must come after") as raised:
+            post(client, "/async/sync/plain/", "raises", **{"raise": True})
+
+        assert repr(EXCEPTION_MIDDLEWARE) in str(raised.value)
+        assert "exception" in str(raised.value)
+        assert calls.value == 0
+        from django_idempotency.checks import check_middleware_order
+
+        [error] = check_middleware_order()
+        assert error.id == "django_idempotency.E006"
+
+    @pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+    def test_after_a_process_exception_a_raising_view_stores_nothing(
+        self, settings: Any, kind: str
+    ) -> None:
+        settings.MIDDLEWARE = [*settings.MIDDLEWARE, EXCEPTION_MIDDLEWARE, MIDDLEWARE]
+        client = Client() if kind == "wsgi" else AsyncClient()
+        failed = post(client, "/async/sync/plain/", "raises", **{"raise": True})
+
+        assert failed.status_code == 400  # the project's middleware answered
+        assert IdempotencyKey.objects.count() == 0
+        assert Order.objects.count() == 0  # rolled back with the claim
 
 
 @pytest.mark.usefixtures("installed")
