@@ -15,15 +15,21 @@ KEY_COLUMN_LENGTH = 255
 FINGERPRINT_COLUMN_LENGTH = 64
 
 
+_DIGEST_PREFIX = "sha256:"
+
+
 def fit_key_column(value: str) -> str:
     """``value``, or its digest when the scope or key column cannot hold it.
 
     A digest keeps a long value (a tenant name, a JWT subject, a task's
-    name) exact and unique, where truncating it would let two collide.
+    name) exact and unique, where truncating it would let two collide. A
+    value that looks like a digest is digested too, so that no value can
+    be stored as another's: a scope of a tenant's own choosing that spells
+    another scope's digest gets a digest of its own.
     """
-    if len(value) <= KEY_COLUMN_LENGTH:
+    if len(value) <= KEY_COLUMN_LENGTH and not value.startswith(_DIGEST_PREFIX):
         return value
-    return "sha256:" + hashlib.sha256(value.encode()).hexdigest()
+    return _DIGEST_PREFIX + hashlib.sha256(value.encode()).hexdigest()
 
 
 class ExactCharField(models.CharField):

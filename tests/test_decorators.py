@@ -340,9 +340,27 @@ class ScopeTests:
         assert retry["Idempotent-Replayed"] == "true"
         assert IdempotencyKey.objects.get().scope.startswith("sha256:")
 
+    def test_a_scope_spelling_another_scopes_digest_is_not_that_scope(
+        self, client, settings, reset_calls
+    ):
+        # The scope is the caller's own choice here (an organisation's name):
+        # one that spells a long scope's stored digest must not be replayed its answer.
+        settings.IDEMPOTENCY = {"SCOPE": "tests.test_decorators.chosen_scope"}
+        post(client, "/orders/", headers={"X-Tenant": "t" * 300})
+        digest = IdempotencyKey.objects.get().scope
+        other = post(client, "/orders/", headers={"X-Tenant": digest})
+
+        assert "Idempotent-Replayed" not in other.headers
+        assert reset_calls.value == 2
+        assert IdempotencyKey.objects.count() == 2
+
 
 def tenant_scope(request) -> str:
     return "tenant:" + request.headers.get("X-Tenant", "")
+
+
+def chosen_scope(request) -> str:
+    return request.headers.get("X-Tenant", "")
 
 
 class LargeAndStreamingTests:
