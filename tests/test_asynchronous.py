@@ -6,6 +6,7 @@ pin down the contract row by row on every backend, SQLite included.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -13,8 +14,8 @@ from typing import Any
 import django
 import pytest
 from asgiref.sync import async_to_sync, iscoroutinefunction
-from django.http import HttpResponse
-from django.test import AsyncClient, override_settings
+from django.http import HttpResponse, JsonResponse
+from django.test import AsyncClient, AsyncRequestFactory, override_settings
 from django.views import View
 
 from django_idempotency import idempotent, signals
@@ -185,3 +186,42 @@ class DecoratorTests:
                 return HttpResponse(status=201)
 
         assert iscoroutinefunction(idempotent(Whole.as_view()))
+
+
+class CancellationTests:
+    """A request cancelled while its handler runs (the client went away): SPEC §4.6."""
+
+    @pytest.mark.parametrize("atomic", [True, False], ids=["atomic", "lease"])
+    def test_the_handler_runs_to_its_end_and_its_response_is_stored(self, atomic: bool) -> None:
+        # The handler may already have acted: it must finish and be stored,
+        # and the key must never be given back for a retry to run it again.
+        async def scenario() -> None:
+            started, go = asyncio.Event(), asyncio.Event()
+
+            @idempotent(atomic=atomic)
+            async def view(request: Any) -> HttpResponse:
+                started.set()
+                await go.wait()
+                order = await Order.objects.acreate(item="cancelled")
+                return JsonResponse({"id": order.pk}, status=201)
+
+            request = AsyncRequestFactory().post(
+                "/", b"{}", content_type="application/json", headers={"Idempotency-Key": "k"}
+            )
+            task = asyncio.ensure_future(view(request))
+            await started.wait()
+            task.cancel()
+            for _ in range(5):
+                await asyncio.sleep(0.01)
+            assert not task.done(), "the cancellation stopped the handler"
+            go.set()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            request.close()  # as Django's handler does, whatever became of the view
+
+        async_to_sync(scenario)()
+
+        assert Order.objects.filter(item="cancelled").count() == 1
+        record = IdempotencyKey.objects.get()
+        assert record.state == State.COMPLETED
+        assert record.status_code == 201
