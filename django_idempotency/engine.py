@@ -76,6 +76,10 @@ class Kind:
     #: ``None``: the in-flight error, to be retried in a second.
     database_busy: Callable[[], IdempotencyError] | None = None
     ending: Callable[[BaseException], Ending] = plain_ending
+    #: Whether a result stored without its body (one the database refused,
+    #: over MySQL's ``max_allowed_packet``, say) still answers a duplicate:
+    #: a response's status and headers do, a function's value would be lost.
+    body_optional: bool = True
     #: What the first call returns: its own result (a view's response), or
     #: what a duplicate would get (a function's JSON value).
     fresh: Callable[[Any, StoredResponse], Any] = lambda result, stored: result
@@ -425,7 +429,9 @@ class Call:
         say) is dropped as one over ``MAX_STORED_BODY`` is, and the status
         and headers are stored alone.
         """
-        attempts = [stored] if not stored.body else [stored, replace(stored, body=None)]
+        attempts = [stored]
+        if stored.body and self.kind.body_optional:
+            attempts.append(replace(stored, body=None))
         for attempt in attempts:
             try:
                 return complete(attempt), attempt

@@ -15,6 +15,7 @@ import functools
 import hashlib
 import inspect
 import json
+import sys
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -58,12 +59,35 @@ def _decode(stored: StoredResponse) -> Any:
     return None if stored.body is None else json.loads(bytes(stored.body))
 
 
+def _ending(exc: BaseException) -> engine.Ending:
+    """How a body ended, Celery's control flow included.
+
+    A body may run inside a Celery task (a function the task calls, or the
+    task's own) and end it on purpose with Celery's ``Ignore``, which
+    ``self.replace(...)`` raises too: the body did what it meant to, so its
+    writes commit and the key is completed (SPEC §4.6). Celery's
+    ``SoftTimeLimitExceeded`` interrupts a body wherever it stands, as a
+    cancellation does: its effect is unknown. Celery is not imported for
+    this: one of its exceptions raised means Celery is loaded.
+    """
+    celery = sys.modules.get("celery.exceptions")
+    if celery is not None:
+        if isinstance(exc, celery.Ignore):
+            return engine.Ending.COMPLETED
+        if isinstance(exc, celery.SoftTimeLimitExceeded):
+            return engine.Ending.UNKNOWN
+    return engine.plain_ending(exc)
+
+
 #: How the engine keeps a function's value and what its callers meet.
 VALUES = engine.Kind(
     encode=_encode,
     decode=_decode,
     in_flight=lambda retry_after: CallInFlight(retry_after=retry_after),
     mismatch=ArgumentsMismatch,
+    ending=_ending,
+    # A value stored without its body would be given back as None.
+    body_optional=False,
     # The first call gets what every later call will: the value read back.
     fresh=lambda result, stored: _decode(stored),
     # f(abandoned): None takes over, a value completes the key, raising holds it.
@@ -115,7 +139,7 @@ def arguments_fingerprint(arguments: Mapping[str, Any], owner: str) -> str:
     order, are the same work, and any change of meaning is not.
     """
     try:
-        document = json.dumps(dict(arguments), cls=DjangoJSONEncoder)
+        document = json.dumps(dict(arguments), cls=DjangoJSONEncoder, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise TypeError(
             f"The arguments of {owner} must be JSON-serialisable to be fingerprinted: {exc}"

@@ -10,17 +10,16 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from celery import current_task, shared_task
 from celery.app.task import Task
-from celery.exceptions import Ignore
 from celery.local import Proxy
 
 from django_idempotency import functions
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.engine import Ending, plain_ending
 from django_idempotency.exceptions import CallAbandoned, TaskArgumentsMismatch, TaskInFlight
 from django_idempotency.options import CallOptions
 from django_idempotency.purge import DEFAULT_BATCH_SIZE, purge_expired
@@ -43,22 +42,11 @@ def purge_expired_keys(batch_size: int = DEFAULT_BATCH_SIZE, database: str | Non
     return purge_expired(using=database, batch_size=batch_size)
 
 
-def _ending(exc: BaseException) -> Ending:
-    """Celery's ``Ignore`` (and ``self.replace()``, which raises it) ends a body on purpose.
-
-    The body finished what it meant to do: its writes commit and the key is
-    completed, so a redelivery does not do it again. ``self.retry()`` and
-    ``Reject`` are failures: the body runs again when the message comes back.
-    """
-    return Ending.COMPLETED if isinstance(exc, Ignore) else plain_ending(exc)
-
-
 #: A task's value is kept as a function's is; its errors are Celery's to retry.
 TASK_VALUES = replace(
     functions.VALUES,
     in_flight=lambda retry_after: TaskInFlight(retry_after=retry_after),
     mismatch=TaskArgumentsMismatch,
-    ending=_ending,
 )
 
 
@@ -112,14 +100,21 @@ def idempotent_task(
             if key is None:
                 if task.request.id is None:  # called directly, not as a message
                     return function(*args, **kwargs)
-                task_key = str(task.request.id)
+                task_key = _message_key(task.request)
             else:
                 task_key = functions.checked_key(key(*own_args, **kwargs), f"task {task.name!r}")
+            running = _running.get()
+            if (task.name, task_key) in running:
+                # Called directly from its own body, which holds the key: the
+                # call is part of that run (Celery lends it the running
+                # message's id), protected with it, not a run of its own.
+                return function(*args, **kwargs)
 
             def run(info: Any) -> Any:
                 task.request.idempotency = info
                 return function(*args, **kwargs)
 
+            inside = _running.set(running | {(task.name, task_key)})
             try:
                 return functions.run_once(
                     scope=task.name,
@@ -134,6 +129,8 @@ def idempotent_task(
             except (TaskInFlight, CallAbandoned) as exc:
                 # Never run alongside the original: come back once it is done.
                 raise task.retry(countdown=exc.retry_after, exc=exc) from None
+            finally:
+                _running.reset(inside)
 
         # Celery checks a publish's arguments against this signature.
         body.__signature__ = inspect.signature(function)  # type: ignore[attr-defined]
@@ -142,6 +139,25 @@ def idempotent_task(
     if func is not None:
         return decorate(func)
     return decorate
+
+
+#: The (task name, key) pairs whose bodies run in this context, each inside its claim.
+_running: ContextVar[frozenset[tuple[str, str]]] = ContextVar(
+    "django_idempotency_running_tasks", default=frozenset()
+)
+
+
+def _message_key(request: Any) -> str:
+    """The default key: the message's task id, and how many times it was replaced.
+
+    ``self.replace(...)`` gives the replacement the replaced task's id, so
+    that its result is the one the caller waits for. The replaced body
+    completed its key on the way out (``Ignore``); the replacement is new
+    work, under the id and its place in the replacements. A redelivered
+    message keeps both, so it is still one effect.
+    """
+    nesting = request.get("replaced_task_nesting") or 0
+    return str(request.id) if not nesting else f"{request.id}:replaced:{nesting}"
 
 
 def _running_task(body: Callable[..., Any]) -> Any:

@@ -277,7 +277,8 @@ class TaskCell(Cell):
 
     def retried_in_flight(self, result: AsyncResult) -> bool:
         """Whether the worker put this message off while the key was in flight."""
-        return f"[{result.id}] retry:" in self.log()
+        put_off = re.compile(rf"\[{re.escape(result.id)}\] retry: .*TaskInFlight")
+        return put_off.search(self.log()) is not None
 
 
 @dataclass

@@ -15,8 +15,10 @@ import time
 from pathlib import Path
 
 from celery import shared_task
+from celery.exceptions import Ignore
 from django.db import connection, connections
 
+from django_idempotency import idempotent_function
 from django_idempotency.tasks import idempotent_task
 from tests.models import Order, RemoteCharge
 
@@ -196,3 +198,65 @@ def receipts_seen(directory: Path, label: str) -> list[dict]:
 def logged_order(reference: str) -> dict:
     """Keyed by a reference it never returns, so a log that shows the key shows it from us."""
     return {"order": Order.objects.create(item="logged").pk}
+
+
+@shared_task(bind=True)
+@idempotent_task
+def count_down(self, label: str, step: int) -> dict:  # type: ignore[no-untyped-def]
+    """Keyed by the task id: one order per step, each step replacing the task with the next."""
+    Order.objects.create(item=f"{label}-{step}")
+    checkpoint(label)
+    if step > 0:
+        return self.replace(self.si(label, step - 1))
+    return {"done": label}
+
+
+@shared_task(bind=True)
+@idempotent_task(atomic=False)
+def count_down_lease(self, label: str, step: int) -> dict:  # type: ignore[no-untyped-def]
+    """:func:`count_down` in lease mode."""
+    Order.objects.create(item=f"{label}-{step}")
+    checkpoint(label)
+    if step > 0:
+        return self.replace(self.si(label, step - 1))
+    return {"done": label}
+
+
+@shared_task
+@idempotent_task
+def walk_tree(node: int) -> dict:
+    """Keyed by the task id: one order per node, its children handled by direct calls."""
+    Order.objects.create(item=f"node-{node}")
+    children = [walk_tree(child) for child in (2 * node, 2 * node + 1) if child < 4]
+    return {"node": node, "children": children}
+
+
+@idempotent_function(key=lambda label: f"apply-{label}")
+def apply_then_stop(label: str) -> None:
+    """A function a task calls: it writes, then ends the task on purpose."""
+    Order.objects.create(item=label)
+    raise Ignore()
+
+
+@shared_task
+@idempotent_task(key=lambda label: f"stopping-{label}")
+def stop_in_a_function(label: str) -> dict:
+    Order.objects.create(item=f"{label}-task")
+    apply_then_stop(label)
+    return {"unreachable": label}
+
+
+@shared_task
+def plain_stop_in_a_function(label: str) -> dict:
+    apply_then_stop(label)
+    return {"unreachable": label}
+
+
+@shared_task(soft_time_limit=1)
+@idempotent_task(atomic=False, key=lambda label: f"soft-limit-{label}", lease=LEASE_SECONDS)
+def outlive_soft_limit(label: str) -> dict:
+    """Lease mode: interrupted by Celery's soft time limit while it acts."""
+    checkpoint(label)
+    RemoteCharge.objects.create(reference=f"soft-limit-{label}", item=label)
+    time.sleep(5)
+    return {"label": label}

@@ -363,6 +363,9 @@ def check_failed(cell: Cell, rows_left: int) -> None:
     assert cell.rows() == rows_left + 1
     record = cell.record()
     assert record is not None and record.state == State.COMPLETED, describe(record)
+    # The failure gave the key back, so the second run claimed it afresh: a
+    # claim held on and taken over once its lease ran out would be attempt 2.
+    assert record.attempt == 1, f"the second run took over a held claim ({record.attempt})"
     check_replay(cell, cell.again(), retry)
     assert runs(cell) == 2
 

@@ -195,6 +195,36 @@ class ContractTests:
         )
         assert place("k", 1) == {"order": Order.objects.get().pk, "quantity": 1}
 
+    @pytest.mark.parametrize("number", [float("nan"), float("inf")])
+    def test_arguments_that_are_not_json_numbers_are_a_clear_error(self, number):
+        place, runs = counted()
+
+        with pytest.raises(TypeError, match="must be JSON-serialisable to be fingerprinted"):
+            place("k", number)
+
+        assert runs == []
+        assert not IdempotencyKey.objects.exists()
+
+    @pytest.mark.skipif(connection.vendor != "mysql", reason="MariaDB's max_allowed_packet")
+    @pytest.mark.django_db(transaction=True)
+    def test_a_lease_value_the_database_refuses_keeps_the_key_claimed(self):
+        # Stored without its body, the value would come back as None: the key
+        # stays claimed instead, and a later call is told it is in flight.
+        runs = []
+
+        @idempotent_function(key=lambda n: f"big-{n}", atomic=False)
+        def report(n: int) -> str:
+            runs.append(n)
+            return "x" * (17 * 1024 * 1024)  # over the server's 16 MiB packet
+
+        assert len(report(1)) == 17 * 1024 * 1024
+        connection.close()  # the refused packet ended the connection
+        with pytest.raises(CallInFlight):
+            report(1)
+
+        assert runs == [1]
+        assert IdempotencyKey.objects.get().state == IdempotencyKey.State.IN_PROGRESS
+
     def test_defaults_and_keywords_are_the_same_work(self):
         place, runs = counted()
         place("k")

@@ -38,18 +38,23 @@ from tests.factories import IdempotencyKeyFactory
 from tests.models import Order, RemoteCharge
 from tests.polling import wait_until
 from tests.tasks import (
-    LEASE_SECONDS,
     charge_and_hold,
+    count_down,
+    count_down_lease,
     fail_next_run,
     flaky_lease_order,
     flaky_order,
     hold_order,
     lease_order,
     lose_connection,
+    outlive_soft_limit,
     place_order,
     place_other_order,
+    plain_stop_in_a_function,
     slow_order,
+    stop_in_a_function,
     unstorable_order,
+    walk_tree,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -312,6 +317,19 @@ class ApplyTests:
         assert isinstance(result.result, TaskInFlight)
         assert 25 <= result.result.retry_after <= 30
         assert RemoteCharge.objects.count() == 1
+
+    def test_a_task_replacing_itself_eagerly_runs_each_step_once(self):
+        # apply() runs the replacement in place, under the same id: as part
+        # of the replaced run, inside its claim.
+        result = count_down.apply(args=["eager", 2])
+
+        assert result.get() == {"done": "eager"}
+        assert sorted(Order.objects.values_list("item", flat=True)) == [
+            "eager-0",
+            "eager-1",
+            "eager-2",
+        ]
+        assert _record(count_down.name).key == result.id
 
     def test_called_directly_without_an_id_runs_unprotected(self):
         assert hold_order("direct") == {"order": Order.objects.get().pk}
@@ -641,6 +659,63 @@ class WorkerTests:
         assert RemoteCharge.objects.get().pk == value["charge"]
         assert Order.objects.count() == 1
 
+    @pytest.mark.parametrize("task", [count_down, count_down_lease], ids=["atomic", "lease"])
+    def test_a_task_replacing_itself_runs_each_step_once(self, prefork_worker, task):
+        # Each replacement has the task's id: its key is that id and its step.
+        label = f"count-{task.name.rsplit('.', 1)[-1]}"
+        result = task.delay(label, 3)
+
+        assert prefork_worker.wait_for(result) == {"done": label}
+        assert sorted(Order.objects.values_list("item", flat=True)) == [
+            f"{label}-{step}" for step in range(4)
+        ]
+        assert prefork_worker.runs(label) == 4
+        records = IdempotencyKey.objects.filter(scope=task.name)
+        assert sorted(records.values_list("key", flat=True)) == [
+            result.id,
+            *(f"{result.id}:replaced:{n}" for n in (1, 2, 3)),
+        ]
+        assert set(records.values_list("state", flat=True)) == {IdempotencyKey.State.COMPLETED}
+
+    def test_a_task_calling_itself_directly_runs_the_calls_in_its_own_run(self, prefork_worker):
+        result = walk_tree.delay(1)
+
+        assert prefork_worker.wait_for(result) == {
+            "node": 1,
+            "children": [{"node": 2, "children": []}, {"node": 3, "children": []}],
+        }
+        assert sorted(Order.objects.values_list("item", flat=True)) == [
+            "node-1",
+            "node-2",
+            "node-3",
+        ]
+        assert IdempotencyKey.objects.get(scope=walk_tree.name).key == result.id
+
+    @pytest.mark.parametrize("task", [stop_in_a_function, plain_stop_in_a_function])
+    def test_ignore_raised_in_a_function_commits_its_writes(self, prefork_worker, task):
+        # Celery's Ignore ends the task on purpose, from the function it calls too.
+        label = f"stop-{task.name.rsplit('.', 1)[-1]}"
+        result = task.delay(label)
+        ignored = f"[{result.id}] ignored"
+        wait_until(lambda: ignored in prefork_worker.log.read_text(), "the task to stop", 60)
+
+        assert Order.objects.filter(item=label).count() == 1
+        applied = IdempotencyKey.objects.get(key=f"apply-{label}")
+        assert applied.state == IdempotencyKey.State.COMPLETED
+        if task is stop_in_a_function:
+            assert Order.objects.filter(item=f"{label}-task").count() == 1
+            assert _record(task.name).state == IdempotencyKey.State.COMPLETED
+
+    def test_lease_body_cut_short_by_the_soft_time_limit_keeps_its_claim(self, prefork_worker):
+        # Interrupted wherever it stood, the body's effect is unknown: never released.
+        result = outlive_soft_limit.delay("soft")
+        prefork_worker.wait_for(result, propagate=False)
+
+        assert result.state == "FAILURE"
+        assert type(result.result).__name__ == "SoftTimeLimitExceeded"
+        assert RemoteCharge.objects.filter(item="soft").count() == 1
+        assert _record(outlive_soft_limit.name).state == IdempotencyKey.State.IN_PROGRESS
+
 
 def _wait_for_run(worker: WorkerProcess, label: str) -> None:
     wait_until(lambda: worker.runs(label) >= 1, f"{label} to start", 60)
@@ -687,6 +762,11 @@ class CrashTests:
         crash_worker.kill9()
         hold.unlink()
         crash_worker.start()
+        # The same message again at once, inside the dead owner's lease, as a
+        # broker that redelivers early would send it: put off, not run.
+        charge_and_hold.apply_async(args=[label], task_id=result.id)
+        put_off = f"charge_and_hold[{result.id}] retry: Retry in"
+        wait_until(lambda: put_off in crash_worker.log.read_text(), "the early copy's retry", 60)
         value = crash_worker.wait_for(result)
 
         print(
@@ -699,4 +779,5 @@ class CrashTests:
         assert Order.objects.count() == 1
         record = _record(charge_and_hold.name)
         assert record.state == IdempotencyKey.State.COMPLETED
-        assert record.created_at >= claimed.locked_until - timedelta(seconds=LEASE_SECONDS)
+        # Taken over only once the dead owner's lease had run out.
+        assert record.created_at >= claimed.locked_until
