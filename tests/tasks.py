@@ -200,26 +200,27 @@ def logged_order(reference: str) -> dict:
     return {"order": Order.objects.create(item="logged").pk}
 
 
-@shared_task(bind=True)
-@idempotent_task
-def count_down(self, label: str, step: int) -> dict:  # type: ignore[no-untyped-def]
-    """Keyed by the task id: one order per step, each step replacing the task with the next."""
+def _count_down(task, label: str, step: int) -> dict:  # type: ignore[no-untyped-def]
+    """One order per step, each step replacing the task with the next."""
     Order.objects.create(item=f"{label}-{step}")
     checkpoint(label)
     if step > 0:
-        return self.replace(self.si(label, step - 1))
+        return task.replace(task.si(label, step - 1))
     return {"done": label}
+
+
+@shared_task(bind=True)
+@idempotent_task
+def count_down(self, label: str, step: int) -> dict:  # type: ignore[no-untyped-def]
+    """Keyed by the task id, in atomic mode."""
+    return _count_down(self, label, step)
 
 
 @shared_task(bind=True)
 @idempotent_task(atomic=False)
 def count_down_lease(self, label: str, step: int) -> dict:  # type: ignore[no-untyped-def]
-    """:func:`count_down` in lease mode."""
-    Order.objects.create(item=f"{label}-{step}")
-    checkpoint(label)
-    if step > 0:
-        return self.replace(self.si(label, step - 1))
-    return {"done": label}
+    """Keyed by the task id, in lease mode."""
+    return _count_down(self, label, step)
 
 
 @shared_task
