@@ -35,6 +35,7 @@ BODY = json.dumps({"item": "book", "quantity": 1})
 
 VARIANTS = [
     "undecorated",
+    "statements alone",
     "first",
     "replay",
     "replay, cache on Redis",
@@ -148,6 +149,11 @@ def _requests(requests: int, rounds: int) -> dict[str, list[float]]:
     runs: dict[str, Callable[[], float]] = {
         "undecorated": lambda: timed("/plain/", True, None),
         "first": lambda: timed("/ours/", True, None),
+    }
+    if connection.vendor == "postgresql":
+        # The first request's statements through Django, without the package.
+        runs["statements alone"] = lambda: timed("/statements-alone/", True, None)
+    runs |= {
         "replay": lambda: timed("/ours/", False, None),
         "replay, cache on Redis": lambda: timed("/ours/", False, "redis"),
         "replay, cache on locmem": lambda: timed("/ours/", False, "locmem"),

@@ -446,6 +446,7 @@ INPROCESS_CONFIGS = [
 #: The columns of :func:`_inprocess_cells`, before its verdict.
 INPROCESS_COLUMNS = [
     "undecorated",
+    "statements alone",
     "first",
     "first - undecorated",
     "replay",
@@ -470,6 +471,9 @@ def section_inprocess(plan: Plan, progress: Callable) -> Table:
         "'prepared statements' is Django's OPTIONS {'server_side_binding': True, "
         "'prepare_threshold': 5}: the claim is planned once per connection instead of per "
         "request. Django leaves it off by default for transaction-pooling proxies.",
+        "'statements alone' (PostgreSQL): a first request's statements sent through Django "
+        "by the handler itself, with none of the package's code: what the contract costs any "
+        "Django implementation here; 'first' minus it is the package's own Python.",
         "Targets (PostgreSQL): first <= undecorated + 600 us; replay <= undecorated; replay "
         "from the cache <= undecorated / 2. The machine is shared: rows run minutes apart, so "
         "compare within a row.",
@@ -510,8 +514,10 @@ def _inprocess_cells(result: dict[str, list[float]], with_targets: bool) -> list
         if max(redis_, locmem) > plain / 2:
             missed.append("cache")
         verdict = OK if not missed else f"{MISSED}: {', '.join(missed)}"
+    alone = med.get("statements alone")
     return [
         f"{plain:.0f}",
+        "-" if alone is None else f"{alone:.0f}",
         f"{first:.0f}",
         f"{first - plain:+.0f}",
         f"{replay:.0f}",

@@ -120,6 +120,8 @@ def test_inprocess_verdicts_name_each_missed_target():
     assert _inprocess_cells(row, True)[-1] == "ok"
     # One cell per column the tables name, then the verdict.
     assert len(_inprocess_cells(row, True)) == len(INPROCESS_COLUMNS) + 1
+    assert _inprocess_cells(row, True)[1] == "-"  # no "statements alone" off PostgreSQL
+    assert _inprocess_cells({**row, "statements alone": [700.0]}, True)[1] == "700"
     row["first"] = [1100.0]
     row["replay"] = [500.0]
     assert _inprocess_cells(row, True)[-1] == "MISSED: first, replay"
@@ -239,4 +241,16 @@ def test_the_pipeline_bench_sends_this_versions_statements():
     results = run("postgresql", 600, requests=5, rounds=1, pipeline=True, timeout=300)
 
     assert set(results) == set(PIPELINE_VARIANTS)
+    assert all(len(values) == 1 and values[0] > 0 for values in results.values())
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="the statements alone are PostgreSQL's"
+)
+def test_the_inprocess_bench_times_the_statements_alone_beside_ours():
+    from benchmarks.inprocess import VARIANTS, run
+
+    results = run("postgresql", 600, requests=5, rounds=1, timeout=300)
+
+    assert set(results) == set(VARIANTS)
     assert all(len(values) == 1 and values[0] > 0 for values in results.values())

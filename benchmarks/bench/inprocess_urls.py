@@ -1,4 +1,4 @@
-"""The in-process rows' two views: the undecorated handler and ``@idempotent`` around it."""
+"""The in-process rows' views: the handler, ``@idempotent`` around it, and its SQL alone."""
 
 from __future__ import annotations
 
@@ -6,4 +6,8 @@ from django.urls import path
 
 from benchmarks.bench import views
 
-urlpatterns = [path("plain/", views.plain), path("ours/", views.ours)]
+urlpatterns = [
+    path("plain/", views.plain),
+    path("ours/", views.ours),
+    path("statements-alone/", views.statements_alone),
+]

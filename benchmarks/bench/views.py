@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import timedelta
 
+from django.db import connection, transaction
 from django.http import HttpRequest, JsonResponse
+from django.utils import timezone
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -77,6 +80,58 @@ async def plain_async(request: HttpRequest) -> JsonResponse:
 @idempotent
 async def ours_async(request: HttpRequest) -> JsonResponse:
     return _json(await write_order_async(request, "ours-async"))
+
+
+def statements_alone(request: HttpRequest) -> JsonResponse:
+    """A protected first request's SQL on PostgreSQL, through Django, with none of our Python.
+
+    The replay lookup in autocommit, then in ``transaction.atomic``: the
+    claim of a new key, the handler, the store of its response: the
+    statements ``ours`` sends for a new key, with the same SQL, through
+    Django's cursors. Its time over ``plain`` is what the contract costs any
+    Django implementation on this database; ``ours`` over it is the
+    package's own Python. No key check, fingerprint or replay: it is a
+    floor, not a protection.
+    """
+    from django_idempotency import store
+
+    key = request.META["HTTP_IDEMPOTENCY_KEY"]
+    lookup, claim, complete = _statements()
+    with connection.cursor() as cursor:
+        cursor.execute(lookup, ["anonymous", key])
+        assert cursor.fetchone() is None, "statements_alone serves new keys only"
+    with transaction.atomic():
+        now = timezone.now()
+        lock_timeout = store._postgresql_lock_timeout(5.0)
+        new = ["anonymous", key, "f" * 64, "in_progress", "", now, now + timedelta(hours=24)]
+        with connection.cursor() as cursor:
+            cursor.execute(claim, [lock_timeout, *new, None])
+            record_id = cursor.fetchone()[0]
+        response = _json(write_order(request, "alone"))
+        with connection.cursor() as cursor:
+            cursor.execute(
+                complete,
+                ["completed", response.status_code, _HEADERS, response.content, record_id],
+            )
+    return response
+
+
+_HEADERS = '[["Content-Type", "application/json"]]'
+
+
+def _statements() -> tuple[str, str, str]:
+    """The package's own SQL for the lookup, the claim of a new key and the store."""
+    from django_idempotency import store
+
+    return (
+        store._sql(connection, "read", store._record_select_sql),
+        store._sql(connection, "insert", store._postgresql_insert_sql),
+        store._sql(
+            connection,
+            ("complete", False, False),
+            lambda c: store._complete_sql(c, with_expiry=False, with_token=False),
+        ),
+    )
 
 
 def _json(result: tuple[dict, int]) -> JsonResponse:
