@@ -76,10 +76,16 @@ class Kind:
     #: ``None``: the in-flight error, to be retried in a second.
     database_busy: Callable[[], IdempotencyError] | None = None
     ending: Callable[[BaseException], Ending] = plain_ending
-    #: Whether a result stored without its body (one the database refused,
-    #: over MySQL's ``max_allowed_packet``, say) still answers a duplicate:
-    #: a response's status and headers do, a function's value would be lost.
-    body_optional: bool = True
+    #: What is stored when the body ended on purpose (``Ending.COMPLETED``):
+    #: a record that ``decode`` turns back into that ending for a duplicate.
+    #: ``None``: the kind's bodies never end so, and it would not be stored.
+    ended_on_purpose: StoredResponse | None = None
+    #: What is stored of a result whose body the database refused (over
+    #: MySQL's ``max_allowed_packet``, say): a response's status and headers;
+    #: for a value, a record that tells a duplicate so.
+    without_body: Callable[[StoredResponse], StoredResponse] = lambda stored: replace(
+        stored, body=None
+    )
     #: What the first call returns: its own result (a view's response), or
     #: what a duplicate would get (a function's JSON value).
     fresh: Callable[[Any, StoredResponse], Any] = lambda result, stored: result
@@ -187,7 +193,8 @@ class Call:
                 if self.kind.ending(exc) is not Ending.COMPLETED:
                     raise
                 finished_by, result = exc, None
-            stored = self.kind.encode(result)
+            ended = self.kind.ended_on_purpose
+            stored = self.kind.encode(result) if finished_by is None else ended
             if stored is None:
                 # Not stored: undo the claim with the body's writes, answer as it did.
                 transaction.set_rollback(True, using=self.using)
@@ -350,7 +357,7 @@ class Call:
         if ending is Ending.FAILED:
             self._release(owned)
         elif ending is Ending.COMPLETED:
-            stored = self.kind.encode(None)
+            stored = self.kind.ended_on_purpose
             if stored is not None:
                 self._complete_lease(owned, stored)
         else:
@@ -394,11 +401,13 @@ class Call:
                     return update()
             return lease.run(update)
 
-        outcome = self._complete_or_without_body(complete, stored, lease)
         if lease.own:
+            # Before storing: a store that fails in the request's transaction
+            # takes it down, and the claim must still be given back.
             lease_cleanup.release_unless_committed(
                 self.using, lambda: self._release(owned), self.request
             )
+        outcome = self._complete_or_without_body(complete, stored, lease)
         if outcome is None:
             return False
         completed, stored = outcome
@@ -426,12 +435,11 @@ class Call:
         """``complete(stored)``; without its body if the database refuses that; ``None`` if neither.
 
         A body the database refuses (over MySQL's ``max_allowed_packet``,
-        say) is dropped as one over ``MAX_STORED_BODY`` is, and the status
-        and headers are stored alone.
+        say) is dropped as one over ``MAX_STORED_BODY`` is: what the kind
+        stores instead (``Kind.without_body``) completes the key, so that a
+        duplicate never runs the body again.
         """
-        attempts = [stored]
-        if stored.body and self.kind.body_optional:
-            attempts.append(replace(stored, body=None))
+        attempts = [stored] if not stored.body else [stored, self.kind.without_body(stored)]
         for attempt in attempts:
             try:
                 return complete(attempt), attempt

@@ -41,6 +41,12 @@ Recover = Callable[[Any], Any]
 #: The stored "response" of a function: its return value as a JSON document.
 RESULT_STATUS = 200
 RESULT_HEADERS = [["Content-Type", "application/json"]]
+#: The body ended on purpose without a value (Celery's ``Ignore``, which
+#: ``self.replace()`` raises): a later call ends the same way.
+ENDED_STATUS = 204
+#: The body ran and returned, but the database refused its value (too
+#: large for it): a later call is told so, and the body never runs again.
+UNSTORED_STATUS = 507
 
 
 def _encode(value: Any) -> StoredResponse:
@@ -56,7 +62,28 @@ def _encode(value: Any) -> StoredResponse:
 
 
 def _decode(stored: StoredResponse) -> Any:
+    if stored.status_code == ENDED_STATUS:
+        _end_again()
+        return None
+    if stored.status_code == UNSTORED_STATUS:
+        raise UnstorableResult(
+            "The first call with this key ran and returned, but the database refused to "
+            "store its value (too large for it), so later calls cannot be given it. The body "
+            "does not run again for this key; return a smaller value, such as an id."
+        )
     return None if stored.body is None else json.loads(bytes(stored.body))
+
+
+def _end_again() -> None:
+    """Raise Celery's ``Ignore`` again, as the first call did, when Celery is loaded.
+
+    So a redelivered task, or one that calls the function again, ends as
+    the first did: ignored, its chain not continued (the first run handed
+    its chain to a replacement, or stopped it), its result not overwritten.
+    """
+    celery = sys.modules.get("celery.exceptions")
+    if celery is not None:
+        raise celery.Ignore()
 
 
 def _ending(exc: BaseException) -> engine.Ending:
@@ -86,8 +113,8 @@ VALUES = engine.Kind(
     in_flight=lambda retry_after: CallInFlight(retry_after=retry_after),
     mismatch=ArgumentsMismatch,
     ending=_ending,
-    # A value stored without its body would be given back as None.
-    body_optional=False,
+    ended_on_purpose=StoredResponse(ENDED_STATUS, [], None),
+    without_body=lambda stored: StoredResponse(UNSTORED_STATUS, [], None),
     # The first call gets what every later call will: the value read back.
     fresh=lambda result, stored: _decode(stored),
     # f(abandoned): None takes over, a value completes the key, raising holds it.
@@ -123,13 +150,13 @@ def checked_recover(recover: object, where: str) -> None:
 
 
 def checked_key(value: object, owner: str) -> str:
-    """What a ``key=`` callable returned, checked; a long key is stored as its digest."""
+    """What a ``key=`` callable returned, checked (``run_once`` stores a long key as its digest)."""
     if not isinstance(value, str) or not value:
         raise TypeError(
             f"The key function of {owner} must return a non-empty string, "
             f"not {type(value).__name__}."
         )
-    return fit_key_column(value)
+    return value
 
 
 def arguments_fingerprint(arguments: Mapping[str, Any], owner: str) -> str:

@@ -5,36 +5,50 @@ lease mode stores the response inside the request's transaction, so that
 the record and the view's writes commit together. If that transaction
 rolls back after the view returned (a deferred constraint failing at
 ``COMMIT``, an exception later in the request), the record is still the
-claim committed before the view ran: it is released when Django closes the
-request, so that a retry runs again rather than get 409 until the lease
-runs out (see ``docs/decorator.rst``).
+claim committed before the view ran: it is released when the request
+ends, so that a retry runs again rather than get 409 until the lease runs
+out (see ``docs/decorator.rst``).
 
-The release is tied to the request object itself, not to a thread or a
-context: under ASGI, Django runs the view in a task of its own and closes
-the request from another, and each sees a different context.
+A view's release is tied to its request object, and runs when Django
+closes it: under ASGI, Django runs the view in a task of its own and closes
+the request from another, and each sees a different context. A function
+has no request of its own: when it is called inside a request cycle under
+WSGI, its release runs when that cycle ends (``request_finished``).
+Outside a request cycle (a worker, a consumer, a script) nothing would ask:
+nothing is kept, and the key stays claimed until its lease runs out.
 """
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable
 from typing import Any
 
+from django.core.signals import request_finished, request_started
 from django.db import connections, transaction
 
 from django_idempotency.body import django_request, when_closed
 
 Release = Callable[[], None]
 
+# The releases of the functions called in this request cycle; ``None``
+# outside one. A context variable, set by request_started in the request's
+# thread under WSGI. Under ASGI Django sends request_started in a copy of
+# the request's context, which the view does not see: there a function's
+# key stays claimed until its lease runs out.
+_pending: contextvars.ContextVar[list[Release] | None] = contextvars.ContextVar(
+    "django_idempotency_pending_leases", default=None
+)
+
 
 def release_unless_committed(using: str, release: Release, request: Any) -> None:
-    """Call ``release`` when ``request`` is closed, unless ``using``'s transaction committed.
+    """Call ``release`` when the request ends, unless ``using``'s transaction committed.
 
-    Without a request (a function or a task called in a transaction of its
-    caller's) nothing calls it: the key stays claimed until its lease runs
-    out.
+    ``request`` is the view's request, or ``None`` for a function's call.
     """
-    if request is None:
-        return
+    pending = _pending.get() if request is None else None
+    if request is None and pending is None:
+        return  # outside a request cycle: nothing would ask
     committed: list[bool] = []
     transaction.on_commit(lambda: committed.append(True), using=using)
 
@@ -45,4 +59,24 @@ def release_unless_committed(using: str, release: Release, request: Any) -> None
             return
         release()
 
-    when_closed(django_request(request), release_if_rolled_back)
+    if pending is not None:
+        pending.append(release_if_rolled_back)
+    else:
+        when_closed(django_request(request), release_if_rolled_back)
+
+
+def _request_started(**kwargs: Any) -> None:
+    _pending.set([])
+
+
+def _request_finished(**kwargs: Any) -> None:
+    pending = _pending.get()
+    _pending.set(None)
+    for release in pending or ():
+        release()
+
+
+request_started.connect(_request_started, dispatch_uid="django_idempotency.lease_cleanup.started")
+request_finished.connect(
+    _request_finished, dispatch_uid="django_idempotency.lease_cleanup.finished"
+)

@@ -104,7 +104,8 @@ def idempotent_task(
             else:
                 task_key = functions.checked_key(key(*own_args, **kwargs), f"task {task.name!r}")
             running = _running.get()
-            if (task.name, task_key) in running:
+            this_run = (task.name, task_key, task.request.id)
+            if this_run in running:
                 # Called directly from its own body, which holds the key: the
                 # call is part of that run (Celery lends it the running
                 # message's id), protected with it, not a run of its own.
@@ -114,7 +115,7 @@ def idempotent_task(
                 task.request.idempotency = info
                 return function(*args, **kwargs)
 
-            inside = _running.set(running | {(task.name, task_key)})
+            inside = _running.set(running | {this_run})
             try:
                 return functions.run_once(
                     scope=task.name,
@@ -141,8 +142,8 @@ def idempotent_task(
     return decorate
 
 
-#: The (task name, key) pairs whose bodies run in this context, each inside its claim.
-_running: ContextVar[frozenset[tuple[str, str]]] = ContextVar(
+#: The (task name, key, task id) of the bodies running in this context, each in its claim.
+_running: ContextVar[frozenset[tuple[str, str, Any]]] = ContextVar(
     "django_idempotency_running_tasks", default=frozenset()
 )
 

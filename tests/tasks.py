@@ -261,3 +261,26 @@ def outlive_soft_limit(label: str) -> dict:
     RemoteCharge.objects.create(reference=f"soft-limit-{label}", item=label)
     time.sleep(5)
     return {"label": label}
+
+
+@shared_task
+def take_over_from(label: str) -> dict:
+    """What :func:`hand_over` replaces itself with."""
+    checkpoint(f"{label}-replacement")
+    return {"replacement": label}
+
+
+@shared_task(bind=True)
+@idempotent_task
+def hand_over(self, label: str) -> dict:  # type: ignore[no-untyped-def]
+    """Keyed by the task id: replaces itself, handing the rest of its chain over."""
+    checkpoint(f"{label}-first")
+    return self.replace(take_over_from.si(label))
+
+
+@shared_task
+@idempotent_task
+def end_of_chain(label: str) -> dict:
+    Order.objects.create(item=f"{label}-tail")
+    checkpoint(f"{label}-tail")
+    return {"tail": label}

@@ -10,6 +10,7 @@ where the function is defined.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import subprocess
@@ -22,6 +23,7 @@ from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
+from celery.exceptions import Ignore
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
 from django.test import override_settings
@@ -207,9 +209,10 @@ class ContractTests:
 
     @pytest.mark.skipif(connection.vendor != "mysql", reason="MariaDB's max_allowed_packet")
     @pytest.mark.django_db(transaction=True)
-    def test_a_lease_value_the_database_refuses_keeps_the_key_claimed(self):
-        # Stored without its body, the value would come back as None: the key
-        # stays claimed instead, and a later call is told it is in flight.
+    def test_a_lease_value_the_database_refuses_is_never_run_again(self):
+        # Stored without its body, the value would come back as None; left
+        # claimed, the key would be taken over, and the body run again, once
+        # its lease ran out. The key is completed with a record that says so.
         runs = []
 
         @idempotent_function(key=lambda n: f"big-{n}", atomic=False)
@@ -219,11 +222,49 @@ class ContractTests:
 
         assert len(report(1)) == 17 * 1024 * 1024
         connection.close()  # the refused packet ended the connection
-        with pytest.raises(CallInFlight):
-            report(1)
+        for _ in range(2):
+            with pytest.raises(UnstorableResult, match="refused to store its value"):
+                report(1)
 
         assert runs == [1]
-        assert IdempotencyKey.objects.get().state == IdempotencyKey.State.IN_PROGRESS
+        record = IdempotencyKey.objects.get()
+        assert (record.state, record.status_code) == (IdempotencyKey.State.COMPLETED, 507)
+
+    def test_a_long_key_is_stored_as_its_digest_once(self):
+        # As every release stored it: a retry across an upgrade finds its record.
+        long = "event-" + "x" * 300
+        runs = []
+
+        @idempotent_function(key=lambda event: event)
+        def handle(event: str) -> None:
+            runs.append(event)
+
+        handle(long)
+        digest = "sha256:" + hashlib.sha256(long.encode()).hexdigest()
+        assert IdempotencyKey.objects.get().key == digest
+        handle(long)
+        assert len(runs) == 1
+
+    @MODES
+    def test_a_body_that_ends_a_task_on_purpose_ends_every_later_call_so(self, atomic):
+        # Celery's Ignore: the first call's writes commit and its key is
+        # completed; a later call (a redelivered task's) ends the same way.
+        runs = []
+
+        @idempotent_function(key=lambda label: label, atomic=atomic)
+        def stop(label: str) -> None:
+            runs.append(label)
+            Order.objects.create(item=label)
+            raise Ignore()
+
+        for _ in range(2):
+            with pytest.raises(Ignore):
+                stop("k")
+
+        assert runs == ["k"]
+        assert Order.objects.count() == 1
+        record = IdempotencyKey.objects.get()
+        assert (record.state, record.status_code) == (IdempotencyKey.State.COMPLETED, 204)
 
     def test_defaults_and_keywords_are_the_same_work(self):
         place, runs = counted()

@@ -133,6 +133,9 @@ FIRST_REQUEST_PATH = {
     "django_idempotency.observability",
     "django_idempotency.metrics",
     "django_idempotency.fields",
+    # Its request_started/finished receivers run for every request, and do
+    # nothing unless a function's lease in a request transaction is pending.
+    "django_idempotency.lease_cleanup",
 }
 
 

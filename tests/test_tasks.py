@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import uuid
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from datetime import timedelta
@@ -41,9 +42,11 @@ from tests.tasks import (
     charge_and_hold,
     count_down,
     count_down_lease,
+    end_of_chain,
     fail_next_run,
     flaky_lease_order,
     flaky_order,
+    hand_over,
     hold_order,
     lease_order,
     lose_connection,
@@ -676,6 +679,29 @@ class WorkerTests:
             *(f"{result.id}:replaced:{n}" for n in (1, 2, 3)),
         ]
         assert set(records.values_list("state", flat=True)) == {IdempotencyKey.State.COMPLETED}
+
+    def test_a_replaced_chain_member_sent_again_runs_the_rest_once(self, prefork_worker):
+        # The first run handed the rest of its chain to its replacement. Sent
+        # again, it ends as it did (ignored), so Celery does not continue the
+        # chain a second time from the original message.
+        label, first_id = "chained", str(uuid.uuid4())
+        tail = end_of_chain.si(label).set(task_id=str(uuid.uuid4()))
+
+        def send() -> None:
+            hand_over.apply_async(args=[label], task_id=first_id, chain=[dict(tail)])
+
+        ignored = f"hand_over[{first_id}] ignored"
+        send()
+        wait_until(lambda: prefork_worker.runs(f"{label}-tail") == 1, "the tail", 60)
+        send()
+        wait_until(
+            lambda: prefork_worker.log.read_text().count(ignored) == 2, "the copy to end", 60
+        )
+
+        assert f"hand_over[{first_id}] succeeded" not in prefork_worker.log.read_text()
+        assert prefork_worker.runs(f"{label}-first") == 1
+        assert prefork_worker.runs(f"{label}-replacement") == 1
+        assert Order.objects.filter(item=f"{label}-tail").count() == 1
 
     def test_a_task_calling_itself_directly_runs_the_calls_in_its_own_run(self, prefork_worker):
         result = walk_tree.delay(1)

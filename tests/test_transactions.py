@@ -299,6 +299,18 @@ class AtomicRequestsTests:
         fail_after_view.set()
         self.request_failing_after_the_view_releases_the_key(asgi=True)
 
+    def test_lease_function_in_a_request_failing_after_it_releases_the_key(self) -> None:
+        # A function has no request of its own: its claim is given back when
+        # the request cycle it was called in ends, its value rolled back.
+        url = "/orders/function-then-fail/?label=a"
+        fail_after_view.set()
+        assert Client(raise_request_exception=False).post(url).status_code == 500
+        assert not IdempotencyKey.objects.exists(), "the function's claim was not released"
+        assert Order.objects.count() == 0
+        assert Client().post(url).status_code == 200
+        assert calls.value == 2
+        assert IdempotencyKey.objects.get().state == State.COMPLETED
+
     def request_failing_after_the_view_releases_the_key(self, *, asgi: bool = False) -> None:
         url = "/orders/lease-then-fail/"
         assert send(url, asgi=asgi).status_code == 500

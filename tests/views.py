@@ -19,7 +19,7 @@ from rest_framework.decorators import api_view, permission_classes
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 
-from django_idempotency import idempotent
+from django_idempotency import idempotent, idempotent_function
 from tests.models import Order
 
 
@@ -202,6 +202,21 @@ class LeaseThenFailView(View):
                     [999999, 999999],
                 )
         return response
+
+
+@idempotent_function(key=lambda label: f"function-{label}", atomic=False)
+def charge_in_a_request(label: str) -> dict:
+    """A lease-mode function a view calls: its value is stored in the request's transaction."""
+    calls.increment()
+    return {"order": Order.objects.create(item=label).pk}
+
+
+def function_then_fail(request: HttpRequest) -> JsonResponse:
+    """An unprotected view that calls :func:`charge_in_a_request`, then may fail."""
+    value = charge_in_a_request(request.GET["label"])
+    if _consume(fail_after_view):
+        raise RuntimeError("the request failed after the function")
+    return JsonResponse(value)
 
 
 class LeaseThenFailOnceView(LeaseThenFailView):
