@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import iscoroutinefunction
@@ -35,6 +36,7 @@ except ImportError:  # Django 5.2: the backport
 from django_idempotency import functions
 from django_idempotency.asynchronous import run_async
 from django_idempotency.conf import idempotency_settings
+from django_idempotency.engine import plain_ending
 from django_idempotency.options import CALL_OPTION_NAMES, CallOptions
 from django_idempotency.purge import DEFAULT_BATCH_SIZE, purge_expired
 
@@ -42,6 +44,11 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 KeyFunction = Callable[..., str]
+
+
+#: A task's value is kept as a function's is; no other framework's control
+#: flow (Celery's ``Ignore``) means anything to this one: it is a failure.
+TASK_VALUES = replace(functions.VALUES, ending=plain_ending)
 
 
 class TaskOptions(CallOptions, total=False):
@@ -120,6 +127,7 @@ def idempotent_task(
                 body=lambda info: body(),
                 options=declared,
                 sender=func,
+                kind=TASK_VALUES,
             )
 
         def own(context: Any, args: Any) -> tuple[Any, ...]:

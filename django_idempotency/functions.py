@@ -42,10 +42,12 @@ Recover = Callable[[Any], Any]
 RESULT_STATUS = 200
 RESULT_HEADERS = [["Content-Type", "application/json"]]
 #: The body ended on purpose without a value (Celery's ``Ignore``, which
-#: ``self.replace()`` raises): a later call ends the same way.
+#: ``self.replace()`` raises): a later call gets ``None``, and a task's
+#: redelivered message ends the same way (``tasks.py``).
 ENDED_STATUS = 204
 #: The body ran and returned, but the database refused its value (too
-#: large for it): a later call is told so, and the body never runs again.
+#: large for it, or failing at that moment): a later call is told so, and
+#: the body never runs again.
 UNSTORED_STATUS = 507
 
 
@@ -61,29 +63,18 @@ def _encode(value: Any) -> StoredResponse:
     return StoredResponse(RESULT_STATUS, RESULT_HEADERS, payload)
 
 
-def _decode(stored: StoredResponse) -> Any:
-    if stored.status_code == ENDED_STATUS:
-        _end_again()
-        return None
+def decode(stored: StoredResponse) -> Any:
+    """The value a later call gets from a function's stored record."""
     if stored.status_code == UNSTORED_STATUS:
         raise UnstorableResult(
-            "The first call with this key ran and returned, but the database refused to "
-            "store its value (too large for it), so later calls cannot be given it. The body "
-            "does not run again for this key; return a smaller value, such as an id."
+            "The first call with this key ran and returned, but its value could not be "
+            "stored (the database refused it; the log says why), so later calls cannot be "
+            "given it. The body does not run again for this key; return a smaller value, "
+            "such as an id."
         )
-    return None if stored.body is None else json.loads(bytes(stored.body))
-
-
-def _end_again() -> None:
-    """Raise Celery's ``Ignore`` again, as the first call did, when Celery is loaded.
-
-    So a redelivered task, or one that calls the function again, ends as
-    the first did: ignored, its chain not continued (the first run handed
-    its chain to a replacement, or stopped it), its result not overwritten.
-    """
-    celery = sys.modules.get("celery.exceptions")
-    if celery is not None:
-        raise celery.Ignore()
+    if stored.body is None:
+        return None  # an ended-on-purpose record (ENDED_STATUS) too: it had no value
+    return json.loads(bytes(stored.body))
 
 
 def _ending(exc: BaseException) -> engine.Ending:
@@ -109,14 +100,14 @@ def _ending(exc: BaseException) -> engine.Ending:
 #: How the engine keeps a function's value and what its callers meet.
 VALUES = engine.Kind(
     encode=_encode,
-    decode=_decode,
+    decode=decode,
     in_flight=lambda retry_after: CallInFlight(retry_after=retry_after),
     mismatch=ArgumentsMismatch,
     ending=_ending,
     ended_on_purpose=StoredResponse(ENDED_STATUS, [], None),
     without_body=lambda stored: StoredResponse(UNSTORED_STATUS, [], None),
     # The first call gets what every later call will: the value read back.
-    fresh=lambda result, stored: _decode(stored),
+    fresh=lambda result, stored: decode(stored),
     # f(abandoned): None takes over, a value completes the key, raising holds it.
     ask=lambda policy, request, abandoned: policy(abandoned),
 )

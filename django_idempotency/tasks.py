@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from celery import current_task, shared_task
 from celery.app.task import Task
+from celery.exceptions import Ignore
 from celery.local import Proxy
 
 from django_idempotency import functions
@@ -23,6 +24,7 @@ from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import CallAbandoned, TaskArgumentsMismatch, TaskInFlight
 from django_idempotency.options import CallOptions
 from django_idempotency.purge import DEFAULT_BATCH_SIZE, purge_expired
+from django_idempotency.store import StoredResponse
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -42,9 +44,23 @@ def purge_expired_keys(batch_size: int = DEFAULT_BATCH_SIZE, database: str | Non
     return purge_expired(using=database, batch_size=batch_size)
 
 
+def _decode(stored: StoredResponse) -> Any:
+    """A duplicate's answer: the stored value, or the first run's on-purpose ending.
+
+    A run that ended with ``Ignore`` (or ``self.replace()``) was not a
+    success: Celery did not store a result for it, nor continue its chain
+    (a replaced task handed the chain to its replacement). A redelivered
+    message ends the same way, so that neither happens now.
+    """
+    if stored.status_code == functions.ENDED_STATUS:
+        raise Ignore()
+    return functions.decode(stored)
+
+
 #: A task's value is kept as a function's is; its errors are Celery's to retry.
 TASK_VALUES = replace(
     functions.VALUES,
+    decode=_decode,
     in_flight=lambda retry_after: TaskInFlight(retry_after=retry_after),
     mismatch=TaskArgumentsMismatch,
 )
@@ -109,13 +125,17 @@ def idempotent_task(
                 # Called directly from its own body, which holds the key: the
                 # call is part of that run (Celery lends it the running
                 # message's id), protected with it, not a run of its own.
+                task.request.idempotency = running[this_run]
                 return function(*args, **kwargs)
 
             def run(info: Any) -> Any:
                 task.request.idempotency = info
-                return function(*args, **kwargs)
+                inside = _running.set({**running, this_run: info})
+                try:
+                    return function(*args, **kwargs)
+                finally:
+                    _running.reset(inside)
 
-            inside = _running.set(running | {this_run})
             try:
                 return functions.run_once(
                     scope=task.name,
@@ -130,8 +150,6 @@ def idempotent_task(
             except (TaskInFlight, CallAbandoned) as exc:
                 # Never run alongside the original: come back once it is done.
                 raise task.retry(countdown=exc.retry_after, exc=exc) from None
-            finally:
-                _running.reset(inside)
 
         # Celery checks a publish's arguments against this signature.
         body.__signature__ = inspect.signature(function)  # type: ignore[attr-defined]
@@ -142,9 +160,11 @@ def idempotent_task(
     return decorate
 
 
-#: The (task name, key, task id) of the bodies running in this context, each in its claim.
-_running: ContextVar[frozenset[tuple[str, str, Any]]] = ContextVar(
-    "django_idempotency_running_tasks", default=frozenset()
+#: The bodies running in this context, each inside its claim: (task name,
+#: key, task id) to the ``request.idempotency`` they run with.
+_running: ContextVar[dict[tuple[str, str, Any], Any]] = ContextVar(
+    "django_idempotency_running_tasks",
+    default={},  # noqa: B039 (never mutated)
 )
 
 

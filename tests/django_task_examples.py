@@ -67,7 +67,24 @@ def failing(name: str) -> None:
     raise RuntimeError("the task failed after writing")
 
 
+@idempotent_task(key=lambda name: name)
+def stops_as_celery_would(name: str) -> None:
+    """Celery's Ignore means nothing to this framework: a failure like any other."""
+    from celery.exceptions import Ignore
+
+    Order.objects.create(item=name)
+    raise Ignore()
+
+
 TASKS = {
     task.name: task
-    for task in (by_result_id, place_order, place_order_lease, with_context, async_order, failing)
+    for task in (
+        by_result_id,
+        place_order,
+        place_order_lease,
+        with_context,
+        async_order,
+        failing,
+        stops_as_celery_would,
+    )
 }

@@ -284,3 +284,22 @@ def end_of_chain(label: str) -> dict:
     Order.objects.create(item=f"{label}-tail")
     checkpoint(f"{label}-tail")
     return {"tail": label}
+
+
+@shared_task(bind=True)
+@idempotent_task
+def stop_once(self, label: str) -> None:  # type: ignore[no-untyped-def]
+    """Keyed by the task id: writes, then ends on purpose."""
+    Order.objects.create(item=label)
+    checkpoint(label)
+    raise Ignore()
+
+
+@shared_task(bind=True)
+@idempotent_task(atomic=False)
+def count_down_noting(self, label: str, step: int) -> dict:  # type: ignore[no-untyped-def]
+    """:func:`count_down_lease`, recording each step with ``request.idempotency``."""
+    self.request.idempotency.checkpoint(f"step-{step}")
+    if step > 0:
+        return self.replace(self.si(label, step - 1))
+    return {"done": label, "key": self.request.idempotency.key}

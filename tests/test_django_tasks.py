@@ -168,6 +168,14 @@ class IdempotentTaskTests:
         assert not Order.objects.exists()
         assert not IdempotencyKey.objects.exists()
 
+    def test_celerys_ignore_is_a_failure_here(self, examples):
+        first = examples.stops_as_celery_would.enqueue("vase")
+        again = examples.stops_as_celery_would.enqueue("vase")
+
+        assert (first.status.name, again.status.name) == ("FAILED", "FAILED")
+        assert not Order.objects.exists()
+        assert not IdempotencyKey.objects.exists()
+
     def test_disabled_runs_every_time(self, examples, settings):
         settings.IDEMPOTENCY = {"ENABLED": False}
         examples.place_order.enqueue("lamp")

@@ -42,6 +42,7 @@ from tests.tasks import (
     charge_and_hold,
     count_down,
     count_down_lease,
+    count_down_noting,
     end_of_chain,
     fail_next_run,
     flaky_lease_order,
@@ -56,6 +57,7 @@ from tests.tasks import (
     plain_stop_in_a_function,
     slow_order,
     stop_in_a_function,
+    stop_once,
     unstorable_order,
     walk_tree,
 )
@@ -333,6 +335,23 @@ class ApplyTests:
             "eager-2",
         ]
         assert _record(count_down.name).key == result.id
+
+    def test_a_message_that_ended_on_purpose_ends_so_when_sent_again(self):
+        # Not a success: no result stored for it, no chain continued after it.
+        first = stop_once.apply(args=["stop"], task_id="message-1")
+        again = stop_once.apply(args=["stop"], task_id="message-1")
+
+        assert (first.state, again.state) == ("IGNORED", "IGNORED")
+        assert Order.objects.filter(item="stop").count() == 1
+        record = _record(stop_once.name)
+        assert (record.state, record.status_code) == (IdempotencyKey.State.COMPLETED, 204)
+
+    def test_an_eager_replacement_runs_with_the_replaced_runs_idempotency(self):
+        result = count_down_noting.apply(args=["noted", 2])
+
+        assert result.get() == {"done": "noted", "key": result.id}
+        record = _record(count_down_noting.name)
+        assert set(record.checkpoints) == {"step-2", "step-1", "step-0"}
 
     def test_called_directly_without_an_id_runs_unprotected(self):
         assert hold_order("direct") == {"order": Order.objects.get().pk}
