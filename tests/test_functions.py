@@ -223,7 +223,7 @@ class ContractTests:
         assert len(report(1)) == 17 * 1024 * 1024
         connection.close()  # the refused packet ended the connection
         for _ in range(2):
-            with pytest.raises(UnstorableResult, match="refused to store its value"):
+            with pytest.raises(UnstorableResult, match="its value could not be stored"):
                 report(1)
 
         assert runs == [1]
