@@ -42,8 +42,8 @@ Recover = Callable[[Any], Any]
 RESULT_STATUS = 200
 RESULT_HEADERS = [["Content-Type", "application/json"]]
 #: The body ended on purpose without a value (Celery's ``Ignore``, which
-#: ``self.replace()`` raises): a later call gets ``None``, and a task's
-#: redelivered message ends the same way (``tasks.py``).
+#: ``self.replace()`` raises): a later call, a task's redelivered message
+#: included, ends the same way.
 ENDED_STATUS = 204
 #: The body ran and returned, but the database refused its value (too
 #: large for it, or failing at that moment): a later call is told so, and
@@ -72,9 +72,15 @@ def decode(stored: StoredResponse) -> Any:
             "given it. The body does not run again for this key; return a smaller value, "
             "such as an id."
         )
-    if stored.body is None:
-        return None  # an ended-on-purpose record (ENDED_STATUS) too: it had no value
-    return json.loads(bytes(stored.body))
+    if stored.status_code == ENDED_STATUS:
+        # The first call did not return: it ended its task on purpose. A
+        # later one ends the same way, so that what follows the call in its
+        # caller, which never ran the first time, does not run now (a
+        # redelivered task, a second publish). Only Celery writes this record.
+        from celery.exceptions import Ignore
+
+        raise Ignore()
+    return None if stored.body is None else json.loads(bytes(stored.body))
 
 
 def _ending(exc: BaseException) -> engine.Ending:

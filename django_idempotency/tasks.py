@@ -1,6 +1,6 @@
 """Celery integration: the purge task, and idempotent tasks.
 
-This is the only module that imports Celery, so the app works without it.
+This is the only module that needs Celery to import, so the app works without it.
 Schedule the purge hourly with ``CELERY_BEAT_SCHEDULE`` or django-celery-beat;
 see ``docs/tasks.rst`` for :func:`idempotent_task`.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import replace
@@ -16,10 +17,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from celery import current_task, shared_task
 from celery.app.task import Task
-from celery.exceptions import Ignore
 from celery.local import Proxy
 
-from django_idempotency import functions
+from django_idempotency import engine, functions
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import CallAbandoned, TaskArgumentsMismatch, TaskInFlight
 from django_idempotency.options import CallOptions
@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 F = TypeVar("F", bound=Callable[..., Any])
 KeyFunction = Callable[..., str]
+
+logger = logging.getLogger(__name__)
 
 
 @shared_task(name="django_idempotency.tasks.purge_expired_keys")
@@ -44,26 +46,35 @@ def purge_expired_keys(batch_size: int = DEFAULT_BATCH_SIZE, database: str | Non
     return purge_expired(using=database, batch_size=batch_size)
 
 
-def _decode(stored: StoredResponse) -> Any:
-    """A duplicate's answer: the stored value, or the first run's on-purpose ending.
-
-    A run that ended with ``Ignore`` (or ``self.replace()``) was not a
-    success: Celery did not store a result for it, nor continue its chain
-    (a replaced task handed the chain to its replacement). A redelivered
-    message ends the same way, so that neither happens now.
-    """
-    if stored.status_code == functions.ENDED_STATUS:
-        raise Ignore()
-    return functions.decode(stored)
-
-
 #: A task's value is kept as a function's is; its errors are Celery's to retry.
 TASK_VALUES = replace(
     functions.VALUES,
-    decode=_decode,
     in_flight=lambda retry_after: TaskInFlight(retry_after=retry_after),
     mismatch=TaskArgumentsMismatch,
 )
+
+
+def _replacement_values(task_name: str) -> engine.Kind:
+    """:data:`TASK_VALUES` for a replacement keyed by ``key=``, which says when it is dropped.
+
+    ``self.replace(self.si(...))`` with the same arguments gives the
+    replacement the key its first step completed on the way out: it is a
+    duplicate of that step and ends ignored, and the work stops there.
+    That is the contract (one effect per key), but silent, so it is said.
+    """
+
+    def decode(stored: StoredResponse) -> Any:
+        if stored.status_code == functions.ENDED_STATUS:
+            logger.warning(
+                "Task %r is a replacement (self.replace) whose key= names work that "
+                "already ended on purpose, so it ends ignored and does not run. A task "
+                "that replaces itself needs a key for each step: put the step among "
+                "its arguments.",
+                task_name,
+            )
+        return functions.decode(stored)
+
+    return replace(TASK_VALUES, decode=decode)
 
 
 def idempotent_task(
@@ -108,6 +119,7 @@ def idempotent_task(
         @functools.wraps(function)
         def body(*args: Any, **kwargs: Any) -> Any:
             task = _running_task(body)
+            kind = TASK_VALUES
             if task is None or not idempotency_settings.enabled:
                 # Called as a plain function, not as this task: nothing to protect.
                 return function(*args, **kwargs)
@@ -119,6 +131,8 @@ def idempotent_task(
                 task_key = _message_key(task.request)
             else:
                 task_key = functions.checked_key(key(*own_args, **kwargs), f"task {task.name!r}")
+                if _nesting(task.request):
+                    kind = _replacement_values(task.name)
             running = _running.get()
             this_run = (task.name, task_key, task.request.id)
             if this_run in running:
@@ -144,7 +158,7 @@ def idempotent_task(
                     body=run,
                     options=declared,
                     sender=function,
-                    kind=TASK_VALUES,
+                    kind=kind,
                     recover=recover,
                 )
             except (TaskInFlight, CallAbandoned) as exc:
@@ -177,8 +191,13 @@ def _message_key(request: Any) -> str:
     work, under the id and its place in the replacements. A redelivered
     message keeps both, so it is still one effect.
     """
-    nesting = request.get("replaced_task_nesting") or 0
+    nesting = _nesting(request)
     return str(request.id) if not nesting else f"{request.id}:replaced:{nesting}"
+
+
+def _nesting(request: Any) -> int:
+    """How many times this message's task was replaced (Celery 5.3+), 0 for none."""
+    return request.get("replaced_task_nesting") or 0
 
 
 def _running_task(body: Callable[..., Any]) -> Any:

@@ -232,6 +232,14 @@ def walk_tree(node: int) -> dict:
     return {"node": node, "children": children}
 
 
+@shared_task(bind=True)
+@idempotent_task(key=lambda label: f"poll-{label}")
+def poll_under_one_key(self, label: str) -> dict:  # type: ignore[no-untyped-def]
+    """Replaces itself with the same arguments, so with the same key: a mistake."""
+    checkpoint(label)
+    return self.replace(self.si(label))
+
+
 @idempotent_function(key=lambda label: f"apply-{label}")
 def apply_then_stop(label: str) -> None:
     """A function a task calls: it writes, then ends the task on purpose."""

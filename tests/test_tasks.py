@@ -55,6 +55,7 @@ from tests.tasks import (
     place_order,
     place_other_order,
     plain_stop_in_a_function,
+    poll_under_one_key,
     slow_order,
     stop_in_a_function,
     stop_once,
@@ -345,6 +346,15 @@ class ApplyTests:
         assert Order.objects.filter(item="stop").count() == 1
         record = _record(stop_once.name)
         assert (record.state, record.status_code) == (IdempotencyKey.State.COMPLETED, 204)
+
+    def test_a_task_whose_function_ended_on_purpose_ends_so_when_sent_again(self):
+        # What follows the call in the task never ran the first time: a
+        # redelivered message must not run it now, with the call's None.
+        first = plain_stop_in_a_function.apply(args=["again"], task_id="message-2")
+        again = plain_stop_in_a_function.apply(args=["again"], task_id="message-2")
+
+        assert (first.state, again.state) == ("IGNORED", "IGNORED")
+        assert Order.objects.filter(item="again").count() == 1
 
     def test_an_eager_replacement_runs_with_the_replaced_runs_idempotency(self):
         result = count_down_noting.apply(args=["noted", 2])
@@ -721,6 +731,21 @@ class WorkerTests:
         assert prefork_worker.runs(f"{label}-first") == 1
         assert prefork_worker.runs(f"{label}-replacement") == 1
         assert Order.objects.filter(item=f"{label}-tail").count() == 1
+
+    def test_a_replacement_under_its_first_steps_key_ends_and_says_so(self, prefork_worker):
+        # key= names the work: a replacement with the same arguments is a
+        # duplicate of the step that replaced itself, so it ends ignored;
+        # the worker's log says why the work stopped, without the key.
+        label = "under-one-key"
+        result = poll_under_one_key.delay(label)
+        warned = f"Task {poll_under_one_key.name!r} is a replacement"
+        wait_until(lambda: warned in prefork_worker.log.read_text(), "the warning", 60)
+
+        assert prefork_worker.runs(label) == 1
+        assert f"poll-{label}" not in prefork_worker.log.read_text()
+        record = _record(poll_under_one_key.name)
+        assert (record.state, record.status_code) == (IdempotencyKey.State.COMPLETED, 204)
+        assert result.state == "PENDING"
 
     def test_a_task_calling_itself_directly_runs_the_calls_in_its_own_run(self, prefork_worker):
         result = walk_tree.delay(1)
