@@ -55,21 +55,25 @@ TASK_VALUES = replace(
 
 
 def _replacement_values(task_name: str) -> engine.Kind:
-    """:data:`TASK_VALUES` for a replacement keyed by ``key=``, which says when it is dropped.
+    """:data:`TASK_VALUES` for a message after a replacement, keyed by ``key=``: it warns.
 
     ``self.replace(self.si(...))`` with the same arguments gives the
     replacement the key its first step completed on the way out: it is a
     duplicate of that step and ends ignored, and the work stops there.
     That is the contract (one effect per key), but silent, so it is said.
+    A record does not say which message ended it, so a redelivered step,
+    or a chain's later task (Celery counts the replacement on those too),
+    that meets its own ending is told the same, in words that fit both.
     """
 
     def decode(stored: StoredResponse) -> Any:
         if stored.status_code == functions.ENDED_STATUS:
             logger.warning(
-                "Task %r is a replacement (self.replace) whose key= names work that "
-                "already ended on purpose, so it ends ignored and does not run. A task "
-                "that replaces itself needs a key for each step: put the step among "
-                "its arguments.",
+                "Task %r ends ignored: its key= names work that already ended on "
+                "purpose. For a redelivered message that is expected; but if the task "
+                "replaced itself with arguments that give the same key, the work stops "
+                "here: a task that replaces itself needs a key for each step (put the "
+                "step among its arguments).",
                 task_name,
             )
         return functions.decode(stored)

@@ -738,7 +738,7 @@ class WorkerTests:
         # the worker's log says why the work stopped, without the key.
         label = "under-one-key"
         result = poll_under_one_key.delay(label)
-        warned = f"Task {poll_under_one_key.name!r} is a replacement"
+        warned = f"Task {poll_under_one_key.name!r} ends ignored: its key= names work"
         wait_until(lambda: warned in prefork_worker.log.read_text(), "the warning", 60)
 
         assert prefork_worker.runs(label) == 1
