@@ -93,10 +93,12 @@ class ProgressTests:
 
     def test_a_checkpoint_commits_at_once_and_renews_the_lease(self, client, clock):
         recovery_views_hold = threading.Event()
+        charged = threading.Event()  # the handler is past its checkpoint() call
         original = recovery_views._after
 
         def wait_after_charge(request: Any, key: str, step: str) -> None:
             if step == "charged":
+                charged.set()
                 recovery_views_hold.wait(10)
             original(request, key, step)
 
@@ -104,7 +106,8 @@ class ProgressTests:
             patch.setattr(recovery_views, "_after", wait_after_charge)
             clock.offset = timedelta(seconds=30)  # the checkpoint renews from "now"
             join = in_background(lambda: pay(Client()))
-            wait_until(lambda: steps_run() == ["charge"], "the charge step")
+            assert charged.wait(10), "the handler never reached its charged checkpoint"
+            assert steps_run() == ["charge"]
             # Seen from this thread's own connection: committed, not in a transaction.
             record = IdempotencyKey.objects.get()
             assert record.state == State.IN_PROGRESS
