@@ -41,6 +41,7 @@ from tests.databases import kill_connection
 from tests.factories import IdempotencyKeyFactory
 from tests.models import Order
 from tests.polling import in_background, wait_until
+from tests.server import wait_for_file
 from tests.views import calls, handler_connection_ids, resume
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -346,6 +347,7 @@ class LostLeaseTests:
         late = in_background(send)
         wait_until(lambda: (tmp_path / f"{key}.pid").exists(), "the first owner to start")
         first_report = json.loads((tmp_path / f"{key}.pid").read_text())
+        (tmp_path / f"{key}.pid").unlink()  # so that the next report is the takeover's
         held = IdempotencyKey.objects.get()
         duplicate = send()
         assert duplicate.status_code == 409
@@ -358,7 +360,7 @@ class LostLeaseTests:
             taken = IdempotencyKey.objects.get()
             assert taken.pk == held.pk
             assert taken.owner_token != held.owner_token
-            second_report = json.loads((tmp_path / f"{key}.pid").read_text())
+            second_report = wait_for_file(tmp_path / f"{key}.pid")
             (tmp_path / f"{key}.go").touch()
             new_response = new()
             late_response = late()
