@@ -79,7 +79,9 @@ def _after(request: HttpRequest, key: str, step: str) -> None:
         raise RuntimeError(f"failed after {step}")
     control = _control(key)
     if control is not None and Path(f"{control}.hold-after-{step}").exists():
-        Path(f"{control}.pid").write_text(json.dumps({"pid": os.getpid(), "step": step}))
+        # Whole or not at all: the test reads it as soon as it exists.
+        Path(f"{control}.tmp").write_text(json.dumps({"pid": os.getpid(), "step": step}))
+        Path(f"{control}.tmp").replace(f"{control}.pid")
         deadline = time.monotonic() + HOLD_LIMIT
         while Path(f"{control}.hold-after-{step}").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
