@@ -41,6 +41,8 @@ T = TypeVar("T")
 RequestFunction = Callable[[HttpRequest], str]
 #: A view's ``key`` option: the key read from the request itself, or ``None``.
 KeyFunction = Callable[[HttpRequest], "str | None"]
+#: A view's ``store`` option: whether a response may complete the key.
+StoreFunction = Callable[[Any], bool]
 
 
 class InvalidValue(ValueError):
@@ -439,6 +441,18 @@ OPTION_ONLY: tuple[Setting[Any], ...] = (
         option=True,
         imports=True,
         name="KEY",
+    ),
+    Setting(
+        None,
+        _is_request_function,
+        to_request_function,
+        "",
+        "Use a callable f(response) -> bool that accepts the responses which may "
+        "complete the key, or the dotted path of one, e.g. "
+        "'django_idempotency.webhooks.success_only'.",
+        option=True,
+        imports=True,
+        name="STORE",
     ),
 )
 

@@ -261,6 +261,14 @@ def sent_key(request: HttpRequest, options: Options | None = None) -> str | None
 def _missing_key(options: Options) -> str:
     if options.key is None:
         return f"This endpoint requires an {idempotency_settings.header} header."
+    # A key function may say where the key should have been (the presets do),
+    # so that a provider's dashboard shows what the delivery lacked.
+    source = getattr(options.key, "source", None)
+    if isinstance(source, str):
+        return (
+            f"This endpoint requires an idempotency key, {source}, "
+            "and none was found in the request."
+        )
     return "This endpoint requires an idempotency key, and none was found in the request."
 
 

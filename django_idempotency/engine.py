@@ -194,7 +194,7 @@ class Call:
                     raise
                 finished_by, result = exc, None
             ended = self.kind.ended_on_purpose
-            stored = self.kind.encode(result) if finished_by is None else ended
+            stored = self._encode(result) if finished_by is None else ended
             if stored is None:
                 # Not stored: undo the claim with the body's writes, answer as it did.
                 transaction.set_rollback(True, using=self.using)
@@ -207,6 +207,24 @@ class Call:
         if finished_by is not None:
             raise finished_by
         return self.kind.fresh(result, stored)
+
+    def _encode(self, result: Any) -> StoredResponse | None:
+        """What is kept of ``result``, or ``None``: the kind's rule, narrowed by ``store``.
+
+        A result the ``store`` option refuses ends as one the contract does
+        not store: atomic mode rolls back, lease mode releases the key.
+        """
+        stored = self.kind.encode(result)
+        accepts = self.options.store
+        if stored is None or accepts is None:
+            return stored
+        verdict = accepts(result)
+        if not isinstance(verdict, bool):
+            raise TypeError(
+                f"The store option {accepts!r} returned {type(verdict).__name__}, not a bool: "
+                "return True for a response that completes the key, False otherwise."
+            )
+        return stored if verdict else None
 
     def _atomic_expiry(self, claimed_at: datetime) -> datetime | None:
         """The record's new expiry, or ``None`` to keep the one its claim set.
@@ -263,7 +281,7 @@ class Call:
             raise
         try:
             result = self.finish(result)
-            stored = self.kind.encode(result)
+            stored = self._encode(result)
         except Exception:
             # A response whose rendering fails (a template, DRF's renderer) or
             # a value of the wrong type (not JSON): the body has run, so the
@@ -326,7 +344,7 @@ class Call:
         # Rendered as a handler's response is: a DRF Response or a template
         # response has no bytes to store until then.
         answer = self.finish(answer)
-        stored = self.kind.encode(answer)
+        stored = self._encode(answer)
         if stored is None:
             self._send(signals.claim_held)
             self._log(

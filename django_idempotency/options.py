@@ -7,8 +7,9 @@ is created or the function is decorated, so a wrong value fails where it is
 written, not on every request; at each call :meth:`DeclaredOptions.resolve`
 gives every option its value, the setting's where none was given. Nothing
 else re-derives them: the engine, the OpenAPI extension and the checks all
-read them here. ``key`` is an option with no setting (``OPTION_ONLY``): left
-out, the key is the ``HEADER``. Dotted paths (``scope``, ``fingerprint``,
+read them here. ``key`` and ``store`` are options with no setting
+(``OPTION_ONLY``): left out, the key is the ``HEADER`` and every response
+SPEC 4.3 stores completes it. Dotted paths (``scope``, ``fingerprint``,
 ``key``) are checked for shape
 then but imported later, by a system check or at the first request:
 importing a project's module while its views module is still being
@@ -33,6 +34,7 @@ from django_idempotency.conf import (
     KeyFunction,
     RequestFunction,
     Setting,
+    StoreFunction,
     idempotency_settings,
 )
 
@@ -79,6 +81,8 @@ class Options:
     recover: Callable[..., Any] | None
     #: Reads the key from the request; ``None``: the key is the ``HEADER``.
     key: KeyFunction | None
+    #: Narrows which responses complete the key; ``None``: all that 4.3 stores.
+    store: StoreFunction | None = None
 
 
 def suggest(name: str, known: tuple[str, ...]) -> str:

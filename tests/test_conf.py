@@ -101,6 +101,7 @@ class SettingsTableTests:
             "lease",
             "recover",
             "key",
+            "store",
         )
         for name in OPTION_NAMES:
             assert getattr(IdempotentMixin, f"idempotency_{name}") is None

@@ -1,0 +1,339 @@
+"""Webhook receivers: the provider's event id as the key, and only a 2xx completes it.
+
+A provider redelivers an event until it gets a 2xx, for hours or days, and
+sometimes several deliveries at once. Each preset below is a dict of
+per-view options for one provider's convention::
+
+    @csrf_exempt
+    @webhooks.stripe_signature(lambda: settings.STRIPE_WEBHOOK_SECRET)
+    @idempotent(**webhooks.STRIPE)
+    def stripe_webhook(request): ...
+
+Each takes the key from the provider's event or delivery id, fingerprints
+that id alone (a redelivery whose envelope changed is the same event),
+scopes by ``webhook:<provider>``, requires the id (a delivery without one
+is a 400 the provider shows in its dashboard), keeps the record longer than
+the provider's documented redelivery window, and stores only a 2xx
+(:func:`success_only`): any other answer rolls back or releases the key, so
+the provider's next delivery runs. Override by merging:
+``@idempotent(**{**webhooks.STRIPE, "ttl": timedelta(days=30)})``.
+
+The signature checks (:func:`stripe_signature`, :func:`github_signature`,
+:func:`standard_signature`) go *above* ``@idempotent``, so that a forged
+delivery is refused before it can claim an event id. They need no
+provider SDK.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from functools import wraps
+from typing import Any, TypeVar
+
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
+
+__all__ = [
+    "GITHUB",
+    "STANDARD",
+    "STRIPE",
+    "Signature",
+    "github_signature",
+    "standard_signature",
+    "stripe_signature",
+    "success_only",
+]
+
+View = TypeVar("View", bound=Callable[..., Any])
+Secret = str | bytes | Callable[[], str | bytes]
+
+#: How far a signed timestamp may be from this host's clock, as the
+#: providers' own libraries allow by default (Stripe, Standard Webhooks).
+DEFAULT_TOLERANCE = 300
+
+
+def success_only(response: HttpResponseBase) -> bool:
+    """True for a 2xx answer only: a provider redelivers on anything else.
+
+    A stored 404 ("no such order yet") would be replayed to every
+    redelivery and the event would never be handled; refused here, it rolls
+    back (atomic mode) or releases the key (lease mode) instead.
+    """
+    return 200 <= response.status_code < 300
+
+
+# Where each provider puts the id that stays the same across redeliveries.
+
+
+def stripe_event_id(request: HttpRequest) -> str | None:
+    """The ``id`` of a Stripe event (``evt_...``), from the JSON body; ``None`` without one."""
+    try:
+        event = json.loads(request.body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    event_id = event.get("id") if isinstance(event, dict) else None
+    return event_id if isinstance(event_id, str) else None
+
+
+stripe_event_id.source = 'the event\'s "id" in the JSON body'  # type: ignore[attr-defined]
+
+
+def github_delivery_id(request: HttpRequest) -> str | None:
+    """The ``X-GitHub-Delivery`` header: one GUID per event, kept by a redelivery."""
+    value: str | None = request.META.get("HTTP_X_GITHUB_DELIVERY")
+    return value
+
+
+github_delivery_id.source = "the X-GitHub-Delivery header"  # type: ignore[attr-defined]
+
+
+def standard_webhook_id(request: HttpRequest) -> str | None:
+    """The ``webhook-id`` header of the Standard Webhooks convention (Svix and others)."""
+    value: str | None = request.META.get("HTTP_WEBHOOK_ID")
+    return value
+
+
+standard_webhook_id.source = "the webhook-id header"  # type: ignore[attr-defined]
+
+
+def _fingerprint_of(event_id: Callable[[HttpRequest], str | None]) -> Callable[[HttpRequest], str]:
+    """A fingerprint of the event id alone: the provider may change the envelope between deliveries.
+
+    Stripe's ``pending_webhooks`` counts down, a signature and its timestamp
+    are new at each attempt; none of that makes it another event.
+    """
+
+    def fingerprint(request: HttpRequest) -> str:
+        material = f"webhook-event:{event_id(request) or ''}"
+        return hashlib.sha256(material.encode()).hexdigest()
+
+    fingerprint.__name__ = fingerprint.__qualname__ = f"{event_id.__name__}_fingerprint"
+    return fingerprint
+
+
+def _scope(provider: str) -> Callable[[HttpRequest], str]:
+    scope = f"webhook:{provider}"
+
+    def provider_scope(request: HttpRequest) -> str:
+        return scope
+
+    provider_scope.__name__ = provider_scope.__qualname__ = f"{provider}_scope"
+    return provider_scope
+
+
+def _preset(
+    provider: str, event_id: Callable[[HttpRequest], str | None], ttl: timedelta
+) -> dict[str, Any]:
+    return {
+        "key": event_id,
+        "fingerprint": _fingerprint_of(event_id),
+        "scope": _scope(provider),
+        "required": True,
+        "ttl": ttl,
+        "store": success_only,
+    }
+
+
+#: Stripe: in live mode it retries a failed delivery with exponential backoff
+#: for up to three days (docs.stripe.com/webhooks, "Retry behavior"), and an
+#: event can also be resent by hand; the event's ``id`` names it in every
+#: delivery. Seven days outlasts both.
+STRIPE: dict[str, Any] = _preset("stripe", stripe_event_id, timedelta(days=7))
+
+#: GitHub: no automatic redelivery; a delivery from the past three days (seven
+#: on GitHub Enterprise Server) can be redelivered by hand or through the REST
+#: API, with the same ``X-GitHub-Delivery`` GUID (docs.github.com, "Redelivering
+#: webhooks"). Eight days outlasts both.
+GITHUB: dict[str, Any] = _preset("github", github_delivery_id, timedelta(days=8))
+
+#: Standard Webhooks (``webhook-id``, kept by every retry): the specification's
+#: example schedule retries for 75.5 hours after the first attempt
+#: (standardwebhooks.com, "Deliverability and reliability"); providers offer
+#: manual replays too. Seven days outlasts the schedule.
+STANDARD: dict[str, Any] = _preset("standard", standard_webhook_id, timedelta(days=7))
+
+
+# Signatures: checked before the claim, so that a forgery claims nothing.
+
+
+class Signature:
+    """A provider's signature check, usable as a view decorator or called on a request.
+
+    As a decorator above ``@idempotent`` (sync or async view), it answers
+    400 to a delivery whose signature does not check out, before the key
+    is claimed. ``is_valid(request)`` is the check alone (for a DRF
+    authentication class, say); ``headers(body)`` signs a body as the
+    provider would, for tests.
+    """
+
+    #: The header that carries the signature, for the 400's message.
+    header = ""
+
+    def __init__(self, secret: Secret, tolerance: int = DEFAULT_TOLERANCE) -> None:
+        if not (isinstance(secret, str | bytes) or callable(secret)):
+            raise TypeError(
+                f"{type(self).__name__}'s secret must be a str, bytes, or a callable returning "
+                f"one (e.g. lambda: settings.WEBHOOK_SECRET), not {type(secret).__name__}."
+            )
+        self._secret = secret
+        self.tolerance = tolerance
+
+    def secret(self) -> bytes:
+        value = self._secret() if callable(self._secret) else self._secret
+        return value.encode() if isinstance(value, str) else value
+
+    def is_valid(self, request: HttpRequest) -> bool:
+        raise NotImplementedError
+
+    def headers(self, body: bytes, **fields: Any) -> dict[str, str]:
+        raise NotImplementedError
+
+    def _fresh(self, timestamp: str) -> bool:
+        try:
+            return abs(time.time() - int(timestamp)) <= self.tolerance
+        except ValueError:
+            return False
+
+    def __call__(self, view: View) -> View:
+        def refused() -> HttpResponse:
+            detail = (
+                f"The {self.header} header is missing, too old, or does not match the body "
+                "and the endpoint's secret."
+            )
+            document = {"type": "about:blank", "title": "Bad Request", "status": 400}
+            return HttpResponse(
+                json.dumps({**document, "detail": detail}),
+                status=400,
+                content_type="application/problem+json",
+            )
+
+        if iscoroutinefunction(view):
+
+            @wraps(view)
+            async def acheck(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+                if not self.is_valid(request):
+                    return refused()
+                return await view(request, *args, **kwargs)
+
+            return markcoroutinefunction(acheck)  # type: ignore[return-value]
+
+        @wraps(view)
+        def check(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+            if not self.is_valid(request):
+                return refused()
+            return view(request, *args, **kwargs)
+
+        return check  # type: ignore[return-value]
+
+
+def _hmac(key: bytes, message: bytes) -> bytes:
+    return hmac.new(key, message, hashlib.sha256).digest()
+
+
+def _fields(header: str) -> list[tuple[str, str]]:
+    return [
+        (name.strip(), value.strip())
+        for name, _, value in (item.partition("=") for item in header.split(","))
+    ]
+
+
+class _Stripe(Signature):
+    header = "Stripe-Signature"
+
+    def is_valid(self, request: HttpRequest) -> bool:
+        fields = _fields(request.META.get("HTTP_STRIPE_SIGNATURE", ""))
+        timestamps = [value for name, value in fields if name == "t"]
+        if len(timestamps) != 1 or not self._fresh(timestamps[0]):
+            return False
+        expected = _hmac(self.secret(), timestamps[0].encode() + b"." + request.body).hex()
+        # More than one v1 while the endpoint's secret is being rolled.
+        return any(hmac.compare_digest(expected, value) for name, value in fields if name == "v1")
+
+    def headers(self, body: bytes, **fields: Any) -> dict[str, str]:
+        timestamp = str(fields.get("timestamp", int(time.time())))
+        digest = _hmac(self.secret(), timestamp.encode() + b"." + body).hex()
+        return {self.header: f"t={timestamp},v1={digest}"}
+
+
+class _GitHub(Signature):
+    header = "X-Hub-Signature-256"
+
+    def is_valid(self, request: HttpRequest) -> bool:
+        sent = request.META.get("HTTP_X_HUB_SIGNATURE_256", "")
+        expected = "sha256=" + _hmac(self.secret(), request.body).hex()
+        return hmac.compare_digest(expected, sent)
+
+    def headers(self, body: bytes, **fields: Any) -> dict[str, str]:
+        return {self.header: "sha256=" + _hmac(self.secret(), body).hex()}
+
+
+class _Standard(Signature):
+    header = "webhook-signature"
+
+    def secret(self) -> bytes:
+        # Serialised as whsec_<base64>; what is signed with is the decoded bytes.
+        raw = super().secret()
+        encoded = raw.removeprefix(b"whsec_")
+        try:
+            return base64.b64decode(encoded, validate=True)
+        except binascii.Error as exc:
+            raise ValueError(
+                "A Standard Webhooks secret is base64, usually prefixed whsec_ "
+                "(as the provider's dashboard shows it); this one does not decode."
+            ) from exc
+
+    def _signed(self, webhook_id: str, timestamp: str, body: bytes) -> str:
+        content = f"{webhook_id}.{timestamp}.".encode() + body
+        return base64.b64encode(_hmac(self.secret(), content)).decode()
+
+    def is_valid(self, request: HttpRequest) -> bool:
+        webhook_id = request.META.get("HTTP_WEBHOOK_ID", "")
+        timestamp = request.META.get("HTTP_WEBHOOK_TIMESTAMP", "")
+        if not webhook_id or not self._fresh(timestamp):
+            return False
+        expected = self._signed(webhook_id, timestamp, request.body)
+        # Space-separated "v1,<base64>" entries: several while a secret is rolled.
+        sent = request.META.get("HTTP_WEBHOOK_SIGNATURE", "").split()
+        return any(
+            hmac.compare_digest(expected, signature)
+            for version, _, signature in (entry.partition(",") for entry in sent)
+            if version == "v1"
+        )
+
+    def headers(self, body: bytes, **fields: Any) -> dict[str, str]:
+        webhook_id = str(fields["id"])
+        timestamp = str(fields.get("timestamp", int(time.time())))
+        return {
+            "webhook-id": webhook_id,
+            "webhook-timestamp": timestamp,
+            "webhook-signature": "v1," + self._signed(webhook_id, timestamp, body),
+        }
+
+
+def stripe_signature(secret: Secret, tolerance: int = DEFAULT_TOLERANCE) -> Signature:
+    """Stripe's ``Stripe-Signature``: ``t=...,v1=<HMAC-SHA256 of "t.body">``.
+
+    The timestamp must be within ``tolerance`` seconds of this host's clock.
+    """
+    return _Stripe(secret, tolerance)
+
+
+def github_signature(secret: Secret) -> Signature:
+    """GitHub's ``X-Hub-Signature-256`` (``sha256=<HMAC-SHA256 of the body>``)."""
+    return _GitHub(secret)
+
+
+def standard_signature(secret: Secret, tolerance: int = DEFAULT_TOLERANCE) -> Signature:
+    """Standard Webhooks' ``webhook-signature`` (``v1,<base64 HMAC of "id.timestamp.body">``).
+
+    ``secret`` as the provider shows it (``whsec_<base64>``). ``headers(body,
+    id=...)`` signs a body under a ``webhook-id``.
+    """
+    return _Standard(secret, tolerance)
