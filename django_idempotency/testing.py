@@ -70,6 +70,8 @@ def assert_idempotent(
     content_type: str = "application/json",
     headers: dict[str, str] | None = None,
     using: str | None = None,
+    sign: Callable[[bytes], dict[str, str]] | None = None,
+    changed_body_replays: bool = False,
 ) -> IdempotencyCheck:
     """Send a request, its retry and ``duplicates`` more; assert one effect.
 
@@ -83,9 +85,15 @@ def assert_idempotent(
 
     ``concurrent=None`` sends duplicates concurrently when the test allows
     it, ``True`` insists (and fails inside a transaction), ``False`` never.
+
+    A webhook receiver checks a signature over the body: ``sign(body)``
+    returns the headers that sign each request's bytes (the webhooks
+    module's signatures have ``.headers(body)``). A view whose fingerprint
+    is its key alone (the webhook presets) replays a changed body rather
+    than refuse it: ``changed_body_replays=True`` asserts that instead.
     """
     key = key or f"assert-idempotent-{uuid.uuid4().hex}"
-    send = _sender(method, path, content_type, headers or {})
+    send = _sender(method, path, content_type, headers or {}, sign)
     alias = using or idempotency_settings.database
     in_transaction = connections[alias].in_atomic_block
     if concurrent and in_transaction:
@@ -118,9 +126,12 @@ def assert_idempotent(
         changed_data = {**data, "_assert_idempotent_changed": True}
     if changed_data is not None:
         mismatch = send(client, changed_data, key)
-        assert mismatch.status_code == 422, (
-            f"the same key with a changed body got {mismatch.status_code}, expected 422"
-        )
+        if changed_body_replays:
+            _assert_replay(first, mismatch, "the same key with a changed body")
+        else:
+            assert mismatch.status_code == 422, (
+                f"the same key with a changed body got {mismatch.status_code}, expected 422"
+            )
 
     final = effect()
     assert final == after_first, (
@@ -140,15 +151,29 @@ def assert_idempotent(
 Sender = Callable[[Any, Any, str], HttpResponseBase]
 
 
-def _sender(method: str, path: str, content_type: str, headers: dict[str, str]) -> Sender:
+def _sender(
+    method: str,
+    path: str,
+    content_type: str,
+    headers: dict[str, str],
+    sign: Callable[[bytes], dict[str, str]] | None,
+) -> Sender:
     header = idempotency_settings.header
 
     def send(client: Any, data: Any, key: str) -> HttpResponseBase:
         body = data
         if content_type == "application/json" and not isinstance(data, str | bytes):
             body = json.dumps(data)
+        sent = {**headers, header: key}
+        if sign is not None:
+            if not isinstance(body, str | bytes):
+                raise TypeError(
+                    "sign= needs the body as bytes: pass data as bytes or str, or as JSON "
+                    "(content_type='application/json'), so that what is signed is what is sent."
+                )
+            sent.update(sign(body.encode() if isinstance(body, str) else body))
         request = getattr(client, method.lower())
-        response = request(path, body, content_type=content_type, headers={**headers, header: key})
+        response = request(path, body, content_type=content_type, headers=sent)
         if response.streaming:
             # Read to its end, as a client would: the test client closes the
             # response (and the request's copy of its body) only then.

@@ -61,7 +61,12 @@ def status_of(ending: str, run: int) -> int:
     """The status the handler answers with: the ending's on the first run, else 201."""
     if run > 1:
         return 201
-    return {"stored_4xx": 400, "5xx": 503, "transient": 429}.get(ending, 201)
+    return {"stored_4xx": 400, "5xx": 503, "transient": 429, "store_refused": 202}.get(ending, 201)
+
+
+def kept(response: HttpResponseBase) -> bool:
+    """Every view's ``store`` option: a 202 (the ``store_refused`` ending) never completes a key."""
+    return response.status_code != 202
 
 
 # The handler, sync and async. ``respond`` builds the answer (a Django or a DRF
@@ -170,7 +175,7 @@ MODES = {"atomic": True, "lease": False}
 
 
 def function_view(atomic: bool) -> Any:
-    @idempotent(atomic=atomic)
+    @idempotent(atomic=atomic, store=kept)
     def view(request: HttpRequest) -> HttpResponseBase:
         return plain_handler(request)
 
@@ -179,7 +184,7 @@ def function_view(atomic: bool) -> Any:
 
 def class_based_view(atomic: bool) -> Any:
     class EndingsView(View):
-        @method_decorator(idempotent(atomic=atomic))
+        @method_decorator(idempotent(atomic=atomic, store=kept))
         def post(self, request: HttpRequest) -> HttpResponseBase:
             return plain_handler(request)
 
@@ -189,7 +194,7 @@ def class_based_view(atomic: bool) -> Any:
 def drf_api_view(atomic: bool) -> Any:
     @api_view(["POST"])
     @permission_classes([AllowAny])
-    @idempotent(atomic=atomic)
+    @idempotent(atomic=atomic, store=kept)
     def view(request: Request) -> HttpResponseBase:
         return drf_handler(request)
 
@@ -204,6 +209,7 @@ class _Open:
 def mixin_api_view(atomic: bool) -> Any:
     class EndingsAPIView(IdempotentMixin, _Open, APIView):
         idempotency_atomic = atomic
+        idempotency_store = staticmethod(kept)
 
         def post(self, request: Request) -> HttpResponseBase:
             return drf_handler(request)
@@ -212,7 +218,7 @@ def mixin_api_view(atomic: bool) -> Any:
 
 
 def drf_dispatch_view(atomic: bool) -> Any:
-    @method_decorator(idempotent(atomic=atomic), name="dispatch")
+    @method_decorator(idempotent(atomic=atomic, store=kept), name="dispatch")
     class EndingsDispatchAPIView(_Open, APIView):
         def post(self, request: Request) -> HttpResponseBase:
             return drf_handler(request)
@@ -221,7 +227,7 @@ def drf_dispatch_view(atomic: bool) -> Any:
 
 
 def adrf_dispatch_view(atomic: bool) -> Any:
-    @method_decorator(idempotent(atomic=atomic), name="dispatch")
+    @method_decorator(idempotent(atomic=atomic, store=kept), name="dispatch")
     class EndingsAsyncDispatchAPIView(_Open, AsyncAPIView):
         async def post(self, request: Request) -> HttpResponseBase:
             return await arun_handler(request, drf_response, SlowResponse)
@@ -232,6 +238,7 @@ def adrf_dispatch_view(atomic: bool) -> Any:
 def mixin_viewset(atomic: bool) -> Any:
     class EndingsViewSet(IdempotentMixin, _Open, ViewSet):
         idempotency_atomic = atomic
+        idempotency_store = staticmethod(kept)
 
         def create(self, request: Request) -> HttpResponseBase:
             return drf_handler(request)
@@ -242,6 +249,7 @@ def mixin_viewset(atomic: bool) -> Any:
 def adrf_view(atomic: bool) -> Any:
     class EndingsAsyncAPIView(IdempotentMixin, _Open, AsyncAPIView):
         idempotency_atomic = atomic
+        idempotency_store = staticmethod(kept)
 
         async def post(self, request: Request) -> HttpResponseBase:
             return await arun_handler(request, drf_response, SlowResponse)
@@ -250,7 +258,7 @@ def adrf_view(atomic: bool) -> Any:
 
 
 def async_function_view(atomic: bool) -> Any:
-    @idempotent(atomic=atomic)
+    @idempotent(atomic=atomic, store=kept)
     async def view(request: HttpRequest) -> HttpResponseBase:
         return await async_plain_handler(request)
 
@@ -259,7 +267,7 @@ def async_function_view(atomic: bool) -> Any:
 
 def async_class_based_view(atomic: bool) -> Any:
     class EndingsAsyncView(View):
-        @method_decorator(idempotent(atomic=atomic))
+        @method_decorator(idempotent(atomic=atomic, store=kept))
         async def post(self, request: HttpRequest) -> HttpResponseBase:
             return await async_plain_handler(request)
 
@@ -267,7 +275,7 @@ def async_class_based_view(atomic: bool) -> Any:
 
 
 def async_dispatch_view(atomic: bool) -> Any:
-    @method_decorator(idempotent(atomic=atomic), name="dispatch")
+    @method_decorator(idempotent(atomic=atomic, store=kept), name="dispatch")
     class EndingsAsyncDispatchView(View):
         async def post(self, request: HttpRequest) -> HttpResponseBase:
             return await async_plain_handler(request)

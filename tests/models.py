@@ -26,3 +26,12 @@ class RemoteCharge(models.Model):
 
     def __str__(self) -> str:
         return self.item
+
+
+class Publication(models.Model):
+    """A task handed off by a webhook receiver, recorded when its transaction commits."""
+
+    event = models.CharField(max_length=100)
+
+    def __str__(self) -> str:
+        return self.event

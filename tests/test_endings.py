@@ -64,7 +64,8 @@ MODES = ("atomic", "lease")
 @dataclass(frozen=True)
 class Ending:
     name: str
-    #: Which adapters it applies to: "http" (a client connection), "task", or "any".
+    #: Which adapters it applies to: "http" (a client connection), "task", "options"
+    #: (a view given per-view options: not the middleware's), or "any".
     needs: str = "any"
     #: Killing a connection needs a database server (not SQLite's file).
     needs_database_server: bool = False
@@ -76,6 +77,8 @@ ENDINGS = [
     Ending("5xx", needs="http"),  # 503
     Ending("raises"),
     Ending("transient", needs="http"),  # 429
+    # A 202, which the view's ``store`` option refuses (views with options only).
+    Ending("store_refused", needs="options"),
     # The client closes its socket while the handler runs, or after it returned
     # and before its response is stored (a response whose rendering is slow;
     # for the middleware, a slow middleware listed after it).
@@ -109,7 +112,7 @@ def expected(ending: str, mode: str) -> str:
         # Atomic: the transaction died with the effect; lease: the effect has
         # run, so the response is stored on a fresh connection.
         return ROLLED_BACK if atomic else STORED
-    # 5xx, raises, transient, retry, reject, db_kill_mid: a failure.
+    # 5xx, raises, transient, store_refused, retry, reject, db_kill_mid: a failure.
     return failed
 
 
@@ -124,6 +127,8 @@ class Adapter:
     path: str = ""
 
     def applies(self, ending: Ending) -> bool:
+        if ending.needs == "options":
+            return self.kind == "http" and not self.name.startswith("middleware")
         return ending.needs in ("any", self.kind)
 
 
@@ -287,7 +292,9 @@ def stored_status(cell: Cell) -> int | str:
 
 def failure_status(cell: Cell) -> int | str | None:
     if isinstance(cell, HttpCell):
-        return {"5xx": 503, "transient": 429, "kill9": None}.get(cell.ending, 500)
+        return {"5xx": 503, "transient": 429, "store_refused": 202, "kill9": None}.get(
+            cell.ending, 500
+        )
     if isinstance(cell, FunctionCell) and cell.ending == "kill9":
         return None  # the calling process died with it
     return states.FAILURE
