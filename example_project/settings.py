@@ -102,6 +102,11 @@ CORS_EXPOSE_HEADERS = ["Idempotent-Replayed", "Retry-After", "Location"]
 # server allows (minutes); the demo keeps it short so a takeover after a
 # simulated crash takes seconds.
 EXAMPLE_PAYMENT_LEASE = timedelta(seconds=float(os.environ.get("EXAMPLE_PAYMENT_LEASE", "5")))
+# The secret the fake provider signs its webhooks with (Standard Webhooks:
+# whsec_ and base64, as a provider's dashboard shows it). Set your own in production.
+PROVIDER_WEBHOOK_SECRET = os.environ.get(
+    "PROVIDER_WEBHOOK_SECRET", "whsec_ZXhhbXBsZS1wcm92aWRlci1ub3Qtc2VjcmV0LWtleQ=="
+)
 # Lets the walkthrough's own gunicorn kill a worker mid-payment; never set it in production.
 EXAMPLE_ALLOW_CRASH = os.environ.get("EXAMPLE_ALLOW_CRASH") == "1"
 

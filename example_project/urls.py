@@ -17,6 +17,7 @@ urlpatterns = [
     path("payments/", views.create_payment, name="create-payment"),
     path("receipts/", views.request_receipt, name="request-receipt"),
     path("receipts/list/", views.list_receipts, name="list-receipts"),
+    path("webhooks/provider/", views.provider_webhook, name="provider-webhook"),
     path("api/", include(router.urls)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("provider/charges/", list_charges, name="provider-charges"),

@@ -65,7 +65,7 @@ def test_example_project_tests_pass(example_env):
         timeout=300,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
-    assert "Ran 7 tests" in completed.stderr
+    assert "Ran 10 tests" in completed.stderr
 
 
 @pytest.fixture

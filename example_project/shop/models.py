@@ -32,6 +32,8 @@ class Payment(models.Model):
     amount = models.PositiveIntegerField()
     charge_id = models.BigIntegerField()
     created_at = models.DateTimeField(auto_now_add=True)
+    #: How many times the provider's "charge.settled" webhook took effect: 1 at most.
+    settlements = models.PositiveIntegerField(default=0)
 
     def __str__(self) -> str:
         return f"{self.reference}: {self.amount}"

@@ -8,6 +8,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from django_idempotency.testing import assert_idempotent
+from example_project.provider import client as provider
 from example_project.provider.models import Charge
 from example_project.shop.models import Booking, Order, Payment, Receipt
 from example_project.shop.tasks import send_receipt
@@ -102,3 +103,49 @@ class CorsTests(TestCase):
         self.assertEqual(response["Idempotent-Replayed"], "true")
         exposed = {name.strip() for name in response["Access-Control-Expose-Headers"].split(",")}
         self.assertLessEqual({"Idempotent-Replayed", "Retry-After"}, exposed)
+
+
+class ProviderWebhookTests(TransactionTestCase):
+    """The provider's signed ``charge.settled`` webhook, received with ``webhooks.STANDARD``."""
+
+    def deliver(self, charge: Charge, event_id: str) -> object:
+        body, headers = provider.settled_event(charge, event_id)
+        return self.client.post(
+            "/webhooks/provider/", body, content_type="application/json", headers=headers
+        )
+
+    def test_a_redelivered_settlement_takes_effect_once(self) -> None:
+        charge = provider.charge(10, "charge-1")
+        payment = Payment.objects.create(reference="r-1", amount=10, charge_id=charge.pk)
+
+        answers = [self.deliver(charge, "msg_settled_1") for _ in range(3)]
+
+        assert [a.status_code for a in answers] == [200, 200, 200]
+        assert [a.get("Idempotent-Replayed") for a in answers] == [None, "true", "true"]
+        payment.refresh_from_db()
+        assert payment.settlements == 1
+
+    def test_a_settlement_that_comes_too_early_runs_when_redelivered(self) -> None:
+        charge = provider.charge(10, "charge-2")
+
+        early = self.deliver(charge, "msg_settled_2")
+        payment = Payment.objects.create(reference="r-2", amount=10, charge_id=charge.pk)
+        later = self.deliver(charge, "msg_settled_2")
+
+        assert (early.status_code, later.status_code) == (404, 200)
+        assert later.get("Idempotent-Replayed") is None
+        payment.refresh_from_db()
+        assert payment.settlements == 1
+
+    def test_a_forged_settlement_is_refused(self) -> None:
+        charge = provider.charge(10, "charge-3")
+        Payment.objects.create(reference="r-3", amount=10, charge_id=charge.pk)
+        body, headers = provider.settled_event(charge, "msg_settled_3")
+        headers["webhook-signature"] = "v1,Zm9yZ2Vk"
+
+        forged = self.client.post(
+            "/webhooks/provider/", body, content_type="application/json", headers=headers
+        )
+
+        assert forged.status_code == 400
+        assert Payment.objects.get(reference="r-3").settlements == 0

@@ -15,7 +15,7 @@ from django.views.decorators.http import require_GET, require_POST
 from rest_framework import permissions, viewsets
 from rest_framework.authentication import TokenAuthentication
 
-from django_idempotency import idempotent
+from django_idempotency import idempotent, webhooks
 from django_idempotency.drf import IdempotentMixin
 from example_project.provider import client as provider
 from example_project.shop.models import Booking, Order, Payment, Receipt
@@ -29,6 +29,7 @@ ENDPOINTS = [
     ("GET, POST", "/api/bookings/", "bookings: a DRF viewset with IdempotentMixin, token auth"),
     ("POST", "/payments/", "a payment: lease mode, charging the fake provider once"),
     ("POST", "/receipts/", "a receipt: an idempotent Celery task, published on commit"),
+    ("POST", "/webhooks/provider/", "the provider's signed webhook: webhooks.STANDARD"),
     ("GET", "/receipts/list/?order=<id>", "an order's receipts"),
     ("GET", "/provider/charges/?key=<key>", "the fake payment provider's ledger"),
     ("GET", "/api/schema/", "the OpenAPI schema, with Idempotency-Key documented"),
@@ -185,3 +186,27 @@ def list_receipts(request: HttpRequest) -> JsonResponse:
     """The receipts of one order, for the walkthrough to count."""
     receipts = Receipt.objects.filter(order_id=request.GET.get("order")).order_by("pk")
     return JsonResponse({"receipts": [{"id": r.pk, "order": r.order_id} for r in receipts]})
+
+
+@csrf_exempt
+@require_POST
+@webhooks.standard_signature(lambda: settings.PROVIDER_WEBHOOK_SECRET)
+@idempotent(**webhooks.STANDARD)
+def provider_webhook(request: HttpRequest) -> HttpResponse:
+    """The fake provider says a charge settled: once per event, however often it is sent.
+
+    The signature is checked first, so a forgery claims nothing. The preset
+    keys by ``webhook-id`` and stores only a 2xx: a settlement for a payment
+    the shop has not recorded yet is a 404, which the provider redelivers
+    later and which then runs, instead of being replayed for days.
+    """
+    event = _json(request)
+    if event.get("type") != "charge.settled":
+        return HttpResponse(status=204)  # not ours to act on: done, never asked again
+    charge = event.get("data", {}).get("charge")
+    payment = Payment.objects.select_for_update().filter(charge_id=charge).first()
+    if payment is None:
+        return JsonResponse({"error": f"no payment for charge {charge!r} yet"}, status=404)
+    payment.settlements += 1
+    payment.save(update_fields=["settlements"])
+    return JsonResponse({"payment": payment.pk, "settlements": payment.settlements})
