@@ -121,7 +121,8 @@ VALUES = engine.Kind(
 
 def declare(where: str, **given: Any) -> DeclaredOptions:
     """A function's or task's options, validated now by the settings table's rules."""
-    return DeclaredOptions(given, lambda name: f"{where}({name}=...)", CALL_OPTION_NAMES)
+    label = lambda name: f"{where}({name}=...)"  # noqa: E731
+    return DeclaredOptions(given, label, CALL_OPTION_NAMES, also=("key", "recover"))
 
 
 def declare_task(key: object, **given: Any) -> DeclaredOptions:

@@ -96,7 +96,9 @@ class DeclaredOptions:
     ``label(name)`` says where an option was written, for messages, e.g.
     ``@idempotent(ttl=...)`` or ``OrderViewSet.idempotency_ttl``. ``None``
     leaves an option to its setting. ``allowed`` names the options that
-    apply (a task has no ``methods``).
+    apply (a task has no ``methods``); ``also`` names the caller's other
+    keyword arguments (a task's ``key`` and ``recover``), so that a near
+    miss of one is suggested and every valid name is listed.
     """
 
     def __init__(
@@ -104,13 +106,15 @@ class DeclaredOptions:
         given: Mapping[str, Any],
         label: Callable[[str], str],
         allowed: tuple[str, ...] = OPTION_NAMES,
+        also: tuple[str, ...] = (),
     ) -> None:
         unknown = sorted(set(given) - set(allowed))
         if unknown:
-            hint = suggest(unknown[0], allowed)
+            valid = (*also, *allowed)
+            hint = suggest(unknown[0], valid)
             raise TypeError(
                 f"Unknown idempotency option(s): {', '.join(unknown)}.{hint} "
-                f"Valid options are: {', '.join(allowed)}."
+                f"Valid options are: {', '.join(valid)}."
             )
         self._label = label
         self._given = {name: value for name, value in given.items() if value is not None}

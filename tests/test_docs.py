@@ -101,3 +101,25 @@ def test_read_the_docs_builds_docs_conf_py_with_the_docs_group_and_fails_on_warn
     python = config["build"]["tools"]["python"]
     classifiers = (ROOT / "pyproject.toml").read_text()
     assert f'"Programming Language :: Python :: {python}"' in classifiers
+
+
+def test_installation_page_warns_that_pip_upgrades_django_and_shows_a_pin():
+    page = " ".join((DOCS / "installation.rst").read_text().split())
+
+    assert "would therefore *upgrade Django*" in page
+    assert 'python -m pip install django-idempotency "Django~=5.2.0"' in page
+
+
+def test_migrating_page_knows_the_middleware():
+    page = (DOCS / "migrating.rst").read_text()
+
+    assert "django-idempotency has none" not in page
+    assert "IdempotencyMiddleware" in page
+
+
+def test_the_development_status_is_beta():
+    # 0.x, with public names still being added: the API may grow, the contract holds.
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert re.findall(r'"Development Status :: [^"]+"', pyproject) == [
+        '"Development Status :: 4 - Beta"'
+    ]

@@ -533,6 +533,13 @@ class DefinitionTests:
         with pytest.raises(TypeError, match=r"key=\.\.\.\) must be a callable"):
             idempotent_task(key="order-1")
 
+    def test_a_misspelt_option_is_suggested_among_every_option(self):
+        with pytest.raises(TypeError) as raised:
+            idempotent_task(kye=lambda order_id: order_id)
+
+        assert "Did you mean 'key'?" in str(raised.value)
+        assert "Valid options are: key, recover, atomic, ttl, wait, lease." in str(raised.value)
+
     @pytest.mark.parametrize(
         ("options", "message"),
         [
