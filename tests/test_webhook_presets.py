@@ -432,36 +432,29 @@ class SignatureTests:
 class AssertIdempotentTests:
     """The testing helper on a signed webhook: ``sign=`` and ``changed_body_replays=``."""
 
-    def test_a_signed_stripe_receiver(self, client):
-        order = new_order()
+    def check(self, client: Client, order: str, **extra: Any) -> Any:
         event = {"id": new_event(), "type": "order.paid", "data": {"order": order}}
-
-        check = assert_idempotent(
+        return assert_idempotent(
             client,
             "post",
             "/webhooks/preset/stripe/",
             event,
             effect=lambda: paid(order),
             sign=views.stripe.headers,
-            changed_body_replays=True,
+            **extra,
         )
+
+    def test_a_signed_stripe_receiver(self, client):
+        order = new_order()
+
+        check = self.check(client, order, changed_body_replays=True)
 
         assert check.mismatch is not None and check.mismatch[REPLAYED] == "true"
         assert paid(order) == 1
 
     def test_without_changed_body_replays_the_helper_expects_422(self, client):
-        order = new_order()
-        event = {"id": new_event(), "type": "order.paid", "data": {"order": order}}
-
         with pytest.raises(AssertionError, match="expected 422"):
-            assert_idempotent(
-                client,
-                "post",
-                "/webhooks/preset/stripe/",
-                event,
-                effect=lambda: paid(order),
-                sign=views.stripe.headers,
-            )
+            self.check(client, new_order())
 
 
 # Over gunicorn, on every backend: gunicorn's workers share SQLite's file.
