@@ -116,7 +116,7 @@ class IdempotencyMiddleware:
         except _NotReached as not_reached:
             return not_reached.response
         except IdempotencyError as error:
-            return problem(error)
+            return problem(error, request)
 
     async def _call_async(self, request: HttpRequest) -> HttpResponseBase:
         view = self._view_to_protect(request)
@@ -132,7 +132,7 @@ class IdempotencyMiddleware:
         except _NotReached as not_reached:
             return not_reached.response
         except IdempotencyError as error:
-            return problem(error)
+            return problem(error, request)
 
     def process_view(
         self, request: HttpRequest, view_func: Any, view_args: Any, view_kwargs: Any
