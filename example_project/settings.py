@@ -103,6 +103,8 @@ CORS_EXPOSE_HEADERS = ["Idempotent-Replayed", "Retry-After", "Location"]
 # simulated crash takes seconds.
 EXAMPLE_PAYMENT_LEASE = timedelta(seconds=float(os.environ.get("EXAMPLE_PAYMENT_LEASE", "5")))
 # Lets the walkthrough's own gunicorn kill a worker mid-payment; never set it in production.
+# The checkout's payment step, in seconds: slow enough to double-click.
+EXAMPLE_CHECKOUT_SECONDS = float(os.environ.get("EXAMPLE_CHECKOUT_SECONDS", "1"))
 EXAMPLE_ALLOW_CRASH = os.environ.get("EXAMPLE_ALLOW_CRASH") == "1"
 
 # Celery (optional: the project runs without it, and without a broker).

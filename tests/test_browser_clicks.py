@@ -16,9 +16,7 @@ and are skipped with the fix named elsewhere.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ from typing import Any
 import pytest
 
 from tests.browser_views import POST_LOG_ENV
+from tests.browsers import chromium_fixture  # noqa: F401  a fixture used by name
 from tests.models import Order
 from tests.polling import wait_until
 from tests.server import GunicornServer, running
@@ -35,15 +34,7 @@ pytestmark = [pytest.mark.server, pytest.mark.django_db(transaction=True)]
 #: How long the browser may take to land on the order's page: the slow
 #: view's second, the duplicate's wait for it, and a loaded machine's slack.
 LANDING_TIMEOUT_MS = 20_000
-ASYNC_UNSAFE = "DJANGO_ALLOW_ASYNC_UNSAFE"
 ORDER_PAGE = re.compile(r"/browser/orders/(\d+)/$")
-
-
-def unavailable(reason: str) -> None:
-    """Fail where the browser tests must run (CI), skip with the fix named elsewhere."""
-    if os.environ.get("CI") or os.environ.get("REQUIRE_BACKENDS"):
-        pytest.fail(f"The browser tests cannot run: {reason}")
-    pytest.skip(reason)
 
 
 class BrowserGunicorn(GunicornServer):
@@ -63,37 +54,6 @@ def server(
     env = {POST_LOG_ENV: str(post_log)}
     with running(BrowserGunicorn, "tests.browser_server_settings", log_dir, env, workers=2) as up:
         yield up
-
-
-@pytest.fixture(scope="module")
-def chromium() -> Iterator[Any]:
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        unavailable("Playwright is not installed: pip install --group test")
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if path is None:
-        unavailable(
-            "Chromium is not installed: apt-get install chromium "
-            "(python3 dev.py test installs it when run as root)"
-        )
-    # Playwright's sync API keeps an event loop in this thread while the
-    # browser is open; the tests' own queries (and pytest-django's flush)
-    # are plain synchronous code run between its calls.
-    allowed = os.environ.get(ASYNC_UNSAFE)
-    os.environ[ASYNC_UNSAFE] = "true"
-    try:
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=path, headless=True)
-            try:
-                yield browser
-            finally:
-                browser.close()
-    finally:
-        if allowed is None:
-            del os.environ[ASYNC_UNSAFE]
-        else:
-            os.environ[ASYNC_UNSAFE] = allowed
 
 
 @pytest.fixture
