@@ -26,6 +26,11 @@ PROBLEM_TEMPLATE = "django_idempotency/problem.html"
 # answer: only a client that ranks HTML higher is shown a page.
 _TYPES = ["application/json", "application/problem+json", "text/html"]
 _TEMPLATES = Path(__file__).resolve().parent / "templates"
+#: The longest a 409 page waits before it sends the submission again. A lease's
+#: ``Retry-After`` is the time left on it (minutes), while the first request
+#: usually ends within seconds; a resend that finds it still running gets
+#: this page again, at the cost of one indexed read.
+RESEND_AFTER_MAX = 2
 
 
 def prefers_html(request: Any) -> bool:
@@ -42,17 +47,20 @@ def problem_page(
 ) -> HttpResponse:
     """``problem`` (status, title, detail, type) as an HTML page with the same status.
 
-    The context also has ``retry_after`` (seconds, for a 409), ``back_url``
+    The context also has ``retry_after`` (seconds, for a 409) and
+    ``resend_after`` (the same, at most ``RESEND_AFTER_MAX``), ``back_url``
     (the page the form was on, when it is on this site) and ``resend``: the
     fields of a form-encoded POST, so that a 409 page can send the same
     submission again (the same key: it is answered with the first's result)
     rather than reloading the form, which would render a new key.
     """
     http_request = django_request(request)
-    retry_after = headers.get("Retry-After")
+    header = headers.get("Retry-After")
+    retry_after = int(header) if header and header.isdigit() else None
     context = {
         "problem": problem,
-        "retry_after": int(retry_after) if retry_after and retry_after.isdigit() else None,
+        "retry_after": retry_after,
+        "resend_after": None if retry_after is None else max(min(retry_after, RESEND_AFTER_MAX), 1),
         "back_url": _back_url(http_request),
         "resend": _resend(http_request) if problem["status"] == 409 else None,
         "action": http_request.get_full_path(),

@@ -13,6 +13,7 @@ urlpatterns = [
     path("browser/lease/", views.lease),
     path("browser/slow/", views.slow),
     path("browser/slow-untagged/", views.slow_untagged),
+    path("browser/slow-lease/", views.slow_lease),
     path("browser/async/", views.async_checkout),
     path("browser/plain/", views.checkout),
     path("browser/api/", views.ApiCheckout.as_view()),

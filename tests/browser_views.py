@@ -72,6 +72,12 @@ def slow(request: HttpRequest) -> HttpResponse:
     return checkout(request, slow=True)
 
 
+@idempotent(atomic=False)
+def slow_lease(request: HttpRequest) -> HttpResponse:
+    """The slow checkout in lease mode: a duplicate gets 409 while the first runs."""
+    return checkout(request, slow=True)
+
+
 @idempotent
 def slow_untagged(request: HttpRequest) -> HttpResponse:
     """The same slow checkout, its form rendered without the tag: the control."""

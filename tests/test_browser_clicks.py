@@ -144,3 +144,20 @@ def test_without_the_tag_two_posts_make_two_orders(
     # in its own time.
     wait_until(lambda: Order.objects.count() == 2, "the first POST's order")
     assert landed in Order.objects.values_list("pk", flat=True)
+
+
+def test_lease_mode_answers_the_second_post_with_a_page_that_sends_it_again(
+    page: Any, server: GunicornServer, post_log: Path
+) -> None:
+    """Lease mode: the duplicate gets the 409 page, which resends the same form; one order."""
+    page.goto(server.url + "/browser/slow-lease/")
+    page.fill("#item", "book")
+
+    with page.expect_response(lambda response: response.status == 409) as conflict:
+        double_click(page, post_log)
+    assert "text/html" in conflict.value.headers["content-type"]
+    landed = landed_order(page)
+
+    # Two POSTs of the double click, and at least one resent by the 409 page.
+    assert posts(post_log, "/browser/slow-lease/") >= 3
+    assert list(Order.objects.values_list("pk", flat=True)) == [landed]

@@ -453,6 +453,12 @@ class ProblemPageTests:
         assert '<input type="hidden" name="idempotency_key" value="k">' in html
         assert "2 * 1000" in html
 
+    def test_409_page_resends_sooner_than_a_lease_runs_out(self):
+        response = problem(RequestInFlight(retry_after=290), self.browser_request())
+
+        assert response["Retry-After"] == "290"
+        assert "2 * 1000" in response.content.decode()
+
     def test_422_page_offers_the_form_again(self):
         html = problem(FingerprintMismatch(), self.browser_request()).content.decode()
 
