@@ -11,6 +11,7 @@ alike.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import IO, Any
 from urllib.parse import parse_qsl
 
@@ -105,5 +106,6 @@ def _parsed_values(request: Any, http_request: HttpRequest, field: str) -> list[
         return []
     if hasattr(data, "getlist"):
         return [value for value in data.getlist(field) if isinstance(value, str)]
-    value = data.get(field) if hasattr(data, "get") else None
+    # A parser of the project's own may give a plain dict.
+    value = data.get(field) if isinstance(data, Mapping) else None
     return [value] if isinstance(value, str) else []

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import uuid
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 from django.contrib.auth.models import User
@@ -23,6 +24,7 @@ from django.test.client import encode_multipart
 from django_idempotency.body import close_spools_with
 from django_idempotency.exceptions import FingerprintMismatch, RequestInFlight
 from django_idempotency.fingerprint import request_fingerprint
+from django_idempotency.forms import form_key
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.responses import problem
 from django_idempotency.scopes import user_scope
@@ -245,6 +247,42 @@ class FormKeyTests:
         assert sent_key(request) == "k"
         assert sent_key(json_without_header) is None
         assert not request._read_started and not json_without_header._read_started
+
+
+class CsrfReadTheBodyFirstTests:
+    """Django's CSRF check reads ``request.POST`` before the view: the key is still found."""
+
+    @pytest.fixture(autouse=True)
+    def csrf(self, settings):
+        settings.MIDDLEWARE = [*settings.MIDDLEWARE, "django.middleware.csrf.CsrfViewMiddleware"]
+
+    @pytest.mark.parametrize("upload", [False, True], ids=["form", "multipart"])
+    def test_the_key_and_the_file_after_the_csrf_check(self, upload):
+        client = Client(enforce_csrf_checks=True)
+        page = client.get("/browser/checkout/?upload=1").content.decode()
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
+        key = KEY_FIELD.search(page).group(1)
+        answers = []
+        for _ in range(2):
+            data: dict[str, Any] = {"item": "book", "idempotency_key": key}
+            data["csrfmiddlewaretoken"] = token
+            if upload:
+                data["receipt"] = SimpleUploadedFile("r.txt", b"paid", "text/plain")
+                answers.append(client.post("/browser/checkout/", data))
+            else:
+                answers.append(
+                    client.post(
+                        "/browser/checkout/",
+                        urlencode(data),
+                        content_type="application/x-www-form-urlencoded",
+                    )
+                )
+
+        assert [a.status_code for a in answers] == [302, 302]
+        assert answers[1]["Idempotent-Replayed"] == "true"
+        expected = "book|r.txt|4" if upload else "book"
+        assert list(Order.objects.values_list("item", flat=True)) == [expected]
+        assert [k for _, k in records()] == [key]
 
 
 class DrfFormTests:
@@ -489,3 +527,75 @@ class ProblemPageTests:
         response = problem(FingerprintMismatch(), self.browser_request())
 
         assert b"This form was already submitted" in response.content
+
+
+class FormKeyEdgeTests:
+    """Bodies the key cannot be read from: no key, and the view answers as without us."""
+
+    def form_request(self, body: bytes, content_type: str = "application/x-www-form-urlencoded"):
+        return RequestFactory().post("/", body, content_type=content_type)
+
+    def test_a_form_past_the_upload_limit_has_no_key(self, settings):
+        settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 10
+        request = self.form_request(b"idempotency_key=k1&item=" + b"x" * 20)
+        try:
+            assert form_key(request, "idempotency_key") is None
+        finally:
+            close_spools_with(request, None)
+
+    def test_a_form_that_is_not_utf8_has_no_key(self):
+        request = self.form_request(b"idempotency_key=\xff")
+        try:
+            assert form_key(request, "idempotency_key") is None
+        finally:
+            close_spools_with(request, None)
+
+    def test_a_malformed_multipart_body_has_no_key(self):
+        request = self.form_request(b"--x\r\nnot a part", "multipart/form-data; boundary=y")
+        try:
+            assert form_key(request, "idempotency_key") is None
+        finally:
+            close_spools_with(request, None)
+
+    def test_a_body_read_and_not_kept_has_no_key(self):
+        request = self.form_request(b"idempotency_key=k1")
+        request.read()  # read raw by the project's own code, before any parser
+
+        assert form_key(request, "idempotency_key") is None
+
+    def test_a_body_drf_parsed_first_gives_its_key(self):
+        from rest_framework.parsers import FormParser
+        from rest_framework.request import Request
+
+        request = Request(self.form_request(b"idempotency_key=k1&item=book"), [FormParser()])
+        assert request.data["item"] == "book"  # a permission read it before the mixin
+
+        assert form_key(request, "idempotency_key") == "k1"
+
+    def test_a_custom_parser_s_dict_gives_its_key(self):
+        from rest_framework.request import Request
+
+        request = Request(self.form_request(b"ignored"))
+        request._request._read_started = True
+        request._full_data = {"idempotency_key": "k1"}
+
+        assert form_key(request, "idempotency_key") == "k1"
+
+
+class ResendTests:
+    def test_only_a_form_post_without_files_is_resent(self):
+        factory = RequestFactory(headers={"Accept": BROWSER_ACCEPT})
+        json_body = factory.post("/", "{}", content_type="application/json")
+        upload = factory.post(
+            "/", {"item": "book", "receipt": SimpleUploadedFile("r.txt", b"x", "text/plain")}
+        )
+        too_big = factory.post("/", {"item": "book"})
+
+        in_flight = RequestInFlight(retry_after=1)
+        pages = [problem(in_flight, json_body), problem(in_flight, upload)]
+        with override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=1):
+            pages.append(problem(in_flight, too_big))
+
+        for page in pages:
+            assert page.status_code == 409
+            assert "idempotency-resend" not in page.content.decode()
