@@ -325,6 +325,15 @@ class DrfFormTests:
 
         assert other.status_code == 422
         assert other["Content-Type"] == "application/json"
+        browser = client.post(
+            "/browser/api/",
+            {"item": "pen", "idempotency_key": key},
+            headers={"Accept": BROWSER_ACCEPT},
+        )
+        assert browser.status_code == 422
+        # DRF's browsable API renders it, as it renders any error of the view.
+        assert browser["Content-Type"] == "text/html; charset=utf-8"
+        assert b"Django REST framework" in browser.content
 
 
 class MiddlewareFormTests:
