@@ -141,7 +141,9 @@ def serve() -> None:
         "  curl -i -X POST http://127.0.0.1:8000/async-orders/ -H 'Idempotency-Key: order-2' \\\n"
         "       -H 'Content-Type: application/json' -d '{\"item\": \"mug\"}'\n"
         "  # an async view: the same rules\n\n"
-        "Or run the guided tour in another terminal: python3 dev.py walkthrough\n",
+        "Or run the guided tour in another terminal: python3 dev.py walkthrough\n"
+        "Or open http://127.0.0.1:8000/checkout/ in a browser and double-click Pay: "
+        "one order.\n",
         flush=True,
     )
     # An ASGI server, so that the async view is served as production would serve it.
