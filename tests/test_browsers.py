@@ -364,6 +364,20 @@ class MiddlewareFormTests:
         assert response["Content-Type"] == "text/html; charset=utf-8"
         assert Order.objects.count() == 0
 
+    def test_a_field_sent_twice_is_a_400_page_not_an_error(self, client):
+        rendered_key(client, "/browser/plain/")
+
+        response = client.post(
+            "/browser/plain/",
+            "item=book&idempotency_key=k1&idempotency_key=k2",
+            content_type="application/x-www-form-urlencoded",
+            headers={"Accept": BROWSER_ACCEPT},
+        )
+
+        assert response.status_code == 400
+        assert response["Content-Type"] == "text/html; charset=utf-8"
+        assert Order.objects.count() == 0
+
     def test_middleware_422_is_a_page_for_a_browser(self, client):
         key = rendered_key(client, "/browser/plain/")
         submit(client, "/browser/plain/", key)
