@@ -336,7 +336,13 @@ def _dispatch_protecting_the_handler(
 def _unless_reached(
     reached: list[bool], view: APIView, request: HttpRequest, options: DeclaredOptions
 ) -> None:
-    if reached or not may_claim(request, options.resolve()):
+    if reached:
+        return
+    try:
+        sent = may_claim(request, options.resolve())
+    except core_exceptions.IdempotencyError:
+        sent = True  # a bad key (a form's field sent twice) is a key all the same
+    if not sent:
         return
     logger.warning(
         "%s.dispatch answered a request with an idempotency key without running DRF's "

@@ -17,5 +17,6 @@ urlpatterns = [
     path("browser/async/", views.async_checkout),
     path("browser/plain/", views.checkout),
     path("browser/api/", views.ApiCheckout.as_view()),
+    path("browser/closed-api/", views.ClosedApiCheckout.as_view()),
     path("browser/orders/<int:pk>/", views.order, name="browser-order"),
 ]

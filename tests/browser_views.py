@@ -15,6 +15,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
+from django.utils.decorators import method_decorator
 from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
@@ -106,6 +107,14 @@ class ApiCheckout(IdempotentMixin, APIView):
             item = f"{item}|{receipt.name}|{len(receipt.read())}"
         created = Order.objects.create(item=item)
         return Response({"order": created.pk}, status=201)
+
+
+@method_decorator(idempotent, name="dispatch")
+class ClosedApiCheckout(APIView):
+    """A DRF view whose own dispatch answers before DRF runs: the shop is closed."""
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        return HttpResponse("closed", status=503)
 
 
 class CountPosts:

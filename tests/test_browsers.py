@@ -312,6 +312,16 @@ class DrfFormTests:
         assert list(Order.objects.values_list("item", flat=True)) == [expected]
         assert [k for _, k in records()] == [key]
 
+    def test_a_dispatch_that_answers_first_keeps_its_answer_for_a_bad_form(self, client, caplog):
+        response = client.post(
+            "/browser/closed-api/",
+            "item=book&idempotency_key=k1&idempotency_key=k2",
+            content_type="application/x-www-form-urlencoded",
+        )
+
+        assert response.status_code == 503 and response.content == b"closed"
+        assert "protected nothing" in caplog.text
+
     def test_mixin_answers_a_browser_through_drf(self, client):
         """DRF views keep DRF's exception handling, for a browser too (docs/browsers.rst)."""
         key = rendered_key(client, "/browser/checkout/")
