@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -99,6 +100,32 @@ def mysqlclient_ready() -> bool:
     return code == 0
 
 
+#: Debian's package: the browser tests drive it, never a browser Playwright downloads.
+CHROMIUM_PACKAGE = "chromium"
+
+
+def chromium_ready(required: bool) -> str | None:
+    """Install Chromium with apt-get when missing and run as root; a note if it stays missing.
+
+    The browser tests fail without it where they must run (``required``:
+    CI, or ``REQUIRE_BACKENDS`` set), so that is a failure here too, named
+    before any test runs; elsewhere they are skipped, and the note says so.
+    """
+    if shutil.which("chromium") or shutil.which("chromium-browser"):
+        return None
+    if hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get"):
+        print(f"Installing {CHROMIUM_PACKAGE} for the browser tests (apt-get) ...", flush=True)
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        run("apt-get", "update", "-qq", env=env, check=False)
+        run("apt-get", "install", "-y", "-qq", CHROMIUM_PACKAGE, env=env, check=False)
+        if shutil.which("chromium"):
+            return None
+    fix = f"apt-get install {CHROMIUM_PACKAGE} (as root), then run the tests again"
+    if required:
+        sys.exit(f"Chromium is missing, and the browser tests must run here: {fix}.")
+    return f"browser tests: skipped, Chromium is missing ({fix})"
+
+
 def serve() -> None:
     ensure_venv("example")
     run(PYTHON, "manage.py", "migrate", "--noinput", "-v", "0")
@@ -114,7 +141,9 @@ def serve() -> None:
         "  curl -i -X POST http://127.0.0.1:8000/async-orders/ -H 'Idempotency-Key: order-2' \\\n"
         "       -H 'Content-Type: application/json' -d '{\"item\": \"mug\"}'\n"
         "  # an async view: the same rules\n\n"
-        "Or run the guided tour in another terminal: python3 dev.py walkthrough\n",
+        "Or run the guided tour in another terminal: python3 dev.py walkthrough\n"
+        "Or open http://127.0.0.1:8000/checkout/ in a browser and double-click Pay: "
+        "one order.\n",
         flush=True,
     )
     # An ASGI server, so that the async view is served as production would serve it.
@@ -153,6 +182,9 @@ def test(pytest_args: list[str]) -> None:
             notes.append("mariadb: not run, mysqlclient could not be built (needs libmariadb-dev)")
         else:
             backends.append(name)
+    browser_note = chromium_ready(bool(required) or bool(os.environ.get("CI")))
+    if browser_note is not None:
+        notes.append(browser_note)
     missing = required - set(backends)
     if missing:
         for note in notes:

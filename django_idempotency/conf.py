@@ -70,6 +70,10 @@ def _is_positive_duration(value: Any) -> bool:
     return _is_number(value) and value > 0
 
 
+# A form field name as a browser sends it: no whitespace or control characters.
+_FIELD_NAME = re.compile(r"^[\x21-\x7e]+\Z")
+
+
 def _is_header_name(value: Any) -> bool:
     return isinstance(value, str) and bool(_TOKEN.match(value))
 
@@ -384,6 +388,15 @@ class IdempotencySettings:
         "e.g. 'django_idempotency.recovery.hold'.",
         option=True,
         imports=True,
+    )
+
+    form_field: Setting[str | None] = Setting(
+        "idempotency_key",
+        lambda value: value is None or (isinstance(value, str) and bool(_FIELD_NAME.match(value))),
+        _identity,
+        "django_idempotency.E122",
+        "Use the name of a form field, e.g. 'idempotency_key' (the name "
+        "{% idempotency_key_field %} renders), or None to read keys from the header only.",
     )
 
     def __init__(self) -> None:

@@ -23,7 +23,7 @@ from django.template.response import SimpleTemplateResponse
 
 from django_idempotency import engine
 from django_idempotency.asynchronous import run_async
-from django_idempotency.body import close_spools_with
+from django_idempotency.body import close_spools_with, django_request
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import (
     DatabaseBusy,
@@ -33,16 +33,17 @@ from django_idempotency.exceptions import (
     RequestInFlight,
 )
 from django_idempotency.fields import FINGERPRINT_COLUMN_LENGTH, fit_key_column
+from django_idempotency.forms import form_key, is_form
 from django_idempotency.info import IdempotencyInfo
 from django_idempotency.keys import check_key, parse_key
 from django_idempotency.options import DeclaredOptions, Options
-from django_idempotency.responses import capture, is_storable, problem, replay
+from django_idempotency.responses import capture, is_storable, problem_for, replay
 from django_idempotency.store import StoredResponse
 
 Handler = Callable[[], HttpResponseBase]
 AsyncHandler = Callable[[], Awaitable[HttpResponseBase]]
 Finish = Callable[[HttpResponseBase], HttpResponseBase]
-Answer = Callable[[IdempotencyError], HttpResponseBase]
+Answer = Callable[[Any, IdempotencyError], HttpResponseBase]
 
 # Set on the request by the layer that claims its key: the options it runs
 # with and the request object it took the scope from, so that a layer
@@ -143,11 +144,12 @@ def _call(
     if raw_key is None:
         if not options.required:
             return None  # the view's key function found none: as without the header
-        raise IdempotencyKeyRequired(_missing_key(options))
-    if options.key is None:
+        raise IdempotencyKeyRequired(_missing_key(request, options))
+    if options.key is None and _meta_name(conf.header) in request.META:
         key = parse_key(raw_key, conf.key_max_length, conf.key_min_length)
     else:
-        # What a function read from the request has no header syntax to parse.
+        # What a function read from the request, or a form's field, has no
+        # header syntax to parse.
         key = check_key(raw_key, conf.key_max_length, conf.key_min_length)
     info = IdempotencyInfo(
         key=key,
@@ -246,21 +248,46 @@ def may_claim(request: HttpRequest, options: Options) -> bool:
 
 
 def sent_key(request: HttpRequest, options: Options | None = None) -> str | None:
-    """What the view's ``key`` function reads from the request, else the ``HEADER`` as sent.
+    """What the view's ``key`` function reads from the request, else the key the client sent.
 
-    ``None`` when there is no key. The header is read from ``META``
-    directly: ``request.headers`` builds a mapping of every header on first
-    use, which a replay otherwise never needs.
+    The ``HEADER`` as sent; without it, a form's ``FORM_FIELD`` (a browser
+    form cannot send a header). ``None`` when there is no key. The header
+    is read from ``META`` directly: ``request.headers`` builds a mapping of
+    every header on first use, which a replay otherwise never needs; the
+    body is looked at only when there is no header and it is a form.
     """
     if options is not None and options.key is not None:
         return options.key(request)
-    value: str | None = request.META.get(_meta_name(idempotency_settings.header))
+    conf = idempotency_settings
+    value: str | None = request.META.get(_meta_name(conf.header))
+    if value is None and conf.form_field is not None:
+        return _form_key(request, conf.form_field)
     return value
 
 
-def _missing_key(options: Options) -> str:
+def _form_key(request: HttpRequest, field: str) -> str | None:
+    # Read once per request: the adapters ask whether there is a key
+    # before they claim it.
+    http_request = django_request(request)
+    cached: tuple[str | None] | None = getattr(http_request, _FORM_KEY, None)
+    if cached is None:
+        cached = (form_key(request, field),)
+        setattr(http_request, _FORM_KEY, cached)
+    return cached[0]
+
+
+_FORM_KEY = "_idempotency_form_key"
+
+
+def _missing_key(request: HttpRequest, options: Options) -> str:
     if options.key is None:
-        return f"This endpoint requires an {idempotency_settings.header} header."
+        conf = idempotency_settings
+        if conf.form_field is not None and is_form(request):
+            return (
+                f"This form has no idempotency key: render {{% idempotency_key_field %}} "
+                f"inside it (the {conf.form_field} field), or send an {conf.header} header."
+            )
+        return f"This endpoint requires an {conf.header} header."
     # A key function may say where the key should have been (the presets do),
     # so that a provider's dashboard shows what the delivery lacked.
     source = getattr(options.key, "source", None)
@@ -290,7 +317,7 @@ class Guard:
     """How one kind of request finishes its responses and answers our errors."""
 
     finish: Finish = render
-    answer: Answer = problem
+    answer: Answer = problem_for
 
     def call(
         self, request: HttpRequest, handler: Handler, options: DeclaredOptions, sender: Any
@@ -298,7 +325,7 @@ class Guard:
         try:
             return protect(request, handler, options, sender=sender, finish=self.finish)
         except IdempotencyError as error:
-            return self.answer(error)
+            return self.answer(request, error)
 
     async def acall(
         self, request: HttpRequest, handler: AsyncHandler, options: DeclaredOptions, sender: Any
@@ -306,7 +333,7 @@ class Guard:
         try:
             return await protect_async(request, handler, options, sender=sender, finish=self.finish)
         except IdempotencyError as error:
-            return self.answer(error)
+            return self.answer(request, error)
 
 
 PLAIN = Guard()

@@ -34,7 +34,7 @@ from django_idempotency.decorators import PLACEMENT_ADAPTERS, PLACEMENT_CHECKS, 
 from django_idempotency.marks import EXEMPT_ATTRIBUTE
 from django_idempotency.middleware import VIEW_PROTECTORS
 from django_idempotency.options import OPTION_NAMES, DeclaredOptions, NonAtomicRequests
-from django_idempotency.responses import problem
+from django_idempotency.responses import problem_for
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ def _django_request(request: Request) -> HttpRequest:
 @guard_for.register(Request)
 def guard(request: Request) -> Guard:
     """How a DRF request's responses are finished and its errors answered."""
-    return Guard(finish=partial(finish, request), answer=partial(error_response, request))
+    return Guard(finish=partial(finish, request), answer=error_response)
 
 
 def refuse_above_api_view(view: Any) -> None:
@@ -260,7 +260,7 @@ def _protect_handler(
 
 def _problem_guard(request: Request) -> Guard:
     """DRF's rendering, with a decorator's answers: problem details."""
-    return Guard(finish=partial(finish, request), answer=problem)
+    return Guard(finish=partial(finish, request), answer=problem_for)
 
 
 def protect_after_authentication(view_func: Any, options: DeclaredOptions, wrapper: Any) -> Any:
@@ -336,7 +336,13 @@ def _dispatch_protecting_the_handler(
 def _unless_reached(
     reached: list[bool], view: APIView, request: HttpRequest, options: DeclaredOptions
 ) -> None:
-    if reached or not may_claim(request, options.resolve()):
+    if reached:
+        return
+    try:
+        sent = may_claim(request, options.resolve())
+    except core_exceptions.IdempotencyError:
+        sent = True  # a bad key (a form's field sent twice) is a key all the same
+    if not sent:
         return
     logger.warning(
         "%s.dispatch answered a request with an idempotency key without running DRF's "

@@ -30,10 +30,9 @@ from django_idempotency.body import (
     is_seekable,
     readable_body,
 )
-from django_idempotency.multipart import DigestedFile, parse_digested
-
-MULTIPART = "multipart/form-data"
-FORM = "application/x-www-form-urlencoded"
+from django_idempotency.conf import idempotency_settings
+from django_idempotency.forms import FORM, MULTIPART, left_out, parsed_multipart
+from django_idempotency.multipart import DigestedFile
 
 
 def request_fingerprint(request: HttpRequest) -> str:
@@ -106,6 +105,10 @@ def _update_with_parsed(digest: Any, request: HttpRequest, media_type: str) -> N
         _update_with_form_data(digest, fields, files)
         return
     data = getattr(request, "data", None)
+    if media_type == FORM and data is not None and hasattr(data, "lists"):
+        # The form's own key field and CSRF token, as for a form read here.
+        skipped = left_out(idempotency_settings.form_field)
+        data = {name: values for name, values in data.lists() if name not in skipped}
     try:
         canonical = "parsed:" + canonical_parsed(data)
     except RecursionError:
@@ -183,7 +186,9 @@ def canonical_body(media_type: str, body: bytes) -> bytes:
     elif media_type == FORM:
         pairs = _form_pairs(body)
         if pairs is not None:
-            return b"form:" + urlencode(sort_pairs(pairs)).encode()
+            skipped = left_out(idempotency_settings.form_field)
+            kept = [(name, value) for name, value in pairs if name not in skipped]
+            return b"form:" + urlencode(sort_pairs(kept)).encode()
     return b"bytes:" + body
 
 
@@ -250,7 +255,7 @@ def _update_with_multipart(digest: Any, request: HttpRequest, body: IO[bytes]) -
     # The boundary is random per send, so the parsed fields and files are
     # hashed rather than the raw bytes, for every method (Django fills
     # request.POST only for POST).
-    parsed = parse_digested(body, request.META.get("CONTENT_TYPE", ""), request.encoding)
+    parsed = parsed_multipart(request, body)
     if parsed is None:
         # Malformed, or past Django's field limits: the view decides what to
         # answer; the fingerprint takes the bytes as they are.
@@ -260,7 +265,10 @@ def _update_with_multipart(digest: Any, request: HttpRequest, body: IO[bytes]) -
 
 
 def _update_with_form_data(digest: Any, fields: Any, files: MultiValueDict) -> None:
-    pairs = sort_pairs((name, value) for name in fields for value in fields.getlist(name))
+    skipped = left_out(idempotency_settings.form_field)
+    pairs = sort_pairs(
+        (name, value) for name in fields if name not in skipped for value in fields.getlist(name)
+    )
     digest.update(b"multipart:" + urlencode(pairs).encode() + b"\n")
     for name in sorted(files):
         for upload in files.getlist(name):

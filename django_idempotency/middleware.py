@@ -43,7 +43,7 @@ from django.utils.module_loading import import_string
 
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.core import protect, protect_async, sent_key
-from django_idempotency.exceptions import IdempotencyError
+from django_idempotency.exceptions import IdempotencyError, InvalidIdempotencyKey
 from django_idempotency.marks import idempotency_exempt, is_exempt, protects_itself
 from django_idempotency.options import DeclaredOptions
 from django_idempotency.responses import discard, problem
@@ -74,6 +74,14 @@ class _NotReached(Exception):
 
     def __init__(self, response: HttpResponseBase) -> None:
         self.response = response
+
+
+def _has_key(request: HttpRequest) -> bool:
+    """Whether the request sent a key, valid or not: a bad one is the view's 400 to answer."""
+    try:
+        return sent_key(request) is not None
+    except InvalidIdempotencyKey:
+        return True  # a form's field sent twice: refused once the view is known
 
 
 class IdempotencyMiddleware:
@@ -116,7 +124,7 @@ class IdempotencyMiddleware:
         except _NotReached as not_reached:
             return not_reached.response
         except IdempotencyError as error:
-            return problem(error)
+            return problem(error, request)
 
     async def _call_async(self, request: HttpRequest) -> HttpResponseBase:
         view = self._view_to_protect(request)
@@ -132,7 +140,7 @@ class IdempotencyMiddleware:
         except _NotReached as not_reached:
             return not_reached.response
         except IdempotencyError as error:
-            return problem(error)
+            return problem(error, request)
 
     def process_view(
         self, request: HttpRequest, view_func: Any, view_args: Any, view_kwargs: Any
@@ -191,7 +199,7 @@ class IdempotencyMiddleware:
         method = request.method or ""
         if not conf.enabled or method not in conf.methods:
             return None
-        if not conf.required and sent_key(request) is None:
+        if not conf.required and not _has_key(request):
             return None
         try:
             match = resolve(request.path_info, urlconf=getattr(request, "urlconf", None))

@@ -8,10 +8,12 @@ never hand one client another's session.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from django.http import HttpResponse, HttpResponseBase
 
 from django_idempotency.exceptions import IdempotencyError
+from django_idempotency.pages import prefers_html, problem_page
 from django_idempotency.store import StoredResponse
 
 PROBLEM_CONTENT_TYPE = "application/problem+json"
@@ -89,17 +91,30 @@ def replay(stored: StoredResponse, replay_header: str) -> HttpResponse:
     return response
 
 
-def problem(error: IdempotencyError) -> HttpResponse:
-    """An RFC 9457 problem details response for a plain Django view."""
+def problem(error: IdempotencyError, request: Any = None) -> HttpResponse:
+    """An RFC 9457 problem details response for a plain Django view.
+
+    A browser (``Accept`` preferring ``text/html`` to JSON) gets the same
+    status and headers with a page a person can read instead
+    (:mod:`django_idempotency.pages`).
+    """
     document = {
         "type": error.type_uri,
         "title": error.title,
         "status": error.status,
         "detail": error.detail,
     }
-    response = HttpResponse(
-        json.dumps(document), status=error.status, content_type=PROBLEM_CONTENT_TYPE
-    )
+    if request is not None and prefers_html(request):
+        response = problem_page(request, document, error.headers())
+    else:
+        response = HttpResponse(
+            json.dumps(document), status=error.status, content_type=PROBLEM_CONTENT_TYPE
+        )
     for name, value in error.headers().items():
         response[name] = value
     return response
+
+
+def problem_for(request: Any, error: IdempotencyError) -> HttpResponse:
+    """:func:`problem` as a guard answers: for this request, which may prefer a page."""
+    return problem(error, request)

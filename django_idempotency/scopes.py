@@ -9,8 +9,9 @@ the scope is taken only when Django (or DRF, before the mixin) has
 authenticated the request. A view that authenticates its caller itself
 (a token checked in the view, as django-ninja or GraphQL libraries do) does
 so too late: every such caller would look anonymous. So a caller that is
-not authenticated but sends an ``Authorization`` header is scoped by a
-keyed digest of it, under every adapter alike.
+not authenticated but sends a session cookie is scoped by its session (two
+browsers never share a record), and one that sends an ``Authorization``
+header by a keyed digest of it, under every adapter alike.
 """
 
 from __future__ import annotations
@@ -29,29 +30,31 @@ _CREDENTIAL_SALT = "django_idempotency.middleware.credential"
 
 
 def user_scope(request: HttpRequest) -> str:
-    """``user:<pk>`` for an authenticated user; else the credentials, if any, or ``anonymous``.
+    """``user:<pk>`` for an authenticated user; else its session, its credentials, or ``anonymous``.
 
-    An unauthenticated caller that sends an ``Authorization`` header is
-    ``anonymous|credential:<digest>``, so that two such callers never share
-    a scope. Credentials sent any other way (an API key in another header,
-    in the query string or in the body) are not seen: use a scope function
-    of your own for them.
+    A browser without a user (a guest checkout) is scoped by the session
+    it sent, so that two browsers sending the same key never share a
+    record. Only a session the client *sent* counts: one the view creates
+    during this request does not exist yet when the scope is taken, so such
+    a request stays anonymous, and so must its retry (a retry resends the
+    request as it was, cookies included). The session key is a secret, so
+    the scope holds its digest, never the key.
+
+    A caller with neither a user nor a session that sends an
+    ``Authorization`` header is ``anonymous|credential:<digest>``, so that
+    two such callers never share a scope. Credentials sent any other way
+    (an API key in another header, in the query string or in the body) are
+    not seen: use a scope function of your own for them.
     """
-    return _user(request) or _anonymous(request)
+    return _user(request) or _session(request) or _anonymous(request)
 
 
 def session_scope(request: HttpRequest) -> str:
-    """As :func:`user_scope`, but an anonymous caller's own session is its scope.
+    """The same as :func:`user_scope`, which now scopes a caller without a user by its session.
 
-    Only a session the client *sent* counts: one the view creates during
-    this request does not exist yet when the scope is taken, so such a
-    request stays anonymous, and so must its retry (a retry resends the
-    request as it was, cookies included). The session key is a secret, so
-    the scope holds its digest, never the key. A caller with neither a user
-    nor a session is scoped by its ``Authorization`` header, as under
-    :func:`user_scope`.
+    Kept for the settings that name it.
     """
-    return _user(request) or _session(request) or _anonymous(request)
+    return user_scope(request)
 
 
 def _user(request: HttpRequest) -> str | None:

@@ -108,6 +108,8 @@ PROVIDER_WEBHOOK_SECRET = os.environ.get(
     "PROVIDER_WEBHOOK_SECRET", "whsec_ZXhhbXBsZS1wcm92aWRlci1ub3Qtc2VjcmV0LWtleQ=="
 )
 # Lets the walkthrough's own gunicorn kill a worker mid-payment; never set it in production.
+# The checkout's payment step, in seconds: slow enough to double-click.
+EXAMPLE_CHECKOUT_SECONDS = float(os.environ.get("EXAMPLE_CHECKOUT_SECONDS", "1"))
 EXAMPLE_ALLOW_CRASH = os.environ.get("EXAMPLE_ALLOW_CRASH") == "1"
 
 # Celery (optional: the project runs without it, and without a broker).

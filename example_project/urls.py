@@ -12,7 +12,9 @@ router.register("bookings", views.BookingViewSet, basename="booking")
 urlpatterns = [
     path("", views.index, name="index"),
     path("admin/", admin.site.urls),
+    path("checkout/", views.checkout, name="checkout"),
     path("orders/", views.create_order, name="create-order"),
+    path("orders/<int:pk>/", views.order_detail, name="order-detail"),
     path("async-orders/", views.create_order_async, name="create-order-async"),
     path("payments/", views.create_payment, name="create-payment"),
     path("receipts/", views.request_receipt, name="request-receipt"),

@@ -18,9 +18,11 @@ import re
 import socket
 import subprocess
 import sys
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import requests
 from celery import states
@@ -39,6 +41,8 @@ IN_FLIGHT = "IN_FLIGHT"
 #: How long a retry keeps asking while the original is still in flight.
 SETTLE_LIMIT = 15.0
 REQUEST_TIMEOUT = 15.0
+#: What a browser asks for when it submits a form: HTML first.
+BROWSER_ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
 
 
 @dataclass(frozen=True)
@@ -103,17 +107,35 @@ class HttpCell(Cell):
     path: str = field(kw_only=True)
     #: The server tells the application that a client went away (ASGI does, WSGI cannot).
     notices_disconnect: bool = field(kw_only=True)
+    #: Sent as a browser sends a form: the key in its field, no header (SPEC 9).
+    form: bool = field(kw_only=True, default=False)
 
     @property
     def target(self) -> str:
         return f"{self.path}{'atomic' if self.atomic else 'lease'}/?ending={self.ending}"
 
+    def request(self) -> tuple[bytes, dict[str, str]]:
+        """The body and headers of one attempt: JSON and the header, or a browser's form.
+
+        A browser's form carries the key in its field and a CSRF token masked
+        afresh at every render, and asks for HTML.
+        """
+        if not self.form:
+            body = json.dumps({"key": self.key}).encode()
+            return body, {"Content-Type": "application/json", "Idempotency-Key": self.key}
+        fields = {"idempotency_key": self.key, "csrfmiddlewaretoken": uuid.uuid4().hex}
+        headers = {
+            "Content-Type": "application/x-www-form-urlencoded",
+            "Accept": BROWSER_ACCEPT,
+            # Not the key's header: it names the cell for tests/endings_asgi.py's reports.
+            "X-Endings-Cell": self.key,
+        }
+        return urlencode(fields).encode(), headers
+
     def send(self) -> Answer:
+        body, headers = self.request()
         response = requests.post(
-            self.server.url + self.target,
-            json={"key": self.key},
-            headers={"Idempotency-Key": self.key},
-            timeout=REQUEST_TIMEOUT,
+            self.server.url + self.target, data=body, headers=headers, timeout=REQUEST_TIMEOUT
         )
         return Answer(
             response.status_code,
@@ -158,13 +180,13 @@ class HttpCell(Cell):
         self.go()
 
     def _open_request(self) -> socket.socket:
-        body = json.dumps({"key": self.key}).encode()
+        body, headers = self.request()
+        lines = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
         head = (
             f"POST {self.target} HTTP/1.1\r\n"
             f"Host: 127.0.0.1:{self.server.port}\r\n"
-            "Content-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n"
-            f"Idempotency-Key: {self.key}\r\n\r\n"
+            f"{lines}\r\n"
         )
         client = socket.create_connection(("127.0.0.1", self.server.port), timeout=10)
         client.sendall(head.encode() + body)

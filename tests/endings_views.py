@@ -50,7 +50,8 @@ def ending_of(request: HttpRequest) -> str:
 
 
 def key_of(request: HttpRequest) -> str:
-    return request.headers["Idempotency-Key"]
+    # A browser's form sends its key in a field (SPEC 9), anyone else in the header.
+    return request.headers.get("Idempotency-Key") or request.POST["idempotency_key"]
 
 
 def payload(key: str, run: int, order: Order) -> dict[str, Any]:

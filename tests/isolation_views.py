@@ -10,7 +10,8 @@ was known:
   DRF (a token, a bearer JWT, the session);
 - ``view``: the view checked the ``Authorization`` header itself (an API key,
   or a DRF token or JWT sent to a view that DRF does not authenticate);
-- ``session``: an anonymous caller's own session, which names it;
+- ``session``: an anonymous caller's own session, which names it (a
+  browser posting a form with its key in a field, too);
 - ``nobody``: no credentials at all.
 
 ``BearerJWTAuthentication`` is a minimal HS256 bearer authentication for
@@ -183,7 +184,9 @@ def answer(request: HttpRequest) -> tuple[dict[str, Any], int]:
     if caller is None:
         return {"detail": "unknown credentials"}, 401
     name, via = caller
-    order = Order.objects.create(item=f"{request.headers['Idempotency-Key']}|{name}")
+    # A browser's form sends its key in a field (SPEC 9), anyone else in the header.
+    key = request.headers.get("Idempotency-Key") or request.POST["idempotency_key"]
+    order = Order.objects.create(item=f"{key}|{name}")
     return {"caller": name, "via": via, "order": order.pk, "pid": os.getpid()}, 201
 
 

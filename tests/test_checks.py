@@ -112,6 +112,9 @@ class CheckSettingsTests:
             ("ENABLED", None),
             ("KEY_MIN_LENGTH", 0),
             ("KEY_MIN_LENGTH", "16"),
+            ("FORM_FIELD", ""),
+            ("FORM_FIELD", "idempotency key"),
+            ("FORM_FIELD", 1),
         ],
     )
     def test_bad_value_has_its_settings_own_id_naming_the_key(self, key, value):
@@ -120,6 +123,11 @@ class CheckSettingsTests:
         assert [e.id for e in errors] == [BY_NAME[key].check_id]
         assert f"IDEMPOTENCY[{key!r}]" in errors[0].msg
         assert errors[0].hint
+
+    @pytest.mark.parametrize("value", ["idempotency_key", "order-key", None])
+    def test_form_field_takes_a_field_name_or_none(self, value):
+        with override_settings(IDEMPOTENCY={"FORM_FIELD": value}):
+            assert check_settings() == []
 
     def test_each_setting_has_its_own_check_id(self):
         ids = [setting.check_id for setting in SETTINGS]

@@ -19,7 +19,11 @@ Runs of the handler are counted outside the database (a line per run in a
 file) as well as by its committed rows. A cell that does not apply to an
 adapter is not in the table (:func:`applies`): the framework's control flow
 is Celery's, a client's disconnect needs a client connection, and killing
-the database connection needs a database server. A new adapter joins by
+the database connection needs a database server. The ``_form`` rows send
+what a browser sends (SPEC 9): a form with the key in its field, a CSRF
+token masked afresh on every attempt, and ``Accept`` preferring HTML, so
+a 409 comes back as a page with the same status and ``Retry-After``.
+A new adapter joins by
 adding a row to ``ADAPTERS`` (and its views, or its driver in
 ``tests/endings_cells.py``).
 """
@@ -125,6 +129,8 @@ class Adapter:
     kind: str
     #: HTTP: the views' prefix in tests/endings_urls.py; the mode follows it.
     path: str = ""
+    #: HTTP: sent as a browser's form, the key in its field (SPEC 9).
+    form: bool = False
 
     def applies(self, ending: Ending) -> bool:
         if ending.needs == "options":
@@ -149,6 +155,11 @@ ADAPTERS = [
     Adapter("middleware_wsgi", "gunicorn", "http", "/endings/middleware/"),
     Adapter("middleware_asgi", "uvicorn", "http", "/endings/middleware/"),
     Adapter("middleware_asgi_async_view", "uvicorn", "http", "/endings/async_middleware/"),
+    # A browser's form, the key in its field: a decorator, the DRF mixin's
+    # form parser, and the middleware under ASGI.
+    Adapter("function_form", "gunicorn", "http", "/endings/function/", form=True),
+    Adapter("mixin_apiview_form", "gunicorn", "http", "/endings/mixin_apiview/", form=True),
+    Adapter("middleware_asgi_form", "uvicorn", "http", "/endings/middleware/", form=True),
     Adapter("celery_task", "celery", "task"),
     # django_idempotency.idempotent_function, called from separate processes:
     # its row waits for the function (see the ``function_runner`` fixture).
@@ -270,6 +281,7 @@ def cell(request: pytest.FixtureRequest, endings_control: Path) -> Cell:
         server=runner,
         path=adapter.path,
         notices_disconnect=isinstance(runner, UvicornServer),
+        form=adapter.form,
     )
 
 

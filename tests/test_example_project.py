@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from example_project import walkthrough
+from tests.browsers import chromium_fixture  # noqa: F401  a fixture used by name
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [
@@ -65,7 +66,7 @@ def test_example_project_tests_pass(example_env):
         timeout=300,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
-    assert "Ran 10 tests" in completed.stderr
+    assert "Ran 11 tests" in completed.stderr
 
 
 @pytest.fixture
@@ -180,3 +181,26 @@ def test_walkthrough_shows_every_behaviour(example_env, example_server):
     assert "POST /receipts/ (queued on commit) -> 202" in out
     assert "the worker process died mid-task, transaction open (signal 9)" in out
     assert re.search(r"^  receipts for order \d+: 1 \(", out, re.M)
+
+
+def test_a_double_click_on_the_checkout_is_one_order(example_server, chromium):
+    """``dev.py serve``'s checkout in Chromium: two POSTs of the form, one order, its page."""
+    context = chromium.new_context()
+    try:
+        page = context.new_page()
+        posts = []
+        page.on("request", lambda request: posts.append(request) if request.method == "POST" else 0)
+        page.goto(f"{example_server}/checkout/")
+        box = page.locator("button[type=submit]").bounding_box()
+        x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+
+        with page.expect_request(lambda request: request.method == "POST"):
+            page.mouse.click(x, y)
+        page.mouse.click(x, y)  # while the payment step (a second) runs
+        page.get_by_text("in all").wait_for(timeout=20_000)
+
+        assert len(posts) == 2
+        assert re.search(r"/orders/\d+/$", page.url), page.url
+        assert page.get_by_text("The shop has 1 order in all.").is_visible()
+    finally:
+        context.close()

@@ -18,7 +18,10 @@ Callers with nothing to tell them apart (``anonymous``: neither a session
 nor credentials) share the scope ``anonymous``, as SPEC allows: there bob's
 answer *is* alice's replay, and the cell asserts exactly that. Under
 ``session_scope``, anonymous callers with sessions of their own are told
-apart (``anonymous_session``).
+apart (``anonymous_session``); so are they under the default scope, as
+browsers posting a form with the key in its field and a CSRF token masked
+afresh on every post (``browser``, SPEC 9). Below the table, a guest who
+logs in between two submits of one form is another caller for the second.
 
 Some kinds reach some adapters only as another kind, and the table says
 so (:func:`seen_as`): a DRF token or JWT sent to a view that DRF does not
@@ -45,6 +48,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 import requests
@@ -52,6 +56,7 @@ from asgiref.sync import async_to_sync
 from django.conf import settings as django_settings
 from django.contrib.auth.models import User
 from django.contrib.sessions.backends.db import SessionStore
+from django.middleware.csrf import get_token
 from django.test import AsyncClient, Client, RequestFactory
 from django.utils.crypto import get_random_string
 from rest_framework.authtoken.models import Token
@@ -70,6 +75,7 @@ MIDDLEWARE = "django_idempotency.middleware.IdempotencyMiddleware"
 SESSION_SCOPE = "django_idempotency.scopes.session_scope"
 WSGI, ASGI = "wsgi", "asgi"
 BODY = json.dumps({"item": "book", "quantity": 1})
+FORM = "application/x-www-form-urlencoded"
 REQUEST_TIMEOUT = 30
 
 
@@ -160,6 +166,8 @@ class Caller:
     cookies: dict[str, str] = field(default_factory=dict)
     user: User | None = None
     session_key: str | None = None
+    #: Posts a form with the key in its field, as a browser does (SPEC 9).
+    form: bool = False
 
 
 def session_user(name: str) -> Caller:
@@ -214,6 +222,13 @@ def anonymous_with_session(name: str) -> Caller:
     return Caller(name, cookies=cookies, session_key=session.session_key)
 
 
+def browser(name: str) -> Caller:
+    """A guest's browser: its own session, and a form with the key in a field, no header."""
+    caller = anonymous_with_session(name)
+    caller.form = True
+    return caller
+
+
 @dataclass(frozen=True)
 class Kind:
     name: str
@@ -240,6 +255,8 @@ KINDS = [
         scope_setting=SESSION_SCOPE,
         server_settings="tests.isolation_session_settings",
     ),
+    # Under the default scope: a guest's session is its scope (SPEC 9).
+    Kind("browser", browser),
 ]
 
 
@@ -263,7 +280,7 @@ def expected_scope(seen: str, caller: Caller) -> str:
     if seen == "authorization":
         # The keyed digest of the header, as user_scope takes it from a bare request.
         return user_scope(RequestFactory().post("/", headers=caller.headers))
-    if seen == "anonymous_session":
+    if seen in ("anonymous_session", "browser"):
         assert caller.session_key is not None
         return "session:" + hashlib.sha256(caller.session_key.encode()).hexdigest()
     return "anonymous"
@@ -278,6 +295,7 @@ def expected_via(seen: str) -> str:
         "api_key_header": "user",
         "authorization": "view",
         "anonymous_session": "session",
+        "browser": "session",
     }.get(seen, "nobody")
 
 
@@ -319,7 +337,31 @@ class Answer:
 
 
 def headers_for(caller: Caller, key: str) -> dict[str, str]:
-    return {**caller.headers, "Idempotency-Key": key}
+    if caller.form:
+        return {**caller.headers, "Content-Type": FORM}
+    return {**caller.headers, "Content-Type": "application/json", "Idempotency-Key": key}
+
+
+def body_for(caller: Caller, key: str) -> str:
+    """The JSON body; a browser's form, with the key and a CSRF token masked afresh each time."""
+    if caller.form:
+        fields = {
+            **json.loads(BODY),
+            "idempotency_key": key,
+            "csrfmiddlewaretoken": csrf_token(caller),
+        }
+        return urlencode(fields)
+    return BODY
+
+
+def csrf_token(caller: Caller) -> str:
+    """A fresh mask of the caller's CSRF secret, as every render of a form has one."""
+    secret = caller.cookies.get(django_settings.CSRF_COOKIE_NAME)
+    if secret is None:
+        return uuid.uuid4().hex  # nothing checks it: any token, a new one each time
+    request = RequestFactory().get("/")
+    request.META["CSRF_COOKIE"] = secret
+    return get_token(request)
 
 
 def through_client(adapter: Adapter, caller: Caller, key: str) -> Answer:
@@ -332,9 +374,9 @@ def through_client(adapter: Adapter, caller: Caller, key: str) -> Answer:
     for name, value in caller.cookies.items():
         client.cookies[name] = value
     post = client.post if isinstance(client, Client) else async_to_sync(client.post)
-    response = post(
-        adapter.path, BODY, content_type="application/json", headers=headers_for(caller, key)
-    )
+    headers = headers_for(caller, key)
+    content_type = headers.pop("Content-Type")
+    response = post(adapter.path, body_for(caller, key), content_type=content_type, headers=headers)
     replayed = response.get("Idempotent-Replayed") == "true"
     return Answer(response.status_code, response.content, replayed)
 
@@ -344,8 +386,8 @@ def through_server(
 ) -> Answer:
     response = requests.post(
         server.url + path,
-        data=BODY,
-        headers={"Content-Type": "application/json", **headers_for(caller, key)},
+        data=body_for(caller, key),
+        headers=headers_for(caller, key),
         cookies=caller.cookies,
         timeout=timeout,
     )
@@ -503,6 +545,57 @@ def test_isolation(cell: Cell) -> None:
     secrets += [*alice.cookies.values(), *bob.cookies.values()]
     for scope in scopes:
         assert not any(secret in scope for secret in secrets), f"a credential in clear: {scope}"
+
+
+# A browser's guest session that logs in between two submits of one form.
+
+
+def logged_in(guest: Caller) -> Caller:
+    """The guest's browser once its person logged in: Django gives it a new session key."""
+    user = User.objects.create_user(guest.name)
+    client = Client()
+    client.cookies[django_settings.SESSION_COOKIE_NAME] = guest.cookies[
+        django_settings.SESSION_COOKIE_NAME
+    ]
+    client.force_login(user)
+    session = client.cookies[django_settings.SESSION_COOKIE_NAME].value
+    assert session != guest.session_key
+    cookies = {
+        django_settings.SESSION_COOKIE_NAME: session,
+        django_settings.CSRF_COOKIE_NAME: get_random_string(32),
+    }
+    return Caller(guest.name, cookies=cookies, user=user, form=True)
+
+
+@pytest.mark.parametrize(
+    "cell",
+    [
+        pytest.param((adapter, Kind("browser", browser), CLIENT), id=adapter.name)
+        for adapter in ADAPTERS
+        if not adapter.refused
+    ],
+    indirect=True,
+)
+def test_a_guest_who_logs_in_is_another_caller(cell: Cell) -> None:
+    """The form was submitted as a guest, then again, with the same key, once logged in.
+
+    The second submission comes from the user's scope: it runs, for the user,
+    and is never given the guest's stored answer; its own retry replays it.
+    """
+    guest = browser("alice")
+    key = f"iso-{uuid.uuid4().hex[:12]}"
+
+    first = cell.post(guest, key)
+    user = logged_in(guest)
+    again = cell.post(user, key)
+    retry = cell.post(user, key)
+
+    check_own(first, guest, "session", cell.place, "the guest's submission")
+    check_own(again, user, "user", cell.place, "the user's submission")
+    assert retry.status == 201 and retry.replayed and retry.body == again.body
+    scopes = [expected_scope("browser", guest), expected_scope("session", user)]
+    assert records(key) == dict.fromkeys(scopes, 1), records(key)
+    assert effects(key) == {"alice": 2}, effects(key)
 
 
 # A server whose MIDDLEWARE lists IdempotencyMiddleware before AuthenticationMiddleware.

@@ -49,6 +49,9 @@ def test_wheel_holds_the_app_its_migrations_and_type_marker(dist: Path) -> None:
     templates = "django_idempotency/templates/admin/django_idempotency"
     assert f"{templates}/release_confirmation.html" in names
     assert "django_idempotency/management/commands/purge_idempotency_keys.py" in names
+    # What a browser meets: the form tags and the page its errors are rendered from.
+    assert "django_idempotency/templatetags/idempotency.py" in names
+    assert "django_idempotency/templates/django_idempotency/problem.html" in names
     top_level = {name.split("/")[0] for name in names}
     unexpected = {entry for entry in top_level if entry != "django_idempotency"}
     assert all(entry.endswith(".dist-info") for entry in unexpected), (

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
 from django.contrib.auth.models import User
-from django.test import TestCase, TransactionTestCase
+from django.test import TestCase, TransactionTestCase, override_settings
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
@@ -149,3 +151,23 @@ class ProviderWebhookTests(TransactionTestCase):
 
         assert forged.status_code == 400
         assert Payment.objects.get(reference="r-3").settlements == 0
+
+
+@override_settings(EXAMPLE_CHECKOUT_SECONDS=0)
+class CheckoutTests(TestCase):
+    """The browser checkout: the key comes from the form's hidden field."""
+
+    def test_a_form_posted_twice_is_one_order_and_the_same_redirect(self) -> None:
+        page = self.client.get("/checkout/")
+        key = re.search(r'name="idempotency_key" value="([^"]+)"', page.content.decode())
+        assert key is not None
+        data = {"item": "book", "quantity": "2", "idempotency_key": key.group(1)}
+
+        first = self.client.post("/checkout/", data)
+        second = self.client.post("/checkout/", data)
+
+        self.assertEqual(first.status_code, 302)
+        self.assertEqual(second["Location"], first["Location"])
+        self.assertEqual(second["Idempotent-Replayed"], "true")
+        self.assertEqual(Order.objects.get().quantity, 2)
+        self.assertContains(self.client.get(first["Location"]), "2 x book")

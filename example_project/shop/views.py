@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 
 from django.conf import settings
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import render
+from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 from rest_framework import permissions, viewsets
@@ -24,7 +25,9 @@ from example_project.shop.serializers import BookingSerializer
 #: What the landing page lists: each endpoint, and what to try first (the
 #: lines ``python3 dev.py serve`` prints, for the address the page was read at).
 ENDPOINTS = [
+    ("GET, POST", "/checkout/", "a checkout form for browsers: double-click Pay, get one order"),
     ("POST", "/orders/", "an order: @idempotent, atomic mode"),
+    ("GET", "/orders/<int:pk>/", "an order's page, where the checkout lands"),
     ("POST", "/async-orders/", "the same order from an async def view"),
     ("GET, POST", "/api/bookings/", "bookings: a DRF viewset with IdempotentMixin, token auth"),
     ("POST", "/payments/", "a payment: lease mode, charging the fake provider once"),
@@ -78,6 +81,34 @@ def create_order(request: HttpRequest) -> JsonResponse:
     )
     response["Location"] = f"/orders/{order.pk}/"
     return response
+
+
+@idempotent
+def checkout(request: HttpRequest) -> HttpResponse:
+    """A server-rendered form, as a shop's checkout is: the key is a hidden field.
+
+    The template renders ``{% idempotency_key_field %}``, so a double-clicked
+    Pay button sends one key twice: the second POST waits for the first and
+    is answered with its redirect, and the shopper lands on the one order.
+    The payment step is slow on purpose (``EXAMPLE_CHECKOUT_SECONDS``), as a
+    provider's round trip is, to make the double click easy to try.
+    """
+    # The session starts with the form, so a guest's POSTs are scoped by it.
+    request.session.setdefault("shop", "guest")
+    item = request.POST.get("item", "").strip() if request.method == "POST" else ""
+    if request.method != "POST" or not item:
+        error = "Choose an item." if request.method == "POST" else ""
+        return render(request, "shop/checkout.html", {"error": error, "item": item})
+    time.sleep(settings.EXAMPLE_CHECKOUT_SECONDS)  # the payment provider's round trip
+    order = Order.objects.create(item=item, quantity=int(request.POST.get("quantity") or 1))
+    return redirect("order-detail", order.pk)
+
+
+@require_GET
+def order_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    """Where the checkout lands: one order, however many times Pay was clicked."""
+    order = get_object_or_404(Order, pk=pk)
+    return render(request, "shop/order.html", {"order": order, "orders": Order.objects.count()})
 
 
 @csrf_exempt

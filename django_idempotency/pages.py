@@ -1,0 +1,97 @@
+"""The 400/409/422 answers as a page, for a person at a browser.
+
+A shopper who double-clicks Pay should not meet ``application/problem+json``.
+A request whose ``Accept`` header prefers ``text/html`` to JSON gets the
+same status and headers with a page rendered from
+``django_idempotency/problem.html``, which a project overrides like any
+template. API clients (``Accept: application/json``, ``*/*``, no header)
+keep problem details.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+from django.template import Context, Engine, TemplateDoesNotExist
+from django.template.loader import render_to_string
+from django.utils.http import url_has_allowed_host_and_scheme
+
+from django_idempotency.body import django_request
+
+PROBLEM_TEMPLATE = "django_idempotency/problem.html"
+# JSON first, so that a client that accepts anything (*/*) keeps the JSON
+# answer: only a client that ranks HTML higher is shown a page.
+_TYPES = ["application/json", "application/problem+json", "text/html"]
+_TEMPLATES = Path(__file__).resolve().parent / "templates"
+#: The longest a 409 page waits before it sends the submission again. A lease's
+#: ``Retry-After`` is the time left on it (minutes), while the first request
+#: usually ends within seconds; a resend that finds it still running gets
+#: this page again, at the cost of one indexed read.
+RESEND_AFTER_MAX = 2
+
+
+def prefers_html(request: Any) -> bool:
+    """Whether the client ranks ``text/html`` above JSON in its ``Accept`` header."""
+    http_request = django_request(request)
+    accept: str = http_request.META.get("HTTP_ACCEPT", "")
+    if "html" not in accept:
+        return False  # the usual API request: no parsing
+    return http_request.get_preferred_type(_TYPES) == "text/html"
+
+
+def problem_page(
+    request: Any, problem: Mapping[str, Any], headers: Mapping[str, str]
+) -> HttpResponse:
+    """``problem`` (status, title, detail, type) as an HTML page with the same status.
+
+    The context also has ``retry_after`` (seconds, for a 409) and
+    ``resend_after`` (the same, at most ``RESEND_AFTER_MAX``), ``back_url``
+    (the page the form was on, when it is on this site) and ``resend``: the
+    fields of a form-encoded POST, so that a 409 page can send the same
+    submission again (the same key: it is answered with the first's result)
+    rather than reloading the form, which would render a new key.
+    """
+    http_request = django_request(request)
+    header = headers.get("Retry-After")
+    retry_after = int(header) if header and header.isdigit() else None
+    context = {
+        "problem": problem,
+        "retry_after": retry_after,
+        "resend_after": None if retry_after is None else max(min(retry_after, RESEND_AFTER_MAX), 1),
+        "back_url": _back_url(http_request),
+        "resend": _resend(http_request) if problem["status"] == 409 else None,
+        "action": http_request.get_full_path(),
+    }
+    try:
+        html = render_to_string(PROBLEM_TEMPLATE, context, request=http_request)
+    except TemplateDoesNotExist:
+        # A project without the app-directories loader (an API-only one
+        # that a browser still reaches): the page this package ships.
+        engine = Engine(dirs=[str(_TEMPLATES)], autoescape=True)
+        html = engine.get_template(PROBLEM_TEMPLATE).render(Context(context))
+    return HttpResponse(html, status=problem["status"], content_type="text/html; charset=utf-8")
+
+
+def _back_url(request: HttpRequest) -> str | None:
+    referer = request.META.get("HTTP_REFERER")
+    if referer and url_has_allowed_host_and_scheme(
+        referer, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        return referer
+    return None
+
+
+def _resend(request: HttpRequest) -> list[tuple[str, str]] | None:
+    if request.method != "POST" or not (request.content_type or "").startswith(
+        ("application/x-www-form-urlencoded", "multipart/form-data")
+    ):
+        return None
+    try:
+        if request.FILES:
+            return None  # files cannot be put back into a page: the page offers a reload
+        return [(name, value) for name, values in request.POST.lists() for value in values]
+    except Exception:  # a body Django refuses: no resend, the page still helps
+        return None

@@ -1,0 +1,634 @@
+"""Browsers (SPEC 9): the key from a form field, a guest's session scope, answers as pages.
+
+Over HTTP through the test client, on the real database, for every adapter
+a browser form reaches: ``@idempotent`` (sync and async), the DRF mixin
+(form and multipart parsers) and the middleware. The real browser is in
+``tests/test_browser_clicks.py``.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any
+from urllib.parse import urlencode
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.exceptions import ImproperlyConfigured
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.template import Context, Template
+from django.test import Client, RequestFactory, override_settings
+from django.test.client import encode_multipart
+
+from django_idempotency.body import close_spools_with
+from django_idempotency.exceptions import FingerprintMismatch, RequestInFlight
+from django_idempotency.fingerprint import request_fingerprint
+from django_idempotency.forms import form_key
+from django_idempotency.models import IdempotencyKey
+from django_idempotency.responses import problem
+from django_idempotency.scopes import user_scope
+from tests.models import Order
+
+pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.browser_urls")]
+
+BROWSER_ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
+MIDDLEWARE = "django_idempotency.middleware.IdempotencyMiddleware"
+KEY_FIELD = re.compile(r'<input type="hidden" name="idempotency_key" value="([^"]+)">')
+
+
+def rendered_key(client: Client, url: str) -> str:
+    """GET the form, as a browser does first (it starts the guest's session); its key."""
+    page = client.get(url)
+    assert page.status_code == 200
+    match = KEY_FIELD.search(page.content.decode())
+    assert match is not None, page.content
+    return match.group(1)
+
+
+def submit(client: Client, url: str, key: str | None, item: str = "book", **extra: Any) -> Any:
+    """POST the form as a browser sends it: form-encoded, a fresh CSRF mask, HTML preferred."""
+    data = {"csrfmiddlewaretoken": uuid.uuid4().hex, "item": item}
+    if key is not None:
+        data["idempotency_key"] = key
+    return client.post(url, data, headers={"Accept": BROWSER_ACCEPT}, **extra)
+
+
+def records() -> list[tuple[str, str]]:
+    return list(IdempotencyKey.objects.order_by("pk").values_list("scope", "key"))
+
+
+class TemplateTagTests:
+    def test_field_renders_a_fresh_key_at_every_render(self):
+        template = Template("{% load idempotency %}{% idempotency_key_field %}")
+
+        first, second = (template.render(Context()) for _ in range(2))
+
+        assert KEY_FIELD.fullmatch(first) and KEY_FIELD.fullmatch(second)
+        assert first != second
+
+    def test_field_is_named_by_the_form_field_setting(self):
+        with override_settings(IDEMPOTENCY={"FORM_FIELD": "order_key"}):
+            html = Template("{% load idempotency %}{% idempotency_key_field %}").render(Context())
+
+        assert re.fullmatch(r'<input type="hidden" name="order_key" value="[0-9a-f-]{36}">', html)
+
+    def test_key_alone_is_a_uuid(self):
+        template = Template("{% load idempotency %}{% idempotency_key %}")
+
+        keys = {template.render(Context()) for _ in range(2)}
+
+        assert len(keys) == 2
+        assert all(uuid.UUID(key).version == 4 for key in keys)
+
+    def test_field_without_a_form_field_setting_names_the_fix(self):
+        template = Template("{% load idempotency %}{% idempotency_key_field %}")
+        with (
+            override_settings(IDEMPOTENCY={"FORM_FIELD": None}),
+            pytest.raises(ImproperlyConfigured, match="FORM_FIELD"),
+        ):
+            template.render(Context())
+
+
+ADAPTERS = ["/browser/checkout/", "/browser/async/"]
+
+
+class FormKeyTests:
+    @pytest.mark.parametrize("url", ADAPTERS)
+    def test_double_submit_replays_the_redirect(self, client, url):
+        key = rendered_key(client, url)
+
+        first = submit(client, url, key)
+        second = submit(client, url, key)  # another CSRF mask: still the same submission
+
+        assert first.status_code == 302
+        assert second.status_code == 302
+        assert second["Location"] == first["Location"]
+        assert second["Idempotent-Replayed"] == "true"
+        assert "Idempotent-Replayed" not in first
+        assert Order.objects.count() == 1
+        assert [k for _, k in records()] == [key]
+
+    def test_header_wins_over_the_field(self, client):
+        rendered_key(client, "/browser/checkout/")
+
+        response = submit(
+            client, "/browser/checkout/", "field-key", HTTP_IDEMPOTENCY_KEY="header-key"
+        )
+        again = submit(
+            client, "/browser/checkout/", "other-field-key", HTTP_IDEMPOTENCY_KEY="header-key"
+        )
+
+        assert response.status_code == 302
+        assert again["Idempotent-Replayed"] == "true"
+        assert [k for _, k in records()] == ["header-key"]
+
+    def test_field_satisfies_required(self, client):
+        key = rendered_key(client, "/browser/required/")
+
+        response = submit(client, "/browser/required/", key)
+
+        assert response.status_code == 302
+        assert Order.objects.count() == 1
+
+    def test_form_without_the_field_under_required_is_a_page_naming_the_tag(self, client):
+        rendered_key(client, "/browser/required/")
+
+        response = submit(client, "/browser/required/", None)
+
+        assert response.status_code == 400
+        assert response["Content-Type"] == "text/html; charset=utf-8"
+        assert Order.objects.count() == 0
+        api = client.post("/browser/required/", {"item": "book"})
+        assert api.status_code == 400
+        assert api["Content-Type"] == "application/problem+json"
+        assert "{% idempotency_key_field %}" in api.json()["detail"]
+
+    def test_field_follows_the_key_rules(self, client):
+        rendered_key(client, "/browser/checkout/")
+
+        response = client.post("/browser/checkout/", {"item": "book", "idempotency_key": "a b"})
+        twice = client.post(
+            "/browser/checkout/",
+            "item=book&idempotency_key=k1&idempotency_key=k2",
+            content_type="application/x-www-form-urlencoded",
+        )
+
+        assert response.status_code == 400
+        assert "visible ASCII" in response.json()["detail"]
+        assert twice.status_code == 400
+        assert "2 times" in twice.json()["detail"]
+        assert Order.objects.count() == 0
+
+    def test_a_form_without_a_key_is_not_protected(self, client):
+        rendered_key(client, "/browser/checkout/")
+
+        submit(client, "/browser/checkout/", None)
+        submit(client, "/browser/checkout/", None)
+
+        assert Order.objects.count() == 2
+        assert records() == []
+
+    def test_a_form_field_setting_of_none_reads_the_header_only(self, client):
+        rendered_key(client, "/browser/checkout/")
+        with override_settings(IDEMPOTENCY={"FORM_FIELD": None}):
+            submit(client, "/browser/checkout/", "k-1")
+            submit(client, "/browser/checkout/", "k-1")
+
+        assert Order.objects.count() == 2
+        assert records() == []
+
+    def test_a_re_rendered_form_carries_a_new_key(self, client):
+        key = rendered_key(client, "/browser/checkout/")
+
+        invalid = submit(client, "/browser/checkout/", key, item="")
+        new_key = KEY_FIELD.search(invalid.content.decode()).group(1)
+        corrected = submit(client, "/browser/checkout/", new_key)
+
+        assert invalid.status_code == 200 and b"Choose an item." in invalid.content
+        assert new_key != key
+        assert corrected.status_code == 302
+        assert Order.objects.count() == 1
+
+    def test_the_old_key_with_new_contents_is_a_422_page_for_a_browser(self, client):
+        key = rendered_key(client, "/browser/checkout/")
+        submit(client, "/browser/checkout/", key, item="")
+
+        page = submit(client, "/browser/checkout/", key, item="book")
+        api = client.post(
+            "/browser/checkout/",
+            {"item": "book", "idempotency_key": key},
+            headers={"Accept": "application/json"},
+        )
+
+        assert page.status_code == 422
+        assert page["Content-Type"] == "text/html; charset=utf-8"
+        assert b"This form was already submitted" in page.content
+        assert b"Reload the form" in page.content or b"Go back" in page.content
+        assert api.status_code == 422
+        assert api["Content-Type"] == "application/problem+json"
+        assert api.json()["status"] == 422
+        assert Order.objects.count() == 0
+
+    def test_multipart_with_a_file_upload(self, client):
+        key = rendered_key(client, "/browser/checkout/?upload=1")
+        content = b"receipt " * 10_000
+        for _ in range(2):
+            upload = SimpleUploadedFile("receipt.txt", content, "text/plain")
+            data = {"item": "book", "idempotency_key": key, "receipt": upload}
+            data["csrfmiddlewaretoken"] = uuid.uuid4().hex
+            response = client.post("/browser/checkout/", data)
+            assert response.status_code == 302
+
+        assert response["Idempotent-Replayed"] == "true"
+        # The view read the whole file, after the key and the fingerprint did.
+        assert list(Order.objects.values_list("item", flat=True)) == [
+            f"book|receipt.txt|{len(content)}"
+        ]
+        assert [k for _, k in records()] == [key]
+
+    def test_another_file_under_the_same_key_is_422(self, client):
+        key = rendered_key(client, "/browser/checkout/?upload=1")
+        for content, status in ((b"one", 302), (b"two", 422)):
+            upload = SimpleUploadedFile("receipt.txt", content, "text/plain")
+            response = client.post(
+                "/browser/checkout/", {"item": "book", "idempotency_key": key, "receipt": upload}
+            )
+            assert response.status_code == status
+
+    def test_a_json_request_with_a_header_never_reads_the_body_for_a_key(self):
+        from django_idempotency.core import sent_key
+
+        request = RequestFactory().post(
+            "/", "{}", content_type="application/json", headers={"Idempotency-Key": "k"}
+        )
+        json_without_header = RequestFactory().post("/", "{}", content_type="application/json")
+
+        assert sent_key(request) == "k"
+        assert sent_key(json_without_header) is None
+        assert not request._read_started and not json_without_header._read_started
+
+
+class CsrfReadTheBodyFirstTests:
+    """Django's CSRF check reads ``request.POST`` before the view: the key is still found."""
+
+    @pytest.fixture(autouse=True)
+    def csrf(self, settings):
+        settings.MIDDLEWARE = [*settings.MIDDLEWARE, "django.middleware.csrf.CsrfViewMiddleware"]
+
+    @pytest.mark.parametrize("upload", [False, True], ids=["form", "multipart"])
+    def test_the_key_and_the_file_after_the_csrf_check(self, upload):
+        client = Client(enforce_csrf_checks=True)
+        page = client.get("/browser/checkout/?upload=1").content.decode()
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
+        key = KEY_FIELD.search(page).group(1)
+        answers = []
+        for _ in range(2):
+            data: dict[str, Any] = {"item": "book", "idempotency_key": key}
+            data["csrfmiddlewaretoken"] = token
+            if upload:
+                data["receipt"] = SimpleUploadedFile("r.txt", b"paid", "text/plain")
+                answers.append(client.post("/browser/checkout/", data))
+            else:
+                answers.append(
+                    client.post(
+                        "/browser/checkout/",
+                        urlencode(data),
+                        content_type="application/x-www-form-urlencoded",
+                    )
+                )
+
+        assert [a.status_code for a in answers] == [302, 302]
+        assert answers[1]["Idempotent-Replayed"] == "true"
+        expected = "book|r.txt|4" if upload else "book"
+        assert list(Order.objects.values_list("item", flat=True)) == [expected]
+        assert [k for _, k in records()] == [key]
+
+
+class DrfFormTests:
+    @pytest.mark.parametrize("multipart", [False, True], ids=["form", "multipart"])
+    def test_mixin_reads_the_field_and_replays(self, client, multipart):
+        key = rendered_key(client, "/browser/checkout/")
+        data: dict[str, Any] = {"item": "book", "idempotency_key": key}
+        answers = []
+        for _ in range(2):
+            data["csrfmiddlewaretoken"] = uuid.uuid4().hex
+            if multipart:
+                data["receipt"] = SimpleUploadedFile("r.txt", b"paid", "text/plain")
+                answers.append(client.post("/browser/api/", data))
+            else:
+                answers.append(
+                    client.post(
+                        "/browser/api/",
+                        "&".join(f"{k}={v}" for k, v in data.items()),
+                        content_type="application/x-www-form-urlencoded",
+                    )
+                )
+
+        assert [a.status_code for a in answers] == [201, 201]
+        assert answers[1]["Idempotent-Replayed"] == "true"
+        assert answers[1].content == answers[0].content
+        expected = "book|r.txt|4" if multipart else "book"
+        assert list(Order.objects.values_list("item", flat=True)) == [expected]
+        assert [k for _, k in records()] == [key]
+
+    def test_a_dispatch_that_answers_first_keeps_its_answer_for_a_bad_form(self, client, caplog):
+        response = client.post(
+            "/browser/closed-api/",
+            "item=book&idempotency_key=k1&idempotency_key=k2",
+            content_type="application/x-www-form-urlencoded",
+        )
+
+        assert response.status_code == 503 and response.content == b"closed"
+        assert "protected nothing" in caplog.text
+
+    def test_mixin_answers_a_browser_through_drf(self, client):
+        """DRF views keep DRF's exception handling, for a browser too (docs/browsers.rst)."""
+        key = rendered_key(client, "/browser/checkout/")
+        client.post("/browser/api/", {"item": "book", "idempotency_key": key})
+
+        other = client.post(
+            "/browser/api/",
+            {"item": "pen", "idempotency_key": key},
+            headers={"Accept": "application/json"},
+        )
+
+        assert other.status_code == 422
+        assert other["Content-Type"] == "application/json"
+        browser = client.post(
+            "/browser/api/",
+            {"item": "pen", "idempotency_key": key},
+            headers={"Accept": BROWSER_ACCEPT},
+        )
+        assert browser.status_code == 422
+        # DRF's browsable API renders it, as it renders any error of the view.
+        assert browser["Content-Type"] == "text/html; charset=utf-8"
+        assert b"Django REST framework" in browser.content
+
+
+class MiddlewareFormTests:
+    @pytest.fixture(autouse=True)
+    def middleware(self, settings):
+        settings.MIDDLEWARE = [*settings.MIDDLEWARE, MIDDLEWARE]
+
+    def test_middleware_reads_the_field_and_replays_the_redirect(self, client):
+        key = rendered_key(client, "/browser/plain/")
+
+        first = submit(client, "/browser/plain/", key)
+        second = submit(client, "/browser/plain/", key)
+
+        assert first.status_code == second.status_code == 302
+        assert second["Location"] == first["Location"]
+        assert second["Idempotent-Replayed"] == "true"
+        assert Order.objects.count() == 1
+
+    def test_required_middleware_leaves_forms_without_the_tag_to_a_readable_400(
+        self, client, settings
+    ):
+        settings.IDEMPOTENCY = {"REQUIRED": True}
+        rendered_key(client, "/browser/plain/")
+
+        response = submit(client, "/browser/plain/", None)
+
+        assert response.status_code == 400
+        assert response["Content-Type"] == "text/html; charset=utf-8"
+        assert Order.objects.count() == 0
+
+    def test_a_field_sent_twice_is_a_400_page_not_an_error(self, client):
+        rendered_key(client, "/browser/plain/")
+
+        response = client.post(
+            "/browser/plain/",
+            "item=book&idempotency_key=k1&idempotency_key=k2",
+            content_type="application/x-www-form-urlencoded",
+            headers={"Accept": BROWSER_ACCEPT},
+        )
+
+        assert response.status_code == 400
+        assert response["Content-Type"] == "text/html; charset=utf-8"
+        assert Order.objects.count() == 0
+
+    def test_middleware_422_is_a_page_for_a_browser(self, client):
+        key = rendered_key(client, "/browser/plain/")
+        submit(client, "/browser/plain/", key)
+
+        page = submit(client, "/browser/plain/", key, item="pen")
+
+        assert page.status_code == 422
+        assert b"already submitted" in page.content
+
+
+class SessionScopeTests:
+    def test_two_sessions_sending_one_key_are_two_records(self):
+        alice, bob = Client(), Client()
+        key = rendered_key(alice, "/browser/checkout/")
+        rendered_key(bob, "/browser/checkout/")
+
+        first = submit(alice, "/browser/checkout/", key)
+        other = submit(bob, "/browser/checkout/", key)
+
+        assert "Idempotent-Replayed" not in other
+        assert first["Location"] != other["Location"]
+        assert Order.objects.count() == 2
+        scopes = [scope for scope, _ in records()]
+        assert len(set(scopes)) == 2 and all(s.startswith("session:") for s in scopes)
+        for browser in (alice, bob):
+            session_key = browser.cookies["sessionid"].value
+            assert not any(session_key in scope for scope in scopes)
+
+    def test_a_guest_who_logs_in_before_submitting_is_scoped_by_the_user(self, client):
+        """Render as a guest, log in (the session key rotates), submit: the user's scope."""
+        key = rendered_key(client, "/browser/checkout/")
+        guest_session = client.cookies["sessionid"].value
+        user = User.objects.create_user("shopper")
+        client.force_login(user)
+        assert client.cookies["sessionid"].value != guest_session
+
+        first = submit(client, "/browser/checkout/", key)
+        second = submit(client, "/browser/checkout/", key)
+
+        assert first.status_code == 302 and "Idempotent-Replayed" not in first
+        assert second["Idempotent-Replayed"] == "true"
+        assert records() == [(f"user:{user.pk}", key)]
+
+    def test_a_guest_who_logs_in_between_two_submits_is_a_new_scope(self, client):
+        """The retry comes from another caller now: never given the guest's response."""
+        key = rendered_key(client, "/browser/checkout/")
+        submit(client, "/browser/checkout/", key)
+        client.force_login(User.objects.create_user("shopper"))
+
+        again = submit(client, "/browser/checkout/", key)
+
+        assert "Idempotent-Replayed" not in again
+        assert Order.objects.count() == 2
+        assert [scope.split(":")[0] for scope, _ in records()] == ["session", "user"]
+
+    def test_a_made_up_session_cookie_is_anonymous(self):
+        request = RequestFactory().post("/")
+        from django.contrib.sessions.backends.db import SessionStore
+
+        request.session = SessionStore("made-up-session-key-000000000000")
+        request.user = type("Anonymous", (), {"is_authenticated": False})()
+
+        assert user_scope(request) == "anonymous"
+
+
+class FingerprintTests:
+    def fingerprint(self, body: str, content_type: str = "application/x-www-form-urlencoded"):
+        request = RequestFactory().post("/", body, content_type=content_type)
+        try:
+            return request_fingerprint(request)
+        finally:
+            close_spools_with(request, None)
+
+    def test_csrf_token_and_key_field_are_left_out(self):
+        assert self.fingerprint("item=book&csrfmiddlewaretoken=a&idempotency_key=k1") == (
+            self.fingerprint("idempotency_key=k2&item=book&csrfmiddlewaretoken=b")
+        )
+        assert self.fingerprint("item=book") != self.fingerprint("item=pen&csrfmiddlewaretoken=a")
+
+    def test_left_out_in_multipart_too(self):
+        def multipart(token: str) -> str:
+            fields = {"item": "book", "csrfmiddlewaretoken": token, "idempotency_key": token}
+            return self.fingerprint(
+                encode_multipart("BoUnDaRy", fields).decode(),
+                "multipart/form-data; boundary=BoUnDaRy",
+            )
+
+        assert multipart("a") == multipart("b")
+
+    def test_the_key_field_of_a_json_body_counts(self):
+        json = "application/json"
+        assert self.fingerprint('{"idempotency_key": "a"}', json) != self.fingerprint(
+            '{"idempotency_key": "b"}', json
+        )
+
+
+class ProblemPageTests:
+    def browser_request(self, referer: str = "http://testserver/checkout/"):
+        return RequestFactory().post(
+            "/checkout/",
+            "item=book&idempotency_key=k",
+            content_type="application/x-www-form-urlencoded",
+            headers={"Accept": BROWSER_ACCEPT, "Referer": referer},
+        )
+
+    @pytest.mark.parametrize(
+        ("accept", "html"),
+        [
+            (BROWSER_ACCEPT, True),
+            ("text/html", True),
+            ("application/json", False),
+            ("*/*", False),
+            ("", False),
+            ("application/json, text/html;q=0.9", False),
+            ("text/html;q=0.5, application/json", False),
+        ],
+    )
+    def test_accept_decides_page_or_problem_details(self, accept, html):
+        request = RequestFactory().post("/", HTTP_ACCEPT=accept)
+
+        response = problem(FingerprintMismatch(), request)
+
+        assert response.status_code == 422
+        expected = "text/html; charset=utf-8" if html else "application/problem+json"
+        assert response["Content-Type"] == expected
+
+    def test_409_page_keeps_retry_after_and_resends_the_same_submission(self):
+        response = problem(RequestInFlight(retry_after=2), self.browser_request())
+
+        assert response.status_code == 409
+        assert response["Retry-After"] == "2"
+        html = response.content.decode()
+        assert '<form method="post" action="/checkout/"' in html
+        assert '<input type="hidden" name="idempotency_key" value="k">' in html
+        assert "2 * 1000" in html
+
+    def test_409_page_resends_sooner_than_a_lease_runs_out(self):
+        response = problem(RequestInFlight(retry_after=290), self.browser_request())
+
+        assert response["Retry-After"] == "290"
+        assert "2 * 1000" in response.content.decode()
+
+    def test_422_page_offers_the_form_again(self):
+        html = problem(FingerprintMismatch(), self.browser_request()).content.decode()
+
+        assert 'href="http://testserver/checkout/"' in html
+        assert "idempotency-resend" not in html
+
+    def test_a_referer_of_another_site_is_not_offered(self):
+        request = self.browser_request(referer="https://evil.example/")
+
+        html = problem(FingerprintMismatch(), request).content.decode()
+
+        assert "evil.example" not in html
+
+    def test_the_project_overrides_the_template(self, settings, tmp_path):
+        (tmp_path / "django_idempotency").mkdir()
+        (tmp_path / "django_idempotency" / "problem.html").write_text(
+            "custom {{ problem.status }} {{ problem.title }} {{ problem.type }}"
+        )
+        settings.TEMPLATES = [{**settings.TEMPLATES[0], "DIRS": [str(tmp_path)]}]
+
+        response = problem(FingerprintMismatch(), self.browser_request())
+
+        assert response.content.decode().startswith("custom 422 ")
+
+    def test_without_a_template_engine_the_shipped_page_is_used(self, settings):
+        settings.TEMPLATES = []
+
+        response = problem(FingerprintMismatch(), self.browser_request())
+
+        assert b"This form was already submitted" in response.content
+
+
+class FormKeyEdgeTests:
+    """Bodies the key cannot be read from: no key, and the view answers as without us."""
+
+    def form_request(self, body: bytes, content_type: str = "application/x-www-form-urlencoded"):
+        return RequestFactory().post("/", body, content_type=content_type)
+
+    def test_a_form_past_the_upload_limit_has_no_key(self, settings):
+        settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 10
+        request = self.form_request(b"idempotency_key=k1&item=" + b"x" * 20)
+        try:
+            assert form_key(request, "idempotency_key") is None
+        finally:
+            close_spools_with(request, None)
+
+    def test_a_form_that_is_not_utf8_has_no_key(self):
+        request = self.form_request(b"idempotency_key=\xff")
+        try:
+            assert form_key(request, "idempotency_key") is None
+        finally:
+            close_spools_with(request, None)
+
+    def test_a_malformed_multipart_body_has_no_key(self):
+        request = self.form_request(b"--x\r\nnot a part", "multipart/form-data; boundary=y")
+        try:
+            assert form_key(request, "idempotency_key") is None
+        finally:
+            close_spools_with(request, None)
+
+    def test_a_body_read_and_not_kept_has_no_key(self):
+        request = self.form_request(b"idempotency_key=k1")
+        request.read()  # read raw by the project's own code, before any parser
+
+        assert form_key(request, "idempotency_key") is None
+
+    def test_a_body_drf_parsed_first_gives_its_key(self):
+        from rest_framework.parsers import FormParser
+        from rest_framework.request import Request
+
+        request = Request(self.form_request(b"idempotency_key=k1&item=book"), [FormParser()])
+        assert request.data["item"] == "book"  # a permission read it before the mixin
+
+        assert form_key(request, "idempotency_key") == "k1"
+
+    def test_a_custom_parser_s_dict_gives_its_key(self):
+        from rest_framework.request import Request
+
+        request = Request(self.form_request(b"ignored"))
+        request._request._read_started = True
+        request._full_data = {"idempotency_key": "k1"}
+
+        assert form_key(request, "idempotency_key") == "k1"
+
+
+class ResendTests:
+    def test_only_a_form_post_without_files_is_resent(self):
+        factory = RequestFactory(headers={"Accept": BROWSER_ACCEPT})
+        json_body = factory.post("/", "{}", content_type="application/json")
+        upload = factory.post(
+            "/", {"item": "book", "receipt": SimpleUploadedFile("r.txt", b"x", "text/plain")}
+        )
+        too_big = factory.post("/", {"item": "book"})
+
+        in_flight = RequestInFlight(retry_after=1)
+        pages = [problem(in_flight, json_body), problem(in_flight, upload)]
+        with override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=1):
+            pages.append(problem(in_flight, too_big))
+
+        for page in pages:
+            assert page.status_code == 409
+            assert "idempotency-resend" not in page.content.decode()

@@ -1,0 +1,54 @@
+"""``dev.py test`` and the browser tests: Chromium installed, or a failure that names the fix."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import dev
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TEST_DATABASE", "sqlite") != "sqlite",
+    reason="runs once, in the SQLite run: dev.py does not depend on the database",
+)
+
+
+@pytest.fixture
+def no_chromium(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, ...]]:
+    """No Chromium on the machine, and not root: what apt-get would have been asked is kept."""
+    monkeypatch.setattr(dev.shutil, "which", lambda name: None)
+    monkeypatch.setattr(dev.os, "geteuid", lambda: 1000)
+    ran: list[tuple[str, ...]] = []
+    monkeypatch.setattr(dev, "run", lambda *args, **kwargs: ran.append(args) or 0)
+    return ran
+
+
+def test_a_missing_chromium_fails_where_the_browser_tests_must_run(no_chromium):
+    with pytest.raises(SystemExit, match="apt-get install chromium"):
+        dev.chromium_ready(required=True)
+    assert no_chromium == []
+
+
+def test_a_missing_chromium_elsewhere_is_a_note_naming_the_fix(no_chromium):
+    note = dev.chromium_ready(required=False)
+
+    assert note is not None and "skipped" in note and "apt-get install chromium" in note
+
+
+def test_as_root_apt_get_installs_it(no_chromium, monkeypatch):
+    monkeypatch.setattr(dev.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(
+        dev.shutil, "which", lambda name: "/usr/bin/apt-get" if name == "apt-get" else None
+    )
+
+    with pytest.raises(SystemExit):
+        dev.chromium_ready(required=True)  # still missing afterwards: the install failed
+
+    assert ("apt-get", "install", "-y", "-qq", "chromium") in no_chromium
+
+
+def test_an_installed_chromium_needs_nothing(monkeypatch):
+    monkeypatch.setattr(dev.shutil, "which", lambda name: f"/usr/bin/{name}")
+
+    assert dev.chromium_ready(required=True) is None
