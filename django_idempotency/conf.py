@@ -22,6 +22,7 @@ from datetime import timedelta
 from functools import lru_cache
 from typing import Any, Generic, NoReturn, TypeVar, cast, overload
 
+from asgiref.sync import iscoroutinefunction
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
@@ -139,6 +140,21 @@ def _import_request_function(path: str) -> RequestFunction:
 
 def _identity(value: Any) -> Any:
     return value
+
+
+def _is_response_predicate(value: Any) -> bool:
+    # Asked in the request's thread, after the view: a coroutine function
+    # would return a coroutine, never a verdict.
+    if callable(value):
+        return not iscoroutinefunction(value)
+    return isinstance(value, str) and bool(_DOTTED_PATH.match(value))
+
+
+def _to_response_predicate(value: str | Callable[[Any], bool]) -> Callable[[Any], bool]:
+    function = to_request_function(value)  # type: ignore[arg-type]
+    if iscoroutinefunction(function):
+        raise InvalidValue(f"names {value!r}, an async function: store must answer at once")
+    return cast(Callable[[Any], bool], function)
 
 
 def _is_optional_function(value: Any) -> bool:
@@ -457,11 +473,11 @@ OPTION_ONLY: tuple[Setting[Any], ...] = (
     ),
     Setting(
         None,
-        _is_request_function,
-        to_request_function,
+        _is_response_predicate,
+        _to_response_predicate,
         "",
-        "Use a callable f(response) -> bool that accepts the responses which may "
-        "complete the key, or the dotted path of one, e.g. "
+        "Use a callable f(response) -> bool (not async) that accepts the responses which "
+        "may complete the key, or the dotted path of one, e.g. "
         "'django_idempotency.webhooks.success_only'.",
         option=True,
         imports=True,

@@ -186,7 +186,7 @@ def check_claimed_for(response: HttpResponseBase, request: Any) -> HttpResponseB
 #: Layers that differ only in the rest (``ttl``, ``required``, ``wait``...) are
 #: a design: ``@idempotent`` on ``dispatch`` claiming a sent key over a mixin
 #: that refuses a request without one.
-_DECISIVE = ("scope", "key", "fingerprint", "atomic")
+_DECISIVE = ("scope", "key", "fingerprint", "atomic", "store")
 
 
 def _protected_outside(request: HttpRequest, declared: DeclaredOptions, sender: Any) -> bool:

@@ -38,6 +38,7 @@ from functools import wraps
 from typing import Any, TypeVar
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
 __all__ = [
@@ -76,7 +77,7 @@ def stripe_event_id(request: HttpRequest) -> str | None:
     """The ``id`` of a Stripe event (``evt_...``), from the JSON body; ``None`` without one."""
     try:
         event = json.loads(request.body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # not JSON, or nested past Python's limit
         return None
     event_id = event.get("id") if isinstance(event, dict) else None
     return event_id if isinstance(event_id, str) else None
@@ -184,9 +185,23 @@ class Signature:
             )
         self._secret = secret
         self.tolerance = tolerance
+        if not callable(secret):
+            self.secret()  # a literal secret is checked where it is written
 
     def secret(self) -> bytes:
+        """The key to sign with; an empty or malformed secret is a configuration error.
+
+        Never accepted quietly: an empty HMAC key would let anyone sign. A
+        callable's value is read, and so checked, at each delivery: the
+        delivery then fails with a 500, which the provider redelivers once
+        the secret is fixed.
+        """
         value = self._secret() if callable(self._secret) else self._secret
+        if not isinstance(value, str | bytes) or not value:
+            raise ImproperlyConfigured(
+                f"The webhook signing secret is {value!r}: set the endpoint's secret, as the "
+                "provider's dashboard shows it."
+            )
         return value.encode() if isinstance(value, str) else value
 
     def is_valid(self, request: HttpRequest) -> bool:
@@ -195,11 +210,15 @@ class Signature:
     def headers(self, body: bytes, **fields: Any) -> dict[str, str]:
         raise NotImplementedError
 
+    def _age(self, timestamp: str) -> int | None:
+        """Seconds since ``timestamp`` by this host's clock; ``None`` for no number."""
+        if not (timestamp.isascii() and timestamp.isdigit()) or len(timestamp) > 12:
+            return None
+        return int(time.time()) - int(timestamp)
+
     def _fresh(self, timestamp: str) -> bool:
-        try:
-            return abs(time.time() - int(timestamp)) <= self.tolerance
-        except ValueError:
-            return False
+        age = self._age(timestamp)
+        return age is not None and abs(age) <= self.tolerance
 
     def __call__(self, view: View) -> View:
         def refused() -> HttpResponse:
@@ -237,6 +256,11 @@ def _hmac(key: bytes, message: bytes) -> bytes:
     return hmac.new(key, message, hashlib.sha256).digest()
 
 
+def _same(expected: str, sent: str) -> bool:
+    """A constant-time comparison that is false, not an error, for a value that is not ASCII."""
+    return sent.isascii() and hmac.compare_digest(expected.encode(), sent.encode())
+
+
 def _fields(header: str) -> list[tuple[str, str]]:
     return [
         (name.strip(), value.strip())
@@ -250,11 +274,15 @@ class _Stripe(Signature):
     def is_valid(self, request: HttpRequest) -> bool:
         fields = _fields(request.META.get("HTTP_STRIPE_SIGNATURE", ""))
         timestamps = [value for name, value in fields if name == "t"]
-        if len(timestamps) != 1 or not self._fresh(timestamps[0]):
+        if len(timestamps) != 1:
+            return False
+        # As Stripe's own libraries: too old is refused, a host clock behind is not.
+        age = self._age(timestamps[0])
+        if age is None or age > self.tolerance:
             return False
         expected = _hmac(self.secret(), timestamps[0].encode() + b"." + request.body).hex()
         # More than one v1 while the endpoint's secret is being rolled.
-        return any(hmac.compare_digest(expected, value) for name, value in fields if name == "v1")
+        return any(_same(expected, value) for name, value in fields if name == "v1")
 
     def headers(self, body: bytes, **fields: Any) -> dict[str, str]:
         timestamp = str(fields.get("timestamp", int(time.time())))
@@ -268,7 +296,7 @@ class _GitHub(Signature):
     def is_valid(self, request: HttpRequest) -> bool:
         sent = request.META.get("HTTP_X_HUB_SIGNATURE_256", "")
         expected = "sha256=" + _hmac(self.secret(), request.body).hex()
-        return hmac.compare_digest(expected, sent)
+        return _same(expected, sent)
 
     def headers(self, body: bytes, **fields: Any) -> dict[str, str]:
         return {self.header: "sha256=" + _hmac(self.secret(), body).hex()}
@@ -282,12 +310,15 @@ class _Standard(Signature):
         raw = super().secret()
         encoded = raw.removeprefix(b"whsec_")
         try:
-            return base64.b64decode(encoded, validate=True)
-        except binascii.Error as exc:
-            raise ValueError(
+            key = base64.b64decode(encoded, validate=True)
+        except binascii.Error:
+            key = b""
+        if not key:
+            raise ImproperlyConfigured(
                 "A Standard Webhooks secret is base64, usually prefixed whsec_ "
-                "(as the provider's dashboard shows it); this one does not decode."
-            ) from exc
+                "(as the provider's dashboard shows it); this one does not decode to a key."
+            )
+        return key
 
     def _signed(self, webhook_id: str, timestamp: str, body: bytes) -> str:
         content = f"{webhook_id}.{timestamp}.".encode() + body
@@ -302,7 +333,7 @@ class _Standard(Signature):
         # Space-separated "v1,<base64>" entries: several while a secret is rolled.
         sent = request.META.get("HTTP_WEBHOOK_SIGNATURE", "").split()
         return any(
-            hmac.compare_digest(expected, signature)
+            _same(expected, signature)
             for version, _, signature in (entry.partition(",") for entry in sent)
             if version == "v1"
         )
@@ -320,7 +351,8 @@ class _Standard(Signature):
 def stripe_signature(secret: Secret, tolerance: int = DEFAULT_TOLERANCE) -> Signature:
     """Stripe's ``Stripe-Signature``: ``t=...,v1=<HMAC-SHA256 of "t.body">``.
 
-    The timestamp must be within ``tolerance`` seconds of this host's clock.
+    The timestamp may be at most ``tolerance`` seconds old by this host's
+    clock; as in Stripe's libraries, one from the future is not refused.
     """
     return _Stripe(secret, tolerance)
 

@@ -18,6 +18,7 @@ urlpatterns = [
     path("sync/exempt/", middleware_views.create_order_exempt),
     path("sync/exempt-class/", middleware_views.ExemptOrderView.as_view()),
     path("sync/hidden-decorated/", middleware_views.hidden_decorated),
+    path("sync/hidden-store/", middleware_views.hidden_store),
     path("sync/hidden-scoped/", middleware_views.hidden_scoped),
     path("sync/hidden-lease/", middleware_views.hidden_lease),
     path("sync/hidden-scoped-outer-lease/", middleware_views.hidden_scoped_outer_lease),

@@ -63,6 +63,8 @@ hidden_scoped_exempt = idempotency_exempt(
     _without_wraps(idempotent(scope=api_client_scope)(create_order))
 )
 hidden_lease = _without_wraps(idempotent(atomic=False)(create_order))
+# A store option the middleware, which has none, would not apply.
+hidden_store = _without_wraps(idempotent(store=lambda response: False)(create_order))
 # The middleware protects this one in lease mode (it sees non_atomic_requests).
 hidden_scoped_outer_lease = transaction.non_atomic_requests(
     _without_wraps(idempotent(scope=api_client_scope)(create_order))

@@ -131,15 +131,19 @@ class Adapter:
     path: str = ""
     #: HTTP: sent as a browser's form, the key in its field (SPEC 9).
     form: bool = False
+    #: HTTP: its views have the ``store`` option (tests/endings_views.py's ``kept``).
+    #: The plain function views and the middleware do not, so that the table
+    #: also runs every ending with none.
+    store: bool = True
 
     def applies(self, ending: Ending) -> bool:
         if ending.needs == "options":
-            return self.kind == "http" and not self.name.startswith("middleware")
+            return self.kind == "http" and self.store
         return ending.needs in ("any", self.kind)
 
 
 ADAPTERS = [
-    Adapter("function", "gunicorn", "http", "/endings/function/"),
+    Adapter("function", "gunicorn", "http", "/endings/function/", store=False),
     Adapter("class_based", "gunicorn", "http", "/endings/class_based/"),
     Adapter("api_view", "gunicorn", "http", "/endings/api_view/"),
     Adapter("mixin_apiview", "gunicorn", "http", "/endings/mixin_apiview/"),
@@ -152,14 +156,18 @@ ADAPTERS = [
     Adapter("async_dispatch", "uvicorn", "http", "/endings/async_dispatch/"),
     # IdempotencyMiddleware on undecorated views: atomic, or lease mode for a
     # transaction.non_atomic_requests view; under ASGI a sync and an async view.
-    Adapter("middleware_wsgi", "gunicorn", "http", "/endings/middleware/"),
-    Adapter("middleware_asgi", "uvicorn", "http", "/endings/middleware/"),
-    Adapter("middleware_asgi_async_view", "uvicorn", "http", "/endings/async_middleware/"),
+    Adapter("middleware_wsgi", "gunicorn", "http", "/endings/middleware/", store=False),
+    Adapter("middleware_asgi", "uvicorn", "http", "/endings/middleware/", store=False),
+    Adapter(
+        "middleware_asgi_async_view", "uvicorn", "http", "/endings/async_middleware/", store=False
+    ),
     # A browser's form, the key in its field: a decorator, the DRF mixin's
     # form parser, and the middleware under ASGI.
-    Adapter("function_form", "gunicorn", "http", "/endings/function/", form=True),
+    Adapter("function_form", "gunicorn", "http", "/endings/function/", form=True, store=False),
     Adapter("mixin_apiview_form", "gunicorn", "http", "/endings/mixin_apiview/", form=True),
-    Adapter("middleware_asgi_form", "uvicorn", "http", "/endings/middleware/", form=True),
+    Adapter(
+        "middleware_asgi_form", "uvicorn", "http", "/endings/middleware/", form=True, store=False
+    ),
     Adapter("celery_task", "celery", "task"),
     # django_idempotency.idempotent_function, called from separate processes:
     # its row waits for the function (see the ``function_runner`` fixture).

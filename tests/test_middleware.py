@@ -200,6 +200,7 @@ HIDDEN_WITH_OTHER_OPTIONS = [
     "/async/sync/hidden-scoped-by-class/",
     "/async/sync/hidden-scoped-async/",
     "/async/sync/hidden-drf-scoped/",
+    "/async/sync/hidden-store/",
 ]
 
 
@@ -227,7 +228,7 @@ class HiddenOptionsTests:
         message = str(raised.value)
         assert "functools.wraps" in message
         assert "@idempotency_exempt" in message
-        assert "scope" in message or "atomic" in message
+        assert "scope" in message or "atomic" in message or "store" in message
 
     def test_exempt_leaves_the_view_its_own_options(self, any_client) -> None:
         url = "/async/sync/hidden-scoped-exempt/"

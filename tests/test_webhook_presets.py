@@ -160,6 +160,23 @@ def deliver(
     return client.post(provider.path, body, content_type="application/json", headers=headers)
 
 
+#: Signatures made with a secret the receivers do not have: fresh, well formed, forged.
+FORGERS = {
+    "webhook:stripe": webhooks.stripe_signature("whsec_not-the-endpoints"),
+    "webhook:github": webhooks.github_signature("not-the-endpoints"),
+    "webhook:standard": webhooks.standard_signature("whsec_bm90LXRoZS1lbmRwb2ludHMtc2VjcmV0"),
+}
+
+
+def forge(provider: Provider, event: str, order: str) -> tuple[bytes, dict[str, str]]:
+    """A delivery like the provider's, signed now with another secret."""
+    body, headers = provider.build(event, order, 1)
+    forger = FORGERS[provider.scope]
+    if provider.scope == "webhook:standard":
+        return body, forger.headers(body, id=event)
+    return body, {**headers, **forger.headers(body)}
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("provider", RECEIVERS, ids=lambda p: p.name)
 class PresetTests:
@@ -222,13 +239,9 @@ class PresetTests:
 
     def test_a_forged_delivery_claims_nothing(self, client, provider):
         event, order = new_event(), new_order()
-        body, headers = provider.build(event, order, 1)
-        forged = {name: "v1,Zm9yZ2Vk t=1,v1=00 sha256=00" for name in headers}
-        forged.update(
-            {k: v for k, v in headers.items() if k in ("X-GitHub-Delivery", "webhook-id")}
-        )
+        body, headers = forge(provider, event, order)
 
-        refused = client.post(provider.path, body, content_type="application/json", headers=forged)
+        refused = client.post(provider.path, body, content_type="application/json", headers=headers)
 
         assert refused.status_code == 400
         assert not IdempotencyKey.objects.exists()
@@ -317,6 +330,16 @@ class StoreDefinitionTests:
 
         assert "f(response) -> bool" in str(raised.value)
 
+    def test_an_async_store_is_refused(self):
+        async def accept(response: Any) -> bool:  # pragma: no cover - never called
+            return True
+
+        with pytest.raises(ImproperlyConfigured, match="not async"):
+
+            @idempotent(store=accept)
+            def view(request):  # pragma: no cover - never called
+                raise AssertionError
+
     def test_the_mixin_refuses_it_when_the_class_is_created(self):
         with pytest.raises(ImproperlyConfigured, match=r"Broken\.idempotency_store has an invalid"):
 
@@ -352,6 +375,13 @@ class StoreDefinitionTests:
             assert preset["required"] is True
             assert preset["store"] is webhooks.success_only
             idempotent(**preset)(lambda request: None)  # every value passes its option's rule
+
+    def test_a_body_nested_past_pythons_limit_has_no_event_id(self):
+        from django.test import RequestFactory
+
+        request = RequestFactory().post("/", b"[" * 100_000, content_type="application/json")
+
+        assert webhooks.STRIPE["key"](request) is None
 
     def test_success_only(self):
         class Answer:
@@ -418,14 +448,62 @@ class SignatureTests:
 
         assert not signature.is_valid(self.request(body, headers))
 
+    @pytest.mark.parametrize(
+        "headers",
+        [
+            {"Stripe-Signature": "t={now},v1=\u00e9"},
+            {"Stripe-Signature": "t=" + "9" * 400 + ",v1=00"},
+            {"Stripe-Signature": "t=,v1="},
+            {"Stripe-Signature": "t={now},t={now},v1=00"},
+        ],
+    )
+    def test_a_malformed_stripe_header_is_refused_not_an_error(self, headers):
+        body = b'{"id": "evt_1"}'
+        now = str(int(time.time()))
+        sent = {name: value.replace("{now}", now) for name, value in headers.items()}
+
+        assert views.stripe.is_valid(self.request(body, sent)) is False
+
+    def test_a_malformed_github_or_standard_header_is_refused_not_an_error(self):
+        body = b"{}"
+        assert not views.github.is_valid(
+            self.request(body, {"X-Hub-Signature-256": "sha256=\u00e9"})
+        )
+        headers = views.standard.headers(body, id="msg_1")
+        for bad in ({"webhook-signature": "v1,\u00e9"}, {"webhook-timestamp": "9" * 400}):
+            assert not views.standard.is_valid(self.request(body, {**headers, **bad}))
+
+    def test_a_stripe_timestamp_ahead_of_this_host_is_accepted_as_stripe_does(self):
+        body = b'{"id": "evt_1"}'
+        ahead = views.stripe.headers(body, timestamp=int(time.time()) + 3600)
+
+        assert views.stripe.is_valid(self.request(body, ahead))
+
+    def test_a_standard_timestamp_past_the_tolerance_either_way_is_refused(self):
+        body = b"{}"
+        for shift in (-301, 301):
+            headers = views.standard.headers(body, id="msg_1", timestamp=int(time.time()) + shift)
+            assert not views.standard.is_valid(self.request(body, headers))
+
+    @pytest.mark.parametrize("secret", ["", b"", "whsec_"])
+    def test_an_empty_secret_is_refused_where_it_is_written(self, secret):
+        maker = webhooks.standard_signature if secret == "whsec_" else webhooks.github_signature
+        with pytest.raises(ImproperlyConfigured, match="secret"):
+            maker(secret)
+
+    def test_an_empty_secret_read_at_delivery_is_an_error_never_a_pass(self):
+        signature = webhooks.github_signature(lambda: "")
+
+        with pytest.raises(ImproperlyConfigured, match="set the endpoint's secret"):
+            signature.is_valid(self.request(b"{}", {"X-Hub-Signature-256": "sha256=00"}))
+
     def test_a_secret_of_the_wrong_type_is_refused_where_it_is_written(self):
         with pytest.raises(TypeError, match=r"lambda: settings\.WEBHOOK_SECRET"):
             webhooks.stripe_signature(42)  # type: ignore[arg-type]
 
     def test_a_standard_secret_that_is_not_base64_says_so(self):
-        signature = webhooks.standard_signature("whsec_not base64!")
-        with pytest.raises(ValueError, match="does not decode"):
-            signature.headers(b"{}", id="msg_1")
+        with pytest.raises(ImproperlyConfigured, match="does not decode"):
+            webhooks.standard_signature("whsec_not base64!")
 
 
 @pytest.mark.django_db(transaction=True)
@@ -555,10 +633,7 @@ class OverGunicornTests:
 
     def test_a_forged_delivery_claims_nothing(self, webhook_server, provider):
         event, order = new_event(), new_order()
-        body, headers = provider.build(event, order, 1)
-        for name in list(headers):
-            if name not in ("X-GitHub-Delivery", "webhook-id"):
-                headers[name] = "t=1,v1=00"
+        body, headers = forge(provider, event, order)
 
         forged = requests.post(
             f"{webhook_server.url}{provider.path}",

@@ -234,7 +234,8 @@ def provider_webhook(request: HttpRequest) -> HttpResponse:
     event = _json(request)
     if event.get("type") != "charge.settled":
         return HttpResponse(status=204)  # not ours to act on: done, never asked again
-    charge = event.get("data", {}).get("charge")
+    data = event.get("data")
+    charge = data.get("charge") if isinstance(data, dict) else None
     payment = Payment.objects.select_for_update().filter(charge_id=charge).first()
     if payment is None:
         return JsonResponse({"error": f"no payment for charge {charge!r} yet"}, status=404)
