@@ -37,6 +37,8 @@ SCRIPT = ROOT / ".ci" / "galera.sh"
 RUNS_ENV = "IDEMPOTENCY_GALERA_RUNS"
 #: The environment variable naming the node a server talks to (its SQL port).
 NODE_ENV = "IDEMPOTENCY_GALERA_PORT"
+#: Set to ``1`` to turn ``ATOMIC_REQUESTS`` on in ``tests.galera_settings``.
+ATOMIC_REQUESTS_ENV = "IDEMPOTENCY_GALERA_ATOMIC_REQUESTS"
 REQUEST_TIMEOUT = 30
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from tests.galera import NODE_ENV
+from tests.galera import ATOMIC_REQUESTS_ENV, NODE_ENV
 from tests.server import DATABASE_NAME_ENV
 from tests.settings import *  # noqa: F403
 
@@ -21,6 +21,7 @@ DATABASES = {
         "USER": os.environ.get("TEST_GALERA_USER", "root"),
         "PASSWORD": os.environ.get("TEST_GALERA_PASSWORD", ""),
         "OPTIONS": {"charset": "utf8mb4"},
+        "ATOMIC_REQUESTS": os.environ.get(ATOMIC_REQUESTS_ENV) == "1",
     }
 }
 INSTALLED_APPS = [
