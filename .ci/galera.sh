@@ -5,12 +5,16 @@
 # Its own ports (SQL 3311-3313, Galera 4571-4573, IST 4581-4583, SST
 # 4591-4593), its own data directories and its own configuration files
 # (--defaults-file, so the server's /etc/mysql configuration is never read):
-# the MariaDB on 3306 is not touched.
+# the MariaDB on 3306 is not touched. The nodes run a copy of the server
+# binary, so that whatever finds that server by its executable
+# (start-stop-daemon --exec /usr/sbin/mariadbd, as CI and the fault suite
+# start it) never mistakes a node for it.
 set -euo pipefail
 
 ROOT=${GALERA_ROOT:-/var/tmp/idempotency-galera}
 NODES=(1 2 3)
 PROVIDER=${GALERA_PROVIDER:-/usr/lib/galera/libgalera_smm.so}
+SERVER=${GALERA_SERVER:-/usr/sbin/mariadbd}
 ADDRESS="gcomm://127.0.0.1:4571,127.0.0.1:4572,127.0.0.1:4573"
 
 sql_port() { echo $((3310 + $1)); }
@@ -24,6 +28,7 @@ write_config() {
   cat >"$dir/my.cnf" <<EOF
 [mariadbd]
 user = mysql
+basedir = /usr
 datadir = $dir/data
 socket = $dir/mysqld.sock
 pid-file = $dir/mysqld.pid
@@ -75,7 +80,7 @@ node_synced() {
 start_node() {  # start_node N [--wsrep-new-cluster]
   local n=$1; shift
   local dir=$ROOT/node$n
-  (setsid mariadbd --defaults-file="$dir/my.cnf" "$@" >>"$dir/stdout.log" 2>&1 &)
+  (setsid "$ROOT/bin/mariadbd" --defaults-file="$dir/my.cnf" "$@" >>"$dir/stdout.log" 2>&1 &)
   wait_until 120 "node $n did not come up (see $dir/error.log)" node_synced "$n"
 }
 
@@ -92,6 +97,8 @@ start() {
   else
     stop
     rm -rf "$ROOT"
+    mkdir -p "$ROOT/bin"
+    cp "$SERVER" "$ROOT/bin/mariadbd"
     for n in "${NODES[@]}"; do
       mkdir -p "$ROOT/node$n/data"
       write_config "$n"
