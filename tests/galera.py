@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import MySQLdb
 import requests
 
 from tests.server import DATABASE_NAME_ENV, ROOT, GunicornServer, kill9, wait_for_exit
@@ -44,6 +43,8 @@ REQUEST_TIMEOUT = 30
 
 def connect(port: int, database: str | None = None) -> Any:
     """A connection to one node, in autocommit."""
+    import MySQLdb  # only where the MariaDB driver is installed
+
     connection = MySQLdb.connect(
         host=HOST,
         port=port,
@@ -69,6 +70,8 @@ def query(port: int, sql: str, database: str | None = None) -> list[tuple[Any, .
 
 def unavailable() -> str | None:
     """Why the cluster cannot be used, or ``None`` when its three nodes are synced."""
+    import MySQLdb
+
     try:
         for port in PORTS:
             status = dict(query(port, "SHOW STATUS LIKE 'wsrep_%'"))
