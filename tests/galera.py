@@ -39,6 +39,8 @@ NODE_ENV = "IDEMPOTENCY_GALERA_PORT"
 #: Set to ``1`` to turn ``ATOMIC_REQUESTS`` on in ``tests.galera_settings``.
 ATOMIC_REQUESTS_ENV = "IDEMPOTENCY_GALERA_ATOMIC_REQUESTS"
 REQUEST_TIMEOUT = 30
+#: Rows each request updates in the lagging-node scenarios (see :func:`lagging`).
+BALLAST = int(os.environ.get("TEST_GALERA_BALLAST", "200"))
 
 
 def connect(port: int, database: str | None = None) -> Any:
@@ -104,7 +106,7 @@ def database(name: str) -> Iterator[str]:
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.galera_settings"}
     env.update({DATABASE_NAME_ENV: name, NODE_ENV: str(PORTS[0]), RUNS_ENV: os.devnull})
     subprocess.run(
-        [sys.executable, "-m", "django", "migrate", "--run-syncdb", "-v", "0"],
+        [sys.executable, "-m", "django", "migrate", "--run-syncdb", "--skip-checks", "-v", "0"],
         check=True,
         cwd=ROOT,
         env=env,
@@ -142,40 +144,26 @@ def servers(
 
 
 @contextmanager
-def lagging(name: str, writer: int = 0, rows: int = 20000, threads: int = 2) -> Iterator[None]:
-    """Keep every other node's applier busy with large write sets committed on ``writer``.
+def lagging(name: str, rows: int = BALLAST) -> Iterator[None]:
+    """A table that makes a request's write set slow to apply on the other nodes.
 
-    Galera applies a node's incoming write sets in order (one applier
-    thread by default), while ``threads`` connections commit them side by
-    side on ``writer``, which applies nothing for them: the others' queues
-    grow until flow control holds the writers back. An original that
-    commits on ``writer`` is then queued behind them on the other nodes,
-    which have not applied it for a moment (up to a few tenths of a
-    second) after it answered.
+    ``galera_ballast`` has no primary key: a node applying another node's
+    write set finds each updated row by scanning the table, while the node
+    that ran the ``UPDATE`` found them all in one scan. A request sent with
+    ``ballast`` (see :func:`post`) updates a twentieth of its ``20 * rows``
+    rows, so for a moment after it answered, the other nodes have not
+    applied it (nor anything it committed).
     """
-    port = PORTS[writer]
-    query(port, "CREATE TABLE ballast (id INT PRIMARY KEY, v INT)", name)
-    query(port, f"INSERT INTO ballast SELECT seq, 0 FROM seq_1_to_{rows}", name)
-    stop = threading.Event()
-
-    def write(part: int) -> None:
-        connection = connect(port, name)
-        try:
-            with connection.cursor() as cursor:
-                while not stop.is_set():
-                    cursor.execute(f"UPDATE ballast SET v = v + 1 WHERE id % {threads} = {part}")
-        finally:
-            connection.close()
-
-    writers = [threading.Thread(target=write, args=(part,), daemon=True) for part in range(threads)]
-    for thread in writers:
-        thread.start()
+    query(PORTS[0], "CREATE TABLE galera_ballast (part INT NOT NULL, v INT NOT NULL)", name)
+    query(
+        PORTS[0],
+        f"INSERT INTO galera_ballast SELECT seq % 20, 0 FROM seq_1_to_{20 * rows}",
+        name,
+    )
     try:
         yield
     finally:
-        stop.set()
-        for thread in writers:
-            thread.join(timeout=60)
+        query(PORTS[0], "DROP TABLE galera_ballast", name)
 
 
 @dataclass
@@ -187,10 +175,14 @@ class Answer:
     retry_after: str | None = None
 
 
-def post(server: GunicornServer, index: int, path: str, key: str) -> Answer:
+def post(server: GunicornServer, index: int, path: str, key: str, ballast: int = 0) -> Answer:
+    """POST to ``path`` with the key; with ``ballast``, a write set slow to apply elsewhere."""
     try:
         response = requests.post(
-            f"{server.url}/{path}/", headers={"Idempotency-Key": key}, timeout=REQUEST_TIMEOUT
+            f"{server.url}/{path}/",
+            params={"ballast": ballast} if ballast else None,
+            headers={"Idempotency-Key": key},
+            timeout=REQUEST_TIMEOUT,
         )
     except requests.RequestException as exc:
         return Answer(index, 0, str(exc).encode(), False)
@@ -352,11 +344,13 @@ def after_original(
     name: str,
     *,
     alternate: bool,
+    ballast: int = 0,
 ) -> Tally:
     """Each key sent to one server, then again to the other 0-50 ms after it answered.
 
     With ``alternate`` the servers take turns (even keys go to the first
-    one first), else the originals all go to the first. The retry's
+    one first), else the originals all go to the first. With ``ballast``
+    (see :func:`lagging`) the other node applies each request late. The retry's
     node is read beside the retry (without a causal wait), to count the
     retries that reached a node which had not applied the original yet.
     """
@@ -367,11 +361,11 @@ def after_original(
     def original_then_retry(position: int) -> None:
         key = keys[position]
         first, second = (1, 0) if alternate and position % 2 else (0, 1)
-        tally.answers[key].append(post(servers[first], first, path, key))
+        tally.answers[key].append(post(servers[first], first, path, key, ballast))
         time.sleep(random.uniform(0, 0.05))  # the client's own retry delay
         with ThreadPoolExecutor(max_workers=1) as side:
             seen = side.submit(_stale_on, PORTS[second], name, key)
-            tally.finals[key].append(post(servers[second], second, path, key))
+            tally.finals[key].append(post(servers[second], second, path, key, ballast))
             if seen.result():
                 with lock:
                     stale[0] += 1
@@ -413,7 +407,9 @@ def alternating(path: str, count: int) -> Callable[[list[GunicornServer], str], 
 def lagged(path: str, count: int) -> Callable[[list[GunicornServer], str], Tally]:
     def run(both: list[GunicornServer], db: str) -> Tally:
         with lagging(db):
-            return after_original(both, path, keys(path[0], count), 4, db, alternate=False)
+            return after_original(
+                both, path, keys(path[0], count), 4, db, alternate=False, ballast=BALLAST
+            )
 
     return run
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 import time
+import zlib
 
+from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from django.urls import path
 
@@ -32,6 +34,16 @@ def _effect(request: HttpRequest, *, seconds: float = 0.0) -> JsonResponse:
     finally:
         os.close(fd)
     order = Order.objects.create(item=key)
+    rows = int(request.GET.get("ballast", 0))
+    if rows:
+        # A write set the other nodes are slow to apply: the ballast table
+        # has no primary key, so applying each updated row scans the table
+        # there, while this node updated them all in one scan.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE galera_ballast SET v = v + 1 WHERE part = %s",
+                [zlib.crc32(key.encode()) % 20],
+            )
     if seconds:
         time.sleep(seconds)  # the handler's own work, still inside its transaction
     return JsonResponse({"id": order.pk, "node": node}, status=201)

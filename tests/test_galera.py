@@ -81,7 +81,9 @@ def retried(path: str, count: int, *, lag: bool) -> Callable[[list[GunicornServe
         if not lag:
             return galera.after_original(servers, path, keys, 4, db, alternate=True)
         with galera.lagging(db):
-            return galera.after_original(servers, path, keys, 4, db, alternate=False)
+            return galera.after_original(
+                servers, path, keys, 4, db, alternate=False, ballast=galera.BALLAST
+            )
 
     return scenario
 
