@@ -13,10 +13,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.test import override_settings
 
 from tests import galera
 from tests.galera import Tally
@@ -116,6 +119,56 @@ def test_a_node_killed_mid_load_loses_and_duplicates_nothing(tmp_path: Path) -> 
     assert tally.with_status_from(500, 0) == [], summary
     assert tally.with_status(500, finals=True) == [], summary
     assert tally.not_replays() == [], summary
+
+
+@pytest.fixture
+def node_as_other(django_db_blocker: Any) -> Iterator[BaseDatabaseWrapper]:
+    """The ``other`` alias pointed at node 2, and the records kept there.
+
+    A connection to the cluster's own ``mysql`` database: nothing is
+    written, so no test database is needed.
+    """
+    from django.db import connections
+    from django.db.backends.mysql.base import DatabaseWrapper
+
+    previous = connections["other"]
+    settings_dict = {**previous.settings_dict, "NAME": "mysql"}
+    settings_dict.update(HOST=galera.HOST, PORT=str(galera.PORTS[1]), ATOMIC_REQUESTS=False)
+    node = DatabaseWrapper(settings_dict, alias="other")
+    connections["other"] = node
+    try:
+        with override_settings(IDEMPOTENCY={"DATABASE": "other"}), django_db_blocker.unblock():
+            yield node
+            node.close()
+    finally:
+        connections["other"] = previous
+
+
+class NodeTests:
+    """In this process, a connection to a node: the claim's causal wait, and the checks."""
+
+    def test_a_claim_on_a_node_waits_for_inserts(self, node_as_other: BaseDatabaseWrapper) -> None:
+        from django_idempotency.store import galera_sync_wait
+
+        # Galera's default wsrep_sync_wait is 0: the claim adds the INSERT bit.
+        assert galera_sync_wait(node_as_other) == 4
+
+    def test_check_warns_w202(self, node_as_other: BaseDatabaseWrapper) -> None:
+        from django_idempotency.backend_checks import check_galera
+
+        [warning] = check_galera(databases=["other"])
+        assert warning.id == "django_idempotency.W202"
+        assert "lease mode" in warning.hint
+
+    def test_check_refuses_atomic_requests_e202(self, node_as_other: BaseDatabaseWrapper) -> None:
+        from django_idempotency.backend_checks import check_galera
+
+        node_as_other.settings_dict["ATOMIC_REQUESTS"] = True
+        messages = check_galera(databases=["other"])
+        assert [message.id for message in messages] == [
+            "django_idempotency.W202",
+            "django_idempotency.E202",
+        ]
 
 
 def manage_check(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
