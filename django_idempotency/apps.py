@@ -13,7 +13,7 @@ class DjangoIdempotencyConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django_idempotency.backend_checks import check_backend
+        from django_idempotency.backend_checks import check_backend, check_galera
         from django_idempotency.checks import (
             check_middleware_order,
             check_settings,
@@ -23,6 +23,7 @@ class DjangoIdempotencyConfig(AppConfig):
         checks.register(check_settings, checks.Tags.compatibility)
         checks.register(check_middleware_order, checks.Tags.security)
         checks.register(check_backend, checks.Tags.compatibility)
+        checks.register(check_galera, checks.Tags.database)
         checks.register(check_view_options, checks.Tags.urls)
         if find_spec("rest_framework") is not None:
             # Registers how DRF requests are answered and which placements it

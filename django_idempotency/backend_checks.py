@@ -2,7 +2,9 @@
 
 What a backend cannot do, or a configuration that turns a duplicate's 409
 into a 500, is reported at start-up rather than on every request. See
-docs/backends.rst.
+docs/backends.rst; what a Galera cluster needs (a check that connects, so
+it runs with the database checks: ``migrate``, ``check --database``) is in
+docs/scaling.rst.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency.conf import DEFAULTS, SETTING_NAME
+from django_idempotency.store import galera_sync_wait
 
 #: SQLite 3.35 added ``RETURNING``, which the claim statement uses.
 SQLITE_MIN_VERSION = (3, 35)
@@ -26,6 +29,15 @@ def _linked_sqlite_version(connection: BaseDatabaseWrapper) -> tuple[int, ...]:
     return tuple(connection.Database.sqlite_version_info)  # type: ignore[attr-defined]
 
 
+def _alias() -> str | None:
+    """The alias holding the records, if the setting names a configured database."""
+    user = getattr(settings, SETTING_NAME, {})
+    alias = user.get("DATABASE", DEFAULTS["DATABASE"]) if isinstance(user, dict) else None
+    if not isinstance(alias, str) or alias not in settings.DATABASES:
+        return None
+    return alias
+
+
 def check_backend(
     app_configs: Any = None,
     *,
@@ -33,9 +45,8 @@ def check_backend(
     **kwargs: Any,
 ) -> list[CheckMessage]:
     """Report what the idempotency database cannot do; ``sqlite_version`` is for tests."""
-    user = getattr(settings, SETTING_NAME, {})
-    alias = user.get("DATABASE", DEFAULTS["DATABASE"]) if isinstance(user, dict) else None
-    if not isinstance(alias, str) or alias not in settings.DATABASES:
+    alias = _alias()
+    if alias is None:
         return []  # reported by check_settings
     connection = connections[alias]  # no connection is opened
     if connection.vendor != "sqlite":
@@ -67,6 +78,51 @@ def check_backend(
                 "commits a protected view's effect with its record), or accept the "
                 "500s. See the SQLite section of the backends page in the docs.",
                 id="django_idempotency.W201",
+            )
+        )
+    return messages
+
+
+def check_galera(
+    app_configs: Any = None, *, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """On a MariaDB Galera node: what holds across its nodes, and ``ATOMIC_REQUESTS`` refused.
+
+    A database check: it asks the server (``wsrep_on``), so Django runs it
+    only where the databases are checked (``migrate``, ``check --database``).
+    """
+    alias = _alias()
+    if alias is None or not databases or alias not in databases:
+        return []
+    connection = connections[alias]
+    if connection.vendor != "mysql" or not connection.mysql_is_mariadb:  # type: ignore[attr-defined]
+        return []
+    if not galera_sync_wait(connection):
+        return []
+    messages: list[CheckMessage] = [
+        Warning(
+            f"Database {alias!r} is a node of a MariaDB Galera cluster. Claims wait until "
+            "the node has applied what other nodes committed, and a request that loses "
+            "its key to another node is rolled back and answered as a duplicate; but "
+            "duplicates that reach two nodes at the same moment can both run an "
+            "atomic-mode handler (one commits), so anything it does outside the database "
+            "happens twice.",
+            hint="For one run per key, send this database's writes to one node (a proxy "
+            "in single-writer mode), or use lease mode (atomic=False). Leave "
+            "wsrep_sync_wait as it is. See 'Scaling past one database' in the docs.",
+            id="django_idempotency.W202",
+        )
+    ]
+    if connection.settings_dict.get("ATOMIC_REQUESTS"):
+        messages.append(
+            Error(
+                f"Database {alias!r} is a Galera node with ATOMIC_REQUESTS: the request's "
+                "COMMIT is Django's, so a duplicate that loses its key to another node "
+                "fails there (error 1213) with a 500 that django-idempotency cannot answer.",
+                hint="Turn ATOMIC_REQUESTS off for this database: atomic mode already "
+                "commits a protected view's effect together with its record, and rolls "
+                "back and answers a lost race itself.",
+                id="django_idempotency.E202",
             )
         )
     return messages

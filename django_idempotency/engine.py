@@ -167,8 +167,10 @@ class Call:
         claimed_at = timezone.now()
         finished_by: BaseException | None = None
         # The claim's errors are answered outside the transaction, once it
-        # has rolled back; only the store's claim raises them.
-        with self._claim_errors(), ExitStack() as block:
+        # has rolled back; only the store's claim raises them. A transaction
+        # the database aborted for another (a deadlock, a lost certification
+        # on Galera), at any statement up to COMMIT, starts over as a claim.
+        with store.lost_race(self.using), self._claim_errors(), ExitStack() as block:
             with store.claiming(self.using, self.options.wait):
                 block.enter_context(transaction.atomic(using=self.using))
                 claim = store.claim(self.using, self._new_claim(claimed_at), self.options.wait)

@@ -559,6 +559,33 @@ def _owned(using: str, record_id: int, owner_token: str | None) -> Any:
 
 
 @contextmanager
+def lost_race(using: str) -> Iterator[None]:
+    """Around a whole atomic-mode attempt: a MySQL/MariaDB 1213 in it is a :class:`Retry`.
+
+    The server has rolled the transaction back, whichever statement got
+    the error: a deadlock in the handler's statements or the stored
+    response, or, on a Galera cluster, a write set that lost certification
+    to another node's (reported by that statement or by ``COMMIT``).
+    Nothing of the attempt committed, so it starts over as a new claim:
+    a key another node completed is then replayed (the claim waits until
+    this node has applied it), and a key still new runs again.
+    """
+    try:
+        yield
+    except Retry:
+        raise
+    except DatabaseError as exc:
+        if connections[using].vendor != "mysql" or _errno(exc) != _ER_LOCK_DEADLOCK:
+            raise
+        raise Retry(str(exc)) from exc
+
+
+def _errno(exc: DatabaseError) -> int | None:
+    cause = exc.__cause__
+    return cause.args[0] if cause is not None and cause.args else None
+
+
+@contextmanager
 def explained(using: str) -> Iterator[None]:
     """Raise what a database error on the key table means, where it is known.
 
@@ -591,7 +618,7 @@ def _meaning(exc: DatabaseError, connection: BaseDatabaseWrapper) -> Exception |
         if code == _PG_UNDEFINED_TABLE:
             return missing_table()
     elif connection.vendor == "mysql":
-        errno = cause.args[0] if cause is not None and cause.args else None
+        errno = _errno(exc)
         if errno == _ER_LOCK_WAIT_TIMEOUT:
             return Busy(f"A lock wait ran out ({exc}).")
         if errno == _ER_LOCK_DEADLOCK:
@@ -964,9 +991,15 @@ def _read(connection: BaseDatabaseWrapper, scope: str, key: str) -> Record | Non
 
 
 def _mysql_wait_prefix(connection: BaseDatabaseWrapper, wait: float) -> str:
-    """Bound InnoDB's row-lock wait for one statement (MariaDB) or the session (MySQL)."""
+    """Bound InnoDB's row-lock wait for one statement (MariaDB) or the session (MySQL).
+
+    On a Galera node the statement also waits until the node has applied
+    what the cluster committed before it (see :func:`galera_sync_wait`).
+    """
     if getattr(connection, "mysql_is_mariadb", False):
-        return f"SET STATEMENT innodb_lock_wait_timeout={math.ceil(wait)} FOR "
+        sync_wait = galera_sync_wait(connection)
+        causal = f", wsrep_sync_wait={sync_wait}" if sync_wait else ""
+        return f"SET STATEMENT innodb_lock_wait_timeout={math.ceil(wait)}{causal} FOR "
     seconds = max(1, math.ceil(wait))
     # Forgotten when a new connection opens (see _forget_connection_state).
     if getattr(connection, "_idempotency_lock_wait", None) != seconds:
@@ -974,6 +1007,38 @@ def _mysql_wait_prefix(connection: BaseDatabaseWrapper, wait: float) -> str:
             cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {seconds}")
         connection._idempotency_lock_wait = seconds  # type: ignore[attr-defined]
     return ""
+
+
+#: ``wsrep_sync_wait``'s bit for INSERT and REPLACE statements.
+_WSREP_SYNC_INSERT = 4
+
+
+def galera_sync_wait(connection: BaseDatabaseWrapper) -> int:
+    """The ``wsrep_sync_wait`` a claim runs with on a Galera node; 0 on any other server.
+
+    A node applies what other nodes committed a moment later, so a claim
+    could find no record (or an in-progress one) for an original that has
+    already answered. With the INSERT bit, the claim's ``INSERT`` first
+    waits until the node has applied everything committed before it; the
+    READ bit would not do, since MariaDB makes no causal wait inside an
+    open transaction, and the claim opens one. The session's own bits are
+    kept. Asked once per connection wrapper, the first time it claims:
+    like the server version Django reads once, whether a configured
+    server is a Galera node does not change between its connections, so
+    a plain server pays one statement per process thread, not per request.
+    """
+    found = getattr(connection, "_idempotency_sync_wait", None)
+    if found is None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SHOW SESSION VARIABLES WHERE Variable_name IN ('wsrep_on', 'wsrep_sync_wait')"
+            )
+            variables = dict(cursor.fetchall())
+        found = 0
+        if variables.get("wsrep_on") == "ON":
+            found = int(variables.get("wsrep_sync_wait") or 0) | _WSREP_SYNC_INSERT
+        connection._idempotency_sync_wait = found  # type: ignore[attr-defined]
+    return found
 
 
 def _claim_mysql(

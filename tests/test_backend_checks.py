@@ -73,3 +73,28 @@ class OtherDatabasesTests:
     @pytest.mark.skipif(connection.vendor == "sqlite", reason="a server database")
     def test_server_databases_are_not_sqlite(self):
         assert ids(sqlite_version=lambda connection: (3, 0)) == []
+
+
+@pytest.mark.skipif(connection.vendor != "mysql", reason="MariaDB/MySQL")
+@pytest.mark.django_db
+class PlainServerGaleraTests:
+    """A server that is no Galera node gets no Galera check and no causal wait.
+
+    On a node, ``tests/test_galera.py`` runs the check through ``manage.py``.
+    """
+
+    def test_no_galera_message(self):
+        from django_idempotency.backend_checks import check_galera
+
+        assert check_galera(databases=["default"]) == []
+
+    def test_no_causal_wait(self):
+        from django_idempotency.store import galera_sync_wait
+
+        assert galera_sync_wait(connection) == 0
+
+
+def test_galera_check_needs_the_databases_checked():
+    from django_idempotency.backend_checks import check_galera
+
+    assert check_galera() == []

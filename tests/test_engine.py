@@ -588,3 +588,94 @@ class CallersTransactionTests:
             assert charge(2) == 2  # answered by the claim, in a savepoint
 
             assert lock_timeout() == "7s"
+
+
+def deadlock_with_a_heavier_transaction(row: int) -> None:
+    """Make this transaction InnoDB's deadlock victim: share-lock ``row``, then both update it.
+
+    Another connection writes more rows first, so InnoDB, which rolls back
+    the transaction that has done less, picks this one. Returns once the
+    other transaction has committed its update; raises the victim's 1213.
+    """
+    from django.db import transaction
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id FROM tests_order WHERE id = %s LOCK IN SHARE MODE", [row])
+
+    other: list[int] = []
+
+    def heavier() -> None:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SELECT CONNECTION_ID()")
+            other.append(cursor.fetchone()[0])
+            Order.objects.bulk_create([Order(item="heavier") for _ in range(50)])
+            cursor.execute("SELECT id FROM tests_order WHERE id = %s LOCK IN SHARE MODE", [row])
+            cursor.execute("UPDATE tests_order SET quantity = 2 WHERE id = %s", [row])
+
+    join = in_background(heavier)
+
+    def other_waits_for_us() -> bool:
+        # Not information_schema.innodb_trx: InnoDB refreshes it only when
+        # nobody has read it for 0.1 s, which a poll never lets happen.
+        if not other:
+            return False
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT info FROM information_schema.processlist WHERE id = %s", other)
+            return str(cursor.fetchone()[0] or "").startswith("UPDATE")
+
+    wait_until(other_waits_for_us, "the other transaction to wait for our shared lock")
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("UPDATE tests_order SET quantity = 3 WHERE id = %s", [row])
+    finally:
+        join()
+
+
+@pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB's deadlock error 1213")
+class DeadlockTests:
+    """A deadlock in the handler's own statements rolls the attempt back, and it starts over."""
+
+    def test_a_deadlocked_handler_runs_again_and_only_the_retry_commits(self) -> None:
+        from django_idempotency import idempotent_function
+
+        row = Order.objects.create(item="shared").pk
+        attempts: list[int] = []
+
+        @idempotent_function(key=lambda item: item)
+        def place(item: str) -> int:
+            attempts.append(len(attempts) + 1)
+            if len(attempts) == 1:
+                deadlock_with_a_heavier_transaction(row)
+            return Order.objects.create(item=item).pk
+
+        placed = place("deadlocked")
+
+        assert attempts == [1, 2]
+        assert list(Order.objects.filter(item="deadlocked").values_list("pk", flat=True)) == [
+            placed
+        ]
+        assert Order.objects.get(pk=row).quantity == 2  # the other transaction's update
+        [record] = IdempotencyKey.objects.filter(key="deadlocked")
+        assert record.state == State.COMPLETED
+        assert place("deadlocked") == placed
+        assert attempts == [1, 2]
+
+    def test_a_handler_that_always_deadlocks_gives_up_with_in_flight(self) -> None:
+        from django_idempotency import idempotent_function
+        from django_idempotency.exceptions import CallInFlight
+
+        row = Order.objects.create(item="shared").pk
+        attempts: list[int] = []
+
+        @idempotent_function(key=lambda item: item)
+        def place(item: str) -> int:
+            attempts.append(len(attempts) + 1)
+            deadlock_with_a_heavier_transaction(row)
+            return Order.objects.create(item=item).pk
+
+        with pytest.raises(CallInFlight):
+            place("always")
+
+        assert len(attempts) == store.CLAIM_ATTEMPTS
+        assert not Order.objects.filter(item="always").exists()
+        assert not IdempotencyKey.objects.filter(key="always").exists()
