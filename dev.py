@@ -126,6 +126,35 @@ def chromium_ready(required: bool) -> str | None:
     return f"browser tests: skipped, Chromium is missing ({fix})"
 
 
+GALERA_LIBRARY = Path("/usr/lib/galera/libgalera_smm.so")
+
+
+def galera_ready(backends: list[str]) -> tuple[str | None, bool]:
+    """Start the three-node Galera cluster of the MariaDB run's cluster tests, if it can be.
+
+    Returns a note when the cluster is not there (its tests are then skipped,
+    or fail under ``REQUIRE_GALERA=1``), and whether this call started it, so
+    that the run stops what it started. Starting needs root and Debian's
+    ``galera-4`` and ``mariadb-server``; the nodes use loopback ports of
+    their own (``.ci/galera.sh``), never the MariaDB on 3306.
+    """
+    if "mariadb" not in backends:
+        return None, False
+    script = ["bash", str(ROOT / ".ci" / "galera.sh")]
+    if subprocess.run([*script, "status"], cwd=ROOT, capture_output=True).returncode == 0:
+        return None, False
+    root = hasattr(os, "geteuid") and os.geteuid() == 0
+    if root and GALERA_LIBRARY.exists() and shutil.which("mariadbd"):
+        print("Starting a three-node Galera cluster for the MariaDB run ...", flush=True)
+        if subprocess.run([*script, "start"], cwd=ROOT).returncode == 0:
+            return None, True
+    return (
+        "galera: cluster tests skipped, no cluster (as root, with galera-4 and "
+        "mariadb-server installed: .ci/galera.sh start)",
+        False,
+    )
+
+
 def serve() -> None:
     ensure_venv("example")
     run(PYTHON, "manage.py", "migrate", "--noinput", "-v", "0")
@@ -182,6 +211,9 @@ def test(pytest_args: list[str]) -> None:
             notes.append("mariadb: not run, mysqlclient could not be built (needs libmariadb-dev)")
         else:
             backends.append(name)
+    galera_note, galera_started = galera_ready(backends)
+    if galera_note:
+        notes.append(galera_note)
     browser_note = chromium_ready(bool(required) or bool(os.environ.get("CI")))
     if browser_note is not None:
         notes.append(browser_note)
@@ -252,6 +284,8 @@ def test(pytest_args: list[str]) -> None:
     for note in notes:
         print(note)
     # Exit 5 (no tests collected) is a failure here too.
+    if galera_started:
+        subprocess.run(["bash", str(ROOT / ".ci" / "galera.sh"), "stop"], cwd=ROOT)
     sys.exit(0 if coverage_ok and all(code == 0 for _, code, _, _ in results) else 1)
 
 
