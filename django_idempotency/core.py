@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache, singledispatch
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponseBase
 from django.template.response import SimpleTemplateResponse
@@ -37,6 +38,7 @@ from django_idempotency.forms import form_key, is_form
 from django_idempotency.info import IdempotencyInfo
 from django_idempotency.keys import check_key, parse_key
 from django_idempotency.options import DeclaredOptions, Options
+from django_idempotency.pages import prefers_html
 from django_idempotency.responses import capture, is_storable, problem_for, replay
 from django_idempotency.store import StoredResponse
 
@@ -333,6 +335,9 @@ class Guard:
         try:
             return await protect_async(request, handler, options, sender=sender, finish=self.finish)
         except IdempotencyError as error:
+            if prefers_html(request):
+                # A page's template may query the database: not in the event loop.
+                return await sync_to_async(self.answer, thread_sensitive=True)(request, error)
             return self.answer(request, error)
 
 

@@ -46,7 +46,7 @@ from django_idempotency.core import protect, protect_async, sent_key
 from django_idempotency.exceptions import IdempotencyError, InvalidIdempotencyKey
 from django_idempotency.marks import idempotency_exempt, is_exempt, protects_itself
 from django_idempotency.options import DeclaredOptions
-from django_idempotency.responses import discard, problem
+from django_idempotency.responses import aproblem, discard, problem
 
 __all__ = ["VIEW_PROTECTORS", "IdempotencyMiddleware", "idempotency_exempt"]
 
@@ -140,7 +140,7 @@ class IdempotencyMiddleware:
         except _NotReached as not_reached:
             return not_reached.response
         except IdempotencyError as error:
-            return problem(error, request)
+            return await aproblem(error, request)
 
     def process_view(
         self, request: HttpRequest, view_func: Any, view_args: Any, view_kwargs: Any

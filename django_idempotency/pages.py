@@ -37,7 +37,7 @@ def prefers_html(request: Any) -> bool:
     """Whether the client ranks ``text/html`` above JSON in its ``Accept`` header."""
     http_request = django_request(request)
     accept: str = http_request.META.get("HTTP_ACCEPT", "")
-    if "html" not in accept:
+    if "html" not in accept.lower():
         return False  # the usual API request: no parsing
     return http_request.get_preferred_type(_TYPES) == "text/html"
 
@@ -85,13 +85,14 @@ def _back_url(request: HttpRequest) -> str | None:
 
 
 def _resend(request: HttpRequest) -> list[tuple[str, str]] | None:
+    # Only a urlencoded form can be sent again from the page as it was: a
+    # multipart one (even without files) would be resent urlencoded, a body
+    # of another media type, and answered 422 instead of the first's result.
     if request.method != "POST" or not (request.content_type or "").startswith(
-        ("application/x-www-form-urlencoded", "multipart/form-data")
+        "application/x-www-form-urlencoded"
     ):
         return None
     try:
-        if request.FILES:
-            return None  # files cannot be put back into a page: the page offers a reload
         return [(name, value) for name, values in request.POST.lists() for value in values]
     except Exception:  # a body Django refuses: no resend, the page still helps
         return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.http import HttpResponse, HttpResponseBase
 
 from django_idempotency.exceptions import IdempotencyError
@@ -113,6 +114,17 @@ def problem(error: IdempotencyError, request: Any = None) -> HttpResponse:
     for name, value in error.headers().items():
         response[name] = value
     return response
+
+
+async def aproblem(error: IdempotencyError, request: Any) -> HttpResponse:
+    """:func:`problem` from async code: a page is rendered in the request's thread.
+
+    A project's template (its context processors, ``request.user``) may
+    query the database, which async code must not do in the event loop.
+    """
+    if prefers_html(request):
+        return await sync_to_async(problem, thread_sensitive=True)(error, request)
+    return problem(error, request)
 
 
 def problem_for(request: Any, error: IdempotencyError) -> HttpResponse:

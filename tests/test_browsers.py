@@ -14,11 +14,13 @@ from typing import Any
 from urllib.parse import urlencode
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.contrib.auth.models import User
+from django.contrib.sessions.backends.db import SessionStore
 from django.core.exceptions import ImproperlyConfigured
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.template import Context, Template
-from django.test import Client, RequestFactory, override_settings
+from django.test import AsyncClient, Client, RequestFactory, override_settings
 from django.test.client import encode_multipart
 
 from django_idempotency.body import close_spools_with
@@ -632,3 +634,69 @@ class ResendTests:
         for page in pages:
             assert page.status_code == 409
             assert "idempotency-resend" not in page.content.decode()
+
+
+class ProblemPageSafetyTests:
+    """The page is escaped whatever the project's settings, and rendered off the event loop."""
+
+    def test_a_multipart_form_without_files_is_not_resent(self):
+        request = RequestFactory(headers={"Accept": BROWSER_ACCEPT}).post(
+            "/", {"item": "book", "idempotency_key": "k"}
+        )
+
+        page = problem(RequestInFlight(retry_after=1), request)
+
+        assert request.content_type == "multipart/form-data"
+        assert "idempotency-resend" not in page.content.decode()
+
+    def test_the_shipped_page_escapes_with_autoescape_off(self, settings):
+        engine = settings.TEMPLATES[0]
+        settings.TEMPLATES = [
+            {**engine, "OPTIONS": {**engine.get("OPTIONS", {}), "autoescape": False}}
+        ]
+        request = RequestFactory(headers={"Accept": BROWSER_ACCEPT}).post(
+            "/",
+            "item=<script>x</script>&idempotency_key=k",
+            content_type="application/x-www-form-urlencoded",
+        )
+
+        html = problem(RequestInFlight(retry_after=1), request).content.decode()
+
+        assert "<script>x</script>" not in html
+        assert "&lt;script&gt;x&lt;/script&gt;" in html
+
+    @pytest.mark.django_db(transaction=True)
+    def test_an_async_views_page_may_query_the_database(self, settings, tmp_path):
+        # A project's page shows the user, as base templates do: the session
+        # and the user load from the database while the page renders.
+        (tmp_path / "django_idempotency").mkdir()
+        (tmp_path / "django_idempotency" / "problem.html").write_text(
+            "{% if user.is_authenticated %}in{% else %}out{% endif %} {{ problem.status }}"
+        )
+        engine = settings.TEMPLATES[0]
+        processors = [
+            *engine.get("OPTIONS", {}).get("context_processors", []),
+            "django.contrib.auth.context_processors.auth",
+        ]
+        settings.TEMPLATES = [
+            {
+                **engine,
+                "DIRS": [str(tmp_path)],
+                "OPTIONS": {**engine.get("OPTIONS", {}), "context_processors": processors},
+            }
+        ]
+        client = AsyncClient(raise_request_exception=False)
+        session = SessionStore()
+        session["shop"] = "guest"
+        session.save()
+        client.cookies[settings.SESSION_COOKIE_NAME] = session.session_key
+
+        response = async_to_sync(client.post)(
+            "/browser/async/",
+            "item=book&idempotency_key=bad%20key",
+            content_type="application/x-www-form-urlencoded",
+            headers={"Accept": BROWSER_ACCEPT},
+        )
+
+        assert response.status_code == 400
+        assert response.content.decode() == "out 400"

@@ -96,11 +96,12 @@ def checkout(request: HttpRequest) -> HttpResponse:
     # The session starts with the form, so a guest's POSTs are scoped by it.
     request.session.setdefault("shop", "guest")
     item = request.POST.get("item", "").strip() if request.method == "POST" else ""
-    if request.method != "POST" or not item:
-        error = "Choose an item." if request.method == "POST" else ""
+    quantity = request.POST.get("quantity") or "1"
+    if request.method != "POST" or not item or not quantity.isdigit():
+        error = "Choose an item and a quantity." if request.method == "POST" else ""
         return render(request, "shop/checkout.html", {"error": error, "item": item})
     time.sleep(settings.EXAMPLE_CHECKOUT_SECONDS)  # the payment provider's round trip
-    order = Order.objects.create(item=item, quantity=int(request.POST.get("quantity") or 1))
+    order = Order.objects.create(item=item, quantity=int(quantity))
     return redirect("order-detail", order.pk)
 
 
