@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -158,6 +159,14 @@ def test(pytest_args: list[str]) -> None:
         for note in notes:
             print(note, file=sys.stderr)
         sys.exit(f"Required backends not available: {', '.join(sorted(missing))}")
+    if len(backends) > 1 and shutil.which("faketime") is None:
+        # The clock-fault tests run app servers with a wrong clock beside a
+        # right one; without faketime they would not run, and say nothing.
+        sys.exit(
+            "faketime is not installed; the clock-fault tests (tests/test_clocks.py) need it. "
+            "Install it: 'apt-get install faketime' (Debian/Ubuntu) or "
+            "'brew install libfaketime' (macOS)."
+        )
 
     for stale in ROOT.glob(".coverage*"):
         stale.unlink()

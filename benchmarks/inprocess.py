@@ -200,10 +200,7 @@ def _pipeline(requests: int, rounds: int) -> dict[str, list[float]]:
     body = b'{"id": 1, "variant": "bench"}'
 
     def claim_params(key: str) -> list:
-        now = timezone.now()
-        new = store.NewClaim(
-            "bench", key, "f" * 64, "", now, now + timezone.timedelta(hours=1), None
-        )
+        new = store.NewClaim("bench", key, "f" * 64, "", timezone.timedelta(hours=1))
         return [store._postgresql_lock_timeout(5.0), *store._insert_params(connection, new)]
 
     def lookup(key: str, pipelined: bool) -> Any:

@@ -18,12 +18,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import timedelta
 from typing import Any, TypeVar
 
 from django.db import Error, connections, transaction
 from django.dispatch import Signal
-from django.utils import timezone
 
 from django_idempotency import lease_cleanup, observability, replay_cache, signals, store
 from django_idempotency.conf import idempotency_settings
@@ -145,11 +144,7 @@ class Call:
             # would change what that transaction sees, so the claim decides.
             with self._claim_errors():
                 completed = store.find_completed(
-                    self.using,
-                    self.info.scope,
-                    self.info.key,
-                    now=timezone.now(),
-                    wait=self.options.wait,
+                    self.using, self.info.scope, self.info.key, wait=self.options.wait
                 )
             if completed is not None:
                 return self._answer_duplicate(completed)
@@ -164,14 +159,13 @@ class Call:
     # Atomic mode: claim, body and stored result in one transaction.
 
     def _atomic(self, body: Callable[[], Any]) -> Any:
-        claimed_at = timezone.now()
         finished_by: BaseException | None = None
         # The claim's errors are answered outside the transaction, once it
         # has rolled back; only the store's claim raises them.
         with self._claim_errors(), ExitStack() as block:
             with store.claiming(self.using, self.options.wait):
                 block.enter_context(transaction.atomic(using=self.using))
-                claim = store.claim(self.using, self._new_claim(claimed_at), self.options.wait)
+                claim = store.claim(self.using, self._new_claim(), self.options.wait)
             if claim.existing is not None:
                 return self._answer_duplicate(claim.existing)
 
@@ -199,28 +193,24 @@ class Call:
                 # Not stored: undo the claim with the body's writes, answer as it did.
                 transaction.set_rollback(True, using=self.using)
                 return result
-            expires_at = self._atomic_expiry(claimed_at)
+            # The claim set its expiry at TTL; it is kept while the body took
+            # under 1% of TTL (the update then leaves every indexed column as
+            # it was, so PostgreSQL can make it a heap-only update). A slower
+            # body (or a short TTL) would otherwise commit a record already
+            # expired, or soon to be, and a retry could run it again.
+            grace = self.options.ttl / 100
             store.complete(
-                self.using, claim.record_id, stored, owner_token=None, expires_at=expires_at
+                self.using,
+                claim.record_id,
+                stored,
+                owner_token=None,
+                ttl=self.options.ttl,
+                grace=grace,
             )
-            self._stored(stored, expires_at or claimed_at + self.options.ttl)
+            self._stored(stored, self.options.ttl - grace)
         if finished_by is not None:
             raise finished_by
         return self.kind.fresh(result, stored)
-
-    def _atomic_expiry(self, claimed_at: datetime) -> datetime | None:
-        """The record's new expiry, or ``None`` to keep the one its claim set.
-
-        The claim set ``claimed_at + TTL``; keeping it leaves every indexed
-        column untouched, so PostgreSQL can store the result as a heap-only
-        update. That is kept only while the body took under 1% of ``TTL``:
-        a slower one (or a short ``TTL``) would otherwise commit a record
-        already expired, or soon to be, and a retry could run it again.
-        """
-        now = timezone.now()
-        if now - claimed_at < self.options.ttl / 100:
-            return None
-        return now + self.options.ttl
 
     # Lease mode: the claim commits first, the body runs outside our transaction.
 
@@ -231,13 +221,12 @@ class Call:
         record = claim.existing
         if record is None:
             return self._run_leased(body, _Owned(lease, claim.record_id, token), claim)
-        if self.recover is not None and record.abandoned(timezone.now()):
+        if self.recover is not None and record.abandoned():
             return self._recover(body, lease, token, record)
         return self._answer_duplicate(record)
 
     def _lease_claim(self, lease: LeaseConnection, token: str) -> store.Claim:
-        now = timezone.now()
-        new = self._new_claim(now, token, now + self.options.lease)
+        new = self._new_claim(token, self.options.lease)
         with (
             self._claim_errors(),
             lease.statements(),
@@ -287,14 +276,13 @@ class Call:
 
     def _record_progress(self, owned: _Owned, checkpoints: dict[str, Any] | None) -> bool:
         """Write checkpoints (or only renew the lease) now, fenced by the owner's token."""
-        locked_until = timezone.now() + self.options.lease
         return owned.connection.run(
             lambda: store.record_progress(
                 self.using,
                 owned.record_id,
                 owner_token=owned.token,
                 checkpoints=checkpoints,
-                locked_until=locked_until,
+                lease=self.options.lease,
             ),
             at_once=True,
         )
@@ -316,9 +304,8 @@ class Call:
             checkpoints=dict(record.checkpoints),
         )
         answer = self.kind.ask(self.recover, self.request, abandoned)
-        now = timezone.now()
         if answer is None:
-            new = self._new_claim(now, token, now + self.options.lease)
+            new = self._new_claim(token, self.options.lease)
             taken = lease.run(lambda: store.take_over(self.using, record, new), at_once=True)
             if taken is None:
                 raise self._conflict(retry_after=1)  # another request took it first
@@ -337,18 +324,15 @@ class Call:
                 outcome="held",
             )
             return answer
-        expires_at = now + self.options.ttl
-        settled = lease.run(
-            lambda: store.settle(self.using, record, stored, now=now, expires_at=expires_at),
-            at_once=True,
-        )
+        ttl = self.options.ttl
+        settled = lease.run(lambda: store.settle(self.using, record, stored, ttl=ttl), at_once=True)
         if not settled:
             # Another request settled or took it over first, or its owner
             # renewed its lease while the policy asked: the claim is in
             # flight again, and the policy's answer must not overwrite it.
             raise self._conflict(retry_after=1)
         self._send(signals.claim_recovered)
-        self._stored(stored, expires_at)
+        self._stored(stored, ttl)
         observability.record_recovery("completed", self.sender)
         return self.kind.fresh(answer, stored)
 
@@ -383,16 +367,12 @@ class Call:
             # The body's writes are lost with it: as for a failed body.
             self._release(owned)
             return False
-        expires_at = timezone.now() + self.options.ttl
+        ttl = self.options.ttl
 
         def complete(result: StoredResponse) -> bool:
             def update() -> bool:
                 return store.complete(
-                    self.using,
-                    owned.record_id,
-                    result,
-                    owner_token=owned.token,
-                    expires_at=expires_at,
+                    self.using, owned.record_id, result, owner_token=owned.token, ttl=ttl
                 )
 
             if lease.own:
@@ -414,7 +394,7 @@ class Call:
         # Sent only now, with the request's connection back in place, so
         # that a receiver's writes join the request's transaction.
         if completed:
-            self._stored(stored, expires_at)
+            self._stored(stored, ttl)
             return True
         self._log(
             logging.WARNING,
@@ -510,12 +490,8 @@ class Call:
         finally:
             progress.write = None
 
-    def _new_claim(
-        self, now: datetime, token: str = "", locked_until: datetime | None = None
-    ) -> store.NewClaim:
-        return store.NewClaim.of(
-            self.info, now, ttl=self.options.ttl, token=token, locked_until=locked_until
-        )
+    def _new_claim(self, token: str = "", lease: timedelta | None = None) -> store.NewClaim:
+        return store.NewClaim.of(self.info, ttl=self.options.ttl, token=token, lease=lease)
 
     @contextmanager
     def _claim_errors(self) -> Iterator[None]:
@@ -550,11 +526,10 @@ class Call:
         if record.response is not None:
             self._send(signals.response_replayed)
             # A replay from the database refills a cache that lost the entry.
-            self._cache_after_commit(record.response, record.expires_at)
+            self._cache_after_commit(record.response, record.expires_at - record.seen_at)
             return self.kind.decode(record.response)
         # In progress: a lease-mode original still inside its lease.
-        seconds = (record.held_until - timezone.now()).total_seconds()
-        raise self._conflict(retry_after=seconds)
+        raise self._conflict(retry_after=record.held_for.total_seconds())
 
     def _gave_up(self) -> IdempotencyError:
         """The answer when every claim attempt had to start over: try again in a second."""
@@ -569,11 +544,16 @@ class Call:
         )
         return self.kind.in_flight(retry_after)
 
-    def _stored(self, stored: StoredResponse, expires_at: datetime) -> None:
+    def _stored(self, stored: StoredResponse, lifetime: timedelta) -> None:
         self._send(signals.response_stored)
-        self._cache_after_commit(stored, expires_at)
+        self._cache_after_commit(stored, lifetime)
 
-    def _cache_after_commit(self, stored: StoredResponse, expires_at: datetime) -> None:
+    def _cache_after_commit(self, stored: StoredResponse, lifetime: timedelta) -> None:
+        """Cache a stored answer for no longer than ``lifetime``, the rest of its record's life.
+
+        A duration by the database's clock, not an instant: the cache's own
+        timeout ends the entry, whatever the app hosts' clocks say.
+        """
         alias = idempotency_settings.replay_cache
         if alias is None:
             return
@@ -581,7 +561,7 @@ class Call:
         # Immediately when nothing is left to commit, else once the record's
         # transaction has committed: a result that rolls back is never cached.
         transaction.on_commit(
-            lambda: replay_cache.put(alias, info, stored, expires_at, using), using=using
+            lambda: replay_cache.put(alias, info, stored, lifetime, using), using=using
         )
 
     def _log(

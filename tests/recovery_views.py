@@ -25,7 +25,6 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.template import engines
 from django.template.response import TemplateResponse
-from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
@@ -138,7 +137,7 @@ def reconcile_while_renewed(request: HttpRequest, abandoned: Abandoned) -> HttpR
         "default",
         record.id,
         owner_token=record.owner_token,
-        locked_until=timezone.now() + timedelta(seconds=2),
+        lease=timedelta(seconds=2),
     )
     assert renewed
     return reconcile(request, abandoned)

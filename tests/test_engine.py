@@ -284,14 +284,13 @@ class TakeoverTests:
         first = post(api, LEASE_ORDERS)
         completed = IdempotencyKey.objects.get()
         stale_response = store.StoredResponse(500, [], b"stale")
-        expires_at = timezone.now() + timedelta(days=9)
         assert (
             store.complete(
                 "default",
                 stale.pk,
                 stale_response,
                 owner_token=stale.owner_token,
-                expires_at=expires_at,
+                ttl=timedelta(days=9),
             )
             is False
         )
@@ -317,7 +316,7 @@ class TakeoverTests:
             stale.pk,
             store.StoredResponse(200, [], b"stale"),
             owner_token=stale.owner_token,
-            expires_at=timezone.now() + timedelta(days=1),
+            ttl=timedelta(days=1),
         )
         assert not store.release("default", stale.pk, stale.owner_token)
         still = IdempotencyKey.objects.get()

@@ -12,6 +12,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from io import StringIO
 from typing import Any
@@ -22,6 +23,7 @@ from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
+from django_idempotency import clock as database_clock
 from django_idempotency import idempotent_function, signals, store
 from django_idempotency.exceptions import CallAbandoned, LeaseLost
 from django_idempotency.models import IdempotencyKey
@@ -49,20 +51,32 @@ def client() -> Client:
 
 
 class Clock:
-    """``django.utils.timezone.now``, moved forward by the test."""
+    """The database's clock (and ``django.utils.timezone.now``), moved forward by the test."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.offset = timedelta(0)
         real = timezone.now
         monkeypatch.setattr(timezone, "now", lambda: real() + self.offset)
 
+    @property
+    def offset(self) -> timedelta:
+        return self._offset
+
+    @offset.setter
+    def offset(self, offset: timedelta) -> None:
+        self._offset = offset
+        database_clock.shift(offset)
+
     def past_the_lease(self) -> None:
         self.offset += LEASE + timedelta(seconds=1)
 
 
 @pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    return Clock(monkeypatch)
+def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[Clock]:
+    try:
+        yield Clock(monkeypatch)
+    finally:
+        database_clock.shift(timedelta(0))
 
 
 def pay(client: Client, url: str = "/recovery/pay/", key: str = "order-1", amount: int = 10) -> Any:
@@ -414,7 +428,7 @@ class PolicyTests:
         # The claim is still the owner's: its own result is the one stored.
         stored = store.StoredResponse(201, [], b"{}")
         assert store.complete(
-            "default", record.id, stored, owner_token=original.owner_token, expires_at=None
+            "default", record.id, stored, owner_token=original.owner_token, ttl=timedelta(hours=1)
         )
         assert pay(client, url)["Idempotent-Replayed"] == "true"
 

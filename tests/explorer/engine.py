@@ -35,6 +35,7 @@ from django.http import HttpResponse
 from django.test import RequestFactory
 from django.utils import timezone
 
+from django_idempotency import clock as database_clock
 from django_idempotency import lease_connection, store
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.decorators import idempotent
@@ -123,6 +124,7 @@ class Clock:
 
     def advance(self, delta: timedelta) -> None:
         self.current += delta
+        database_clock.pin(self.current)
 
 
 @dataclass
@@ -330,13 +332,13 @@ def _gated_claim(using: str, new: store.NewClaim, wait: float, **options: Any) -
     if result.existing is not None:
         # Only a recovery policy is shown an expired record: an abandoned claim.
         left_to_policy = options.get("take_over_abandoned") is False
-        if result.existing.expires_at <= new.created_at and not (
-            left_to_policy and result.existing.abandoned(new.created_at)
+        if result.existing.expires_at <= claimed_when and not (
+            left_to_policy and result.existing.abandoned()
         ):
             actor.world.violate(f"{actor.name} was answered from an expired record")
     else:
         actor.token = new.owner_token or None
-        actor.claimed_at = new.created_at
+        actor.claimed_at = claimed_when
         actor.claimed_when = claimed_when
         actor.claim_order = next(_claim_order)
     return result
@@ -353,8 +355,14 @@ def _gated_complete(
         # As MySQL refuses a packet over max_allowed_packet: the statement fails.
         raise DataError("The database refused the response body (explorer fault).")
     completed = _real["complete"](using, record_id, response, **kwargs)
-    if completed and kwargs["expires_at"] is not None:
-        actor.completed_expires = kwargs["expires_at"]
+    if completed and kwargs["owner_token"] is not None:
+        # The expiry the database's clock gave it, read on the same connection.
+        actor.completed_expires = (
+            IdempotencyKey.objects.using(using)
+            .filter(pk=record_id)
+            .values_list("expires_at", flat=True)
+            .get()
+        )
     if kwargs["owner_token"] is None:
         actor.gate("commit")
     return completed
@@ -381,8 +389,7 @@ def _gated_take_over(using: str, abandoned: Any, new: store.NewClaim) -> Any:
     taken = _real["take_over"](using, abandoned, new)
     if taken is not None:
         actor.token = new.owner_token
-        actor.claimed_at = new.created_at
-        actor.claimed_when = timezone.now()
+        actor.claimed_at = actor.claimed_when = timezone.now()
         actor.claim_order = next(_claim_order)
     return taken
 
@@ -430,11 +437,14 @@ def instrumented(clock: Clock) -> Iterator[None]:
     for name, gate in gated.items():
         setattr(store, name, gate)
     timezone.now = clock.now  # type: ignore[assignment]
+    # The database's clock, which decides, reads the same moving clock.
+    database_clock.pin(clock.now())
     connection_created.connect(_on_connection, dispatch_uid="tests.explorer")
     try:
         yield
     finally:
         connection_created.disconnect(dispatch_uid="tests.explorer")
+        database_clock.pin(None)
         timezone.now = saved_now  # type: ignore[assignment]
         for name in gated:
             setattr(store, name, _real[name])

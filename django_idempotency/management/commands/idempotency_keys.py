@@ -17,11 +17,11 @@ from collections.abc import Callable
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.utils import timezone
 
 from django_idempotency import operations
 from django_idempotency.keys import mask_key
 from django_idempotency.models import IdempotencyKey
+from django_idempotency.operations import database_now
 
 State = IdempotencyKey.State
 
@@ -86,14 +86,14 @@ class Command(BaseCommand):
         return found
 
     def _list(self, options: dict[str, Any]) -> None:
-        now = timezone.now()
+        now = database_now(options["database"])
         found = operations.records(options["database"]).order_by("-pk")
         if options["scope"] is not None:
             found = found.filter(scope=options["scope"])
         if options["state"] is not None:
             found = found.filter(state=options["state"])
         if options["abandoned"]:
-            found = found.filter(operations.abandoned(now))
+            found = found.filter(operations.abandoned())
         shown = 0
         for record in found[: options["limit"]]:
             key = record.key if options["show_keys"] else mask_key(record.key)
@@ -115,7 +115,7 @@ class Command(BaseCommand):
         return f"in progress, attempt {record.attempt}, {lease}, {done}"
 
     def _show(self, record: IdempotencyKey) -> None:
-        now = timezone.now()
+        now = database_now(record._state.db)
         lines = [
             f"scope:        {record.scope}",
             f"key:          {mask_key(record.key)} (masked)",
@@ -169,9 +169,9 @@ class Command(BaseCommand):
         """
         try:
             return operation(record, force=force)
-        except operations.LeaseStillHeld:
+        except operations.LeaseStillHeld as held:
             raise CommandError(
                 f"The lease of idempotency key {mask_key(record.key)} in scope {record.scope!r} "
-                f"runs until {record.expires_at.isoformat()}: its request may still be running, "
+                f"runs until {held.until.isoformat()}: its request may still be running, "
                 f"and would then run twice. Wait for the lease, or {action} with --force."
             ) from None
