@@ -31,6 +31,7 @@ from django_idempotency.exceptions import (
     IdempotencyError,
     IdempotencyKeyRequired,
     RequestInFlight,
+    ResultNotStored,
 )
 from django_idempotency.fields import FINGERPRINT_COLUMN_LENGTH, fit_key_column
 from django_idempotency.info import IdempotencyInfo
@@ -68,6 +69,11 @@ def _decode(stored: StoredResponse) -> HttpResponseBase:
     return replay(stored, idempotency_settings.replay_header)
 
 
+def _not_stored() -> StoredResponse:
+    """The refusal that completes a key whose response could not be kept (500 problem+json)."""
+    return capture(problem(ResultNotStored()), idempotency_settings.stored_headers, 1 << 20)
+
+
 #: How the engine keeps and gives back a response, and the errors a request meets.
 RESPONSES = engine.Kind(
     encode=_encode,
@@ -75,6 +81,7 @@ RESPONSES = engine.Kind(
     in_flight=lambda retry_after: RequestInFlight(retry_after=retry_after),
     mismatch=FingerprintMismatch,
     database_busy=lambda: DatabaseBusy(retry_after=1),
+    unstorable=_not_stored,
 )
 
 

@@ -79,6 +79,10 @@ class Kind:
     #: a record that ``decode`` turns back into that ending for a duplicate.
     #: ``None``: the kind's bodies never end so, and it would not be stored.
     ended_on_purpose: StoredResponse | None = None
+    #: Lease mode: what completes the key when the body returned but its
+    #: result cannot be kept (not rendered, not JSON): a refusal that every
+    #: later call receives, so that the body, which has acted, never runs again.
+    unstorable: Callable[[], StoredResponse] = lambda: StoredResponse(500, [], None)
     #: What is stored of a result whose body the database refused (over
     #: MySQL's ``max_allowed_packet``, say): a response's status and headers;
     #: for a value, a record that tells a duplicate so.
@@ -255,17 +259,20 @@ class Call:
             stored = self.kind.encode(result)
         except Exception:
             # A response whose rendering fails (a template, DRF's renderer) or
-            # a value of the wrong type (not JSON): the body has run, so the
-            # key stays claimed rather than let a retry run it again.
+            # a value of the wrong type (not JSON): the body has acted, so the
+            # key is completed with a refusal rather than let a retry (after
+            # the lease, or at once if it were released) run it again.
             self._log(
                 logging.ERROR,
                 "The body for idempotency key %s in scope %r ran, but its result cannot "
-                "be rendered or stored. The key stays claimed, so that a retry does not "
-                "repeat the effect; retries get 409 until its lease runs out.",
-                outcome="held",
+                "be rendered or stored. The key is completed with a refusal that every "
+                "retry receives, so that the effect is not repeated; an operator can "
+                "release or delete it (manage.py idempotency_keys).",
+                outcome="unstorable",
                 waited=False,
                 exc_info=True,
             )
+            self._complete_lease(owned, self.kind.unstorable())
             raise
         if stored is None:
             self._release(owned)

@@ -19,17 +19,20 @@ import re
 import threading
 import time
 from datetime import timedelta
+from io import StringIO
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.core.management import call_command
 from django.db import connection
 from django.test import Client, override_settings
 from django.utils import timezone
 from rest_framework.request import Request
 from rest_framework.test import APIClient, APIRequestFactory
 
+from django_idempotency import clock as database_clock
 from django_idempotency import store
 from django_idempotency.body import close_spools_with
 from django_idempotency.fingerprint import request_fingerprint
@@ -227,27 +230,51 @@ class LeaseReleaseTests:
         assert calls.value == 1
 
 
-class RenderFailureTests:
-    """A response whose rendering fails after the handler returned: the handler has acted."""
+def assert_refused_as_not_stored(response: Any) -> None:
+    """The refusal a key whose response could not be kept gives every retry."""
+    assert response.status_code == 500
+    assert response["Content-Type"] == "application/problem+json"
+    assert response["Idempotent-Replayed"] == "true"
+    assert json.loads(response.content)["type"].endswith(":result-not-stored")
 
-    def test_lease_template_that_fails_to_render_keeps_the_claim(self, caplog: Any) -> None:
+
+class RenderFailureTests:
+    """A response whose rendering fails after the handler returned: the handler has acted.
+
+    The key is completed with a refusal, so that no retry runs the handler
+    again: not at once, and not once the lease would have run out.
+    """
+
+    def test_lease_template_that_fails_to_render_completes_with_a_refusal(
+        self, caplog: Any
+    ) -> None:
         with caplog.at_level(logging.ERROR, logger="django_idempotency.core"):
             failed = send("/lease/unrenderable/", KEY)
         assert failed.status_code == 500
         assert "cannot be rendered or stored" in caplog.text
-        retry = send("/lease/unrenderable/", KEY)
-        assert retry.status_code == 409
+        assert_refused_as_not_stored(send("/lease/unrenderable/", KEY))
+        with database_clock.shifted(timedelta(hours=1)):  # past the lease, within the TTL
+            assert_refused_as_not_stored(send("/lease/unrenderable/", KEY))
         assert calls.value == 1
         assert Order.objects.count() == 1
-        assert IdempotencyKey.objects.get().state == State.IN_PROGRESS
+        assert IdempotencyKey.objects.get().state == State.COMPLETED
 
-    def test_lease_drf_response_that_fails_to_render_keeps_the_claim(self, client: Any) -> None:
+    def test_lease_drf_response_that_fails_to_render_completes_with_a_refusal(
+        self, client: Any
+    ) -> None:
         api, _ = client
         assert post(api, f"{LEASE_ORDERS}?unrenderable=1").status_code == 500
-        retry = post(api, f"{LEASE_ORDERS}?unrenderable=1")
-        assert retry.status_code == 409
+        assert_refused_as_not_stored(post(api, f"{LEASE_ORDERS}?unrenderable=1"))
+        with database_clock.shifted(timedelta(hours=1)):
+            assert_refused_as_not_stored(post(api, f"{LEASE_ORDERS}?unrenderable=1"))
         assert calls.value == 1
-        assert IdempotencyKey.objects.get().state == State.IN_PROGRESS
+        assert IdempotencyKey.objects.get().state == State.COMPLETED
+
+    def test_an_operator_release_lets_it_run_again(self) -> None:
+        send("/lease/unrenderable/", KEY)
+        call_command("idempotency_keys", "delete", "anonymous", KEY, stdout=StringIO())
+        assert send("/lease/unrenderable/", KEY).status_code == 500
+        assert calls.value == 2
 
     def test_atomic_template_that_fails_to_render_rolls_back_for_a_retry(self) -> None:
         # The failure rolls the handler's writes back with the claim: a retry may run.

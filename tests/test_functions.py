@@ -17,7 +17,9 @@ import subprocess
 import sys
 import uuid
 from collections import Counter
-from datetime import timedelta
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
 from django.test import override_settings
 
+from django_idempotency import clock as database_clock
 from django_idempotency import idempotent_function
 from django_idempotency.exceptions import (
     ArgumentsMismatch,
@@ -314,6 +317,33 @@ class ContractTests:
             bad("k")
         assert not Order.objects.exists()
         assert not IdempotencyKey.objects.exists()
+
+    @pytest.mark.parametrize(
+        "value", [Decimal("9.99"), datetime(2026, 1, 1, tzinfo=dt_timezone.utc), uuid.uuid4()]
+    )
+    def test_lease_mode_value_that_is_not_json_never_runs_the_body_again(self, value):
+        runs: list[str] = []
+
+        @idempotent_function(key=lambda key: key, atomic=False)
+        def charge(key: str) -> object:
+            runs.append(key)
+            Order.objects.create(item=key)
+            return value
+
+        with pytest.raises(UnstorableResult, match="cannot be stored as JSON"):
+            charge("k")
+        with pytest.raises(UnstorableResult, match="its value could not be stored"):
+            charge("k")
+        # Nor once its lease would have run out: the body has acted.
+        with (
+            database_clock.shifted(timedelta(hours=1)),
+            pytest.raises(UnstorableResult, match="its value could not be stored"),
+        ):
+            charge("k")
+        assert runs == ["k"]
+        assert Order.objects.count() == 1
+        record = IdempotencyKey.objects.get()
+        assert (record.state, record.status_code) == (IdempotencyKey.State.COMPLETED, 507)
 
     def test_lease_mode_in_flight_call_is_refused(self):
         inner: list[Any] = []
