@@ -129,6 +129,9 @@ class Call:
     finish: Callable[[Any], Any] = lambda result: result
     using: str = field(default_factory=lambda: idempotency_settings.database)
     started: float = field(default_factory=time.monotonic, init=False)
+    #: Lease mode, inside a caller's transaction: the checkpoints this
+    #: attempt started from, once it recorded one (see ``_record_progress``).
+    _progress_at_start: dict[str, Any] | None = field(default=None, init=False)
 
     def run(self, body: Callable[[], T]) -> T:
         """Run ``body`` unless its key is already done; return its result or the stored one."""
@@ -282,7 +285,16 @@ class Call:
         return self.kind.fresh(result, stored)
 
     def _record_progress(self, owned: _Owned, checkpoints: dict[str, Any] | None) -> bool:
-        """Write checkpoints (or only renew the lease) now, fenced by the owner's token."""
+        """Write checkpoints (or only renew the lease) now, fenced by the owner's token.
+
+        Inside a transaction of the caller's (``ATOMIC_REQUESTS``, an outer
+        ``atomic``), the writes a checkpoint records may still roll back,
+        while the checkpoint itself commits at once: so, unless that
+        transaction commits, this attempt's checkpoints are put back when
+        the request ends, and a retry does not skip the lost writes.
+        """
+        if checkpoints is not None and connections[self.using].in_atomic_block:
+            self._discard_progress_unless_committed(owned)
         return owned.connection.run(
             lambda: store.record_progress(
                 self.using,
@@ -293,6 +305,25 @@ class Call:
             ),
             at_once=True,
         )
+
+    def _discard_progress_unless_committed(self, owned: _Owned) -> None:
+        if self._progress_at_start is not None:
+            return  # registered at this attempt's first checkpoint
+        start = self._progress_at_start = dict(self.info.progress.checkpoints)
+        using = self.using
+
+        def restore() -> None:
+            try:
+                store.restore_progress(using, owned.record_id, owned.token, start)
+            except Error:
+                self._log(
+                    logging.ERROR,
+                    "Could not discard the checkpoints of idempotency key %s in scope %r "
+                    "that rolled back with the request.",
+                    exc_info=True,
+                )
+
+        lease_cleanup.release_unless_committed(using, restore, self.request)
 
     def _recover(
         self, body: Callable[[], Any], lease: LeaseConnection, token: str, record: store.Record

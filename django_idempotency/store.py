@@ -585,6 +585,22 @@ def record_progress(
     return owned.update(**changes) == 1
 
 
+def restore_progress(
+    using: str, record_id: int, owner_token: str, checkpoints: dict[str, Any]
+) -> bool:
+    """Put an in-progress claim's checkpoints back to ``checkpoints``.
+
+    For checkpoints recorded in a transaction that then rolled back: the
+    writes they record are gone, so a retry must not skip them. Fenced by
+    the token of the owner that recorded them (or the cleared token of its
+    release), so a new owner's own progress is never touched.
+    """
+    owned = IdempotencyKey.objects.using(using).filter(
+        pk=record_id, state=State.IN_PROGRESS, owner_token__in=[owner_token, ""]
+    )
+    return owned.update(checkpoints=checkpoints or None) == 1
+
+
 def _owned(using: str, record_id: int, owner_token: str | None) -> Any:
     records = IdempotencyKey.objects.using(using).filter(pk=record_id)
     if owner_token is not None:
