@@ -69,6 +69,25 @@ def _decode(stored: StoredResponse) -> HttpResponseBase:
     return replay(stored, idempotency_settings.replay_header)
 
 
+def _check_policy_answer(policy: Callable[..., Any], answer: Any) -> None:
+    if answer is not None and not isinstance(answer, HttpResponseBase):
+        raise TypeError(
+            f"The recovery policy {policy!r} returned {type(answer).__name__}; it must return "
+            "an HttpResponse (a stored one completes the key, another holds it) or None "
+            "(to take the abandoned claim over and run the view)."
+        )
+
+
+def _text(what: str, value: Any, source: Any) -> str:
+    """A scope or fingerprint function's value, refused with the fix unless it is a string."""
+    if isinstance(value, str):
+        return value
+    raise TypeError(
+        f"The {what} function {source!r} returned {type(value).__name__}, not a string. "
+        f"A {what} function takes the request and returns a str."
+    )
+
+
 def _not_stored() -> StoredResponse:
     """The refusal that completes a key whose response could not be kept (500 problem+json)."""
     return capture(problem(ResultNotStored()), idempotency_settings.stored_headers, 1 << 20)
@@ -82,6 +101,7 @@ RESPONSES = engine.Kind(
     mismatch=FingerprintMismatch,
     database_busy=lambda: DatabaseBusy(retry_after=1),
     unstorable=_not_stored,
+    check_answer=_check_policy_answer,
 )
 
 
@@ -158,8 +178,10 @@ def _call(
         key = check_key(raw_key, conf.key_max_length, conf.key_min_length)
     info = IdempotencyInfo(
         key=key,
-        scope=fit_key_column(options.scope(request)),
-        fingerprint=_fit_fingerprint(options.fingerprint(request)),
+        scope=fit_key_column(_text("scope", options.scope(request), options.scope)),
+        fingerprint=_fit_fingerprint(
+            _text("fingerprint", options.fingerprint(request), options.fingerprint)
+        ),
     )
     request.idempotency = info  # type: ignore[attr-defined]
     setattr(request, _PROTECTED_WITH, (options, request))

@@ -92,6 +92,9 @@ class Kind:
     #: What the first call returns: its own result (a view's response), or
     #: what a duplicate would get (a function's JSON value).
     fresh: Callable[[Any, StoredResponse], Any] = lambda result, stored: result
+    #: Refuses, with an error that names the fix, what a recovery policy
+    #: returned that is neither ``None`` nor what the kind stores.
+    check_answer: Callable[[Callable[..., Any], Any], None] = lambda policy, answer: None
     #: How a recovery policy is asked about an abandoned claim: a view's
     #: ``f(request, abandoned)``, a function's ``f(abandoned)``.
     ask: Callable[[Callable[..., Any], Any, Abandoned], Any] = lambda policy, request, abandoned: (
@@ -244,14 +247,18 @@ class Call:
             take_over = self.recover is None
             return store.claim(self.using, new, self.options.wait, take_over_abandoned=take_over)
 
-    def _run_leased(self, body: Callable[[], Any], owned: _Owned, claim: store.Claim) -> Any:
+    def _run_leased(
+        self, body: Callable[[], Any], owned: _Owned, claim: store.Claim, *, counted: bool = False
+    ) -> Any:
+        """Run the body on a claimed key; ``counted``: a recovery policy's takeover, counted."""
         try:
             with self._progress(claim, lambda cps: self._record_progress(owned, cps)):
                 if claim.attempt > 1:
                     # The claim of a request that stopped before it finished:
                     # this run resumes it, from its checkpoints.
                     self._send(signals.claim_taken_over)
-                    observability.record_recovery("started", self.sender)
+                    if not counted:
+                        observability.record_recovery("started", self.sender)
                 self._send(signals.key_claimed)
                 result = body()
         except BaseException as exc:
@@ -342,12 +349,13 @@ class Call:
             checkpoints=dict(record.checkpoints),
         )
         answer = self.kind.ask(self.recover, self.request, abandoned)
+        self.kind.check_answer(self.recover, answer)
         if answer is None:
             new = self._new_claim(token, self.options.lease)
             taken = lease.run(lambda: store.take_over(self.using, record, new), at_once=True)
             if taken is None:
                 raise self._conflict(retry_after=1)  # another request took it first
-            return self._run_leased(body, _Owned(lease, record.id, token), taken)
+            return self._run_leased(body, _Owned(lease, record.id, token), taken, counted=True)
         # Rendered as a handler's response is: a DRF Response or a template
         # response has no bytes to store until then.
         answer = self.finish(answer)
@@ -566,8 +574,12 @@ class Call:
             # A replay from the database refills a cache that lost the entry.
             self._cache_after_commit(record.response, record.expires_at - record.seen_at)
             return self.kind.decode(record.response)
-        # In progress: a lease-mode original still inside its lease.
-        raise self._conflict(retry_after=record.held_for.total_seconds())
+        # In progress: a lease-mode original still inside its lease. Come back
+        # after about as long as it has run so far (a short request is soon
+        # done, a long one is asked less often), never later than its lease
+        # runs out; both by the database's clock.
+        running = max(1.0, record.running_for.total_seconds())
+        raise self._conflict(retry_after=min(running, record.held_for.total_seconds()))
 
     def _gave_up(self) -> IdempotencyError:
         """The answer when every claim attempt had to start over: try again in a second."""

@@ -272,6 +272,16 @@ def idempotent_function(
 
     def decorate(function: F) -> F:
         name = scope or f"{function.__module__}.{function.__qualname__}"
+        if scope is None and "<locals>" in function.__qualname__:
+            # Every function a factory builds has this one qualified name:
+            # their keys would share one scope, and one closure would be
+            # answered with another's value.
+            raise TypeError(
+                f"idempotent_function on {function.__qualname__!r}, a function defined inside "
+                "another, needs scope=: each function it builds would otherwise share the "
+                "scope " + repr(name) + ". Pass scope= naming what this one does (a tenant's "
+                "or a queue's name, say)."
+            )
 
         def call_once(args: Any, kwargs: Any, body: Callable[[IdempotencyInfo], Any]) -> Any:
             if not idempotency_settings.enabled:

@@ -89,7 +89,8 @@ class IdempotencyInfo:
             raise TypeError(f"A checkpoint's name must be a non-empty string, not {name!r}.")
         try:
             # As it will be read back, so that this request sees what a retry would.
-            value = json.loads(json.dumps(data, cls=DjangoJSONEncoder))
+            # NaN and infinities are not JSON, and PostgreSQL's jsonb refuses them.
+            value = json.loads(json.dumps(data, cls=DjangoJSONEncoder, allow_nan=False))
         except (TypeError, ValueError) as exc:
             raise TypeError(
                 f"The data of checkpoint {name!r} must be JSON-serialisable: {exc}"

@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connections
-from django.db.models import Q, QuerySet
+from django.db.models import F, Q, QuerySet
 
 from django_idempotency import clock, replay_cache
 from django_idempotency.clock import DatabaseNow
@@ -90,7 +90,10 @@ def release(record: IdempotencyKey, *, force: bool = False) -> bool:
     if not force:
         fenced = fenced.exclude(lease_held())
     now = DatabaseNow()
-    if fenced.update(owner_token="", locked_until=now, expires_at=now) == 1:
+    # The retry that takes a dead owner's claim is its next attempt (a claim
+    # its owner gave back itself keeps its number: SPEC counts takeovers).
+    attempt = F("attempt") + 1 if record.owner_token else F("attempt")
+    if fenced.update(owner_token="", locked_until=now, expires_at=now, attempt=attempt) == 1:
         return True
     if not force:
         _refuse_if_held(using, record)

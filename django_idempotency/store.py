@@ -735,9 +735,10 @@ def _takeover_assignments(connection: BaseDatabaseWrapper, *, from_excluded: boo
 def _progress_assignments(connection: BaseDatabaseWrapper, fingerprint: str) -> str:
     """SET clause of a takeover's attempt and checkpoints: kept for the same request's claim.
 
-    An abandoned (or released) claim of the same request is taken over as
-    attempt n + 1 with its checkpoints; an expired completed record, or
-    another request's claim, starts again at 1 with none. It comes first in
+    An abandoned claim of the same request is taken over as attempt n + 1
+    with its checkpoints, a released one as attempt n with them (SPEC counts
+    takeovers, not failures); an expired completed record, or another
+    request's claim, starts again at 1 with none. It comes first in
     the SET clause: MySQL evaluates assignments left to right, so ``state``
     and ``fingerprint`` must still be the old record's here.
     """
@@ -748,8 +749,12 @@ def _progress_assignments(connection: BaseDatabaseWrapper, fingerprint: str) -> 
         f"{quote(columns['state'])} = '{State.IN_PROGRESS}' "
         f"AND {quote(columns['fingerprint'])} = {fingerprint}"
     )
+    # Only a takeover of an abandoned claim (its owner's token still set)
+    # counts as an attempt; a claim its owner gave back keeps its number.
+    owned = f"{quote(columns['owner_token'])} <> ''"
     return (
-        f"{attempt} = CASE WHEN {same} THEN {attempt} + 1 ELSE 1 END, "
+        f"{attempt} = CASE WHEN {same} "
+        f"THEN {attempt} + CASE WHEN {owned} THEN 1 ELSE 0 END ELSE 1 END, "
         f"{checkpoints} = CASE WHEN {same} THEN {checkpoints} ELSE NULL END"
     )
 

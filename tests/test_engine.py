@@ -172,12 +172,42 @@ class LeaseDuplicateTests:
         # Lease mode does not wait for the original: it answers at once.
         assert time.monotonic() - started < 0.9
         assert duplicate.status_code == 409
-        assert int(duplicate["Retry-After"]) in (299, 300)
+        # When to come back: after about as long as the original has run (here
+        # well under a second), not the whole 300-second lease.
+        assert duplicate["Retry-After"] == "1"
         assert duplicate.json()["detail"].startswith("A request with this idempotency key")
         original = join()
         assert original.status_code == 201
         assert calls.value == 1
         assert IdempotencyKey.objects.get().state == State.COMPLETED
+
+    def test_retry_after_grows_with_how_long_the_original_has_run(self, client: Any) -> None:
+        api, user = client
+        IdempotencyKeyFactory(
+            scope=f"user:{user.pk}",
+            key=KEY,
+            fingerprint=fingerprint_of(LEASE_ORDERS),
+            in_flight=True,
+            created_at=timezone.now() - timedelta(seconds=40),
+            locked_until=timezone.now() + timedelta(seconds=260),
+        )
+        response = post(api, LEASE_ORDERS)
+        assert response.status_code == 409
+        assert int(response["Retry-After"]) in (40, 41, 42)
+
+    def test_retry_after_is_never_past_the_lease(self, client: Any) -> None:
+        api, user = client
+        IdempotencyKeyFactory(
+            scope=f"user:{user.pk}",
+            key=KEY,
+            fingerprint=fingerprint_of(LEASE_ORDERS),
+            in_flight=True,
+            created_at=timezone.now() - timedelta(seconds=280),
+            locked_until=timezone.now() + timedelta(seconds=20),
+        )
+        response = post(api, LEASE_ORDERS)
+        assert response.status_code == 409
+        assert int(response["Retry-After"]) in (19, 20)
 
     def test_duplicate_with_other_body_while_held_is_422(self, client: Any) -> None:
         api, _ = client
@@ -573,7 +603,7 @@ class CallersTransactionTests:
 
         runs: list[int] = []
 
-        @idempotent_function(key=lambda order: f"order-{order}")
+        @idempotent_function(scope="test.charge", key=lambda order: f"order-{order}")
         def charge(order: int) -> int:
             runs.append(order)
             return order * 10
@@ -603,7 +633,7 @@ class CallersTransactionTests:
         from django_idempotency import idempotent_function
         from tests.databases import lock_timeout
 
-        @idempotent_function(key=lambda order: f"order-{order}", wait=0.5)
+        @idempotent_function(scope="test.charge", key=lambda order: f"order-{order}", wait=0.5)
         def charge(order: int) -> int:
             return order
 

@@ -168,6 +168,17 @@ def test_database_option_and_setting(settings):
     assert "user:6" not in out
 
 
+def test_an_unknown_database_is_a_clear_error():
+    with pytest.raises(CommandError, match="Unknown database 'nope': --database takes an alias"):
+        run("--database", "nope", "list")
+
+
+@pytest.mark.parametrize("limit", ["-1", "0", "many"])
+def test_a_limit_below_one_is_a_clear_error(limit):
+    with pytest.raises(CommandError, match="1 or more"):
+        run("list", "--limit", limit)
+
+
 def updates_waiting_on_a_row_lock() -> int:
     """How many statements on the test database wait for another transaction's row lock.
 

@@ -130,14 +130,15 @@ class ProgressTests:
             recovery_views_hold.set()
             assert join().status_code == 201
 
-    def test_data_that_is_not_json_is_refused_and_records_nothing(self, client):
+    @pytest.mark.parametrize("data", [{"when": object()}, {"amount": float("nan")}])
+    def test_data_that_is_not_json_is_refused_and_records_nothing(self, client, data):
         from django.http import HttpResponse
 
         from django_idempotency import idempotent
 
         @idempotent(atomic=False)
         def view(request: Any) -> HttpResponse:
-            request.idempotency.checkpoint("step", {"when": object()})
+            request.idempotency.checkpoint("step", data)
             return HttpResponse(status=201)
 
         from django.test import RequestFactory
@@ -148,6 +149,25 @@ class ProgressTests:
         with pytest.raises(TypeError, match="JSON-serialisable"):
             view(request)
         assert not IdempotencyKey.objects.exists()  # released, nothing recorded
+
+    def test_a_policy_that_answers_neither_none_nor_a_response_is_a_clear_error(self):
+        from django.test import RequestFactory
+
+        from django_idempotency import idempotent
+        from django_idempotency.fingerprint import request_fingerprint
+        from tests.factories import IdempotencyKeyFactory
+
+        @idempotent(atomic=False, recover=lambda request, abandoned: {"charge": 1})
+        def view(request: Any) -> Any:
+            raise AssertionError("the view must not run")
+
+        request = RequestFactory().post(
+            "/x/", b"{}", content_type="application/json", HTTP_IDEMPOTENCY_KEY="k"
+        )
+        IdempotencyKeyFactory(key="k", fingerprint=request_fingerprint(request), lease_expired=True)
+        with pytest.raises(TypeError, match=r"must return an HttpResponse .* or None"):
+            view(request)
+        assert IdempotencyKey.objects.get().state == State.IN_PROGRESS
 
     def test_atomic_mode_writes_checkpoints_in_its_transaction(self, client):
         response = pay(client, "/recovery/pay/atomic/")
@@ -207,7 +227,8 @@ class TakeoverTests:
         retry = pay(client)  # at once, without waiting for a lease
 
         assert retry.status_code == 201
-        assert retry.json()["attempt"] == 2
+        # The same attempt: a failure gives the claim back, it is not taken over.
+        assert retry.json()["attempt"] == 1
         assert retry.json()["resumed"] == ["charged"]
         assert steps_run() == ["charge", "ship"]
 

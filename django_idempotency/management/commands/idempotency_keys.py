@@ -13,10 +13,12 @@ unless ``list --show-keys`` asks for them in clear.
 from __future__ import annotations
 
 import json
+from argparse import ArgumentTypeError
 from collections.abc import Callable
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connections
 
 from django_idempotency import operations
 from django_idempotency.keys import mask_key
@@ -24,6 +26,17 @@ from django_idempotency.models import IdempotencyKey
 from django_idempotency.operations import database_now
 
 State = IdempotencyKey.State
+
+
+def _positive(text: str) -> int:
+    """``--limit``: a whole number of records, at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ArgumentTypeError(f"must be a whole number of records, 1 or more, not {text!r}")
+    return value
 
 
 class Command(BaseCommand):
@@ -42,7 +55,9 @@ class Command(BaseCommand):
             action="store_true",
             help="Only claims whose lease ran out before their owner finished.",
         )
-        listing.add_argument("--limit", type=int, default=100, help="At most this many (100).")
+        listing.add_argument(
+            "--limit", type=_positive, default=100, help="At most this many (100)."
+        )
         listing.add_argument("--show-keys", action="store_true", help="Keys in clear.")
         for name, text in [
             ("show", "Show one record, its checkpoints included."),
@@ -60,6 +75,12 @@ class Command(BaseCommand):
                 )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        database = options["database"]
+        if database is not None and database not in connections:
+            raise CommandError(
+                f"Unknown database {database!r}: --database takes an alias of DATABASES "
+                f"({', '.join(sorted(connections.settings))})."
+            )
         action = options["action"]
         if action == "list":
             self._list(options)
