@@ -158,6 +158,8 @@ pay_held = _view(recover=counting_hold)
 pay_held_by_path = _view(recover="django_idempotency.recovery.hold")
 pay_reconciled_by_template = _view(recover=reconcile_with_template)
 pay_reconciled_while_renewed = _view(recover=reconcile_while_renewed)
+#: A policy that looks and lets the handler take over (``None``).
+pay_taken_over = _view(recover=lambda request, abandoned: asked.append(abandoned))
 
 
 class ReconciledPayView(IdempotentMixin, APIView):

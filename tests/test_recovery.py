@@ -453,6 +453,34 @@ class PolicyTests:
         )
         assert pay(client, url)["Idempotent-Replayed"] == "true"
 
+    def test_a_takeover_the_policy_allows_is_counted_once(self, client, clock):
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+        from django_idempotency import metrics
+
+        reader = InMemoryMetricReader()
+        provider = MeterProvider(metric_readers=[reader])
+        metrics.use_meter_provider(provider)
+        try:
+            died(client, "/recovery/pay/taken-over/")
+            clock.past_the_lease()
+            assert pay(client, "/recovery/pay/taken-over/").status_code == 201
+            data = reader.get_metrics_data()
+        finally:
+            metrics.use_meter_provider(None)
+            provider.shutdown()
+        started = [
+            point.value
+            for resource in data.resource_metrics
+            for scope in resource.scope_metrics
+            for metric in scope.metrics
+            if metric.name == "idempotency.recoveries.started"
+            for point in metric.data.data_points
+        ]
+        assert started == [1]
+        assert len(recovery_views.asked) == 1
+
     def test_recovery_signals(self, client, clock):
         sent: list[str] = []
 
