@@ -163,6 +163,43 @@ def test_a_live_lease_is_not_taken_over_whichever_clock_asks(servers, control_di
     assert replay.headers.get("Idempotent-Replayed") == "true"
 
 
+def manage(skew: str, *arguments: str) -> subprocess.CompletedProcess[str]:
+    """``python -m django ARGUMENTS`` on the test database, with the clock ``skew`` off."""
+    environment = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.server_settings",
+        DATABASE_NAME_ENV: connection.settings_dict["NAME"],
+    }
+    return subprocess.run(
+        faked(skew, [sys.executable, "-m", "django", *arguments]),
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_an_operator_under_a_skewed_clock_sees_and_releases_no_live_lease(
+    servers, control_dir, skew
+):
+    tag = uuid.uuid4().hex[:12]
+    finish = holding(servers["right"], control_dir, f"operated-{tag}", f"held-{tag}")
+    try:
+        listed = manage(skew, "idempotency_keys", "list", "--abandoned", "--show-keys")
+        assert listed.returncode == 0, listed.stderr
+        assert f"operated-{tag}" not in listed.stdout
+        released = manage(skew, "idempotency_keys", "release", "anonymous", f"operated-{tag}")
+        assert released.returncode != 0
+        assert "may still be running" in released.stderr
+        record = IdempotencyKey.objects.get(key=f"operated-{tag}")
+        assert record.owner_token != ""
+    finally:
+        assert finish().status_code == 201
+    assert effects(f"held-{tag}") == 1
+
+
 def test_a_purge_under_a_skewed_clock_deletes_nothing_live(servers, control_dir, skew):
     tag = uuid.uuid4().hex[:12]
     done = send(servers["right"], "/orders/", f"live-{tag}", f"item-{tag}")
@@ -171,21 +208,7 @@ def test_a_purge_under_a_skewed_clock_deletes_nothing_live(servers, control_dir,
     try:
         # Expired by the database's clock (this host's is right): what a purge is for.
         expired = IdempotencyKeyFactory(scope="purge-check", key=f"expired-{tag}", expired=True)
-        environment = {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "tests.server_settings",
-            DATABASE_NAME_ENV: connection.settings_dict["NAME"],
-        }
-        command = [sys.executable, "-m", "django", "purge_idempotency_keys"]
-        result = subprocess.run(
-            faked(skew, command),
-            cwd=ROOT,
-            env=environment,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        result = manage(skew, "purge_idempotency_keys")
         assert result.returncode == 0, result.stderr
         keys = set(IdempotencyKey.objects.values_list("key", flat=True))
         assert {f"live-{tag}", f"lease-{tag}"} <= keys
