@@ -104,6 +104,15 @@ def mysqlclient_ready() -> bool:
 CHROMIUM_PACKAGE = "chromium"
 
 
+def apt_install(package: str, why: str) -> None:
+    """``apt-get install package`` when run as root on Debian; nothing elsewhere."""
+    if hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get"):
+        print(f"Installing {package} for {why} (apt-get) ...", flush=True)
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        run("apt-get", "update", "-qq", env=env, check=False)
+        run("apt-get", "install", "-y", "-qq", package, env=env, check=False)
+
+
 def chromium_ready(required: bool) -> str | None:
     """Install Chromium with apt-get when missing and run as root; a note if it stays missing.
 
@@ -113,13 +122,9 @@ def chromium_ready(required: bool) -> str | None:
     """
     if shutil.which("chromium") or shutil.which("chromium-browser"):
         return None
-    if hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get"):
-        print(f"Installing {CHROMIUM_PACKAGE} for the browser tests (apt-get) ...", flush=True)
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        run("apt-get", "update", "-qq", env=env, check=False)
-        run("apt-get", "install", "-y", "-qq", CHROMIUM_PACKAGE, env=env, check=False)
-        if shutil.which("chromium"):
-            return None
+    apt_install(CHROMIUM_PACKAGE, "the browser tests")
+    if shutil.which("chromium"):
+        return None
     fix = f"apt-get install {CHROMIUM_PACKAGE} (as root), then run the tests again"
     if required:
         sys.exit(f"Chromium is missing, and the browser tests must run here: {fix}.")
@@ -222,6 +227,16 @@ def test(pytest_args: list[str]) -> None:
         for note in notes:
             print(note, file=sys.stderr)
         sys.exit(f"Required backends not available: {', '.join(sorted(missing))}")
+    if len(backends) > 1 and shutil.which("faketime") is None:
+        # The clock-fault tests run app servers with a wrong clock beside a
+        # right one; without faketime they would not run, and say nothing.
+        apt_install("faketime", "the clock-fault tests")
+    if len(backends) > 1 and shutil.which("faketime") is None:
+        sys.exit(
+            "faketime is not installed; the clock-fault tests (tests/test_clocks.py) need it. "
+            "Install it: 'apt-get install faketime' (Debian/Ubuntu) or "
+            "'brew install libfaketime' (macOS)."
+        )
 
     for stale in ROOT.glob(".coverage*"):
         stale.unlink()

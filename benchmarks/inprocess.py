@@ -177,7 +177,7 @@ def _pipeline(requests: int, rounds: int) -> dict[str, list[float]]:
     from django.utils import timezone
 
     from benchmarks.bench.models import BenchOrder
-    from django_idempotency import store
+    from django_idempotency import clock, store
 
     connection.ensure_connection()
     connection.set_autocommit(False)  # BEGIN before the first statement, as atomic() does
@@ -186,9 +186,12 @@ def _pipeline(requests: int, rounds: int) -> dict[str, list[float]]:
     claim_sql = store._sql(connection, "insert", store._postgresql_insert_sql)
     complete_sql = store._sql(
         connection,
-        ("complete", False, False),
-        lambda c: store._complete_sql(c, with_expiry=False, with_token=False),
+        ("complete", True, False),
+        lambda c: store._complete_sql(c, with_grace=True, with_token=False),
     )
+    ttl = timezone.timedelta(hours=1)
+    # Atomic mode's completion: the claim's expiry kept within 1% of the TTL.
+    expiry_params = [clock.seconds(connection, -ttl / 100), clock.seconds(connection, ttl)]
     table = connection.ops.quote_name(BenchOrder._meta.db_table)
     insert_sql = (
         f"INSERT INTO {table} (variant, key, nonce, created_at) "
@@ -200,10 +203,7 @@ def _pipeline(requests: int, rounds: int) -> dict[str, list[float]]:
     body = b'{"id": 1, "variant": "bench"}'
 
     def claim_params(key: str) -> list:
-        now = timezone.now()
-        new = store.NewClaim(
-            "bench", key, "f" * 64, "", now, now + timezone.timedelta(hours=1), None
-        )
+        new = store.NewClaim("bench", key, "f" * 64, "", timezone.timedelta(hours=1))
         return [store._postgresql_lock_timeout(5.0), *store._insert_params(connection, new)]
 
     def lookup(key: str, pipelined: bool) -> Any:
@@ -225,7 +225,10 @@ def _pipeline(requests: int, rounds: int) -> dict[str, list[float]]:
             record_id = cursor.fetchone()[0]
             cursor.execute(insert_sql, ["pipeline", key, "", timezone.now()])
             cursor.fetchone()
-            cursor.execute(complete_sql, [store._STATE_COMPLETED, 201, headers, body, record_id])
+            cursor.execute(
+                complete_sql,
+                [store._STATE_COMPLETED, 201, headers, body, *expiry_params, record_id],
+            )
             raw.commit()
 
     def replay(key: str, pipelined: bool) -> None:

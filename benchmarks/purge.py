@@ -83,7 +83,6 @@ class Writer(threading.Thread):
 
     def run(self) -> None:
         from django.db import DatabaseError, connection, transaction
-        from django.utils import timezone
 
         from django_idempotency import store
         from django_idempotency.info import IdempotencyInfo
@@ -91,13 +90,12 @@ class Writer(threading.Thread):
         rng = random.Random(0)
         try:
             while not self.stop.is_set():
-                now = timezone.now()
                 if self.claims % 2:
                     key = f"expired-{rng.randint(1, self.rows)}"
                 else:
                     key = f"new-{self.claims}-{rng.random()}"
                 info = IdempotencyInfo(key=key, scope="bench", fingerprint="f" * 64)
-                new = store.NewClaim.of(info, now, ttl=timedelta(hours=24))
+                new = store.NewClaim.of(info, ttl=timedelta(hours=24))
                 started = time.perf_counter()
                 try:
                     with transaction.atomic():

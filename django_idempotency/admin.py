@@ -18,6 +18,7 @@ protocol uses, not ``default``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
@@ -26,11 +27,11 @@ from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
-from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from django_idempotency import operations
+from django_idempotency.clock import DatabaseNow
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.keys import mask_key
 from django_idempotency.models import IdempotencyKey
@@ -49,7 +50,7 @@ class ExpiryFilter(admin.SimpleListFilter):
         return [("expired", _("expired")), ("live", _("live"))]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        now = timezone.now()
+        now = DatabaseNow()
         if self.value() == "expired":
             return queryset.filter(expires_at__lte=now)
         if self.value() == "live":
@@ -71,11 +72,10 @@ class LeaseFilter(admin.SimpleListFilter):
         ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        now = timezone.now()
         if self.value() == "held":
-            return queryset.filter(operations.lease_held(now))
+            return queryset.filter(operations.lease_held())
         if self.value() == "abandoned":
-            return queryset.filter(operations.abandoned(now))
+            return queryset.filter(operations.abandoned())
         if self.value() == "released":
             return queryset.filter(state=IdempotencyKey.State.IN_PROGRESS, owner_token="")
         return queryset
@@ -188,12 +188,18 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):
         in_progress = queryset.filter(state=IdempotencyKey.State.IN_PROGRESS).exclude(
             owner_token=""
         )
-        held = list(in_progress.filter(operations.lease_held(timezone.now())))
-        if held and request.POST.get("confirm") != "yes":
+        held = list(in_progress.filter(operations.lease_held()))
+        confirmed = request.POST.get("confirm") == "yes"
+        if held and not confirmed:
             return self._confirm_release(request, queryset, held)
         # Each fenced by the token it was read with, so a record that
-        # completed or was taken over after the page was loaded is left alone.
-        released = sum(operations.release(record, force=True) for record in in_progress)
+        # completed or was taken over after the page was loaded is left alone;
+        # and, unless the operator confirmed releasing live leases, by its
+        # lease in the same statement, so one renewed since is kept.
+        released = 0
+        for record in in_progress:
+            with contextlib.suppress(operations.LeaseStillHeld):
+                released += operations.release(record, force=confirmed)
         self.message_user(
             request,
             ngettext(

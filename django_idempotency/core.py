@@ -32,6 +32,7 @@ from django_idempotency.exceptions import (
     IdempotencyError,
     IdempotencyKeyRequired,
     RequestInFlight,
+    ResultNotStored,
 )
 from django_idempotency.fields import FINGERPRINT_COLUMN_LENGTH, fit_key_column
 from django_idempotency.forms import form_key, is_form
@@ -39,7 +40,7 @@ from django_idempotency.info import IdempotencyInfo
 from django_idempotency.keys import check_key, parse_key
 from django_idempotency.options import DeclaredOptions, Options
 from django_idempotency.pages import prefers_html
-from django_idempotency.responses import capture, is_storable, problem_for, replay
+from django_idempotency.responses import capture, is_storable, problem, problem_for, replay
 from django_idempotency.store import StoredResponse
 
 Handler = Callable[[], HttpResponseBase]
@@ -71,6 +72,30 @@ def _decode(stored: StoredResponse) -> HttpResponseBase:
     return replay(stored, idempotency_settings.replay_header)
 
 
+def _check_policy_answer(policy: Callable[..., Any], answer: Any) -> None:
+    if answer is not None and not isinstance(answer, HttpResponseBase):
+        raise TypeError(
+            f"The recovery policy {policy!r} returned {type(answer).__name__}; it must return "
+            "an HttpResponse (a stored one completes the key, another holds it) or None "
+            "(to take the abandoned claim over and run the view)."
+        )
+
+
+def _text(what: str, value: Any, source: Any) -> str:
+    """A scope or fingerprint function's value, refused with the fix unless it is a string."""
+    if isinstance(value, str):
+        return value
+    raise TypeError(
+        f"The {what} function {source!r} returned {type(value).__name__}, not a string. "
+        f"A {what} function takes the request and returns a str."
+    )
+
+
+def _not_stored() -> StoredResponse:
+    """The refusal that completes a key whose response could not be kept (500 problem+json)."""
+    return capture(problem(ResultNotStored()), idempotency_settings.stored_headers, 1 << 20)
+
+
 #: How the engine keeps and gives back a response, and the errors a request meets.
 RESPONSES = engine.Kind(
     encode=_encode,
@@ -78,6 +103,8 @@ RESPONSES = engine.Kind(
     in_flight=lambda retry_after: RequestInFlight(retry_after=retry_after),
     mismatch=FingerprintMismatch,
     database_busy=lambda: DatabaseBusy(retry_after=1),
+    unstorable=_not_stored,
+    check_answer=_check_policy_answer,
 )
 
 
@@ -155,8 +182,10 @@ def _call(
         key = check_key(raw_key, conf.key_max_length, conf.key_min_length)
     info = IdempotencyInfo(
         key=key,
-        scope=fit_key_column(options.scope(request)),
-        fingerprint=_fit_fingerprint(options.fingerprint(request)),
+        scope=fit_key_column(_text("scope", options.scope(request), options.scope)),
+        fingerprint=_fit_fingerprint(
+            _text("fingerprint", options.fingerprint(request), options.fingerprint)
+        ),
     )
     request.idempotency = info  # type: ignore[attr-defined]
     setattr(request, _PROTECTED_WITH, (options, request))

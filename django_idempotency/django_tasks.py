@@ -76,6 +76,7 @@ def idempotent_task(
     *,
     key: KeyFunction | None = None,
     takes_context: bool = False,
+    recover: functions.Recover | None = None,
     **options: Unpack[TaskOptions],
 ) -> Any:
     """Make a task of Django's Tasks framework whose body runs once per key.
@@ -96,8 +97,10 @@ def idempotent_task(
     ``wait`` and ``lease`` default to the settings of the same name; a
     duplicate gets the first run's return value (JSON) as its own. With
     ``takes_context=True`` the function receives the context first, as
-    under ``@task``.
+    under ``@task``. ``recover`` is an ``idempotent_function``'s:
+    ``recover(abandoned)`` for the claim of a run that died.
     """
+    functions.checked_recover(recover, "django_tasks.idempotent_task")
     ours: dict[str, Any] = {}
     framework: dict[str, Any] = {}
     for name, value in options.items():
@@ -128,6 +131,7 @@ def idempotent_task(
                 options=declared,
                 sender=func,
                 kind=TASK_VALUES,
+                recover=recover,
             )
 
         def own(context: Any, args: Any) -> tuple[Any, ...]:

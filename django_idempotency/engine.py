@@ -18,12 +18,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import timedelta
 from typing import Any, TypeVar
 
 from django.db import Error, connections, transaction
 from django.dispatch import Signal
-from django.utils import timezone
 
 from django_idempotency import lease_cleanup, observability, replay_cache, signals, store
 from django_idempotency.conf import idempotency_settings
@@ -80,6 +79,10 @@ class Kind:
     #: a record that ``decode`` turns back into that ending for a duplicate.
     #: ``None``: the kind's bodies never end so, and it would not be stored.
     ended_on_purpose: StoredResponse | None = None
+    #: Lease mode: what completes the key when the body returned but its
+    #: result cannot be kept (not rendered, not JSON): a refusal that every
+    #: later call receives, so that the body, which has acted, never runs again.
+    unstorable: Callable[[], StoredResponse] = lambda: StoredResponse(500, [], None)
     #: What is stored of a result whose body the database refused (over
     #: MySQL's ``max_allowed_packet``, say): a response's status and headers;
     #: for a value, a record that tells a duplicate so.
@@ -89,6 +92,9 @@ class Kind:
     #: What the first call returns: its own result (a view's response), or
     #: what a duplicate would get (a function's JSON value).
     fresh: Callable[[Any, StoredResponse], Any] = lambda result, stored: result
+    #: Refuses, with an error that names the fix, what a recovery policy
+    #: returned that is neither ``None`` nor what the kind stores.
+    check_answer: Callable[[Callable[..., Any], Any], None] = lambda policy, answer: None
     #: How a recovery policy is asked about an abandoned claim: a view's
     #: ``f(request, abandoned)``, a function's ``f(abandoned)``.
     ask: Callable[[Callable[..., Any], Any, Abandoned], Any] = lambda policy, request, abandoned: (
@@ -126,6 +132,9 @@ class Call:
     finish: Callable[[Any], Any] = lambda result: result
     using: str = field(default_factory=lambda: idempotency_settings.database)
     started: float = field(default_factory=time.monotonic, init=False)
+    #: Lease mode, inside a caller's transaction: the checkpoints this
+    #: attempt started from, once it recorded one (see ``_record_progress``).
+    _progress_at_start: dict[str, Any] | None = field(default=None, init=False)
 
     def run(self, body: Callable[[], T]) -> T:
         """Run ``body`` unless its key is already done; return its result or the stored one."""
@@ -145,11 +154,7 @@ class Call:
             # would change what that transaction sees, so the claim decides.
             with self._claim_errors():
                 completed = store.find_completed(
-                    self.using,
-                    self.info.scope,
-                    self.info.key,
-                    now=timezone.now(),
-                    wait=self.options.wait,
+                    self.using, self.info.scope, self.info.key, wait=self.options.wait
                 )
             if completed is not None:
                 return self._answer_duplicate(completed)
@@ -164,7 +169,6 @@ class Call:
     # Atomic mode: claim, body and stored result in one transaction.
 
     def _atomic(self, body: Callable[[], Any]) -> Any:
-        claimed_at = timezone.now()
         finished_by: BaseException | None = None
         # The claim's errors are answered outside the transaction, once it
         # has rolled back; only the store's claim raises them. A transaction
@@ -173,7 +177,7 @@ class Call:
         with store.lost_race(self.using), self._claim_errors(), ExitStack() as block:
             with store.claiming(self.using, self.options.wait):
                 block.enter_context(transaction.atomic(using=self.using))
-                claim = store.claim(self.using, self._new_claim(claimed_at), self.options.wait)
+                claim = store.claim(self.using, self._new_claim(), self.options.wait)
             if claim.existing is not None:
                 return self._answer_duplicate(claim.existing)
 
@@ -201,11 +205,21 @@ class Call:
                 # Not stored: undo the claim with the body's writes, answer as it did.
                 transaction.set_rollback(True, using=self.using)
                 return result
-            expires_at = self._atomic_expiry(claimed_at)
+            # The claim set its expiry at TTL; it is kept while the body took
+            # under 1% of TTL (the update then leaves every indexed column as
+            # it was, so PostgreSQL can make it a heap-only update). A slower
+            # body (or a short TTL) would otherwise commit a record already
+            # expired, or soon to be, and a retry could run it again.
+            grace = self.options.ttl / 100
             store.complete(
-                self.using, claim.record_id, stored, owner_token=None, expires_at=expires_at
+                self.using,
+                claim.record_id,
+                stored,
+                owner_token=None,
+                ttl=self.options.ttl,
+                grace=grace,
             )
-            self._stored(stored, expires_at or claimed_at + self.options.ttl)
+            self._stored(stored, self.options.ttl - grace)
         if finished_by is not None:
             raise finished_by
         return self.kind.fresh(result, stored)
@@ -228,20 +242,6 @@ class Call:
             )
         return stored if verdict else None
 
-    def _atomic_expiry(self, claimed_at: datetime) -> datetime | None:
-        """The record's new expiry, or ``None`` to keep the one its claim set.
-
-        The claim set ``claimed_at + TTL``; keeping it leaves every indexed
-        column untouched, so PostgreSQL can store the result as a heap-only
-        update. That is kept only while the body took under 1% of ``TTL``:
-        a slower one (or a short ``TTL``) would otherwise commit a record
-        already expired, or soon to be, and a retry could run it again.
-        """
-        now = timezone.now()
-        if now - claimed_at < self.options.ttl / 100:
-            return None
-        return now + self.options.ttl
-
     # Lease mode: the claim commits first, the body runs outside our transaction.
 
     def _leased(self, body: Callable[[], Any]) -> Any:
@@ -251,13 +251,12 @@ class Call:
         record = claim.existing
         if record is None:
             return self._run_leased(body, _Owned(lease, claim.record_id, token), claim)
-        if self.recover is not None and record.abandoned(timezone.now()):
+        if self.recover is not None and record.abandoned():
             return self._recover(body, lease, token, record)
         return self._answer_duplicate(record)
 
     def _lease_claim(self, lease: LeaseConnection, token: str) -> store.Claim:
-        now = timezone.now()
-        new = self._new_claim(now, token, now + self.options.lease)
+        new = self._new_claim(token, self.options.lease)
         with (
             self._claim_errors(),
             lease.statements(),
@@ -268,14 +267,18 @@ class Call:
             take_over = self.recover is None
             return store.claim(self.using, new, self.options.wait, take_over_abandoned=take_over)
 
-    def _run_leased(self, body: Callable[[], Any], owned: _Owned, claim: store.Claim) -> Any:
+    def _run_leased(
+        self, body: Callable[[], Any], owned: _Owned, claim: store.Claim, *, counted: bool = False
+    ) -> Any:
+        """Run the body on a claimed key; ``counted``: a recovery policy's takeover, counted."""
         try:
             with self._progress(claim, lambda cps: self._record_progress(owned, cps)):
                 if claim.attempt > 1:
                     # The claim of a request that stopped before it finished:
                     # this run resumes it, from its checkpoints.
                     self._send(signals.claim_taken_over)
-                    observability.record_recovery("started", self.sender)
+                    if not counted:
+                        observability.record_recovery("started", self.sender)
                 self._send(signals.key_claimed)
                 result = body()
         except BaseException as exc:
@@ -286,17 +289,20 @@ class Call:
             stored = self._encode(result)
         except Exception:
             # A response whose rendering fails (a template, DRF's renderer) or
-            # a value of the wrong type (not JSON): the body has run, so the
-            # key stays claimed rather than let a retry run it again.
+            # a value of the wrong type (not JSON): the body has acted, so the
+            # key is completed with a refusal rather than let a retry (after
+            # the lease, or at once if it were released) run it again.
             self._log(
                 logging.ERROR,
                 "The body for idempotency key %s in scope %r ran, but its result cannot "
-                "be rendered or stored. The key stays claimed, so that a retry does not "
-                "repeat the effect; retries get 409 until its lease runs out.",
-                outcome="held",
+                "be rendered or stored. The key is completed with a refusal that every "
+                "retry receives, so that the effect is not repeated; an operator can "
+                "release or delete it (manage.py idempotency_keys).",
+                outcome="unstorable",
                 waited=False,
                 exc_info=True,
             )
+            self._complete_lease(owned, self.kind.unstorable())
             raise
         if stored is None:
             self._release(owned)
@@ -306,18 +312,45 @@ class Call:
         return self.kind.fresh(result, stored)
 
     def _record_progress(self, owned: _Owned, checkpoints: dict[str, Any] | None) -> bool:
-        """Write checkpoints (or only renew the lease) now, fenced by the owner's token."""
-        locked_until = timezone.now() + self.options.lease
+        """Write checkpoints (or only renew the lease) now, fenced by the owner's token.
+
+        Inside a transaction of the caller's (``ATOMIC_REQUESTS``, an outer
+        ``atomic``), the writes a checkpoint records may still roll back,
+        while the checkpoint itself commits at once: so, unless that
+        transaction commits, this attempt's checkpoints are put back when
+        the request ends, and a retry does not skip the lost writes.
+        """
+        if checkpoints is not None and connections[self.using].in_atomic_block:
+            self._discard_progress_unless_committed(owned)
         return owned.connection.run(
             lambda: store.record_progress(
                 self.using,
                 owned.record_id,
                 owner_token=owned.token,
                 checkpoints=checkpoints,
-                locked_until=locked_until,
+                lease=self.options.lease,
             ),
             at_once=True,
         )
+
+    def _discard_progress_unless_committed(self, owned: _Owned) -> None:
+        if self._progress_at_start is not None:
+            return  # registered at this attempt's first checkpoint
+        start = self._progress_at_start = dict(self.info.progress.checkpoints)
+        using = self.using
+
+        def restore() -> None:
+            try:
+                store.restore_progress(using, owned.record_id, owned.token, start)
+            except Error:
+                self._log(
+                    logging.ERROR,
+                    "Could not discard the checkpoints of idempotency key %s in scope %r "
+                    "that rolled back with the request.",
+                    exc_info=True,
+                )
+
+        lease_cleanup.release_unless_committed(using, restore, self.request)
 
     def _recover(
         self, body: Callable[[], Any], lease: LeaseConnection, token: str, record: store.Record
@@ -336,13 +369,13 @@ class Call:
             checkpoints=dict(record.checkpoints),
         )
         answer = self.kind.ask(self.recover, self.request, abandoned)
-        now = timezone.now()
+        self.kind.check_answer(self.recover, answer)
         if answer is None:
-            new = self._new_claim(now, token, now + self.options.lease)
+            new = self._new_claim(token, self.options.lease)
             taken = lease.run(lambda: store.take_over(self.using, record, new), at_once=True)
             if taken is None:
                 raise self._conflict(retry_after=1)  # another request took it first
-            return self._run_leased(body, _Owned(lease, record.id, token), taken)
+            return self._run_leased(body, _Owned(lease, record.id, token), taken, counted=True)
         # Rendered as a handler's response is: a DRF Response or a template
         # response has no bytes to store until then.
         answer = self.finish(answer)
@@ -357,18 +390,15 @@ class Call:
                 outcome="held",
             )
             return answer
-        expires_at = now + self.options.ttl
-        settled = lease.run(
-            lambda: store.settle(self.using, record, stored, now=now, expires_at=expires_at),
-            at_once=True,
-        )
+        ttl = self.options.ttl
+        settled = lease.run(lambda: store.settle(self.using, record, stored, ttl=ttl), at_once=True)
         if not settled:
             # Another request settled or took it over first, or its owner
             # renewed its lease while the policy asked: the claim is in
             # flight again, and the policy's answer must not overwrite it.
             raise self._conflict(retry_after=1)
         self._send(signals.claim_recovered)
-        self._stored(stored, expires_at)
+        self._stored(stored, ttl)
         observability.record_recovery("completed", self.sender)
         return self.kind.fresh(answer, stored)
 
@@ -403,16 +433,12 @@ class Call:
             # The body's writes are lost with it: as for a failed body.
             self._release(owned)
             return False
-        expires_at = timezone.now() + self.options.ttl
+        ttl = self.options.ttl
 
         def complete(result: StoredResponse) -> bool:
             def update() -> bool:
                 return store.complete(
-                    self.using,
-                    owned.record_id,
-                    result,
-                    owner_token=owned.token,
-                    expires_at=expires_at,
+                    self.using, owned.record_id, result, owner_token=owned.token, ttl=ttl
                 )
 
             if lease.own:
@@ -434,7 +460,7 @@ class Call:
         # Sent only now, with the request's connection back in place, so
         # that a receiver's writes join the request's transaction.
         if completed:
-            self._stored(stored, expires_at)
+            self._stored(stored, ttl)
             return True
         self._log(
             logging.WARNING,
@@ -530,12 +556,8 @@ class Call:
         finally:
             progress.write = None
 
-    def _new_claim(
-        self, now: datetime, token: str = "", locked_until: datetime | None = None
-    ) -> store.NewClaim:
-        return store.NewClaim.of(
-            self.info, now, ttl=self.options.ttl, token=token, locked_until=locked_until
-        )
+    def _new_claim(self, token: str = "", lease: timedelta | None = None) -> store.NewClaim:
+        return store.NewClaim.of(self.info, ttl=self.options.ttl, token=token, lease=lease)
 
     @contextmanager
     def _claim_errors(self) -> Iterator[None]:
@@ -570,11 +592,14 @@ class Call:
         if record.response is not None:
             self._send(signals.response_replayed)
             # A replay from the database refills a cache that lost the entry.
-            self._cache_after_commit(record.response, record.expires_at)
+            self._cache_after_commit(record.response, record.expires_at - record.seen_at)
             return self.kind.decode(record.response)
-        # In progress: a lease-mode original still inside its lease.
-        seconds = (record.held_until - timezone.now()).total_seconds()
-        raise self._conflict(retry_after=seconds)
+        # In progress: a lease-mode original still inside its lease. Come back
+        # after about as long as it has run so far (a short request is soon
+        # done, a long one is asked less often), never later than its lease
+        # runs out; both by the database's clock.
+        running = max(1.0, record.running_for.total_seconds())
+        raise self._conflict(retry_after=min(running, record.held_for.total_seconds()))
 
     def _gave_up(self) -> IdempotencyError:
         """The answer when every claim attempt had to start over: try again in a second."""
@@ -589,11 +614,16 @@ class Call:
         )
         return self.kind.in_flight(retry_after)
 
-    def _stored(self, stored: StoredResponse, expires_at: datetime) -> None:
+    def _stored(self, stored: StoredResponse, lifetime: timedelta) -> None:
         self._send(signals.response_stored)
-        self._cache_after_commit(stored, expires_at)
+        self._cache_after_commit(stored, lifetime)
 
-    def _cache_after_commit(self, stored: StoredResponse, expires_at: datetime) -> None:
+    def _cache_after_commit(self, stored: StoredResponse, lifetime: timedelta) -> None:
+        """Cache a stored answer for no longer than ``lifetime``, the rest of its record's life.
+
+        A duration by the database's clock, not an instant: the cache's own
+        timeout ends the entry, whatever the app hosts' clocks say.
+        """
         alias = idempotency_settings.replay_cache
         if alias is None:
             return
@@ -601,7 +631,7 @@ class Call:
         # Immediately when nothing is left to commit, else once the record's
         # transaction has committed: a result that rolls back is never cached.
         transaction.on_commit(
-            lambda: replay_cache.put(alias, info, stored, expires_at, using), using=using
+            lambda: replay_cache.put(alias, info, stored, lifetime, using), using=using
         )
 
     def _log(

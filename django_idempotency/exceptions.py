@@ -205,6 +205,24 @@ class TaskArgumentsMismatch(ArgumentsMismatch):
     )
 
 
+class ResultNotStored(IdempotencyError):
+    """Lease mode: the first request with this key ran, but its response could not be kept.
+
+    The key is completed with this answer, since the handler has acted: it
+    never runs again for the key unless an operator releases or deletes it.
+    """
+
+    status = 500
+    title = "Result not stored"
+    code = "result_not_stored"
+    default_detail = (
+        "The first request with this Idempotency-Key ran, but its response could not be "
+        "rendered or stored, so it cannot be repeated. The request is not run again for "
+        "this key: use a new key for new work, or ask an operator to release the key "
+        "(manage.py idempotency_keys release)."
+    )
+
+
 class UnstorableResult(IdempotencyError):
     """An idempotent function or task returned a value that cannot be stored as JSON."""
 
@@ -226,6 +244,7 @@ PROBLEM_TYPES: tuple[type[IdempotencyError], ...] = (
     RequestAbandoned,
     DatabaseBusy,
     FingerprintMismatch,
+    ResultNotStored,
 )
 #: Raised to the caller of an idempotent function or task.
 CALL_ERRORS: tuple[type[IdempotencyError], ...] = (

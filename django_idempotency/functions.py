@@ -45,9 +45,9 @@ RESULT_HEADERS = [["Content-Type", "application/json"]]
 #: ``self.replace()`` raises): a later call, a task's redelivered message
 #: included, ends the same way.
 ENDED_STATUS = 204
-#: The body ran and returned, but the database refused its value (too
-#: large for it, or failing at that moment): a later call is told so, and
-#: the body never runs again.
+#: The body ran and returned, but its value could not be kept (not JSON,
+#: or the database refused it: too large for it, or failing at that moment):
+#: a later call is told so, and the body never runs again.
 UNSTORED_STATUS = 507
 
 
@@ -68,9 +68,10 @@ def decode(stored: StoredResponse) -> Any:
     if stored.status_code == UNSTORED_STATUS:
         raise UnstorableResult(
             "The first call with this key ran and returned, but its value could not be "
-            "stored (the database refused it; the log says why), so later calls cannot be "
-            "given it. The body does not run again for this key; return a smaller value, "
-            "such as an id."
+            "stored (not JSON, or the database refused it; the log says why), so later "
+            "calls cannot be given it. The body does not run again for this key; return "
+            "a JSON value small enough to store, such as an id, or ask an operator to "
+            "release the key (manage.py idempotency_keys release)."
         )
     if stored.status_code == ENDED_STATUS:
         # The first call did not return: it ended its task on purpose. A
@@ -112,6 +113,7 @@ VALUES = engine.Kind(
     ending=_ending,
     ended_on_purpose=StoredResponse(ENDED_STATUS, [], None),
     without_body=lambda stored: StoredResponse(UNSTORED_STATUS, [], None),
+    unstorable=lambda: StoredResponse(UNSTORED_STATUS, [], None),
     # The first call gets what every later call will: the value read back.
     fresh=lambda result, stored: decode(stored),
     # f(abandoned): None takes over, a value completes the key, raising holds it.
@@ -271,6 +273,16 @@ def idempotent_function(
 
     def decorate(function: F) -> F:
         name = scope or f"{function.__module__}.{function.__qualname__}"
+        if scope is None and "<locals>" in function.__qualname__:
+            # Every function a factory builds has this one qualified name:
+            # their keys would share one scope, and one closure would be
+            # answered with another's value.
+            raise TypeError(
+                f"idempotent_function on {function.__qualname__!r}, a function defined inside "
+                "another, needs scope=: each function it builds would otherwise share the "
+                "scope " + repr(name) + ". Pass scope= naming what this one does (a tenant's "
+                "or a queue's name, say)."
+            )
 
         def call_once(args: Any, kwargs: Any, body: Callable[[IdempotencyInfo], Any]) -> Any:
             if not idempotency_settings.enabled:

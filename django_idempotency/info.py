@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.core.serializers.json import DjangoJSONEncoder
 
 from django_idempotency.exceptions import LeaseLost
@@ -88,7 +89,8 @@ class IdempotencyInfo:
             raise TypeError(f"A checkpoint's name must be a non-empty string, not {name!r}.")
         try:
             # As it will be read back, so that this request sees what a retry would.
-            value = json.loads(json.dumps(data, cls=DjangoJSONEncoder))
+            # NaN and infinities are not JSON, and PostgreSQL's jsonb refuses them.
+            value = json.loads(json.dumps(data, cls=DjangoJSONEncoder, allow_nan=False))
         except (TypeError, ValueError) as exc:
             raise TypeError(
                 f"The data of checkpoint {name!r} must be JSON-serialisable: {exc}"
@@ -105,6 +107,19 @@ class IdempotencyInfo:
         to call between steps.
         """
         self._write(None)
+
+    async def acheckpoint(self, name: str, data: Any = None) -> None:
+        """:meth:`checkpoint` from an ``async def`` view.
+
+        Django's connections belong to a thread: this runs in the one that
+        holds the claim (the request's ``thread_sensitive`` thread), where
+        a plain call would raise ``SynchronousOnlyOperation``.
+        """
+        await sync_to_async(self.checkpoint, thread_sensitive=True)(name, data)
+
+    async def aheartbeat(self) -> None:
+        """:meth:`heartbeat` from an ``async def`` view (see :meth:`acheckpoint`)."""
+        await sync_to_async(self.heartbeat, thread_sensitive=True)()
 
     def _write(self, checkpoints: dict[str, Any] | None) -> None:
         write = self.progress.write

@@ -8,11 +8,13 @@ docs for when to release and when to delete.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
-from django.db.models import Q, QuerySet
-from django.utils import timezone
+from django.db import connections
+from django.db.models import F, Q, QuerySet
 
-from django_idempotency import replay_cache
+from django_idempotency import clock, replay_cache
+from django_idempotency.clock import DatabaseNow
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.models import IdempotencyKey
 
@@ -22,20 +24,51 @@ State = IdempotencyKey.State
 class LeaseStillHeld(Exception):
     """The claim's lease has not run out: its owner may still be running."""
 
+    def __init__(self, until: datetime) -> None:
+        super().__init__(until)
+        #: When the lease runs out, as the record said after the refusal.
+        self.until = until
+
+
+def _refuse_if_held(using: str | None, record: IdempotencyKey) -> None:
+    """Say why a fenced statement changed nothing, if it was a live lease."""
+    held = records(using).filter(lease_held(), pk=record.pk)
+    until = held.values_list("expires_at", flat=True).first()
+    if until is not None:
+        raise LeaseStillHeld(until)
+
 
 def records(using: str | None = None) -> QuerySet[IdempotencyKey]:
     return IdempotencyKey.objects.using(using or idempotency_settings.database)
 
 
-def lease_held(now: datetime) -> Q:
-    """In progress with its lease (or, without one, its expiry) still ahead."""
+def database_now(using: str | None = None) -> datetime:
+    """The database's clock now: what shows an operator whether a lease is live.
+
+    One statement of its own; for display, since the statements that act
+    read the clock themselves.
+    """
+    return clock.read(connections[using or idempotency_settings.database])
+
+
+def lease_held(now: Any = None) -> Q:
+    """In progress with its lease (or, without one, its expiry) still ahead.
+
+    ``now`` is the database's clock unless given, evaluated by the statement
+    that filters on it.
+    """
+    now = DatabaseNow() if now is None else now
     return Q(state=State.IN_PROGRESS) & (
         Q(locked_until__gt=now) | Q(locked_until__isnull=True, expires_at__gt=now)
     )
 
 
-def abandoned(now: datetime) -> Q:
-    """In progress, owned, and its lease run out: its owner stopped before it finished."""
+def abandoned(now: Any = None) -> Q:
+    """In progress, owned, and its lease run out: its owner stopped before it finished.
+
+    By the database's clock, as :func:`lease_held`.
+    """
+    now = DatabaseNow() if now is None else now
     return Q(state=State.IN_PROGRESS, expires_at__lte=now) & ~Q(owner_token="")
 
 
@@ -45,29 +78,44 @@ def release(record: IdempotencyKey, *, force: bool = False) -> bool:
     The record is kept, with its attempt and checkpoints, so that the retry
     resumes where its owners got to (``request.idempotency.checkpoints``);
     ``False`` if it completed or changed since it was read. A live lease is
-    refused unless ``force``: its request may still be running.
+    refused unless ``force``: its request may still be running. The refusal
+    is in the statement that releases, by the database's clock then, so an
+    owner renewing its lease (or a retry taking it over) while the command
+    runs keeps it.
     """
-    now = timezone.now()
-    if not force and records(record._state.db).filter(lease_held(now), pk=record.pk).exists():
-        raise LeaseStillHeld
-    changed = (
-        records(record._state.db)
-        .filter(pk=record.pk, state=State.IN_PROGRESS, owner_token=record.owner_token)
-        .update(owner_token="", locked_until=now, expires_at=now)
+    using = record._state.db
+    fenced = records(using).filter(
+        pk=record.pk, state=State.IN_PROGRESS, owner_token=record.owner_token
     )
-    return changed == 1
+    if not force:
+        fenced = fenced.exclude(lease_held())
+    now = DatabaseNow()
+    # The retry that takes a dead owner's claim is its next attempt (a claim
+    # its owner gave back itself keeps its number: SPEC counts takeovers).
+    attempt = F("attempt") + 1 if record.owner_token else F("attempt")
+    if fenced.update(owner_token="", locked_until=now, expires_at=now, attempt=attempt) == 1:
+        return True
+    if not force:
+        _refuse_if_held(using, record)
+    return False
 
 
 def delete(record: IdempotencyKey, *, force: bool = False) -> bool:
     """Delete a record: the next request with its key runs as a new one.
 
     A completed record's stored answer is gone (and evicted from the replay
-    cache); a live lease is refused unless ``force``.
+    cache); a live lease is refused unless ``force``, by the statement
+    that deletes, as :func:`release` refuses it.
     """
     using = record._state.db
-    if not force and records(using).filter(lease_held(timezone.now()), pk=record.pk).exists():
-        raise LeaseStillHeld
-    deleted, _ = records(using).filter(pk=record.pk).delete()
+    fenced = records(using).filter(pk=record.pk)
+    if not force:
+        fenced = fenced.exclude(lease_held())
+    # One DELETE with its fence: Django's delete() may read the rows first
+    # (for signals or cascades) and delete them by primary key afterwards.
+    deleted = fenced._raw_delete(using)
+    if not deleted and not force:
+        _refuse_if_held(using, record)
     alias = idempotency_settings.replay_cache
     if alias is not None:
         replay_cache.evict(alias, record.scope, record.key, using)

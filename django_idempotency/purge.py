@@ -19,10 +19,9 @@ from datetime import datetime
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.utils import timezone
 from django.utils.connection import ConnectionDoesNotExist
 
-from django_idempotency import store
+from django_idempotency import clock, store
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.models import IdempotencyKey
 
@@ -51,8 +50,9 @@ def purge_expired(
     """Delete every record that expired at or before ``now``; return how many went.
 
     ``using`` defaults to the ``IDEMPOTENCY["DATABASE"]`` setting and ``now``
-    to the current time, fixed when the purge starts so that a run always
-    ends even while new records keep expiring. ``dry_run`` counts what would
+    to the database's clock (never the host's, which may be wrong) when the
+    purge starts, fixed so that a run always ends even while new records
+    keep expiring; each batch deletes only what expired by then. ``dry_run`` counts what would
     be deleted and deletes nothing. ``progress`` is called after each batch
     with the running total, so callers can report on long runs.
 
@@ -74,8 +74,8 @@ def purge_expired(
         # A scheduled task meets this as the command does: as configuration
         # to fix, not as an error of Django's connection handler.
         raise ImproperlyConfigured(f"Unknown database {using!r}: {exc}") from exc
-    cutoff = timezone.now() if now is None else now
     with store.explained(using):
+        cutoff = clock.read(connection) if now is None else now
         if dry_run:
             return IdempotencyKey.objects.using(using).filter(expires_at__lte=cutoff).count()
         return _purge(connection, cutoff, batch_size, progress)

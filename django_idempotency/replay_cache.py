@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from datetime import datetime
+from datetime import timedelta
 from typing import Any
 
 from django.core.cache import caches
@@ -67,7 +67,9 @@ def lookup(alias: str, info: IdempotencyInfo, using: str | None = None) -> Store
     """The cached response for this request, or ``None`` to ask the database.
 
     ``None`` also for an entry whose fingerprint differs (the database
-    answers 422 with its own signals) and for one past its record's expiry.
+    answers 422 with its own signals) and for one past its lifetime (should
+    the cache keep it past its timeout). The lifetime is what was left of
+    its record's by the database's clock when it was put.
     ``using`` is the database the request's record lives in, by default the
     ``DATABASE`` setting's.
     """
@@ -88,18 +90,17 @@ def put(
     alias: str,
     info: IdempotencyInfo,
     stored: StoredResponse,
-    expires_at: datetime,
+    lifetime: timedelta,
     using: str | None = None,
 ) -> None:
-    """Cache a committed, completed response until no later than its record expires.
+    """Cache a committed, completed response for ``lifetime``: no longer than its record lives.
 
     Called only after the transaction that completed the record committed
     (``transaction.on_commit``): a response whose transaction rolled back is
     never cached. A failure is logged and otherwise ignored.
     """
-    expires = expires_at.timestamp()
-    lifetime = expires - time.time()
-    if lifetime < MIN_LIFETIME:
+    seconds = lifetime.total_seconds()
+    if seconds < MIN_LIFETIME:
         return
     entry: tuple[Any, ...] = (
         FORMAT,
@@ -107,11 +108,13 @@ def put(
         stored.status_code,
         stored.headers,
         None if stored.body is None else bytes(stored.body),
-        expires,
+        # Only ever shorter than the record's life: a duration from the
+        # database's clock, counted from now on this host's.
+        time.time() + seconds,
     )
     try:
         # Whole seconds, rounded down: the entry dies before its record does.
-        caches[alias].set(cache_key(info.scope, info.key, using), entry, timeout=int(lifetime))
+        caches[alias].set(cache_key(info.scope, info.key, using), entry, timeout=int(seconds))
     except Exception:
         _log_failure("write", alias, info)
 

@@ -25,8 +25,9 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 from django.db.models import Field
 from django.db.models.expressions import Col
-from django.utils import timezone
 
+from django_idempotency import clock
+from django_idempotency.clock import DatabaseLater, DatabaseNow
 from django_idempotency.info import IdempotencyInfo
 from django_idempotency.models import IdempotencyKey
 
@@ -100,6 +101,10 @@ class Record:
     locked_until: datetime | None
     created_at: datetime
     expires_at: datetime
+    #: The database's clock when the record was read, in the same statement:
+    #: what every decision about this record compares with, never the app
+    #: host's clock.
+    seen_at: datetime
     #: Lease mode's progress: how many owners the key has had, and the steps
     #: they recorded as done.
     attempt: int = 1
@@ -110,9 +115,24 @@ class Record:
         """Until when an in-progress record is its owner's (its lease)."""
         return self.locked_until or self.expires_at
 
-    def abandoned(self, now: datetime) -> bool:
+    @property
+    def expired(self) -> bool:
+        """Past its expiry by the database's clock when it was read."""
+        return self.expires_at <= self.seen_at
+
+    @property
+    def held_for(self) -> timedelta:
+        """How much of its lease an in-progress record had left, by the database's clock."""
+        return self.held_until - self.seen_at
+
+    @property
+    def running_for(self) -> timedelta:
+        """How long its current owner has held it, by the database's clock."""
+        return self.seen_at - self.created_at
+
+    def abandoned(self) -> bool:
         """In progress, and its lease ran out: its owner died (or outlived its lease)."""
-        return not self.completed and self.owner_token != "" and self.expires_at <= now
+        return not self.completed and self.owner_token != "" and self.expired
 
 
 @dataclass(frozen=True)
@@ -133,27 +153,32 @@ class Claim:
 
 @dataclass(frozen=True)
 class NewClaim:
-    """What a request writes when it claims a key."""
+    """What a request writes when it claims a key.
+
+    Its times are durations from the database's clock when the statement
+    that writes them runs (:mod:`django_idempotency.clock`), never instants
+    of the app host's.
+    """
 
     scope: str
     key: str
     fingerprint: str
     owner_token: str
-    created_at: datetime
-    expires_at: datetime
-    locked_until: datetime | None
+    #: From the claim until its record expires.
+    expires_in: timedelta
+    #: Lease mode: from the claim until its lease runs out (``expires_in`` too).
+    lease: timedelta | None = None
 
     @classmethod
     def of(
         cls,
         info: IdempotencyInfo,
-        now: datetime,
         *,
         ttl: timedelta,
         token: str = "",
-        locked_until: datetime | None = None,
+        lease: timedelta | None = None,
     ) -> NewClaim:
-        """The claim of ``info``'s key at ``now``: for ``ttl``, or held until ``locked_until``.
+        """The claim of ``info``'s key: for ``ttl``, or held for ``lease``.
 
         A held lease expires with the lease, so that one index answers both
         "may this be taken over?" and "may this be purged?".
@@ -163,9 +188,8 @@ class NewClaim:
             key=info.key,
             fingerprint=info.fingerprint,
             owner_token=token,
-            created_at=now,
-            expires_at=locked_until or now + ttl,
-            locked_until=locked_until,
+            expires_in=lease or ttl,
+            lease=lease,
         )
 
 
@@ -179,6 +203,8 @@ _SQL: dict[tuple[str, Any], str] = {}
 
 
 def _sql(connection: BaseDatabaseWrapper, name: Any, build: Callable[..., str]) -> str:
+    if clock.is_pinned():
+        return build(connection)  # a test's clock, which moves
     cache_key = (connection.vendor, name)
     sql = _SQL.get(cache_key)
     if sql is None:
@@ -197,13 +223,19 @@ _CLAIM_FIELDS = [
     "locked_until",
 ]
 _RESPONSE_FIELDS = ["status_code", "response_headers", "response_body"]
-#: A new claim's values: ``_insert_params`` in the order of ``_CLAIM_FIELDS``,
-#: then its first attempt.
-_CLAIM_VALUES = ", ".join(["%s"] * len(_CLAIM_FIELDS) + ["1"])
+
+
+def _claim_values(connection: BaseDatabaseWrapper) -> str:
+    """A new claim's values in the order of ``_CLAIM_FIELDS``, then its first attempt.
+
+    The parameters are ``_insert_params``; its times are the database's clock.
+    """
+    later = clock.later_sql(connection)
+    return ", ".join(["%s"] * 5 + [clock.now_sql(connection), later, later, "1"])
 
 
 def _insert_claim_into(connection: BaseDatabaseWrapper) -> str:
-    """``INSERT INTO`` the key table, naming the columns :data:`_CLAIM_VALUES` fill."""
+    """``INSERT INTO`` the key table, naming the columns :func:`_claim_values` fill."""
     quote = connection.ops.quote_name
     columns = _columns()
     names = [quote(columns[field]) for field in [*_CLAIM_FIELDS, "attempt"]]
@@ -303,9 +335,7 @@ def reads_before_claiming(using: str) -> bool:
     return connections[using].vendor == "postgresql"
 
 
-def find_completed(
-    using: str, scope: str, key: str, *, now: datetime, wait: float
-) -> Record | None:
+def find_completed(using: str, scope: str, key: str, *, wait: float) -> Record | None:
     """The key's completed, live record, read in one indexed statement; ``None`` if there is none.
 
     A replay's answer without a transaction: a completed record is
@@ -317,7 +347,7 @@ def find_completed(
     """
     with claiming(using, wait):
         record = _read(connections[using], scope, key)
-    if record is None or not record.completed or record.expires_at <= now:
+    if record is None or not record.completed or record.expired:
         return None
     return record
 
@@ -376,9 +406,7 @@ def _claim(
         return claimed
     if claimed is None:
         return None  # gone, as after a purge
-    if claimed.expires_at <= new.created_at and not (
-        not take_over_abandoned and claimed.abandoned(new.created_at)
-    ):
+    if claimed.expired and not (not take_over_abandoned and claimed.abandoned()):
         # Seen as it was before another request took it over.
         return None
     return Claim(claimed.id, claimed)
@@ -407,20 +435,22 @@ def complete(
     response: StoredResponse,
     *,
     owner_token: str | None,
-    expires_at: datetime | None,
+    ttl: timedelta,
+    grace: timedelta | None = None,
 ) -> bool:
-    """Store the response; ``False`` if the claim is no longer ours (lease lost).
+    """Store the response for ``ttl``; ``False`` if the claim is no longer ours (lease lost).
 
-    ``expires_at=None`` keeps the expiry the claim set. Atomic mode does,
-    so the update touches no indexed column and PostgreSQL can make it a
-    heap-only (HOT) update on the same page.
+    With ``grace``, the expiry the claim set is kept if the claim is no
+    older than that by the database's clock. Atomic mode does (1% of
+    ``TTL``), so that the update writes no new value to an indexed column
+    and PostgreSQL can make it a heap-only (HOT) update on the same page.
     """
     connection = connections[using]
-    with_expiry, with_token = expires_at is not None, owner_token is not None
+    with_grace, with_token = grace is not None, owner_token is not None
     sql = _sql(
         connection,
-        ("complete", with_expiry, with_token),
-        lambda c: _complete_sql(c, with_expiry=with_expiry, with_token=with_token),
+        ("complete", with_grace, with_token),
+        lambda c: _complete_sql(c, with_grace=with_grace, with_token=with_token),
     )
     # The fields' own conversions (jsonb on PostgreSQL, bytes on each driver),
     # without building and compiling an ORM query per request.
@@ -430,8 +460,9 @@ def complete(
         _HEADERS_FIELD.get_db_prep_save(response.headers, connection),
         _BODY_FIELD.get_db_prep_save(response.body, connection),
     ]
-    if expires_at is not None:
-        params.append(connection.ops.adapt_datetimefield_value(expires_at))
+    if grace is not None:
+        params.append(clock.seconds(connection, -grace))
+    params.append(clock.seconds(connection, ttl))
     params.append(record_id)
     if owner_token is not None:
         params.append(owner_token)
@@ -445,14 +476,17 @@ _HEADERS_FIELD: Field[Any, Any] = IdempotencyKey._meta.get_field("response_heade
 _BODY_FIELD: Field[Any, Any] = IdempotencyKey._meta.get_field("response_body")  # type: ignore[assignment]
 
 
-def _complete_sql(connection: BaseDatabaseWrapper, *, with_expiry: bool, with_token: bool) -> str:
+def _complete_sql(connection: BaseDatabaseWrapper, *, with_grace: bool, with_token: bool) -> str:
     quote = connection.ops.quote_name
     columns = _columns()
     assigned = ["state", "status_code", "response_headers", "response_body"]
-    if with_expiry:
-        assigned.append("expires_at")
     assignments = [f"{quote(columns[name])} = %s" for name in assigned]
     assignments.insert(4, f"{quote(columns['locked_until'])} = NULL")
+    expires, later = quote(columns["expires_at"]), clock.later_sql(connection)
+    if with_grace:
+        created = quote(columns["created_at"])
+        later = f"CASE WHEN {created} > {later} THEN {expires} ELSE {later} END"
+    assignments.append(f"{expires} = {later}")
     where = [f"{quote(IdempotencyKey._meta.pk.column)} = %s"]
     if with_token:
         where.append(f"{quote(columns['owner_token'])} = %s")
@@ -472,8 +506,8 @@ def release(using: str, record_id: int, owner_token: str, *, keep_progress: bool
     """
     owned = _owned(using, record_id, owner_token).filter(state=State.IN_PROGRESS)
     if keep_progress:
-        now = timezone.now()
-        return owned.update(owner_token="", locked_until=now, expires_at=now) == 1
+        ended = DatabaseNow()
+        return owned.update(owner_token="", locked_until=ended, expires_at=ended) == 1
     rows, _ = owned.delete()
     return rows == 1
 
@@ -485,21 +519,19 @@ def take_over(using: str, abandoned: Record, new: NewClaim) -> Claim | None:
     requests deciding on one abandoned claim only one takes it, and a slow
     owner that renewed its lease in the meantime keeps it.
     """
-    taken = _still_abandoned(using, abandoned, new.created_at).update(
+    taken = _still_abandoned(using, abandoned).update(
         owner_token=new.owner_token,
         attempt=abandoned.attempt + 1,
-        created_at=new.created_at,
-        expires_at=new.expires_at,
-        locked_until=new.locked_until,
+        created_at=DatabaseNow(),
+        expires_at=DatabaseLater(new.expires_in),
+        locked_until=None if new.lease is None else DatabaseLater(new.lease),
     )
     if taken != 1:
         return None
     return Claim(abandoned.id, attempt=abandoned.attempt + 1, checkpoints=abandoned.checkpoints)
 
 
-def settle(
-    using: str, abandoned: Record, response: StoredResponse, *, now: datetime, expires_at: datetime
-) -> bool:
+def settle(using: str, abandoned: Record, response: StoredResponse, *, ttl: timedelta) -> bool:
     """Complete an abandoned claim with a recovery policy's response; ``False`` if it is not.
 
     Fenced as :func:`take_over` is, by the dead owner's token and its
@@ -507,24 +539,26 @@ def settle(
     checkpoint) while the policy asked keeps its claim, and its own result
     is the one stored.
     """
-    settled = _still_abandoned(using, abandoned, now).update(
+    settled = _still_abandoned(using, abandoned).update(
         state=State.COMPLETED,
         status_code=response.status_code,
         response_headers=response.headers,
         response_body=response.body,
         locked_until=None,
-        expires_at=expires_at,
+        expires_at=DatabaseLater(ttl),
     )
     return settled == 1
 
 
-def _still_abandoned(using: str, abandoned: Record, now: datetime) -> Any:
-    """The claim ``abandoned`` if, at ``now``, it still is: its dead owner's, in progress, run out.
+def _still_abandoned(using: str, abandoned: Record) -> Any:
+    """The claim ``abandoned`` if it still is: its dead owner's, in progress, run out.
+
+    Run out by the database's clock, in the statement that acts on it.
 
     The one fence of a takeover and of a recovery policy's settlement.
     """
     return _owned(using, abandoned.id, abandoned.owner_token).filter(
-        state=State.IN_PROGRESS, expires_at__lte=now
+        state=State.IN_PROGRESS, expires_at__lte=DatabaseNow()
     )
 
 
@@ -534,9 +568,9 @@ def record_progress(
     *,
     owner_token: str | None,
     checkpoints: dict[str, Any] | None = None,
-    locked_until: datetime | None = None,
+    lease: timedelta | None = None,
 ) -> bool:
-    """Write an in-progress claim's checkpoints, and renew its lease to ``locked_until``.
+    """Write an in-progress claim's checkpoints, and renew its lease for ``lease``.
 
     ``False`` when the claim is no longer this owner's (its lease was taken
     over, or it was released). Atomic mode passes no token: the claim is
@@ -545,10 +579,26 @@ def record_progress(
     changes: dict[str, Any] = {}
     if checkpoints is not None:
         changes["checkpoints"] = checkpoints
-    if locked_until is not None:
-        changes.update(locked_until=locked_until, expires_at=locked_until)
+    if lease is not None:
+        changes.update(locked_until=DatabaseLater(lease), expires_at=DatabaseLater(lease))
     owned = _owned(using, record_id, owner_token).filter(state=State.IN_PROGRESS)
     return owned.update(**changes) == 1
+
+
+def restore_progress(
+    using: str, record_id: int, owner_token: str, checkpoints: dict[str, Any]
+) -> bool:
+    """Put an in-progress claim's checkpoints back to ``checkpoints``.
+
+    For checkpoints recorded in a transaction that then rolled back: the
+    writes they record are gone, so a retry must not skip them. Fenced by
+    the token of the owner that recorded them (or the cleared token of its
+    release), so a new owner's own progress is never touched.
+    """
+    owned = IdempotencyKey.objects.using(using).filter(
+        pk=record_id, state=State.IN_PROGRESS, owner_token__in=[owner_token, ""]
+    )
+    return owned.update(checkpoints=checkpoints or None) == 1
 
 
 def _owned(using: str, record_id: int, owner_token: str | None) -> Any:
@@ -644,16 +694,14 @@ def missing_table() -> ImproperlyConfigured:
 
 
 def _insert_params(connection: BaseDatabaseWrapper, new: NewClaim) -> list[Any]:
-    adapt = connection.ops.adapt_datetimefield_value
     return [
         new.scope,
         new.key,
         new.fingerprint,
         str(State.IN_PROGRESS),
         new.owner_token,
-        adapt(new.created_at),
-        adapt(new.expires_at),
-        adapt(new.locked_until),
+        clock.seconds(connection, new.expires_in),
+        clock.seconds(connection, new.lease),
     ]
 
 
@@ -684,7 +732,7 @@ def _upsert_sql(connection: BaseDatabaseWrapper, take_over_abandoned: bool) -> s
     progress = _progress_assignments(connection, f"EXCLUDED.{quote(columns['fingerprint'])}")
     takeover = _takeover_assignments(connection, from_excluded=True)
     return (
-        f"{_insert_claim_into(connection)} VALUES ({_CLAIM_VALUES}) "
+        f"{_insert_claim_into(connection)} VALUES ({_claim_values(connection)}) "
         f"ON CONFLICT ({names[0]}, {names[1]}) DO UPDATE SET {progress}, {takeover} "
         f"WHERE {table}.{expires} <= EXCLUDED.{created}"
         f"{_unless_abandoned(connection, take_over_abandoned, table)} "
@@ -696,21 +744,28 @@ def _takeover_assignments(connection: BaseDatabaseWrapper, *, from_excluded: boo
     """SET clause giving an expired record to a new claim: its values, no response.
 
     The values come from the upsert's ``EXCLUDED`` row, or else from
-    parameters in the order of ``_insert_params(...)[2:]``.
+    parameters in the order of ``_insert_params(...)[2:]`` and the
+    database's clock.
     """
     quote = connection.ops.quote_name
     columns = _columns()
     claim = [quote(columns[field]) for field in _CLAIM_FIELDS[2:]]
-    values = [f"{name} = EXCLUDED.{name}" if from_excluded else f"{name} = %s" for name in claim]
+    later = clock.later_sql(connection)
+    given = ["%s"] * 3 + [clock.now_sql(connection), later, later]
+    values = [
+        f"{name} = EXCLUDED.{name}" if from_excluded else f"{name} = {value}"
+        for name, value in zip(claim, given, strict=True)
+    ]
     return ", ".join(values + [f"{quote(columns[f])} = NULL" for f in _RESPONSE_FIELDS])
 
 
 def _progress_assignments(connection: BaseDatabaseWrapper, fingerprint: str) -> str:
     """SET clause of a takeover's attempt and checkpoints: kept for the same request's claim.
 
-    An abandoned (or released) claim of the same request is taken over as
-    attempt n + 1 with its checkpoints; an expired completed record, or
-    another request's claim, starts again at 1 with none. It comes first in
+    An abandoned claim of the same request is taken over as attempt n + 1
+    with its checkpoints, a released one as attempt n with them (SPEC counts
+    takeovers, not failures); an expired completed record, or another
+    request's claim, starts again at 1 with none. It comes first in
     the SET clause: MySQL evaluates assignments left to right, so ``state``
     and ``fingerprint`` must still be the old record's here.
     """
@@ -721,8 +776,12 @@ def _progress_assignments(connection: BaseDatabaseWrapper, fingerprint: str) -> 
         f"{quote(columns['state'])} = '{State.IN_PROGRESS}' "
         f"AND {quote(columns['fingerprint'])} = {fingerprint}"
     )
+    # Only a takeover of an abandoned claim (its owner's token still set)
+    # counts as an attempt; a claim its owner gave back keeps its number.
+    owned = f"{quote(columns['owner_token'])} <> ''"
     return (
-        f"{attempt} = CASE WHEN {same} THEN {attempt} + 1 ELSE 1 END, "
+        f"{attempt} = CASE WHEN {same} "
+        f"THEN {attempt} + CASE WHEN {owned} THEN 1 ELSE 0 END ELSE 1 END, "
         f"{checkpoints} = CASE WHEN {same} THEN {checkpoints} ELSE NULL END"
     )
 
@@ -784,16 +843,19 @@ _RECORD_COLUMNS = [
 
 
 def _record(connection: BaseDatabaseWrapper, row: Any) -> Record:
-    """A row of ``_RECORD_COLUMNS`` as the ORM would convert it, without building a model.
+    """A row of ``_RECORD_COLUMNS`` and the database's clock, as the ORM would convert it.
 
-    The columns past the state and the response are named as the record's fields.
+    Converted without building a model. The columns past the state and the
+    response are named as the record's fields.
     """
+    expressions = _record_expressions(connection)
     values = {
         name: _convert(value, column, connection)
-        for name, value, column in zip(
-            _RECORD_COLUMNS, row, _record_expressions(connection), strict=True
-        )
+        for name, value, column in zip(_RECORD_COLUMNS, row[:-1], expressions, strict=True)
     }
+    # The clock, converted as the expiry (a datetime column) is.
+    expiry = expressions[_RECORD_COLUMNS.index("expires_at")]
+    values["seen_at"] = _convert(row[-1], expiry, connection)
     completed = values.pop("state") == _STATE_COMPLETED
     response = StoredResponse(
         values.pop("status_code") or 200,
@@ -838,8 +900,8 @@ def _record_select_sql(connection: BaseDatabaseWrapper, *, lock: str = "") -> st
     quote = connection.ops.quote_name
     columns = _columns()
     return (
-        f"SELECT {', '.join(quote(columns[name]) for name in _RECORD_COLUMNS)} "
-        f"FROM {quote(IdempotencyKey._meta.db_table)} "
+        f"SELECT {', '.join(quote(columns[name]) for name in _RECORD_COLUMNS)}, "
+        f"{clock.now_sql(connection)} FROM {quote(IdempotencyKey._meta.db_table)} "
         f"WHERE {quote(columns['scope'])} = %s AND {quote(columns['key'])} = %s{lock}"
     )
 
@@ -889,7 +951,8 @@ def _postgresql_inserted(connection: BaseDatabaseWrapper, returned: str) -> str:
     quote = connection.ops.quote_name
     columns = _columns()
     return (
-        f"inserted AS ({_insert_claim_into(connection)} SELECT {_CLAIM_VALUES} FROM wait "
+        f"inserted AS ({_insert_claim_into(connection)} "
+        f"SELECT {_claim_values(connection)} FROM wait "
         f"ON CONFLICT ({quote(columns['scope'])}, {quote(columns['key'])}) "
         f"DO NOTHING RETURNING {returned})"
     )
@@ -922,19 +985,18 @@ def _claim_postgresql(
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
-    mine, values = row[0], row[1:-1]
+    mine, values = row[0], row[1:-2]
     if mine is None:
         return None
     if mine:
         return _claimed(connection, [values[0], *values[-len(_PROGRESS) :]])
-    return _record(connection, values)
+    return _record(connection, [*values, row[-2]])
 
 
 def _postgresql_claim_params(
     connection: BaseDatabaseWrapper, new: NewClaim, wait: float
 ) -> list[Any]:
     insert = _insert_params(connection, new)
-    adapt = connection.ops.adapt_datetimefield_value
     return [
         _postgresql_lock_timeout(wait),
         *insert,
@@ -943,7 +1005,6 @@ def _postgresql_claim_params(
         *insert[2:],
         new.scope,
         new.key,
-        adapt(new.created_at),
         new.scope,
         new.key,
     ]
@@ -956,6 +1017,7 @@ def _postgresql_claim_sql(connection: BaseDatabaseWrapper, take_over_abandoned: 
     names = [quote(columns[field]) for field in _CLAIM_FIELDS]
     scope, key = names[0], names[1]
     expires = quote(columns["expires_at"])
+    now = clock.now_sql(connection)
     pk = quote(IdempotencyKey._meta.pk.column)
     progress = [quote(columns[name]) for name in _PROGRESS]
     record = ", ".join(f"{table}.{quote(columns[name])}" for name in _RECORD_COLUMNS[1:])
@@ -968,7 +1030,7 @@ def _postgresql_claim_sql(connection: BaseDatabaseWrapper, take_over_abandoned: 
         f"{_PG_BOUNDED_WAIT}{_postgresql_inserted(connection, returned)}, "
         f"taken AS (UPDATE {table} SET {_progress_assignments(connection, '%s')}, "
         f"{_takeover_assignments(connection, from_excluded=False)} "
-        f"WHERE {scope} = %s AND {key} = %s AND {expires} <= %s"
+        f"WHERE {scope} = %s AND {key} = %s AND {expires} <= {now}"
         f"{_unless_abandoned(connection, take_over_abandoned, table)} "
         "AND NOT EXISTS (SELECT 1 FROM inserted) "
         f"RETURNING {_claimed_columns(connection, table)}), "
@@ -978,7 +1040,8 @@ def _postgresql_claim_sql(connection: BaseDatabaseWrapper, take_over_abandoned: 
         f"WHERE {scope} = %s AND {key} = %s AND NOT EXISTS (SELECT 1 FROM claimed)) "
         # Always exactly one row, so the view's lock_timeout is always put back:
         # also when the claim found another's record inside the view's transaction.
-        f"SELECT found.*, {_PG_RESTORED_WAIT} FROM wait LEFT JOIN found ON true"
+        # With the database's clock, which decides about the record found.
+        f"SELECT found.*, {now}, {_PG_RESTORED_WAIT} FROM wait LEFT JOIN found ON true"
     )
 
 
@@ -1070,15 +1133,15 @@ def _claim_mysql(
     if row is None:
         return None
     record = _record(connection, row)
-    if record.expires_at > new.created_at:
+    if not record.expired:
         return record
-    if not take_over_abandoned and record.abandoned(new.created_at):
+    if not take_over_abandoned and record.abandoned():
         return record  # for the recovery policy to decide on
     return _take_over_mysql(connection, record.id, new, prefix)
 
 
 def _mysql_insert_sql(connection: BaseDatabaseWrapper) -> str:
-    return f"{_insert_claim_into(connection)} VALUES ({_CLAIM_VALUES})"
+    return f"{_insert_claim_into(connection)} VALUES ({_claim_values(connection)})"
 
 
 def _mysql_read_sql(connection: BaseDatabaseWrapper) -> str:
@@ -1095,13 +1158,12 @@ def _take_over_mysql(
     assignments = _takeover_assignments(connection, from_excluded=False)
     pk = quote(IdempotencyKey._meta.pk.column)
     expires = quote(columns["expires_at"])
-    adapt = connection.ops.adapt_datetimefield_value
     params = [new.fingerprint, new.fingerprint, *_insert_params(connection, new)[2:]]
     with connection.cursor() as cursor:
         cursor.execute(
             f"{prefix}UPDATE {table} SET {progress}, {assignments} "
-            f"WHERE {pk} = %s AND {expires} <= %s",
-            [*params, record_id, adapt(new.created_at)],
+            f"WHERE {pk} = %s AND {expires} <= {clock.now_sql(connection)}",
+            [*params, record_id],
         )
         if cursor.rowcount != 1:
             return None

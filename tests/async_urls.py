@@ -7,6 +7,7 @@ from tests import async_views, middleware_views
 urlpatterns = [
     path("orders/", async_views.create_order),
     path("orders/lease/", async_views.create_order_lease),
+    path("orders/checkpointing/", async_views.checkpointing_order),
     path("orders/short-lease/", async_views.create_order_short_lease),
     path("orders/required/", async_views.create_order_required),
     path("orders/plain/", async_views.create_order_plain),

@@ -31,6 +31,17 @@ def _in_transaction() -> bool:
     return connection.in_atomic_block
 
 
+@idempotent(atomic=False)
+async def checkpointing_order(request: HttpRequest) -> HttpResponse:
+    """Lease mode: records its step with ``acheckpoint`` and renews with ``aheartbeat``."""
+    info = request.idempotency  # type: ignore[attr-defined]
+    if "order" not in info.checkpoints:
+        order = await Order.objects.acreate(item="async-checkpointed")
+        await info.acheckpoint("order", {"id": order.pk})
+    await info.aheartbeat()
+    return JsonResponse({"order": info.checkpoints["order"]["id"]}, status=201)
+
+
 async def _create_order(request: HttpRequest) -> HttpResponse:
     """Write the effect, then answer as the body and query string ask.
 

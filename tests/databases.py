@@ -15,7 +15,6 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from django.db import connection
-from django.utils import timezone
 
 if TYPE_CHECKING:
     from django_idempotency.store import NewClaim
@@ -30,15 +29,8 @@ def new_claim(
     """
     from django_idempotency.store import NewClaim
 
-    now = timezone.now()
     return NewClaim(
-        scope=scope,
-        key=key,
-        fingerprint="f" * 64,
-        owner_token="",
-        created_at=now,
-        expires_at=now + expires_in,
-        locked_until=None,
+        scope=scope, key=key, fingerprint="f" * 64, owner_token="", expires_in=expires_in
     )
 
 

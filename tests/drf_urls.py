@@ -27,6 +27,7 @@ urlpatterns = [
     path("api-lease-non-atomic/", drf_views.api_create_order_lease_non_atomic),
     path("hold/", drf_views.HoldView.as_view()),
     path("lease-hold/", drf_views.LeaseHoldView.as_view()),
+    path("long-lease-hold/", drf_views.LongLeaseHoldView.as_view()),
     path("unprotected-apiview/", drf_views.UnprotectedOrderAPIView.as_view()),
     path("unprotected-api-view/", drf_views.unprotected_api_view),
     *router.urls,

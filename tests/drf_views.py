@@ -284,6 +284,12 @@ class LeaseHoldView(HoldView):
     idempotency_lease = 2
 
 
+class LongLeaseHoldView(HoldView):
+    """Lease mode with the default lease (5 minutes): live for as long as a test holds it."""
+
+    idempotency_atomic = False
+
+
 # DRF views that protect nothing themselves: what IdempotencyMiddleware
 # protects through the mixin's path, after DRF's token authentication.
 

@@ -54,7 +54,11 @@ def protected(atomic: bool) -> Any:
     from django_idempotency import idempotent_function
 
     @idempotent_function(
-        key=lambda key, ending: key, atomic=atomic, wait=WAIT_SECONDS, lease=LEASE_SECONDS
+        scope=f"tests.endings_function.{'atomic' if atomic else 'lease'}",
+        key=lambda key, ending: key,
+        atomic=atomic,
+        wait=WAIT_SECONDS,
+        lease=LEASE_SECONDS,
     )
     def endings_function(key: str, ending: str) -> dict[str, Any]:
         return body(key, ending)

@@ -11,5 +11,6 @@ urlpatterns = [
     path("pay/reconciled-by-drf/", recovery_views.ReconciledPayView.as_view()),
     path("pay/reconciled-while-renewed/", recovery_views.pay_reconciled_while_renewed),
     path("pay/atomic/", recovery_views.pay_atomic),
+    path("pay/taken-over/", recovery_views.pay_taken_over),
     path("beat/", recovery_views.beat),
 ]

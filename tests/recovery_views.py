@@ -25,7 +25,6 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.template import engines
 from django.template.response import TemplateResponse
-from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
@@ -138,7 +137,7 @@ def reconcile_while_renewed(request: HttpRequest, abandoned: Abandoned) -> HttpR
         "default",
         record.id,
         owner_token=record.owner_token,
-        locked_until=timezone.now() + timedelta(seconds=2),
+        lease=timedelta(seconds=2),
     )
     assert renewed
     return reconcile(request, abandoned)
@@ -159,6 +158,8 @@ pay_held = _view(recover=counting_hold)
 pay_held_by_path = _view(recover="django_idempotency.recovery.hold")
 pay_reconciled_by_template = _view(recover=reconcile_with_template)
 pay_reconciled_while_renewed = _view(recover=reconcile_while_renewed)
+#: A policy that looks and lets the handler take over (``None``).
+pay_taken_over = _view(recover=lambda request, abandoned: asked.append(abandoned))
 
 
 class ReconciledPayView(IdempotentMixin, APIView):

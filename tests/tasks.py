@@ -12,6 +12,7 @@ import json
 import os
 import threading
 import time
+from decimal import Decimal
 from pathlib import Path
 
 from celery import shared_task
@@ -88,6 +89,18 @@ def flaky_order(label: str, failures: int) -> dict:
     if run <= failures:
         raise RuntimeError(f"run {run} fails")
     return {"order": order.pk, "run": run}
+
+
+@shared_task(autoretry_for=(Exception,), default_retry_delay=1, max_retries=4)
+@idempotent_task(atomic=False, lease=1, key=lambda label: f"unstorable-lease-{label}")
+def unstorable_lease_charge(label: str) -> Decimal:
+    """Lease mode: charges, then returns what JSON cannot hold; autoretry asks again and again.
+
+    A one-second lease, so that the retries come after it would have run out.
+    """
+    checkpoint(label)
+    Order.objects.create(item=label)
+    return Decimal("9.99")
 
 
 @shared_task(bind=True, autoretry_for=(RuntimeError,), default_retry_delay=0, max_retries=5)

@@ -155,6 +155,16 @@ class LeaseModeTests:
         assert record.owner_token != ""
         assert async_views.calls.value == 1
 
+    def test_checkpoint_and_heartbeat_are_awaited_in_an_async_view(self, aclient) -> None:
+        first = post(aclient, "/async/orders/checkpointing/", key="steps")
+
+        assert first.status_code == 201, first.content
+        order = json.loads(first.content)["order"]
+        assert Order.objects.filter(pk=order, item="async-checkpointed").exists()
+        record = IdempotencyKey.objects.get()
+        assert record.state == State.COMPLETED
+        assert record.checkpoints == {"order": {"id": order}}
+
     def test_handler_that_raises_releases_the_key(self, aclient) -> None:
         failed = post(aclient, "/async/orders/lease/", key="lease", **{"raise": True})
         assert failed.status_code == 500

@@ -176,9 +176,8 @@ def test_kill_in_lease_handler_is_taken_over_after_the_lease(
 
     # The dead owner's token can neither overwrite nor delete the new record.
     stale = store.StoredResponse(500, [], b"stale")
-    expires_at = timezone.now() + timedelta(days=9)
     assert not store.complete(
-        "default", held.pk, stale, owner_token=held.owner_token, expires_at=expires_at
+        "default", held.pk, stale, owner_token=held.owner_token, ttl=timedelta(days=9)
     )
     assert not store.release("default", held.pk, held.owner_token)
     assert bytes(IdempotencyKey.objects.get().response_body) == takeover.content

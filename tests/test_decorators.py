@@ -322,6 +322,15 @@ class ScopeTests:
         client.force_login(alice)
         assert post(client, "/orders/", {"item": "book"}).content == alice_response.content
 
+    @pytest.mark.parametrize("option", ["SCOPE", "FINGERPRINT"])
+    def test_a_function_returning_no_string_is_a_clear_error(self, settings, reset_calls, option):
+        settings.IDEMPOTENCY = {option: "tests.test_decorators.numeric_value"}
+        client = Client(raise_request_exception=True)
+        with pytest.raises(TypeError, match="returned int, not a string"):
+            post(client, "/orders/", {"item": "book"})
+        assert reset_calls.value == 0
+        assert not IdempotencyKey.objects.exists()
+
     def test_scopes_compare_exactly(self, client, settings, reset_calls):
         settings.IDEMPOTENCY = {"SCOPE": "tests.test_decorators.tenant_scope"}
         post(client, "/orders/", headers={"X-Tenant": "Acme"})
@@ -353,6 +362,11 @@ class ScopeTests:
         assert "Idempotent-Replayed" not in other.headers
         assert reset_calls.value == 2
         assert IdempotencyKey.objects.count() == 2
+
+
+def numeric_value(request: object) -> int:
+    """A scope or fingerprint function that forgot to return a string."""
+    return 42
 
 
 def tenant_scope(request) -> str:

@@ -192,6 +192,14 @@ class IdempotentTaskDefinitionTests:
         with pytest.raises(ImproperlyConfigured, match=r"idempotent_task\(ttl=\.\.\.\)"):
             immediate_tasks.idempotent_task(ttl=-5)
 
+    def test_recover_is_taken_and_checked_at_definition(self, immediate_tasks):
+        with pytest.raises(
+            TypeError, match=r"idempotent_task\(recover=\.\.\.\) must be a callable"
+        ):
+            immediate_tasks.idempotent_task(key=lambda name: name, recover="hold")
+        # A callable is an idempotent_function's policy, as for Celery's tasks.
+        assert immediate_tasks.idempotent_task(key=lambda name: name, recover=lambda a: None)
+
     def test_used_on_a_task_it_says_to_replace_task(self, immediate_tasks):
         with pytest.raises(TypeError, match="in place of @task"):
             immediate_tasks.idempotent_task(immediate_tasks.purge_expired_keys)

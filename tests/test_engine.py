@@ -19,17 +19,20 @@ import re
 import threading
 import time
 from datetime import timedelta
+from io import StringIO
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.core.management import call_command
 from django.db import connection
 from django.test import Client, override_settings
 from django.utils import timezone
 from rest_framework.request import Request
 from rest_framework.test import APIClient, APIRequestFactory
 
+from django_idempotency import clock as database_clock
 from django_idempotency import store
 from django_idempotency.body import close_spools_with
 from django_idempotency.fingerprint import request_fingerprint
@@ -169,12 +172,42 @@ class LeaseDuplicateTests:
         # Lease mode does not wait for the original: it answers at once.
         assert time.monotonic() - started < 0.9
         assert duplicate.status_code == 409
-        assert int(duplicate["Retry-After"]) in (299, 300)
+        # When to come back: after about as long as the original has run (here
+        # well under a second), not the whole 300-second lease.
+        assert duplicate["Retry-After"] == "1"
         assert duplicate.json()["detail"].startswith("A request with this idempotency key")
         original = join()
         assert original.status_code == 201
         assert calls.value == 1
         assert IdempotencyKey.objects.get().state == State.COMPLETED
+
+    def test_retry_after_grows_with_how_long_the_original_has_run(self, client: Any) -> None:
+        api, user = client
+        IdempotencyKeyFactory(
+            scope=f"user:{user.pk}",
+            key=KEY,
+            fingerprint=fingerprint_of(LEASE_ORDERS),
+            in_flight=True,
+            created_at=timezone.now() - timedelta(seconds=40),
+            locked_until=timezone.now() + timedelta(seconds=260),
+        )
+        response = post(api, LEASE_ORDERS)
+        assert response.status_code == 409
+        assert int(response["Retry-After"]) in (40, 41, 42)
+
+    def test_retry_after_is_never_past_the_lease(self, client: Any) -> None:
+        api, user = client
+        IdempotencyKeyFactory(
+            scope=f"user:{user.pk}",
+            key=KEY,
+            fingerprint=fingerprint_of(LEASE_ORDERS),
+            in_flight=True,
+            created_at=timezone.now() - timedelta(seconds=280),
+            locked_until=timezone.now() + timedelta(seconds=20),
+        )
+        response = post(api, LEASE_ORDERS)
+        assert response.status_code == 409
+        assert int(response["Retry-After"]) in (19, 20)
 
     def test_duplicate_with_other_body_while_held_is_422(self, client: Any) -> None:
         api, _ = client
@@ -227,27 +260,51 @@ class LeaseReleaseTests:
         assert calls.value == 1
 
 
-class RenderFailureTests:
-    """A response whose rendering fails after the handler returned: the handler has acted."""
+def assert_refused_as_not_stored(response: Any) -> None:
+    """The refusal a key whose response could not be kept gives every retry."""
+    assert response.status_code == 500
+    assert response["Content-Type"] == "application/problem+json"
+    assert response["Idempotent-Replayed"] == "true"
+    assert json.loads(response.content)["type"].endswith(":result-not-stored")
 
-    def test_lease_template_that_fails_to_render_keeps_the_claim(self, caplog: Any) -> None:
+
+class RenderFailureTests:
+    """A response whose rendering fails after the handler returned: the handler has acted.
+
+    The key is completed with a refusal, so that no retry runs the handler
+    again: not at once, and not once the lease would have run out.
+    """
+
+    def test_lease_template_that_fails_to_render_completes_with_a_refusal(
+        self, caplog: Any
+    ) -> None:
         with caplog.at_level(logging.ERROR, logger="django_idempotency.core"):
             failed = send("/lease/unrenderable/", KEY)
         assert failed.status_code == 500
         assert "cannot be rendered or stored" in caplog.text
-        retry = send("/lease/unrenderable/", KEY)
-        assert retry.status_code == 409
+        assert_refused_as_not_stored(send("/lease/unrenderable/", KEY))
+        with database_clock.shifted(timedelta(hours=1)):  # past the lease, within the TTL
+            assert_refused_as_not_stored(send("/lease/unrenderable/", KEY))
         assert calls.value == 1
         assert Order.objects.count() == 1
-        assert IdempotencyKey.objects.get().state == State.IN_PROGRESS
+        assert IdempotencyKey.objects.get().state == State.COMPLETED
 
-    def test_lease_drf_response_that_fails_to_render_keeps_the_claim(self, client: Any) -> None:
+    def test_lease_drf_response_that_fails_to_render_completes_with_a_refusal(
+        self, client: Any
+    ) -> None:
         api, _ = client
         assert post(api, f"{LEASE_ORDERS}?unrenderable=1").status_code == 500
-        retry = post(api, f"{LEASE_ORDERS}?unrenderable=1")
-        assert retry.status_code == 409
+        assert_refused_as_not_stored(post(api, f"{LEASE_ORDERS}?unrenderable=1"))
+        with database_clock.shifted(timedelta(hours=1)):
+            assert_refused_as_not_stored(post(api, f"{LEASE_ORDERS}?unrenderable=1"))
         assert calls.value == 1
-        assert IdempotencyKey.objects.get().state == State.IN_PROGRESS
+        assert IdempotencyKey.objects.get().state == State.COMPLETED
+
+    def test_an_operator_release_lets_it_run_again(self) -> None:
+        send("/lease/unrenderable/", KEY)
+        call_command("idempotency_keys", "delete", "anonymous", KEY, stdout=StringIO())
+        assert send("/lease/unrenderable/", KEY).status_code == 500
+        assert calls.value == 2
 
     def test_atomic_template_that_fails_to_render_rolls_back_for_a_retry(self) -> None:
         # The failure rolls the handler's writes back with the claim: a retry may run.
@@ -284,14 +341,13 @@ class TakeoverTests:
         first = post(api, LEASE_ORDERS)
         completed = IdempotencyKey.objects.get()
         stale_response = store.StoredResponse(500, [], b"stale")
-        expires_at = timezone.now() + timedelta(days=9)
         assert (
             store.complete(
                 "default",
                 stale.pk,
                 stale_response,
                 owner_token=stale.owner_token,
-                expires_at=expires_at,
+                ttl=timedelta(days=9),
             )
             is False
         )
@@ -317,7 +373,7 @@ class TakeoverTests:
             stale.pk,
             store.StoredResponse(200, [], b"stale"),
             owner_token=stale.owner_token,
-            expires_at=timezone.now() + timedelta(days=1),
+            ttl=timedelta(days=1),
         )
         assert not store.release("default", stale.pk, stale.owner_token)
         still = IdempotencyKey.objects.get()
@@ -547,7 +603,7 @@ class CallersTransactionTests:
 
         runs: list[int] = []
 
-        @idempotent_function(key=lambda order: f"order-{order}")
+        @idempotent_function(scope="test.charge", key=lambda order: f"order-{order}")
         def charge(order: int) -> int:
             runs.append(order)
             return order * 10
@@ -577,7 +633,7 @@ class CallersTransactionTests:
         from django_idempotency import idempotent_function
         from tests.databases import lock_timeout
 
-        @idempotent_function(key=lambda order: f"order-{order}", wait=0.5)
+        @idempotent_function(scope="test.charge", key=lambda order: f"order-{order}", wait=0.5)
         def charge(order: int) -> int:
             return order
 

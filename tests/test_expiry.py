@@ -21,6 +21,7 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from django_idempotency import clock as database_clock
 from django_idempotency import signals
 from django_idempotency.models import IdempotencyKey
 from tests.clients import post
@@ -35,10 +36,19 @@ ATOMIC_CAVEAT = "at most 1% of ``TTL`` earlier"
 
 
 class Clock:
-    """``timezone.now`` that stands still until moved."""
+    """The database's clock (and ``timezone.now``) standing still until moved."""
 
     def __init__(self) -> None:
         self.now = timezone.now().replace(microsecond=0)
+
+    @property
+    def now(self) -> datetime:
+        return self._now
+
+    @now.setter
+    def now(self, when: datetime) -> None:
+        self._now = when
+        database_clock.pin(when)
 
     def __call__(self) -> datetime:
         return self.now
@@ -47,8 +57,11 @@ class Clock:
 @pytest.fixture
 def clock() -> Iterator[Clock]:
     fixed = Clock()
-    with mock.patch("django.utils.timezone.now", fixed):
-        yield fixed
+    try:
+        with mock.patch("django.utils.timezone.now", fixed):
+            yield fixed
+    finally:
+        database_clock.pin(None)
 
 
 @pytest.fixture

@@ -17,7 +17,9 @@ import subprocess
 import sys
 import uuid
 from collections import Counter
-from datetime import timedelta
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
 from django.test import override_settings
 
+from django_idempotency import clock as database_clock
 from django_idempotency import idempotent_function
 from django_idempotency.exceptions import (
     ArgumentsMismatch,
@@ -154,7 +157,9 @@ def counted(atomic: bool = True, **options: Any) -> tuple[Any, list[Any]]:
     """A protected function that writes an Order and records each run of its body."""
     runs: list[Any] = []
 
-    @idempotent_function(key=lambda key, quantity=1: key, atomic=atomic, **options)
+    @idempotent_function(
+        scope="test.place", key=lambda key, quantity=1: key, atomic=atomic, **options
+    )
     def place(key: str, quantity: int = 1) -> dict[str, Any]:
         runs.append((key, quantity))
         order = Order.objects.create(item=key, quantity=quantity)
@@ -215,7 +220,7 @@ class ContractTests:
         # its lease ran out. The key is completed with a record that says so.
         runs = []
 
-        @idempotent_function(key=lambda n: f"big-{n}", atomic=False)
+        @idempotent_function(scope="test.report", key=lambda n: f"big-{n}", atomic=False)
         def report(n: int) -> str:
             runs.append(n)
             return "x" * (17 * 1024 * 1024)  # over the server's 16 MiB packet
@@ -235,7 +240,7 @@ class ContractTests:
         long = "event-" + "x" * 300
         runs = []
 
-        @idempotent_function(key=lambda event: event)
+        @idempotent_function(scope="test.handle", key=lambda event: event)
         def handle(event: str) -> None:
             runs.append(event)
 
@@ -253,7 +258,7 @@ class ContractTests:
         # the call never ran the first time, and must not run now.
         runs = []
 
-        @idempotent_function(key=lambda label: label, atomic=atomic)
+        @idempotent_function(scope="test.stop", key=lambda label: label, atomic=atomic)
         def stop(label: str) -> None:
             runs.append(label)
             Order.objects.create(item=label)
@@ -276,7 +281,7 @@ class ContractTests:
         assert runs == [("k", 1)]
 
     def test_first_call_gets_the_value_as_later_calls_will(self):
-        @idempotent_function(key=lambda n: f"tuple-{n}")
+        @idempotent_function(scope="test.pair", key=lambda n: f"tuple-{n}")
         def pair(n: int) -> tuple[int, int]:
             return (n, n)
 
@@ -287,7 +292,7 @@ class ContractTests:
     def test_body_that_raises_stores_nothing_and_runs_again(self, atomic):
         attempts: list[int] = []
 
-        @idempotent_function(key=lambda key: key, atomic=atomic)
+        @idempotent_function(scope="test.flaky", key=lambda key: key, atomic=atomic)
         def flaky(key: str) -> str:
             attempts.append(1)
             Order.objects.create(item=key)
@@ -305,7 +310,7 @@ class ContractTests:
         assert len(attempts) == 2
 
     def test_unstorable_value_rolls_back_in_atomic_mode(self):
-        @idempotent_function(key=lambda key: key)
+        @idempotent_function(scope="test.bad", key=lambda key: key)
         def bad(key: str) -> object:
             Order.objects.create(item=key)
             return object()
@@ -315,10 +320,37 @@ class ContractTests:
         assert not Order.objects.exists()
         assert not IdempotencyKey.objects.exists()
 
+    @pytest.mark.parametrize(
+        "value", [Decimal("9.99"), datetime(2026, 1, 1, tzinfo=dt_timezone.utc), uuid.uuid4()]
+    )
+    def test_lease_mode_value_that_is_not_json_never_runs_the_body_again(self, value):
+        runs: list[str] = []
+
+        @idempotent_function(scope="test.charge", key=lambda key: key, atomic=False)
+        def charge(key: str) -> object:
+            runs.append(key)
+            Order.objects.create(item=key)
+            return value
+
+        with pytest.raises(UnstorableResult, match="cannot be stored as JSON"):
+            charge("k")
+        with pytest.raises(UnstorableResult, match="its value could not be stored"):
+            charge("k")
+        # Nor once its lease would have run out: the body has acted.
+        with (
+            database_clock.shifted(timedelta(hours=1)),
+            pytest.raises(UnstorableResult, match="its value could not be stored"),
+        ):
+            charge("k")
+        assert runs == ["k"]
+        assert Order.objects.count() == 1
+        record = IdempotencyKey.objects.get()
+        assert (record.state, record.status_code) == (IdempotencyKey.State.COMPLETED, 507)
+
     def test_lease_mode_in_flight_call_is_refused(self):
         inner: list[Any] = []
 
-        @idempotent_function(key=lambda key: key, atomic=False)
+        @idempotent_function(scope="test.outer", key=lambda key: key, atomic=False)
         def outer(key: str) -> str:
             with pytest.raises(CallInFlight) as raised:
                 outer(key)  # the same key, while the first call still runs
@@ -329,21 +361,26 @@ class ContractTests:
         assert inner and inner[0] >= 1
         assert outer("k") == "first"
 
-    def test_scope_defaults_to_the_dotted_name_and_separates_functions(self):
-        first, _ = counted()
-        second, _ = counted()
-        first("k")
-        second("k")
-        scopes = set(IdempotencyKey.objects.values_list("scope", flat=True))
-        assert scopes == {"tests.test_functions.counted.<locals>.place"}
-        assert Order.objects.count() == 1  # one dotted name, one scope
+    def test_a_function_built_inside_another_must_name_its_scope(self):
+        # Every closure a factory builds has one dotted name: as a default
+        # scope, one tenant's call would be answered with another's value.
+        def for_tenant(tenant: str) -> Any:
+            @idempotent_function(key=lambda event: event)
+            def handle(event: str) -> str:
+                return tenant
+
+            return handle
+
+        with pytest.raises(TypeError, match=r"defined inside another, needs scope="):
+            for_tenant("acme")
+        assert not IdempotencyKey.objects.exists()
 
         @idempotent_function(key=lambda key: key, scope="payments.capture")
         def capture(key: str) -> None:
             Order.objects.create(item=key)
 
         capture("k")
-        assert Order.objects.count() == 2
+        assert Order.objects.count() == 1
         assert IdempotencyKey.objects.filter(scope="payments.capture").exists()
 
     def test_atomic_call_inside_a_transaction_of_the_caller(self):
@@ -376,7 +413,7 @@ class ContractTests:
         assert not IdempotencyKey.objects.exists()
 
     def test_key_function_must_return_a_string(self):
-        @idempotent_function(key=lambda n: n)
+        @idempotent_function(scope="test.by_number", key=lambda n: n)
         def by_number(n: int) -> None: ...
 
         with pytest.raises(TypeError, match="must return a non-empty string, not int"):
@@ -395,7 +432,7 @@ class AsyncTests:
     def test_async_def_function_is_awaited_once_per_key(self, atomic):
         runs: list[str] = []
 
-        @idempotent_function(key=lambda key: key, atomic=atomic)
+        @idempotent_function(scope="test.notify", key=lambda key: key, atomic=atomic)
         async def notify(key: str) -> dict[str, Any]:
             runs.append(key)
             order = await Order.objects.acreate(item=key)
@@ -412,7 +449,7 @@ class AsyncTests:
         assert IdempotencyKey.objects.get().state == State.COMPLETED
 
     def test_async_def_function_with_other_arguments_raises(self):
-        @idempotent_function(key=lambda key, n: key)
+        @idempotent_function(scope="test.notify", key=lambda key, n: key)
         async def notify(key: str, n: int) -> int:
             return n
 
@@ -424,7 +461,7 @@ class AsyncTests:
         async_to_sync(main)()
 
     def test_atomic_async_body_writes_roll_back_when_it_raises(self):
-        @idempotent_function(key=lambda key: key)
+        @idempotent_function(scope="test.failing", key=lambda key: key)
         async def failing(key: str) -> None:
             await Order.objects.acreate(item=key)
             raise RuntimeError("after writing")

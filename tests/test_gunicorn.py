@@ -126,3 +126,31 @@ class RepeatedHeaderTests:
 
         assert status == 201, gunicorn.log()
         assert list(IdempotencyKey.objects.values_list("key", flat=True)) == ["k-a,k-b"]
+
+
+class UnstorableResponseTests:
+    """Lease mode: a response that fails to render after the view acted, on real workers."""
+
+    def test_every_retry_gets_the_refusal_and_the_view_runs_once(
+        self, gunicorn: GunicornServer
+    ) -> None:
+        key = f"unrenderable-{time.monotonic_ns()}"
+
+        def send() -> requests.Response:
+            return requests.post(
+                gunicorn.url + "/lease/unrenderable/",
+                data=b"{}",
+                headers={"Content-Type": "application/json", "Idempotency-Key": key},
+                timeout=REQUEST_TIMEOUT,
+            )
+
+        assert send().status_code == 500
+        for _ in range(2):  # whichever worker answers
+            retry = send()
+            assert retry.status_code == 500
+            assert retry.headers["Content-Type"] == "application/problem+json"
+            assert retry.headers["Idempotent-Replayed"] == "true"
+            assert retry.json()["type"].endswith(":result-not-stored")
+        assert Order.objects.filter(item="unrenderable").count() == 1
+        record = IdempotencyKey.objects.get(key=key)
+        assert (record.state, record.status_code) == (State.COMPLETED, 500)

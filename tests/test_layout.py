@@ -119,6 +119,8 @@ FIRST_REQUEST_PATH = {
     "django_idempotency.core",
     "django_idempotency.engine",
     "django_idempotency.store",
+    # The database's clock, as the store's statements read it.
+    "django_idempotency.clock",
     "django_idempotency.keys",
     "django_idempotency.scopes",
     "django_idempotency.fingerprint",

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 from io import StringIO
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection, transaction
 from django.utils import timezone
 
+from django_idempotency import store
 from django_idempotency.keys import mask_key
 from django_idempotency.models import IdempotencyKey
 from tests.factories import IdempotencyKeyFactory
+from tests.polling import in_background, wait_until
 
 pytestmark = pytest.mark.django_db
 State = IdempotencyKey.State
@@ -162,3 +166,74 @@ def test_database_option_and_setting(settings):
     assert "user:6" in out
     out, _ = run("--database", "default", "list")
     assert "user:6" not in out
+
+
+def test_an_unknown_database_is_a_clear_error():
+    with pytest.raises(CommandError, match="Unknown database 'nope': --database takes an alias"):
+        run("--database", "nope", "list")
+
+
+@pytest.mark.parametrize("limit", ["-1", "0", "many"])
+def test_a_limit_below_one_is_a_clear_error(limit):
+    with pytest.raises(CommandError, match="1 or more"):
+        run("list", "--limit", limit)
+
+
+def updates_waiting_on_a_row_lock() -> int:
+    """How many statements on the test database wait for another transaction's row lock.
+
+    MariaDB: the writes to the key table still running (InnoDB's own
+    transaction table is a cache that polling keeps stale); with the row
+    locked by the owner, a write to it runs only by waiting.
+    """
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+        else:
+            table = IdempotencyKey._meta.db_table
+            cursor.execute(
+                "SELECT count(*) FROM information_schema.processlist "
+                "WHERE db = DATABASE() AND id <> CONNECTION_ID() AND command = 'Query' "
+                "AND (info LIKE %s OR info LIKE %s)",
+                [f"UPDATE `{table}`%", f"DELETE FROM `{table}`%"],
+            )
+        return int(cursor.fetchone()[0])
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(
+    connection.vendor == "sqlite", reason="SQLite has no row locks to race the command on"
+)
+class FencedInTheStatementTests:
+    """An owner that renews its lease while the command runs keeps it (no check, then act)."""
+
+    @pytest.mark.parametrize("action", ["release", "delete"])
+    def test_a_lease_renewed_while_the_command_runs_is_kept(self, action):
+        stuck = IdempotencyKeyFactory(scope="user:1", key="raced-key-dddd", lease_expired=True)
+        renewed, commit = threading.Event(), threading.Event()
+
+        def owner_renews() -> None:
+            # The owner's checkpoint, caught between the command's look and its act:
+            # renewed, but not committed until the command waits on its row.
+            with transaction.atomic():
+                assert store.record_progress(
+                    "default", stuck.pk, owner_token=stuck.owner_token, lease=timedelta(minutes=5)
+                )
+                renewed.set()
+                assert commit.wait(10)
+
+        owner = in_background(owner_renews)
+        assert renewed.wait(10)
+        command = in_background(lambda: run(action, "user:1", "raced-key-dddd"))
+        wait_until(lambda: updates_waiting_on_a_row_lock() > 0, f"{action} to wait on the row")
+        commit.set()
+        owner()
+        with pytest.raises(CommandError, match="lease"):
+            command()
+
+        record = IdempotencyKey.objects.get(pk=stuck.pk)
+        assert (record.state, record.owner_token) == (State.IN_PROGRESS, stuck.owner_token)
+        assert record.locked_until > timezone.now() + timedelta(minutes=4)

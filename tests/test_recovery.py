@@ -12,6 +12,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from io import StringIO
 from typing import Any
@@ -22,6 +23,7 @@ from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
+from django_idempotency import clock as database_clock
 from django_idempotency import idempotent_function, signals, store
 from django_idempotency.exceptions import CallAbandoned, LeaseLost
 from django_idempotency.models import IdempotencyKey
@@ -49,20 +51,32 @@ def client() -> Client:
 
 
 class Clock:
-    """``django.utils.timezone.now``, moved forward by the test."""
+    """The database's clock (and ``django.utils.timezone.now``), moved forward by the test."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.offset = timedelta(0)
         real = timezone.now
         monkeypatch.setattr(timezone, "now", lambda: real() + self.offset)
 
+    @property
+    def offset(self) -> timedelta:
+        return self._offset
+
+    @offset.setter
+    def offset(self, offset: timedelta) -> None:
+        self._offset = offset
+        database_clock.shift(offset)
+
     def past_the_lease(self) -> None:
         self.offset += LEASE + timedelta(seconds=1)
 
 
 @pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    return Clock(monkeypatch)
+def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[Clock]:
+    try:
+        yield Clock(monkeypatch)
+    finally:
+        database_clock.shift(timedelta(0))
 
 
 def pay(client: Client, url: str = "/recovery/pay/", key: str = "order-1", amount: int = 10) -> Any:
@@ -116,14 +130,15 @@ class ProgressTests:
             recovery_views_hold.set()
             assert join().status_code == 201
 
-    def test_data_that_is_not_json_is_refused_and_records_nothing(self, client):
+    @pytest.mark.parametrize("data", [{"when": object()}, {"amount": float("nan")}])
+    def test_data_that_is_not_json_is_refused_and_records_nothing(self, client, data):
         from django.http import HttpResponse
 
         from django_idempotency import idempotent
 
         @idempotent(atomic=False)
         def view(request: Any) -> HttpResponse:
-            request.idempotency.checkpoint("step", {"when": object()})
+            request.idempotency.checkpoint("step", data)
             return HttpResponse(status=201)
 
         from django.test import RequestFactory
@@ -134,6 +149,25 @@ class ProgressTests:
         with pytest.raises(TypeError, match="JSON-serialisable"):
             view(request)
         assert not IdempotencyKey.objects.exists()  # released, nothing recorded
+
+    def test_a_policy_that_answers_neither_none_nor_a_response_is_a_clear_error(self):
+        from django.test import RequestFactory
+
+        from django_idempotency import idempotent
+        from django_idempotency.fingerprint import request_fingerprint
+        from tests.factories import IdempotencyKeyFactory
+
+        @idempotent(atomic=False, recover=lambda request, abandoned: {"charge": 1})
+        def view(request: Any) -> Any:
+            raise AssertionError("the view must not run")
+
+        request = RequestFactory().post(
+            "/x/", b"{}", content_type="application/json", HTTP_IDEMPOTENCY_KEY="k"
+        )
+        IdempotencyKeyFactory(key="k", fingerprint=request_fingerprint(request), lease_expired=True)
+        with pytest.raises(TypeError, match=r"must return an HttpResponse .* or None"):
+            view(request)
+        assert IdempotencyKey.objects.get().state == State.IN_PROGRESS
 
     def test_atomic_mode_writes_checkpoints_in_its_transaction(self, client):
         response = pay(client, "/recovery/pay/atomic/")
@@ -193,7 +227,8 @@ class TakeoverTests:
         retry = pay(client)  # at once, without waiting for a lease
 
         assert retry.status_code == 201
-        assert retry.json()["attempt"] == 2
+        # The same attempt: a failure gives the claim back, it is not taken over.
+        assert retry.json()["attempt"] == 1
         assert retry.json()["resumed"] == ["charged"]
         assert steps_run() == ["charge", "ship"]
 
@@ -414,9 +449,37 @@ class PolicyTests:
         # The claim is still the owner's: its own result is the one stored.
         stored = store.StoredResponse(201, [], b"{}")
         assert store.complete(
-            "default", record.id, stored, owner_token=original.owner_token, expires_at=None
+            "default", record.id, stored, owner_token=original.owner_token, ttl=timedelta(hours=1)
         )
         assert pay(client, url)["Idempotent-Replayed"] == "true"
+
+    def test_a_takeover_the_policy_allows_is_counted_once(self, client, clock):
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+        from django_idempotency import metrics
+
+        reader = InMemoryMetricReader()
+        provider = MeterProvider(metric_readers=[reader])
+        metrics.use_meter_provider(provider)
+        try:
+            died(client, "/recovery/pay/taken-over/")
+            clock.past_the_lease()
+            assert pay(client, "/recovery/pay/taken-over/").status_code == 201
+            data = reader.get_metrics_data()
+        finally:
+            metrics.use_meter_provider(None)
+            provider.shutdown()
+        started = [
+            point.value
+            for resource in data.resource_metrics
+            for scope in resource.scope_metrics
+            for metric in scope.metrics
+            if metric.name == "idempotency.recoveries.started"
+            for point in metric.data.data_points
+        ]
+        assert started == [1]
+        assert len(recovery_views.asked) == 1
 
     def test_recovery_signals(self, client, clock):
         sent: list[str] = []

@@ -283,7 +283,7 @@ class SqliteBusyTimeoutTests:
             holder.execute("BEGIN EXCLUSIVE")
             started = time.monotonic()
             with pytest.raises(store.DatabaseLocked):
-                store.find_completed("default", "s", "k", now=timezone.now(), wait=0.2)
+                store.find_completed("default", "s", "k", wait=0.2)
             waited = time.monotonic() - started
         finally:
             holder.rollback()

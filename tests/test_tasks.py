@@ -29,6 +29,7 @@ from django.db import DatabaseError, connection, connections
 from django.test import override_settings
 from django.utils import timezone
 
+from django_idempotency import clock as database_clock
 from django_idempotency import signals
 from django_idempotency.exceptions import TaskArgumentsMismatch, TaskInFlight, UnstorableResult
 from django_idempotency.models import IdempotencyKey
@@ -59,6 +60,7 @@ from tests.tasks import (
     slow_order,
     stop_in_a_function,
     stop_once,
+    unstorable_lease_charge,
     unstorable_order,
     walk_tree,
 )
@@ -313,15 +315,18 @@ class ApplyTests:
         charge_and_hold.apply(args=["lease"], task_id="lease-1")
         IdempotencyKey.objects.update(
             state=IdempotencyKey.State.IN_PROGRESS,
+            created_at=timezone.now() - timedelta(seconds=10),
             locked_until=timezone.now() + timedelta(seconds=30),
             expires_at=timezone.now() + timedelta(seconds=30),
         )
 
         result = charge_and_hold.apply(args=["lease"], task_id="lease-1")
 
-        # .apply() cannot schedule a retry, so it shows the reason instead.
+        # .apply() cannot schedule a retry, so it shows the reason instead:
+        # come back after about as long as the original has run (10 s), not
+        # the rest of its lease (30 s).
         assert isinstance(result.result, TaskInFlight)
-        assert 25 <= result.result.retry_after <= 30
+        assert 10 <= result.result.retry_after <= 12
         assert RemoteCharge.objects.count() == 1
 
     def test_a_task_replacing_itself_eagerly_runs_each_step_once(self):
@@ -476,14 +481,19 @@ class LeaseAfterTheBodyTests:
         assert isinstance(redelivered.result, TaskInFlight)
         assert self.orders() == 1
 
-    def test_unstorable_value_keeps_the_key_claimed(self):
+    def test_unstorable_value_completes_the_key_with_a_refusal(self):
         first = lease_order.apply(args=["once"], kwargs={"unstorable": True})
 
         assert isinstance(first.result, UnstorableResult)
         assert "cannot be stored as JSON" in str(first.result)
-        assert _record(lease_order.name).state == IdempotencyKey.State.IN_PROGRESS
+        record = _record(lease_order.name)
+        assert (record.state, record.status_code) == (IdempotencyKey.State.COMPLETED, 507)
         redelivered = lease_order.apply(args=["once"], kwargs={"unstorable": True})
-        assert isinstance(redelivered.result, TaskInFlight)
+        assert isinstance(redelivered.result, UnstorableResult)
+        # Nor once the lease would have run out: the body has acted.
+        with database_clock.shifted(timedelta(hours=1)):
+            late = lease_order.apply(args=["once"], kwargs={"unstorable": True})
+        assert isinstance(late.result, UnstorableResult)
         assert self.orders() == 1
 
     @server_only
@@ -657,6 +667,19 @@ class WorkerTests:
         assert isinstance(result.result, UnstorableResult)
         assert Order.objects.count() == 0
         assert IdempotencyKey.objects.count() == 0
+
+    def test_lease_mode_unstorable_value_is_one_charge_however_often_autoretry_asks(
+        self, prefork_worker
+    ):
+        result = unstorable_lease_charge.delay("unstorable-lease")
+        prefork_worker.wait_for(result, propagate=False)
+
+        assert result.state == "FAILURE"
+        assert isinstance(result.result, UnstorableResult)
+        assert prefork_worker.runs("unstorable-lease") == 1
+        assert Order.objects.filter(item="unstorable-lease").count() == 1
+        record = IdempotencyKey.objects.get()
+        assert (record.state, record.status_code) == (IdempotencyKey.State.COMPLETED, 507)
 
     def test_duplicate_outlasting_wait_is_retried_then_replays(self, prefork_worker):
         hold = prefork_worker.task_dir / "slow.hold"

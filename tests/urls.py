@@ -13,6 +13,7 @@ urlpatterns = [
     path("orders/class-based-lease/", views.LeaseOrderView.as_view()),
     path("orders/lease-then-fail/", views.LeaseThenFailView.as_view()),
     path("orders/lease-then-fail-once/", views.LeaseThenFailOnceView.as_view()),
+    path("orders/lease-checkpoint-then-fail/", views.LeaseCheckpointThenFailOnceView.as_view()),
     path("orders/function-then-fail/", views.function_then_fail),
     path("lease/outlive-connection/", views.lease_outliving_connection),
     path("lease/outlive-connection/class-based/", views.LeaseOutlivingConnectionView.as_view()),

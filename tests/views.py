@@ -239,6 +239,46 @@ class LeaseThenFailOnceView(LeaseThenFailView):
         raise RuntimeError("the request failed after the view")
 
 
+#: Keys whose first request :class:`LeaseCheckpointThenFailOnceView` failed, in
+#: this process (a server's workers use the control directory instead).
+failed_once: set[str] = set()
+
+
+def _first_failure(key: str) -> bool:
+    """Whether this is the key's first request, remembered across a server's workers."""
+    from tests.drf_views import CONTROL_DIR_ENV  # which imports this module
+
+    control = os.environ.get(CONTROL_DIR_ENV)
+    if control is None:
+        first = key not in failed_once
+        failed_once.add(key)
+        return first
+    try:
+        (Path(control) / f"{key}.checkpoint-failed").touch(exist_ok=False)
+    except FileExistsError:
+        return False
+    return True
+
+
+class LeaseCheckpointThenFailOnceView(View):
+    """Creates an order, checkpoints its id, and fails the key's first request.
+
+    Under ``ATOMIC_REQUESTS`` the order rolls back with the failed request;
+    a retry that skipped the step by its checkpoint would name an order that
+    does not exist.
+    """
+
+    @method_decorator(idempotent(atomic=False))
+    def post(self, request: HttpRequest) -> HttpResponse:
+        info = request.idempotency  # type: ignore[attr-defined]
+        if "order" not in info.checkpoints:
+            order = Order.objects.create(item="checkpointed")
+            info.checkpoint("order", {"id": order.pk})
+        if _first_failure(info.key):
+            raise RuntimeError("failed after its checkpoint")
+        return JsonResponse({"order": info.checkpoints["order"]["id"]}, status=201)
+
+
 # A test reads the server-side id of the handler's connection here, kills that
 # connection from its own, then sets ``resume``.
 handler_connection_ids: queue.Queue[int] = queue.Queue()

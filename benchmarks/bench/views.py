@@ -13,7 +13,6 @@ from datetime import timedelta
 
 from django.db import connection, transaction
 from django.http import HttpRequest, JsonResponse
-from django.utils import timezone
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -93,7 +92,7 @@ def statements_alone(request: HttpRequest) -> JsonResponse:
     package's own Python. No key check, fingerprint or replay: it is a
     floor, not a protection.
     """
-    from django_idempotency import store
+    from django_idempotency import clock, store
 
     key = request.META["HTTP_IDEMPOTENCY_KEY"]
     lookup, claim, complete = _statements()
@@ -101,18 +100,19 @@ def statements_alone(request: HttpRequest) -> JsonResponse:
         cursor.execute(lookup, ["anonymous", key])
         assert cursor.fetchone() is None, "statements_alone serves new keys only"
     with transaction.atomic():
-        now = timezone.now()
         lock_timeout = store._postgresql_lock_timeout(5.0)
-        new = ["anonymous", key, "f" * 64, "in_progress", "", now, now + timedelta(hours=24)]
+        # Its times are the database's clock plus these durations.
+        ttl = timedelta(hours=24)
+        expires_in = clock.seconds(connection, ttl)
+        new = ["anonymous", key, "f" * 64, "in_progress", "", expires_in]
         with connection.cursor() as cursor:
             cursor.execute(claim, [lock_timeout, *new, None])
             record_id = cursor.fetchone()[0]
         response = _json(write_order(request, "alone"))
+        stored = ["completed", response.status_code, _HEADERS, response.content]
+        grace = clock.seconds(connection, -ttl / 100)
         with connection.cursor() as cursor:
-            cursor.execute(
-                complete,
-                ["completed", response.status_code, _HEADERS, response.content, record_id],
-            )
+            cursor.execute(complete, [*stored, grace, expires_in, record_id])
     return response
 
 
@@ -128,8 +128,8 @@ def _statements() -> tuple[str, str, str]:
         store._sql(connection, "insert", store._postgresql_insert_sql),
         store._sql(
             connection,
-            ("complete", False, False),
-            lambda c: store._complete_sql(c, with_expiry=False, with_token=False),
+            ("complete", True, False),
+            lambda c: store._complete_sql(c, with_grace=True, with_token=False),
         ),
     )
 

@@ -35,7 +35,8 @@ from django.http import HttpResponse
 from django.test import RequestFactory
 from django.utils import timezone
 
-from django_idempotency import lease_connection, store
+from django_idempotency import clock as database_clock
+from django_idempotency import lease_connection, operations, store
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.decorators import idempotent
 from django_idempotency.models import IdempotencyKey
@@ -53,6 +54,8 @@ VIEW_LOCK_TIMEOUT_PG = "29s"
 VIEW_LOCK_WAIT_MYSQL = 29
 TICKS = {"lease": LEASE + timedelta(seconds=1), "ttl": TTL + timedelta(seconds=1)}
 START = datetime(2030, 1, 1, tzinfo=dt_timezone.utc)
+#: The clock-jump fault: the app hosts' clocks, never the database's.
+CLOCK_JUMP = timedelta(days=1)
 STEP_TIMEOUT = 30.0
 MODES = ("atomic", "lease", "lease_in_tx")
 INNODB_TRX_CACHE = 0.12
@@ -113,16 +116,23 @@ class Spec:
 
 
 class Clock:
-    """The time every module sees while a schedule runs; moves only when told."""
+    """The time while a schedule runs; moves only when told.
+
+    ``current`` is the database's clock, which decides; ``now()`` is what
+    the app hosts' clocks show (``timezone.now()``), off by ``skew`` after a
+    clock jump, which must decide nothing.
+    """
 
     def __init__(self) -> None:
         self.current = START
+        self.skew = timedelta(0)
 
     def now(self) -> datetime:
-        return self.current
+        return self.current + self.skew
 
     def advance(self, delta: timedelta) -> None:
         self.current += delta
+        database_clock.pin(self.current)
 
 
 @dataclass
@@ -291,13 +301,34 @@ class Actor(_Thread):
         return f"status {status}"
 
 
+class Operator(_Thread):
+    """``manage.py idempotency_keys release`` on every in-progress record, without ``--force``."""
+
+    def body(self) -> None:
+        while True:
+            command = self.inbox.get()
+            if command != "release":
+                return
+            outcomes = []
+            for record in IdempotencyKey.objects.filter(state=IdempotencyKey.State.IN_PROGRESS):
+                try:
+                    released = operations.release(record)
+                except operations.LeaseStillHeld:
+                    outcomes.append("refused (lease held)")
+                else:
+                    outcomes.append("released" if released else "changed meanwhile")
+                    if released:
+                        self.world.released_tokens.add(record.owner_token)
+            self.events.put(("gate", "release: " + (", ".join(outcomes) or "nothing held")))
+
+
 class Purger(_Thread):
     def body(self) -> None:
         while True:
             command = self.inbox.get()
             if command != "purge":
                 return
-            cutoff = timezone.now()
+            cutoff = self.world.clock.current
             try:
                 removed = purge_expired()
                 report = f"purged {removed} at +{_since(cutoff)}"
@@ -324,19 +355,19 @@ def _gated_claim(using: str, new: store.NewClaim, wait: float, **options: Any) -
         return _real["claim"](using, new, wait, **options)
     actor.gate("claim")
     # When the statement runs, which is later than the request's own "now"
-    # if the clock moved since it began.
-    claimed_when = timezone.now()
+    # if the clock moved since it began; by the database's clock.
+    claimed_when = actor.world.clock.current
     result = _real["claim"](using, new, wait, **options)
     if result.existing is not None:
         # Only a recovery policy is shown an expired record: an abandoned claim.
         left_to_policy = options.get("take_over_abandoned") is False
-        if result.existing.expires_at <= new.created_at and not (
-            left_to_policy and result.existing.abandoned(new.created_at)
+        if result.existing.expires_at <= claimed_when and not (
+            left_to_policy and result.existing.abandoned()
         ):
             actor.world.violate(f"{actor.name} was answered from an expired record")
     else:
         actor.token = new.owner_token or None
-        actor.claimed_at = new.created_at
+        actor.claimed_at = claimed_when
         actor.claimed_when = claimed_when
         actor.claim_order = next(_claim_order)
     return result
@@ -353,8 +384,14 @@ def _gated_complete(
         # As MySQL refuses a packet over max_allowed_packet: the statement fails.
         raise DataError("The database refused the response body (explorer fault).")
     completed = _real["complete"](using, record_id, response, **kwargs)
-    if completed and kwargs["expires_at"] is not None:
-        actor.completed_expires = kwargs["expires_at"]
+    if completed and kwargs["owner_token"] is not None:
+        # The expiry the database's clock gave it, read on the same connection.
+        actor.completed_expires = (
+            IdempotencyKey.objects.using(using)
+            .filter(pk=record_id)
+            .values_list("expires_at", flat=True)
+            .get()
+        )
     if kwargs["owner_token"] is None:
         actor.gate("commit")
     return completed
@@ -381,8 +418,7 @@ def _gated_take_over(using: str, abandoned: Any, new: store.NewClaim) -> Any:
     taken = _real["take_over"](using, abandoned, new)
     if taken is not None:
         actor.token = new.owner_token
-        actor.claimed_at = new.created_at
-        actor.claimed_when = timezone.now()
+        actor.claimed_at = actor.claimed_when = actor.world.clock.current
         actor.claim_order = next(_claim_order)
     return taken
 
@@ -430,11 +466,14 @@ def instrumented(clock: Clock) -> Iterator[None]:
     for name, gate in gated.items():
         setattr(store, name, gate)
     timezone.now = clock.now  # type: ignore[assignment]
+    # The database's clock, which decides, reads the same moving clock.
+    database_clock.pin(clock.current)
     connection_created.connect(_on_connection, dispatch_uid="tests.explorer")
     try:
         yield
     finally:
         connection_created.disconnect(dispatch_uid="tests.explorer")
+        database_clock.pin(None)
         timezone.now = saved_now  # type: ignore[assignment]
         for name in gated:
             setattr(store, name, _real[name])
@@ -448,6 +487,8 @@ class Budget:
     ticks: int = 2
     purges: int = 2
     faults: int = 1
+    #: The operator's releases (``idempotency_keys release``, no ``--force``).
+    releases: int = 1
     #: Ticks, purges and faults together, when fewer than their sum.
     extras: int = 99
 
@@ -469,23 +510,30 @@ class World:
         self.vendor = connection.vendor
         self.actors = [Actor(spec, self) for spec in self.specs]
         self.purger = Purger("P", self)
-        self.threads: list[_Thread] = [*self.actors, self.purger]
+        self.operator = Operator("O", self)
+        self.threads: list[_Thread] = [*self.actors, self.purger, self.operator]
         self.records: dict[int, dict[str, Any]] = {}
-        self.ticks = self.purges = 0
+        self.ticks = self.purges = self.releases = 0
+        #: The owner tokens of the claims the operator released.
+        self.released_tokens: set[str] = set()
         self._trx_read = 0.0
 
     # Moves.
 
     def enabled(self, draining: bool = False) -> list[str]:
         moves = [a.name for a in self.actors if self._may_move(a)]
-        extras = self.ticks + self.purges + self.faults
+        extras = self.ticks + self.purges + self.faults + self.releases
         if draining or len(self.trace) >= self.budget.moves or extras >= self.budget.extras:
             return moves
         if self.ticks < self.budget.ticks:
             moves += ["tick:lease", "tick:ttl"]
         if self.purges < self.budget.purges and self._may_move(self.purger):
             moves.append("purge")
+        if self.releases < self.budget.releases and self._may_move(self.operator):
+            moves.append("release")
         if self.faults < self.budget.faults:
+            if not self.clock.skew:
+                moves.append("jump")
             for actor in self.actors:
                 if actor.done or actor.killed:
                     continue
@@ -509,10 +557,18 @@ class World:
         if move.startswith("tick:"):
             self.ticks += 1
             self.clock.advance(TICKS[move[5:]])
-            return f"now +{_since(self.clock.now())}"
+            return f"now +{_since(self.clock.current)}"
         if move == "purge":
             self.purges += 1
             return self._step(self.purger, "purge")
+        if move == "release":
+            self.releases += 1
+            return self._step(self.operator, "release")
+        if move == "jump":
+            # The app hosts' clocks jump a day ahead; the database's does not.
+            self.faults += 1
+            self.clock.skew = CLOCK_JUMP
+            return "the app hosts' clocks jumped a day ahead"
         kind, _, name = move.partition(":")
         actor = next(a for a in self.actors if a.name == (name or kind))
         if kind == "kill":
@@ -875,6 +931,7 @@ def run_schedule(
             world.check_end()
         finally:
             world.purger.inbox.put("stop")
+            world.operator.inbox.put("stop")
             for thread in world.actors:
                 if not thread.done:
                     # Only after a failure: nothing of it may outlive the schedule.

@@ -197,3 +197,26 @@ def test_a_policy_settles_or_holds_a_killed_owners_claim(tally: Tally) -> None:
     for policy in ("reconcile", "hold"):
         actors = f"A:lease:s1:f1:steps:{policy} B:lease:s1:f1:steps:{policy}"
         tally.add(run_script(actors, "A A A A kill:A tick:lease B B B B"))
+
+
+def test_the_operators_release_refuses_a_live_lease(tally: Tally) -> None:
+    """``idempotency_keys release`` while A holds its lease: refused, so B is answered 409."""
+    result = run_script("A:lease:s1:f1 B:lease:s1:f1", "A A release B B A A")
+    tally.add(result)
+    assert "release: refused (lease held)" in result.script
+    assert "B              done: conflict" in result.script
+
+
+def test_the_operators_release_frees_a_killed_owners_claim(tally: Tally) -> None:
+    result = run_script("A:lease:s1:f1 B:lease:s1:f1", "A A kill:A tick:lease release B B B B")
+    tally.add(result)
+    assert "release: released" in result.script
+    assert "B              done: ran" in result.script
+
+
+def test_a_clock_jump_on_the_app_hosts_takes_no_live_lease_over(tally: Tally) -> None:
+    """The app hosts' clocks jump a day ahead, past A's lease: the database's clock decides."""
+    result = run_script("A:lease:s1:f1 B:lease:s1:f1", "A A jump B B A A")
+    tally.add(result)
+    assert "B              done: conflict" in result.script
+    assert "A              done: ran" in result.script

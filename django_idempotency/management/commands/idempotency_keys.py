@@ -13,17 +13,30 @@ unless ``list --show-keys`` asks for them in clear.
 from __future__ import annotations
 
 import json
+from argparse import ArgumentTypeError
 from collections.abc import Callable
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.utils import timezone
+from django.db import connections
 
 from django_idempotency import operations
 from django_idempotency.keys import mask_key
 from django_idempotency.models import IdempotencyKey
+from django_idempotency.operations import database_now
 
 State = IdempotencyKey.State
+
+
+def _positive(text: str) -> int:
+    """``--limit``: a whole number of records, at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ArgumentTypeError(f"must be a whole number of records, 1 or more, not {text!r}")
+    return value
 
 
 class Command(BaseCommand):
@@ -42,7 +55,9 @@ class Command(BaseCommand):
             action="store_true",
             help="Only claims whose lease ran out before their owner finished.",
         )
-        listing.add_argument("--limit", type=int, default=100, help="At most this many (100).")
+        listing.add_argument(
+            "--limit", type=_positive, default=100, help="At most this many (100)."
+        )
         listing.add_argument("--show-keys", action="store_true", help="Keys in clear.")
         for name, text in [
             ("show", "Show one record, its checkpoints included."),
@@ -60,6 +75,12 @@ class Command(BaseCommand):
                 )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        database = options["database"]
+        if database is not None and database not in connections:
+            raise CommandError(
+                f"Unknown database {database!r}: --database takes an alias of DATABASES "
+                f"({', '.join(sorted(connections.settings))})."
+            )
         action = options["action"]
         if action == "list":
             self._list(options)
@@ -86,14 +107,14 @@ class Command(BaseCommand):
         return found
 
     def _list(self, options: dict[str, Any]) -> None:
-        now = timezone.now()
+        now = database_now(options["database"])
         found = operations.records(options["database"]).order_by("-pk")
         if options["scope"] is not None:
             found = found.filter(scope=options["scope"])
         if options["state"] is not None:
             found = found.filter(state=options["state"])
         if options["abandoned"]:
-            found = found.filter(operations.abandoned(now))
+            found = found.filter(operations.abandoned())
         shown = 0
         for record in found[: options["limit"]]:
             key = record.key if options["show_keys"] else mask_key(record.key)
@@ -115,7 +136,7 @@ class Command(BaseCommand):
         return f"in progress, attempt {record.attempt}, {lease}, {done}"
 
     def _show(self, record: IdempotencyKey) -> None:
-        now = timezone.now()
+        now = database_now(record._state.db)
         lines = [
             f"scope:        {record.scope}",
             f"key:          {mask_key(record.key)} (masked)",
@@ -169,9 +190,9 @@ class Command(BaseCommand):
         """
         try:
             return operation(record, force=force)
-        except operations.LeaseStillHeld:
+        except operations.LeaseStillHeld as held:
             raise CommandError(
                 f"The lease of idempotency key {mask_key(record.key)} in scope {record.scope!r} "
-                f"runs until {record.expires_at.isoformat()}: its request may still be running, "
+                f"runs until {held.until.isoformat()}: its request may still be running, "
                 f"and would then run twice. Wait for the lease, or {action} with --force."
             ) from None
