@@ -296,6 +296,23 @@ class StoreOptionTests:
         assert not IdempotencyKey.objects.exists()
         assert not Order.objects.exists()
 
+    def test_lease_mode_a_verdict_that_is_not_a_bool_completes_the_key_with_a_refusal(
+        self, client, verdict
+    ):
+        # The view has acted: it must never run again for this key, whatever comes.
+        verdict["value"] = "yes"
+
+        first = self.post(client, "/webhooks/store/verdict/lease/")
+        verdict["value"] = True
+        again = self.post(client, "/webhooks/store/verdict/lease/")
+
+        assert first.status_code == 500
+        assert again.status_code == 500
+        assert again.json()["type"].endswith("result-not-stored")
+        assert again[REPLAYED] == "true"
+        assert Order.objects.filter(item="verdict-lease").count() == 1
+        assert IdempotencyKey.objects.get().state == IdempotencyKey.State.COMPLETED
+
     def test_a_dotted_path(self, client):
         refused = self.post(client, "/webhooks/store/dotted/?status=400")
         kept = self.post(client, "/webhooks/store/dotted/?status=201")

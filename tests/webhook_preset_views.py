@@ -132,6 +132,13 @@ def verdict_view(request: HttpRequest) -> HttpResponse:
 
 
 @csrf_exempt
+@idempotent(atomic=False, store=lambda response: verdict["value"])
+def verdict_lease_view(request: HttpRequest) -> HttpResponse:
+    Order.objects.create(item="verdict-lease")
+    return JsonResponse({"ok": True}, status=201)
+
+
+@csrf_exempt
 @idempotent(store="django_idempotency.webhooks.success_only")
 def dotted_store_view(request: HttpRequest) -> HttpResponse:
     Order.objects.create(item="dotted")

@@ -19,5 +19,6 @@ urlpatterns = [
     path("preset/standard/", presets.standard_view),
     path("preset/standard/async/", presets.standard_async_view),
     path("store/verdict/", presets.verdict_view),
+    path("store/verdict/lease/", presets.verdict_lease_view),
     path("store/dotted/", presets.dotted_store_view),
 ]
