@@ -694,7 +694,7 @@ class DeadlockTests:
         row = Order.objects.create(item="shared").pk
         attempts: list[int] = []
 
-        @idempotent_function(key=lambda item: item)
+        @idempotent_function(key=lambda item: item, scope="tests.deadlock.place")
         def place(item: str) -> int:
             attempts.append(len(attempts) + 1)
             if len(attempts) == 1:
@@ -720,7 +720,7 @@ class DeadlockTests:
         row = Order.objects.create(item="shared").pk
         attempts: list[int] = []
 
-        @idempotent_function(key=lambda item: item)
+        @idempotent_function(key=lambda item: item, scope="tests.deadlock.place_always")
         def place(item: str) -> int:
             attempts.append(len(attempts) + 1)
             deadlock_with_a_heavier_transaction(row)
