@@ -30,6 +30,18 @@ from tests.models import Order
 SLOW_SECONDS = 1.0
 #: Where the browser servers append one line per POST they receive (``CountPosts``).
 POST_LOG_ENV = "IDEMPOTENCY_TEST_POST_LOG"
+#: A file the gated view waits for before it finishes: the test creates it
+#: once the duplicate has been answered, so the two always overlap.
+GATE_ENV = "IDEMPOTENCY_TEST_GATE"
+#: The longest the gated view waits for its gate (a test that failed first).
+GATE_TIMEOUT = 20.0
+
+
+def wait_for_gate() -> None:
+    gate = os.environ[GATE_ENV]
+    deadline = time.monotonic() + GATE_TIMEOUT
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def _form(request: HttpRequest, *, tagged: bool = True, **context: Any) -> HttpResponse:
@@ -40,7 +52,9 @@ def _form(request: HttpRequest, *, tagged: bool = True, **context: Any) -> HttpR
     return render(request, "browser/checkout.html", context)
 
 
-def checkout(request: HttpRequest, *, tagged: bool = True, slow: bool = False) -> HttpResponse:
+def checkout(
+    request: HttpRequest, *, tagged: bool = True, slow: bool = False, gated: bool = False
+) -> HttpResponse:
     if request.method != "POST":
         return _form(request, tagged=tagged, upload="upload" in request.GET)
     item = request.POST.get("item", "").strip()
@@ -49,7 +63,9 @@ def checkout(request: HttpRequest, *, tagged: bool = True, slow: bool = False) -
     receipt = request.FILES.get("receipt")
     if receipt is not None:
         item = f"{item}|{receipt.name}|{len(receipt.read())}"
-    if slow:
+    if gated:
+        wait_for_gate()  # until the test has seen the duplicate answered
+    elif slow:
         time.sleep(SLOW_SECONDS)  # the payment provider's round trip
     order = Order.objects.create(item=item)
     return HttpResponseRedirect(reverse("browser-order", args=[order.pk]))
@@ -75,8 +91,12 @@ def slow(request: HttpRequest) -> HttpResponse:
 
 @idempotent(atomic=False)
 def slow_lease(request: HttpRequest) -> HttpResponse:
-    """The slow checkout in lease mode: a duplicate gets 409 while the first runs."""
-    return checkout(request, slow=True)
+    """The slow checkout in lease mode: a duplicate gets 409 while the first runs.
+
+    It runs until the test opens its gate, so that the duplicate always
+    meets it running, however loaded the machine.
+    """
+    return checkout(request, gated=True)
 
 
 @idempotent

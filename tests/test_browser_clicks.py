@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.browser_views import POST_LOG_ENV
+from tests.browser_views import GATE_ENV, POST_LOG_ENV
 from tests.browsers import chromium_fixture  # noqa: F401  a fixture used by name
 from tests.models import Order
 from tests.polling import wait_until
@@ -47,11 +47,17 @@ def post_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def gate(post_log: Path) -> Path:
+    """The file the gated (lease-mode) view waits for."""
+    return post_log.parent / "gate"
+
+
+@pytest.fixture(scope="module")
 def server(
-    django_db_setup: None, post_log: Path, tmp_path_factory: pytest.TempPathFactory
+    django_db_setup: None, post_log: Path, gate: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[GunicornServer]:
     log_dir = tmp_path_factory.mktemp("browser-gunicorn")
-    env = {POST_LOG_ENV: str(post_log)}
+    env = {POST_LOG_ENV: str(post_log), GATE_ENV: str(gate)}
     with running(BrowserGunicorn, "tests.browser_server_settings", log_dir, env, workers=2) as up:
         yield up
 
@@ -147,14 +153,17 @@ def test_without_the_tag_two_posts_make_two_orders(
 
 
 def test_lease_mode_answers_the_second_post_with_a_page_that_sends_it_again(
-    page: Any, server: GunicornServer, post_log: Path
+    page: Any, server: GunicornServer, post_log: Path, gate: Path
 ) -> None:
     """Lease mode: the duplicate gets the 409 page, which resends the same form; one order."""
+    gate.unlink(missing_ok=True)
     page.goto(server.url + "/browser/slow-lease/")
     page.fill("#item", "book")
 
+    # The first POST holds until the duplicate has its answer.
     with page.expect_response(lambda response: response.status == 409) as conflict:
         double_click(page, post_log)
+    gate.touch()
     assert "text/html" in conflict.value.headers["content-type"]
     landed = landed_order(page)
 
