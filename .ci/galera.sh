@@ -121,7 +121,9 @@ start() {
 stop() {
   for n in "${NODES[@]}"; do
     local pidfile=$ROOT/node$n/mysqld.pid
-    if [ -f "$pidfile" ]; then
+    # Only a process that is one of our nodes: a pid file left by a node
+    # killed -9 may name a pid now reused by anything else.
+    if [ -f "$pidfile" ] && [ "$(readlink "/proc/$(cat "$pidfile")/exe" 2>/dev/null)" = "$ROOT/bin/mariadbd" ]; then
       kill "$(cat "$pidfile")" 2>/dev/null || true
     fi
   done
@@ -137,9 +139,13 @@ stop() {
 case "${1:-}" in
   start) start ;;
   stop) stop; echo "Galera cluster stopped" ;;
-  status) for n in "${NODES[@]}"; do
-      printf 'node %s: ' "$n"
-      node_sql "$n" "SHOW STATUS LIKE 'wsrep_local_state_comment'" | cut -f2 || echo down
-    done ;;
+  status) # Exit 0 only when every node answers Synced.
+    synced=0
+    for n in "${NODES[@]}"; do
+      state=$(node_sql "$n" "SHOW STATUS LIKE 'wsrep_local_state_comment'" 2>/dev/null | cut -f2) || state=""
+      printf 'node %s: %s\n' "$n" "${state:-down}"
+      if [ "$state" = "Synced" ]; then synced=$((synced + 1)); fi
+    done
+    [ "$synced" -eq "${#NODES[@]}" ] ;;
   *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
 esac

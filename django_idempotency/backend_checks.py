@@ -49,9 +49,9 @@ def check_backend(
     if alias is None:
         return []  # reported by check_settings
     connection = connections[alias]  # no connection is opened
+    messages: list[CheckMessage] = _naive_clock(alias, connection)
     if connection.vendor != "sqlite":
-        return []
-    messages: list[CheckMessage] = []
+        return messages
     version = (sqlite_version or _linked_sqlite_version)(connection)
     if version < SQLITE_MIN_VERSION:
         found = ".".join(str(part) for part in version)
@@ -81,6 +81,34 @@ def check_backend(
             )
         )
     return messages
+
+
+def _naive_clock(alias: str, connection: BaseDatabaseWrapper) -> list[CheckMessage]:
+    """Refuse datetimes the database's UTC clock cannot be compared with.
+
+    Leases and expiries are decided by the database's clock, in UTC
+    (SPEC 4.2). PostgreSQL stores instants, whatever Django's settings;
+    SQLite and MySQL/MariaDB store the wall time Django hands them, which
+    is UTC only with ``USE_TZ = True`` and no other ``TIME_ZONE`` for the
+    database.
+    """
+    if connection.vendor not in ("sqlite", "mysql"):
+        return []
+    zone = connection.settings_dict.get("TIME_ZONE")
+    if settings.USE_TZ and zone in (None, "UTC"):
+        return []
+    why = "USE_TZ is False" if not settings.USE_TZ else f"its TIME_ZONE is {zone!r}"
+    return [
+        Error(
+            f"Database {alias!r} stores datetimes as local wall time ({why}), but "
+            "django-idempotency compares expiries and leases with the database's clock "
+            "in UTC: records would expire, and leases run out, hours early or late.",
+            hint="Set USE_TZ = True (Django's default) and leave this database's "
+            "TIME_ZONE unset (or 'UTC'), or keep the records in a PostgreSQL database "
+            "(IDEMPOTENCY['DATABASE']).",
+            id="django_idempotency.E203",
+        )
+    ]
 
 
 def check_galera(

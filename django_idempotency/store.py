@@ -627,7 +627,20 @@ def lost_race(using: str) -> Iterator[None]:
     except DatabaseError as exc:
         if connections[using].vendor != "mysql" or _errno(exc) != _ER_LOCK_DEADLOCK:
             raise
+        if _other_transaction_open(using):
+            # The 1213 may be another alias's, whose transaction the server
+            # rolled back behind Django's back: starting over would let the
+            # caller commit the rest of it. Its caller's atomic must see it.
+            raise
         raise Retry(str(exc)) from exc
+
+
+def _other_transaction_open(using: str) -> bool:
+    """Whether a connection other than ``using``'s is inside a transaction."""
+    return any(
+        connection.alias != using and connection.in_atomic_block
+        for connection in connections.all(initialized_only=True)
+    )
 
 
 def _errno(exc: DatabaseError) -> int | None:

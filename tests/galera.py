@@ -328,9 +328,12 @@ def killed_mid_load(
             killed.set()
             kill_node(1)
 
-    tally = at_once(servers, path, keys, parallel, retry=False, answered=kill_at_a_third)
-    assert killed.is_set()
-    start_missing_nodes()
+    try:
+        tally = at_once(servers, path, keys, parallel, retry=False, answered=kill_at_a_third)
+        assert killed.is_set()
+    finally:
+        # Back whatever happened: the tests after this one need three nodes.
+        start_missing_nodes()
     for key in keys:
         retry_all(servers, path, key, tally)
     return tally

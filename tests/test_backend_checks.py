@@ -98,3 +98,29 @@ def test_galera_check_needs_the_databases_checked():
     from django_idempotency.backend_checks import check_galera
 
     assert check_galera() == []
+
+
+class NaiveClockTests:
+    """E203: SQLite and MySQL/MariaDB keep wall time, which must be UTC for the database's clock."""
+
+    def test_the_test_settings_pass(self):
+        assert "django_idempotency.E203" not in ids()
+
+    def test_use_tz_false_is_refused_where_the_database_keeps_wall_time(self, settings):
+        settings.USE_TZ = False
+
+        found = [m for m in check_backend() if m.id == "django_idempotency.E203"]
+
+        if connection.vendor == "postgresql":
+            assert found == []  # instants, whatever Django's settings
+        else:
+            [error] = found
+            assert "USE_TZ is False" in error.msg
+            assert "USE_TZ = True" in error.hint
+
+    def test_a_database_time_zone_other_than_utc_is_refused(self, monkeypatch):
+        monkeypatch.setitem(connection.settings_dict, "TIME_ZONE", "Asia/Tokyo")
+
+        found = [m for m in check_backend() if m.id == "django_idempotency.E203"]
+
+        assert len(found) == (0 if connection.vendor == "postgresql" else 1)

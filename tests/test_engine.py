@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
-from django.db import connection
+from django.db import connection, transaction
 from django.test import Client, override_settings
 from django.utils import timezone
 from rest_framework.request import Request
@@ -732,3 +732,26 @@ class DeadlockTests:
         assert len(attempts) == store.CLAIM_ATTEMPTS
         assert not Order.objects.filter(item="always").exists()
         assert not IdempotencyKey.objects.filter(key="always").exists()
+
+    @pytest.mark.django_db(transaction=True, databases=["default", "other"])
+    def test_a_deadlock_while_another_alias_has_a_transaction_reaches_the_caller(self) -> None:
+        # The server may have rolled that transaction back: starting over
+        # here would let its caller commit the rest of it as if nothing happened.
+        from django.db import OperationalError
+
+        from django_idempotency import idempotent_function
+
+        row = Order.objects.create(item="shared").pk
+        attempts: list[int] = []
+
+        @idempotent_function(key=lambda item: item, scope="tests.deadlock.other_alias")
+        def place(item: str) -> int:
+            attempts.append(len(attempts) + 1)
+            deadlock_with_a_heavier_transaction(row)
+            return Order.objects.create(item=item).pk
+
+        with pytest.raises(OperationalError), transaction.atomic(using="other"):
+            place("other-alias")
+
+        assert attempts == [1]
+        assert not IdempotencyKey.objects.filter(key="other-alias").exists()
