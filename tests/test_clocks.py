@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -44,11 +45,25 @@ pytestmark = [
 
 #: The skewed server's clock, as faketime's relative offsets.
 SKEWS = {"a day ahead": "+1d", "a day behind": "-1d", "ten minutes ahead": "+10m"}
+#: The same offsets in seconds, to check that a faked process sees them.
+SKEW_SECONDS = {"+1d": 86_400, "-1d": -86_400, "+10m": 600}
 REQUEST_TIMEOUT = 30
 
 
+#: libfaketime itself, where Debian's ``faketime`` package puts it.
+LIBFAKETIME = sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))
+
+
 def faked(skew: str, command: list[str]) -> list[str]:
-    """``command`` with its clocks ``skew`` off the real ones."""
+    """``command`` with its clocks ``skew`` off the real ones.
+
+    The library preloaded with a relative offset, rather than the
+    ``faketime`` wrapper: the wrapper shares its clock with the children
+    through a semaphore named after its pid, and one left behind by a
+    killed server makes a later wrapper with the same pid fail to start.
+    """
+    if LIBFAKETIME:
+        return ["env", f"LD_PRELOAD={LIBFAKETIME[0]}", f"FAKETIME={skew}", *command]
     return ["faketime", "-f", skew, *command]
 
 
@@ -78,6 +93,11 @@ def servers(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[dict[str, GunicornServer]]:
     """A server with the right clock and one ``skew`` off, on the same database."""
+    # A Python started the way the skewed server is must see the skew, or
+    # every test below would pass with two right clocks.
+    probe = [sys.executable, "-c", "import time; print(time.time())"]
+    seen = float(subprocess.run(faked(skew, probe), capture_output=True, check=True).stdout)
+    assert abs(seen - time.time() - SKEW_SECONDS[skew]) < 60, (skew, seen)
     settings = "tests.server_settings"
     with (
         controlled(GunicornServer, settings, control_dir, tmp_path_factory, workers=2) as right,
