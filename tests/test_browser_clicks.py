@@ -38,7 +38,20 @@ ORDER_PAGE = re.compile(r"/browser/orders/(\d+)/$")
 
 
 class BrowserGunicorn(GunicornServer):
+    """Gunicorn with threaded workers, as a browser needs.
+
+    Chromium opens connections ahead of its requests; a sync worker that
+    accepts one waits on it, idle, while the other holds the first POST, and
+    the second POST then queues behind both. Threaded workers read whichever
+    connection has a request.
+    """
+
     probe_path = "/browser/ping/"
+
+    def arguments(self) -> list[str]:
+        arguments = super().arguments()
+        arguments[arguments.index("sync")] = "gthread"
+        return [*arguments[:-1], "--threads", "4", arguments[-1]]
 
 
 @pytest.fixture(scope="module")
