@@ -684,22 +684,33 @@ def deadlock_with_a_heavier_transaction(row: int) -> None:
         join()
 
 
+def deadlocking(scope: str, always: bool) -> tuple[Any, list[int], int]:
+    """An ``idempotent_function`` that deadlocks on its first attempt (or on every one).
+
+    Returns the function, the attempts it made, and the row the heavier
+    transaction updates.
+    """
+    from django_idempotency import idempotent_function
+
+    row = Order.objects.create(item="shared").pk
+    attempts: list[int] = []
+
+    @idempotent_function(key=lambda item: item, scope=scope)
+    def place(item: str) -> int:
+        attempts.append(len(attempts) + 1)
+        if always or len(attempts) == 1:
+            deadlock_with_a_heavier_transaction(row)
+        return Order.objects.create(item=item).pk
+
+    return place, attempts, row
+
+
 @pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB's deadlock error 1213")
 class DeadlockTests:
     """A deadlock in the handler's own statements rolls the attempt back, and it starts over."""
 
     def test_a_deadlocked_handler_runs_again_and_only_the_retry_commits(self) -> None:
-        from django_idempotency import idempotent_function
-
-        row = Order.objects.create(item="shared").pk
-        attempts: list[int] = []
-
-        @idempotent_function(key=lambda item: item, scope="tests.deadlock.place")
-        def place(item: str) -> int:
-            attempts.append(len(attempts) + 1)
-            if len(attempts) == 1:
-                deadlock_with_a_heavier_transaction(row)
-            return Order.objects.create(item=item).pk
+        place, attempts, row = deadlocking("tests.deadlock.place", always=False)
 
         placed = place("deadlocked")
 
@@ -714,17 +725,9 @@ class DeadlockTests:
         assert attempts == [1, 2]
 
     def test_a_handler_that_always_deadlocks_gives_up_with_in_flight(self) -> None:
-        from django_idempotency import idempotent_function
         from django_idempotency.exceptions import CallInFlight
 
-        row = Order.objects.create(item="shared").pk
-        attempts: list[int] = []
-
-        @idempotent_function(key=lambda item: item, scope="tests.deadlock.place_always")
-        def place(item: str) -> int:
-            attempts.append(len(attempts) + 1)
-            deadlock_with_a_heavier_transaction(row)
-            return Order.objects.create(item=item).pk
+        place, attempts, _ = deadlocking("tests.deadlock.place_always", always=True)
 
         with pytest.raises(CallInFlight):
             place("always")
@@ -739,16 +742,7 @@ class DeadlockTests:
         # here would let its caller commit the rest of it as if nothing happened.
         from django.db import OperationalError
 
-        from django_idempotency import idempotent_function
-
-        row = Order.objects.create(item="shared").pk
-        attempts: list[int] = []
-
-        @idempotent_function(key=lambda item: item, scope="tests.deadlock.other_alias")
-        def place(item: str) -> int:
-            attempts.append(len(attempts) + 1)
-            deadlock_with_a_heavier_transaction(row)
-            return Order.objects.create(item=item).pk
+        place, attempts, _ = deadlocking("tests.deadlock.other_alias", always=True)
 
         with pytest.raises(OperationalError), transaction.atomic(using="other"):
             place("other-alias")
