@@ -669,34 +669,42 @@ def explained(using: str) -> Iterator[None]:
         raise meaning from exc
 
 
+#: What each server's error code means on the key table: a lock wait that
+#: ran out, a transaction to start over, or a table that was never migrated.
+_BUSY, _RETRY, _MISSING = "busy", "retry", "missing"
+_CODES: dict[str, dict[Any, str]] = {
+    "postgresql": {
+        _PG_LOCK_NOT_AVAILABLE: _BUSY,
+        **dict.fromkeys(_PG_RETRYABLE, _RETRY),
+        _PG_UNDEFINED_TABLE: _MISSING,
+    },
+    "mysql": {
+        _ER_LOCK_WAIT_TIMEOUT: _BUSY,
+        _ER_LOCK_DEADLOCK: _RETRY,
+        _ER_NO_SUCH_TABLE: _MISSING,
+    },
+}
+
+
 def _meaning(exc: DatabaseError, connection: BaseDatabaseWrapper) -> Exception | None:
-    cause = exc.__cause__
-    if connection.vendor == "postgresql":
-        # psycopg 3 names the SQLSTATE ``sqlstate``; psycopg2 ``pgcode``.
-        code = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
-        if code == _PG_LOCK_NOT_AVAILABLE:
-            return Busy(f"A lock wait ran out ({exc}).")
-        if code in _PG_RETRYABLE:
-            return Retry(str(exc))
-        if code == _PG_UNDEFINED_TABLE:
-            return missing_table()
-    elif connection.vendor == "mysql":
-        errno = _errno(exc)
-        if errno == _ER_LOCK_WAIT_TIMEOUT:
-            return Busy(f"A lock wait ran out ({exc}).")
-        if errno == _ER_LOCK_DEADLOCK:
-            return Retry(str(exc))
-        if errno == _ER_NO_SUCH_TABLE:
-            return missing_table()
-    elif connection.vendor == "sqlite":
+    if connection.vendor == "sqlite":
+        # SQLite says it in words, and locks the whole database, not the key.
         message = str(exc)
         if "is locked" in message:
             return DatabaseLocked(
                 "The SQLite database is locked: another connection holds its one write lock."
             )
-        if "no such table" in message:
-            return missing_table()
-    return None
+        return missing_table() if "no such table" in message else None
+    cause = exc.__cause__
+    # psycopg 3 names the SQLSTATE ``sqlstate``, psycopg2 ``pgcode``; MySQLdb
+    # gives the error number first.
+    code = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None) or _errno(exc)
+    meaning = _CODES.get(connection.vendor, {}).get(code)
+    if meaning == _BUSY:
+        return Busy(f"A lock wait ran out ({exc}).")
+    if meaning == _RETRY:
+        return Retry(str(exc))
+    return missing_table() if meaning == _MISSING else None
 
 
 def missing_table() -> ImproperlyConfigured:
