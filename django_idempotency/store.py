@@ -25,8 +25,13 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django_idempotency import clock
 from django_idempotency.backends import BY_VENDOR, STANDARD
 from django_idempotency.backends.base import (
+    ABANDONED,
     BODY_FIELD,
+    CHECKPOINTS_FIELD,
     HEADERS_FIELD,
+    OWN_TRANSACTION,
+    OWNER,
+    OWNER_OR_RELEASED,
     STATE_COMPLETED,
     Backend,
     Busy,
@@ -38,12 +43,13 @@ from django_idempotency.backends.base import (
     StoredResponse,
     cached_sql,
     complete_sql,
+    delete_sql,
     errno,
     missing_table,
     read_record,
+    update_sql,
 )
 from django_idempotency.backends.mysql import ER_LOCK_DEADLOCK, galera_sync_wait
-from django_idempotency.clock import DatabaseLater, DatabaseNow
 from django_idempotency.models import IdempotencyKey
 
 __all__ = [
@@ -231,9 +237,7 @@ def complete(
     params.append(record_id)
     if owner_token is not None:
         params.append(owner_token)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.rowcount == 1
+    return _write(connection, sql, params)
 
 
 def release(using: str, record_id: int, owner_token: str, *, keep_progress: bool = False) -> bool:
@@ -243,12 +247,17 @@ def release(using: str, record_id: int, owner_token: str, *, keep_progress: bool
     as free to take at once (its token cleared, its lease over), so that
     the retry resumes from them instead of starting again.
     """
-    owned = _owned(using, record_id, owner_token).filter(state=State.IN_PROGRESS)
+    connection = connections[using]
     if keep_progress:
-        ended = DatabaseNow()
-        return owned.update(owner_token="", locked_until=ended, expires_at=ended) == 1
-    rows, _ = owned.delete()
-    return rows == 1
+        sql = cached_sql(connection, "release keeping progress", _release_keeping_progress_sql)
+    else:
+        sql = cached_sql(connection, "release", lambda c: delete_sql(c, OWNER))
+    return _write(connection, sql, [record_id, owner_token])
+
+
+def _release_keeping_progress_sql(connection: BaseDatabaseWrapper) -> str:
+    now = clock.now_sql(connection)
+    return update_sql(connection, OWNER, owner_token="''", locked_until=now, expires_at=now)
 
 
 def take_over(using: str, abandoned: Record, new: NewClaim) -> Claim | None:
@@ -258,16 +267,28 @@ def take_over(using: str, abandoned: Record, new: NewClaim) -> Claim | None:
     requests deciding on one abandoned claim only one takes it, and a slow
     owner that renewed its lease in the meantime keeps it.
     """
-    taken = _still_abandoned(using, abandoned).update(
-        owner_token=new.owner_token,
-        attempt=abandoned.attempt + 1,
-        created_at=DatabaseNow(),
-        expires_at=DatabaseLater(new.expires_in),
-        locked_until=None if new.lease is None else DatabaseLater(new.lease),
-    )
-    if taken != 1:
+    connection = connections[using]
+    leased = new.lease is not None
+    sql = cached_sql(connection, ("take over", leased), lambda c: _take_over_sql(c, leased))
+    params = [new.owner_token, abandoned.attempt + 1, clock.seconds(connection, new.expires_in)]
+    if leased:
+        params.append(clock.seconds(connection, new.lease))
+    if not _write(connection, sql, [*params, abandoned.id, abandoned.owner_token]):
         return None
     return Claim(abandoned.id, attempt=abandoned.attempt + 1, checkpoints=abandoned.checkpoints)
+
+
+def _take_over_sql(connection: BaseDatabaseWrapper, leased: bool) -> str:
+    later = clock.later_sql(connection)
+    return update_sql(
+        connection,
+        ABANDONED,
+        owner_token="%s",
+        attempt="%s",
+        created_at=clock.now_sql(connection),
+        expires_at=later,
+        locked_until=later if leased else "NULL",
+    )
 
 
 def settle(using: str, abandoned: Record, response: StoredResponse, *, ttl: timedelta) -> bool:
@@ -278,26 +299,27 @@ def settle(using: str, abandoned: Record, response: StoredResponse, *, ttl: time
     checkpoint) while the policy asked keeps its claim, and its own result
     is the one stored.
     """
-    settled = _still_abandoned(using, abandoned).update(
-        state=State.COMPLETED,
-        status_code=response.status_code,
-        response_headers=response.headers,
-        response_body=response.body,
-        locked_until=None,
-        expires_at=DatabaseLater(ttl),
-    )
-    return settled == 1
+    connection = connections[using]
+    sql = cached_sql(connection, "settle", _settle_sql)
+    params = [
+        response.status_code,
+        HEADERS_FIELD.get_db_prep_save(response.headers, connection),
+        BODY_FIELD.get_db_prep_save(response.body, connection),
+        clock.seconds(connection, ttl),
+    ]
+    return _write(connection, sql, [*params, abandoned.id, abandoned.owner_token])
 
 
-def _still_abandoned(using: str, abandoned: Record) -> Any:
-    """The claim ``abandoned`` if it still is: its dead owner's, in progress, run out.
-
-    Run out by the database's clock, in the statement that acts on it.
-
-    The one fence of a takeover and of a recovery policy's settlement.
-    """
-    return _owned(using, abandoned.id, abandoned.owner_token).filter(
-        state=State.IN_PROGRESS, expires_at__lte=DatabaseNow()
+def _settle_sql(connection: BaseDatabaseWrapper) -> str:
+    return update_sql(
+        connection,
+        ABANDONED,
+        state=f"'{STATE_COMPLETED}'",
+        status_code="%s",
+        response_headers="%s",
+        response_body="%s",
+        locked_until="NULL",
+        expires_at=clock.later_sql(connection),
     )
 
 
@@ -315,13 +337,31 @@ def record_progress(
     over, or it was released). Atomic mode passes no token: the claim is
     its own transaction's.
     """
-    changes: dict[str, Any] = {}
+    if checkpoints is None and lease is None:
+        raise ValueError("record_progress() needs checkpoints, a lease, or both.")
+    connection = connections[using]
+    fence = OWN_TRANSACTION if owner_token is None else OWNER
+    shape = (fence, checkpoints is not None, lease is not None)
+    sql = cached_sql(connection, ("progress", *shape), lambda c: _progress_sql(c, *shape))
+    params: list[Any] = []
     if checkpoints is not None:
-        changes["checkpoints"] = checkpoints
+        params.append(CHECKPOINTS_FIELD.get_db_prep_save(checkpoints, connection))
     if lease is not None:
-        changes.update(locked_until=DatabaseLater(lease), expires_at=DatabaseLater(lease))
-    owned = _owned(using, record_id, owner_token).filter(state=State.IN_PROGRESS)
-    return owned.update(**changes) == 1
+        params += [clock.seconds(connection, lease)] * 2
+    params.append(record_id)
+    if fence == OWNER:
+        params.append(owner_token)
+    return _write(connection, sql, params)
+
+
+def _progress_sql(
+    connection: BaseDatabaseWrapper, fence: str, checkpoints: bool, renewed: bool
+) -> str:
+    assigned = {"checkpoints": "%s"} if checkpoints else {}
+    if renewed:
+        later = clock.later_sql(connection)
+        assigned.update(locked_until=later, expires_at=later)
+    return update_sql(connection, fence, **assigned)
 
 
 def restore_progress(
@@ -334,17 +374,21 @@ def restore_progress(
     the token of the owner that recorded them (or the cleared token of its
     release), so a new owner's own progress is never touched.
     """
-    owned = IdempotencyKey.objects.using(using).filter(
-        pk=record_id, state=State.IN_PROGRESS, owner_token__in=[owner_token, ""]
+    connection = connections[using]
+    sql = cached_sql(
+        connection,
+        "restore progress",
+        lambda c: update_sql(c, OWNER_OR_RELEASED, checkpoints="%s"),
     )
-    return owned.update(checkpoints=checkpoints or None) == 1
+    value = CHECKPOINTS_FIELD.get_db_prep_save(checkpoints or None, connection)
+    return _write(connection, sql, [value, record_id, owner_token])
 
 
-def _owned(using: str, record_id: int, owner_token: str | None) -> Any:
-    records = IdempotencyKey.objects.using(using).filter(pk=record_id)
-    if owner_token is not None:
-        records = records.filter(owner_token=owner_token)
-    return records
+def _write(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> bool:
+    """Run one fenced write; whether it found its claim."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount == 1
 
 
 @contextmanager

@@ -228,24 +228,78 @@ BODY_FIELD: Field[Any, Any] = IdempotencyKey._meta.get_field("response_body")  #
 
 
 def complete_sql(connection: BaseDatabaseWrapper, *, with_grace: bool, with_token: bool) -> str:
+    """Store a response on a claim: its owner's (``with_token``), or the writer's transaction's.
+
+    ``with_grace`` keeps the claim's expiry when the claim is younger than
+    a parameter (a negative duration): see ``store.complete``.
+    """
+    expires, later = column_names()["expires_at"], clock.later_sql(connection)
+    if with_grace:
+        quote = connection.ops.quote_name
+        created, expires = quote(column_names()["created_at"]), quote(expires)
+        later = f"CASE WHEN {created} > {later} THEN {expires} ELSE {later} END"
+    return update_sql(
+        connection,
+        OWNER if with_token else OWN_TRANSACTION,
+        state="%s",
+        status_code="%s",
+        response_headers="%s",
+        response_body="%s",
+        locked_until="NULL",
+        expires_at=later,
+    )
+
+
+#: The fences of a write to a claim, checked in the statement that writes:
+#: whose the claim must still be. Each statement's parameters end with the
+#: record's id, then (but for ``OWN_TRANSACTION``) an owner's token.
+#: Atomic mode: the claim is the writer's own transaction's.
+OWN_TRANSACTION = "own transaction"
+#: Lease mode: still this owner's (not taken over, released or completed).
+OWNER = "owner"
+#: Still its dead owner's: in progress, that token, its lease run out by the
+#: database's clock. The one fence of a takeover and of a settlement.
+ABANDONED = "abandoned"
+#: This owner's, or released by it (its token cleared): its checkpoints.
+OWNER_OR_RELEASED = "owner or released"
+
+
+def fenced(connection: BaseDatabaseWrapper, fence: str) -> str:
+    """The ``WHERE`` clause of a write to one in-progress claim, behind ``fence``."""
     quote = connection.ops.quote_name
     columns = column_names()
-    assigned = ["state", "status_code", "response_headers", "response_body"]
-    assignments = [f"{quote(columns[name])} = %s" for name in assigned]
-    assignments.insert(4, f"{quote(columns['locked_until'])} = NULL")
-    expires, later = quote(columns["expires_at"]), clock.later_sql(connection)
-    if with_grace:
-        created = quote(columns["created_at"])
-        later = f"CASE WHEN {created} > {later} THEN {expires} ELSE {later} END"
-    assignments.append(f"{expires} = {later}")
-    where = [f"{quote(IdempotencyKey._meta.pk.column)} = %s"]
-    if with_token:
-        where.append(f"{quote(columns['owner_token'])} = %s")
-        where.append(f"{quote(columns['state'])} = '{State.IN_PROGRESS}'")
+    token = quote(columns["owner_token"])
+    where = [
+        f"{quote(IdempotencyKey._meta.pk.column)} = %s",
+        f"{quote(columns['state'])} = '{State.IN_PROGRESS}'",
+    ]
+    if fence in (OWNER, ABANDONED):
+        where.append(f"{token} = %s")
+    if fence == ABANDONED:
+        where.append(f"{quote(columns['expires_at'])} <= {clock.now_sql(connection)}")
+    if fence == OWNER_OR_RELEASED:
+        where.append(f"{token} IN (%s, '')")
+    return " AND ".join(where)
+
+
+def update_sql(connection: BaseDatabaseWrapper, fence: str, **assigned: str) -> str:
+    """``UPDATE`` one claim behind ``fence``, each named column set to its SQL."""
+    quote = connection.ops.quote_name
+    columns = column_names()
+    assignments = ", ".join(f"{quote(columns[name])} = {sql}" for name, sql in assigned.items())
     return (
-        f"UPDATE {quote(IdempotencyKey._meta.db_table)} SET {', '.join(assignments)} "
-        f"WHERE {' AND '.join(where)}"
+        f"UPDATE {quote(IdempotencyKey._meta.db_table)} SET {assignments} "
+        f"WHERE {fenced(connection, fence)}"
     )
+
+
+def delete_sql(connection: BaseDatabaseWrapper, fence: str) -> str:
+    """``DELETE`` one claim behind ``fence``."""
+    table = connection.ops.quote_name(IdempotencyKey._meta.db_table)
+    return f"DELETE FROM {table} WHERE {fenced(connection, fence)}"
+
+
+CHECKPOINTS_FIELD: Field[Any, Any] = IdempotencyKey._meta.get_field("checkpoints")  # type: ignore[assignment]
 
 
 #: What a server's error code means on the key table: a lock wait that ran

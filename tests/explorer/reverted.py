@@ -76,10 +76,8 @@ REVERSIONS = {
     "progress-fence": Reversion(
         "a checkpoint or heartbeat is written without the owner token's fence",
         "django_idempotency/store.py",
-        "    owned = _owned(using, record_id, owner_token).filter(state=State.IN_PROGRESS)\n"
-        "    return owned.update(**changes) == 1\n",
-        "    owned = _owned(using, record_id, None).filter(state=State.IN_PROGRESS)\n"
-        "    return owned.update(**changes) == 1\n",
+        "    fence = OWN_TRANSACTION if owner_token is None else OWNER\n",
+        "    fence = OWN_TRANSACTION\n",
     ),
 }
 
