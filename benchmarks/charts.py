@@ -18,6 +18,7 @@ import math
 import textwrap
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 from matplotlib.axes import Axes
@@ -31,7 +32,8 @@ GRID = "#d0d7de"
 #: Okabe and Ito's palette, told apart with most forms of colour blindness.
 PALETTE = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442"]
 MARKERS = ["o", "s", "^", "D", "v", "P", "X"]
-STYLE = {
+#: Typed loosely: matplotlib's stubs spell every rcParams name out as a Literal.
+STYLE: dict[Any, Any] = {
     # The same ids in every file drawn from the same input.
     "svg.hashsalt": "django-idempotency-benchmarks",
     # Text as <text> elements: small files, and searchable, selectable labels.
@@ -117,9 +119,9 @@ def line_chart(
                 markersize=5,
             )
         axes.grid(True, axis="x")
-        xs = sorted({x for points in series.values() for x, _y in points})
-        if len(xs) <= MAX_X_TICKS:  # a tick at each setting measured
-            axes.set_xticks(xs)
+        settings = sorted({x for points in series.values() for x, _y in points})
+        if len(settings) <= MAX_X_TICKS:  # a tick at each setting measured
+            axes.set_xticks(settings)
         if not log_y and all(y >= 0 for points in series.values() for _x, y in points):
             axes.set_ylim(bottom=0)
         _finish(figure, axes, title, y_label, len(series), log_y)
