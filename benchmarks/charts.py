@@ -23,7 +23,7 @@ from typing import Any
 import matplotlib
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator
 
 __all__ = ["bar_chart", "line_chart"]
 
@@ -204,6 +204,8 @@ def _finish(figure: Figure, axes: Axes, title: str, y_label: str, names: int, lo
     axes.set_ylabel(y_label)
     if log_y:
         axes.set_yscale("log")
+        # 1, 2 and 5 of each power of ten: figures within one decade get ticks too.
+        axes.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     axes.yaxis.set_major_formatter(FuncFormatter(_number))
     axes.yaxis.set_minor_formatter(FuncFormatter(lambda value, _position: ""))
     # As many columns as fit across the chart, at most three.

@@ -72,6 +72,13 @@ class ChartTests:
         shown = texts(first)
         assert {LINE["title"], LINE["x_label"], LINE["y_label"], "first request"} <= set(shown)
 
+    def test_log_scale_within_one_decade_still_has_labelled_ticks(self, tmp_path):
+        path = tmp_path / "chart.svg"
+        series = {"batch 5000": [(1e5, 50000.0), (1e6, 61000.0)], "batch 1000": [(1e5, 20000.0)]}
+        line_chart(path, **{**LINE, "series": series}, log_y=True)
+
+        assert {"20,000", "50,000", "100,000", "1,000,000"} <= set(texts(path))
+
     def test_another_process_draws_the_same_bytes(self, tmp_path):
         # What a commit needs: a chart drawn again by another run, with
         # another hash seed, is the same file.
