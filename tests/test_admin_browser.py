@@ -97,7 +97,8 @@ def filter_lease(page: Any, choice: str) -> None:
     """Click one of the lease filter's choices, as an operator does."""
     lease = page.locator('#changelist-filter details[data-filter-title="lease"]')
     lease.get_by_role("link", name=choice, exact=True).click()
-    page.wait_for_url(re.compile(r"[?&]lease="))
+    # The new page, not the one clicked on: it marks the choice as selected.
+    lease.locator("li.selected").get_by_role("link", name=choice, exact=True).wait_for()
 
 
 def release_selected(page: Any, *records: IdempotencyKey) -> None:
