@@ -14,12 +14,33 @@ OK = "ok"
 MISSED = "MISSED"
 
 
+@dataclass(frozen=True)
+class Figure:
+    """A chart shown under its table: ``uri`` from the docs' root (``/_static/...``)."""
+
+    uri: str
+    alt: str
+    caption: str
+
+    def rst(self) -> str:
+        return "\n".join(
+            [
+                f".. figure:: {self.uri}",
+                f"   :alt: {self.alt}",
+                "   :width: 100%",
+                "",
+                f"   {self.caption}",
+            ]
+        )
+
+
 @dataclass
 class Table:
     title: str
     header: list[str]
     rows: list[list[str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    figures: list[Figure] = field(default_factory=list)
 
     def add(self, *cells: object) -> None:
         self.rows.append([str(cell) for cell in cells])
@@ -49,6 +70,8 @@ class Table:
         out += [f"* {note}" for note in self.notes]
         if self.notes:
             out.append("")
+        for figure in self.figures:
+            out += [figure.rst(), ""]
         return "\n".join(out)
 
 
@@ -57,6 +80,11 @@ def _rst_cell(cell: str) -> str:
     # and a cell that is only "-" would start a nested bullet list.
     cell = cell.replace("*", r"\*").replace("|", r"\|")
     return "\\-" if cell in ("", "-") else cell
+
+
+def _plain_cell(cell: str) -> str:
+    """The cell :func:`_rst_cell` was given (an empty one reads back as ``-``)."""
+    return "-" if cell == "\\-" else cell.replace(r"\*", "*").replace(r"\|", "|")
 
 
 def _cpu_model() -> str:
@@ -122,3 +150,57 @@ def write_rst(path: Path, facts: list[tuple[str, str]], command: str, tables: li
     for table in tables:
         lines += [table.rst(), ""]
     path.write_text("\n".join(lines).rstrip() + "\n")
+
+
+def read_rst(path: Path) -> tuple[str, list[tuple[str, str]], list[Table]]:
+    """The command, facts and tables that :func:`write_rst` wrote to ``path``.
+
+    Charts can then be drawn again from the last run's figures without
+    running it again; writing what this returns gives back the same file.
+    """
+    lines = path.read_text().splitlines()
+    command = None
+    facts: list[tuple[str, str]] = []
+    tables: list[Table] = []
+    index = 0
+    while index < len(lines):
+        line = lines[index]
+        following = lines[index + 1] if index + 1 < len(lines) else ""
+        table = tables[-1] if tables else None
+        if line == "Measured with::" and index + 2 < len(lines):
+            command = lines[index + 2].strip()
+            index += 3
+            continue
+        if line and following == "~" * len(line):
+            tables.append(Table(line, []))
+            index += 2
+            continue
+        if line.startswith(".. figure:: ") and table is not None:
+            alt = lines[index + 1].removeprefix("   :alt: ")
+            caption = lines[index + 4].strip() if index + 4 < len(lines) else ""
+            table.figures.append(Figure(line.removeprefix(".. figure:: "), alt, caption))
+            index += 5
+            continue
+        if line.startswith("   * - ") and table is not None:
+            row = [_plain_cell(line.removeprefix("   * - "))]
+            if table.header:
+                table.rows.append(row)
+            else:
+                table.header = row  # filled in by the lines that follow
+        elif line.startswith("     - ") and table is not None:
+            (table.rows[-1] if table.rows else table.header).append(
+                _plain_cell(line.removeprefix("     - "))
+            )
+        elif line.startswith("* "):
+            if table is None:
+                name, _, value = line.removeprefix("* ").partition(": ")
+                facts.append((name, value))
+            else:
+                table.notes.append(line.removeprefix("* "))
+        index += 1
+    if command is None or not tables:
+        raise ValueError(
+            f"{path} has no command or no tables: it is not a page benchmarks/run.py wrote. "
+            "Run python3 benchmarks/run.py to make one."
+        )
+    return command, facts, tables

@@ -4,6 +4,7 @@
     python3 benchmarks/run.py            # the full run (about 30 minutes)
     python3 benchmarks/run.py --quick    # a smoke run (under 5 minutes)
     python3 benchmarks/run.py --only per-request   # one section (repeatable)
+    python3 benchmarks/run.py --redraw   # the charts again, from the docs page's tables
 
 Needs a Python 3.10+ and a PostgreSQL server on 127.0.0.1 (settings from
 ``PGHOST``/``PGPORT``/``PGUSER``/``PGPASSWORD``); the in-process rows also
@@ -19,7 +20,9 @@ without the replay cache), duplicate storms, the purge, async views under
 uvicorn, per-request time in one process on each database, and PostgreSQL
 behind added latency. Each prints one table; all of
 them are written, with the machine and versions they ran on, to
-``docs/_generated/benchmarks.rst``.
+``docs/_generated/benchmarks.rst``, and the charts of the peers and of the
+in-process rows to ``docs/_static/benchmarks/`` (``--charts DIR`` writes
+the charts of any run into ``DIR``).
 """
 
 from __future__ import annotations
@@ -65,7 +68,10 @@ def _install(python: Path) -> None:
 
     pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     print("Installing the project, the load tools and the peer packages ...", flush=True)
-    run(*pip, "-e", f"{ROOT}[drf,postgres]", *REQUIREMENTS)
+    # --group needs pip 25.1 or later; a virtualenv made with an older pip gets one.
+    run(*pip, "pip>=25.1")
+    # The bench group of pyproject.toml: what the charts are drawn with.
+    run(*pip, "-e", f"{ROOT}[drf,postgres]", *REQUIREMENTS, "--group", "bench")
     for optional in OPTIONAL:
         if run(*pip, optional, check=False):
             print(f"  {optional} did not install; its rows are left out.", flush=True)
@@ -82,7 +88,10 @@ def _bootstrap() -> None:
     """
     from dev import prepare_venv
 
-    wanted = hashlib.sha256("\n".join(REQUIREMENTS + OPTIONAL + PEERS).encode()).hexdigest()
+    # pyproject.toml holds the bench group: a change to it installs again.
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    listed = "\n".join([*REQUIREMENTS, *OPTIONAL, *PEERS, pyproject])
+    wanted = hashlib.sha256(listed.encode()).hexdigest()
     python = prepare_venv(VENV, "bench", wanted, _install)
     os.execv(str(python), [str(python), str(Path(__file__).resolve()), *sys.argv[1:]])
 
@@ -100,11 +109,31 @@ def main() -> None:
         help="run only this section (repeatable): statements, throughput, storms, "
         "per-request, async, purge, inprocess, latency; the docs file is left alone",
     )
+    parser.add_argument(
+        "--charts",
+        type=Path,
+        metavar="DIR",
+        help="write the charts of the sections run into DIR (a run that rewrites the docs page "
+        "writes them into docs/_static/benchmarks/ in any case)",
+    )
+    parser.add_argument(
+        "--redraw",
+        action="store_true",
+        help="run nothing: draw the charts again from the tables of docs/_generated/"
+        "benchmarks.rst (into docs/_static/benchmarks/, or DIR of --charts)",
+    )
     options = parser.parse_args()
     # The repository root: dev.py, and the benchmarks package inside the virtualenv.
     sys.path.insert(0, str(ROOT))
     if not _in_bench_venv():
         _bootstrap()
+    if options.redraw:
+        from benchmarks.figures import CHART_DIR, redraw
+        from benchmarks.suite import DOCS_TABLE
+
+        for path in redraw(DOCS_TABLE, (options.charts or CHART_DIR).resolve()):
+            print(f"Wrote {path}")
+        return
     from benchmarks.suite import SECTIONS, run_all
 
     unknown = sorted(set(options.only or ()) - set(SECTIONS))
@@ -116,6 +145,7 @@ def main() -> None:
         write_docs=not options.no_docs,
         command=command,
         only=options.only or SECTIONS,
+        charts=options.charts.resolve() if options.charts else None,
     )
 
 

@@ -774,11 +774,20 @@ SECTIONS = (
 )
 
 
-def run_all(*, quick: bool, write_docs: bool, command: str, only: Sequence[str] = SECTIONS) -> None:
+def run_all(
+    *,
+    quick: bool,
+    write_docs: bool,
+    command: str,
+    only: Sequence[str] = SECTIONS,
+    charts: Path | None = None,
+) -> None:
     """Run the sections named in ``only`` (all of them by default).
 
     Only a full run writes the docs table: a partial one would drop the
-    other sections' tables from the page.
+    other sections' tables from the page. The charts of the sections run
+    are written into ``charts``, and a run that writes the docs table writes
+    them into the docs too, so that the page and its charts are one run's.
     """
     from benchmarks.bench import peers as peer_registry
 
@@ -787,6 +796,13 @@ def run_all(*, quick: bool, write_docs: bool, command: str, only: Sequence[str] 
         raise ValueError(f"only= takes some of {', '.join(SECTIONS)}, not {sorted(wanted)}")
     plan = QUICK if quick else FULL
     write_docs = write_docs and wanted == set(SECTIONS)
+    chart_dirs = [charts] if charts is not None else []
+    if write_docs or chart_dirs:
+        # Before anything runs: without matplotlib this fails now, not at the end.
+        from benchmarks import figures
+
+        if write_docs:
+            chart_dirs.append(figures.CHART_DIR)
     started = time.monotonic()
 
     def progress(message: str) -> None:
@@ -850,7 +866,10 @@ def run_all(*, quick: bool, write_docs: bool, command: str, only: Sequence[str] 
     if "latency" in wanted:
         tables.extend(show(table) for table in section_latency(plan, progress))
     progress("done")
+    facts = environment(postgres_version, [peer.name for peer in installed])
+    for directory in dict.fromkeys(chart_dirs):
+        written = figures.draw(tables, directory, figures.source(command, dict(facts)["date"]))
+        print("Wrote", *(str(path) for path in written))
     if write_docs:
-        facts = environment(postgres_version, [peer.name for peer in installed])
         write_rst(DOCS_TABLE, facts, command, tables)
         print(f"Wrote {DOCS_TABLE.relative_to(ROOT)}")

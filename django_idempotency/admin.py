@@ -8,9 +8,11 @@ write is releasing in-progress claims whose owner stopped: the next retry of
 each takes it over and resumes from its checkpoints
 (:func:`django_idempotency.operations.release`). A lease that has not run
 out may still have a live owner, so releasing one asks for confirmation on
-a page of its own first. Completed records cannot be deleted here, since
-that would let a retry run its handler twice; the purge removes them once
-they expire (``manage.py idempotency_keys delete`` is the operator's tool).
+a page of its own first, and the confirmation releases only the leases that
+page showed: one taken over, released or completed since is left alone, and
+named. Completed records cannot be deleted here, since that would let a
+retry run its handler twice; the purge removes them once they expire
+(``manage.py idempotency_keys delete`` is the operator's tool).
 
 Everything reads and writes ``IDEMPOTENCY["DATABASE"]``, the alias the
 protocol uses, not ``default``.
@@ -18,26 +20,30 @@ protocol uses, not ``default``.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
+from django.utils.crypto import constant_time_compare, salted_hmac
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from django_idempotency import operations
 from django_idempotency.clock import DatabaseNow
 from django_idempotency.conf import idempotency_settings
+from django_idempotency.fields import fit_key_column
 from django_idempotency.keys import mask_key
 from django_idempotency.models import IdempotencyKey
 
 #: How much of a stored body the detail page shows.
 BODY_SHOWN = 2000
+#: The confirmation page's field naming each held lease it showed.
+SEEN_LEASE_FIELD = "seen_lease"
+_SEEN_LEASE_SALT = "django_idempotency.admin.seen_lease"
 
 
 class ExpiryFilter(admin.SimpleListFilter):
@@ -157,14 +163,16 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):
     ) -> tuple[QuerySet[Any], bool]:
         # Scopes and keys compare exactly everywhere else, and an exact match
         # is the (scope, key) unique index, not a table scan. Keys hold no
-        # spaces, so "<scope> <key>" splits at the last one.
+        # spaces, so "<scope> <key>" splits at the last one; a scope may hold
+        # spaces, so the whole term is also tried as a scope.
         term = search_term.strip()
         if not term:
             return queryset, False
+        found = Q(scope__in=_as_stored(term))
         scope, _space, key = term.rpartition(" ")
-        if scope:
-            return queryset.filter(scope=scope.strip(), key=key), False
-        return queryset.filter(scope=term), False
+        if scope.strip():
+            found |= Q(scope__in=_as_stored(scope.strip()), key__in=_keys_as_stored(key))
+        return queryset.filter(found), False
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -188,18 +196,33 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):
         in_progress = queryset.filter(state=IdempotencyKey.State.IN_PROGRESS).exclude(
             owner_token=""
         )
-        held = list(in_progress.filter(operations.lease_held()))
         confirmed = request.POST.get("confirm") == "yes"
-        if held and not confirmed:
-            return self._confirm_release(request, queryset, held)
-        # Each fenced by the token it was read with, so a record that
-        # completed or was taken over after the page was loaded is left alone;
-        # and, unless the operator confirmed releasing live leases, by its
-        # lease in the same statement, so one renewed since is kept.
-        released = 0
+        if not confirmed:
+            held = list(in_progress.filter(operations.lease_held()))
+            if held:
+                return self._confirm_release(request, queryset, held)
+        # Only the leases the confirmation page showed are forced, each while
+        # its owner is still the one the operator saw: the statement is
+        # fenced by the token read here, which must be the page's. Every
+        # other record is fenced by its lease in the same statement, so one
+        # renewed or taken over since it was read is kept.
+        seen = _seen_leases(request) if confirmed else {}
+        released, changed = 0, []
         for record in in_progress:
-            with contextlib.suppress(operations.LeaseStillHeld):
-                released += operations.release(record, force=confirmed)
+            shown = seen.pop(record.pk, None)
+            if shown is not None and not constant_time_compare(shown, _seen_lease(record)):
+                changed.append(record)
+                continue
+            try:
+                if operations.release(record, force=shown is not None):
+                    released += 1
+                elif shown is not None:
+                    changed.append(record)
+            except operations.LeaseStillHeld:
+                changed.append(record)
+        # A lease the page showed and that is no longer held by anyone
+        # (completed, or released by someone else) is no longer selected.
+        changed.extend(queryset.filter(pk__in=seen))
         self.message_user(
             request,
             ngettext(
@@ -210,6 +233,8 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):
             % {"count": released},
             messages.SUCCESS,
         )
+        if changed:
+            self.message_user(request, _changed_message(changed, confirmed), messages.WARNING)
         return None
 
     def _confirm_release(
@@ -222,8 +247,70 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):
             "opts": self.model._meta,
             "held": [(mask_key(record.key), record) for record in held],
             "selected": [str(pk) for pk in queryset.values_list("pk", flat=True)],
+            "seen": [f"{record.pk}:{_seen_lease(record)}" for record in held],
+            "seen_field": SEEN_LEASE_FIELD,
             "action_checkbox_name": ACTION_CHECKBOX_NAME,
         }
         return TemplateResponse(
             request, "admin/django_idempotency/release_confirmation.html", context
         )
+
+
+def _as_stored(value: str) -> list[str]:
+    """A scope as typed, and as the column stores it when it is long (its digest).
+
+    The value as typed is kept too, so that a digest copied from the list
+    finds its record.
+    """
+    return list(dict.fromkeys([value, fit_key_column(value)]))
+
+
+def _keys_as_stored(key: str) -> list[str]:
+    """A key as typed, as a header may quote it (``"abc"``), and as a long one is stored."""
+    typed = [key]
+    if len(key) >= 2 and key[0] == key[-1] == '"':
+        typed.append(key[1:-1])
+    return list(dict.fromkeys(stored for value in typed for stored in _as_stored(value)))
+
+
+def _seen_lease(record: IdempotencyKey) -> str:
+    """Which lease of the record this is: a digest of its owner's token, never the token.
+
+    A new owner (a takeover) gets a new token; the same owner renewing its
+    lease keeps it, and the operator saw that owner.
+    """
+    value = f"{record.pk}:{record.owner_token}"
+    return salted_hmac(_SEEN_LEASE_SALT, value, algorithm="sha256").hexdigest()
+
+
+def _seen_leases(request: HttpRequest) -> dict[int, str]:
+    """The leases the confirmation page showed, by record id; a malformed one is none."""
+    seen = {}
+    for value in request.POST.getlist(SEEN_LEASE_FIELD):
+        pk, _colon, digest = value.partition(":")
+        if pk.isdigit() and digest:
+            seen[int(pk)] = digest
+    return seen
+
+
+def _changed_message(changed: list[IdempotencyKey], confirmed: bool) -> str:
+    names = ", ".join(f"{record.scope} / {mask_key(record.key)}" for record in changed)
+    if confirmed:
+        text = ngettext(
+            "%(count)d record changed after the confirmation page was shown (taken over by "
+            "another worker, renewed after running out, released or completed) and was left "
+            "alone: %(records)s. Look at it again before releasing it.",
+            "%(count)d records changed after the confirmation page was shown (taken over by "
+            "another worker, renewed after running out, released or completed) and were left "
+            "alone: %(records)s. Look at them again before releasing them.",
+            len(changed),
+        )
+    else:
+        text = ngettext(
+            "%(count)d record was taken over or renewed since it was read, and was left "
+            "alone: %(records)s.",
+            "%(count)d records were taken over or renewed since they were read, and were left "
+            "alone: %(records)s.",
+            len(changed),
+        )
+    return text % {"count": len(changed), "records": names}

@@ -1,4 +1,4 @@
-"""What the browser tests share: Debian's Chromium under Playwright, and how to find a page.
+"""What the browser tests share: Debian's Chromium under Playwright, and the server it drives.
 
 Chromium is Debian's ``chromium`` package, never a downloaded browser;
 ``python3 dev.py test`` installs it when run as root, and CI does. Where it
@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+from tests.server import GunicornServer
 
 ASYNC_UNSAFE = "DJANGO_ALLOW_ASYNC_UNSAFE"
 
@@ -55,3 +57,20 @@ def chromium_fixture() -> Iterator[Any]:
             del os.environ[ASYNC_UNSAFE]
         else:
             os.environ[ASYNC_UNSAFE] = allowed
+
+
+class BrowserGunicorn(GunicornServer):
+    """Gunicorn with threaded workers, as a browser needs.
+
+    Chromium opens connections ahead of its requests; a sync worker that
+    accepts one waits on it, idle, while the other holds the first POST, and
+    the second POST then queues behind both. Threaded workers read whichever
+    connection has a request.
+    """
+
+    probe_path = "/browser/ping/"
+
+    def arguments(self) -> list[str]:
+        arguments = super().arguments()
+        arguments[arguments.index("sync")] = "gthread"
+        return [*arguments[:-1], "--threads", "4", arguments[-1]]

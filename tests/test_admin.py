@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import re
+from datetime import timedelta
+from urllib.parse import urlencode
 
 import pytest
 from django.contrib import admin
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.auth.models import Permission
+from django.http import HttpResponse
 from django.urls import path
 from django.utils import timezone
 
+from django_idempotency.fields import fit_key_column
 from django_idempotency.keys import mask_key
 from django_idempotency.models import IdempotencyKey
+from tests import admin_leases
 from tests.factories import IdempotencyKeyFactory
 
 State = IdempotencyKey.State
@@ -30,6 +35,11 @@ def admin_urls(settings):
 @pytest.fixture
 def staff(admin_client, admin_urls):
     return admin_client
+
+
+def row_ids(html: str) -> set[int]:
+    """The records a change list page shows."""
+    return {int(pk) for pk in re.findall(rf'href="{CHANGELIST}(\d+)/change/', html)}
 
 
 def changelist(client, query: str = "") -> str:
@@ -100,6 +110,50 @@ class ChangelistTests:
         assert f'href="{CHANGELIST}{same_key_elsewhere.pk}/change/' not in html
         assert f'href="{CHANGELIST}{other_case.pk}/change/' not in html
         assert f'href="{CHANGELIST}{wanted.pk}/change/' in html
+
+    def test_search_finds_a_long_key_and_scope_as_typed_though_stored_as_digests(self, staff):
+        scope = "tenant:" + " ".join(["Acme Trading"] * 30)
+        key = "evt_" + "9" * 300
+        wanted = IdempotencyKeyFactory(scope=fit_key_column(scope), key=fit_key_column(key))
+        short = IdempotencyKeyFactory(scope=fit_key_column(scope), key="evt_1")
+        assert wanted.scope.startswith("sha256:") and wanted.key.startswith("sha256:")
+
+        by_key = changelist(staff, "?" + urlencode({"q": f"{scope} {key}"}))
+        by_scope = changelist(staff, "?" + urlencode({"q": scope}))
+        by_digest = changelist(staff, "?" + urlencode({"q": wanted.scope}))
+
+        assert row_ids(by_key) == {wanted.pk}
+        assert row_ids(by_scope) == row_ids(by_digest) == {wanted.pk, short.pk}
+
+    def test_search_finds_a_function_key_stored_as_its_digest(self, staff, transactional_db):
+        order = "order-" + "7" * 300
+        admin_leases.complete(order)
+        other = IdempotencyKeyFactory(scope=admin_leases.SCOPE, key="order-1")
+
+        html = changelist(staff, "?" + urlencode({"q": f"{admin_leases.SCOPE} {order}"}))
+
+        stored = IdempotencyKey.objects.get(scope=admin_leases.SCOPE, key=fit_key_column(order))
+        assert row_ids(html) == {stored.pk}
+        assert other.pk not in row_ids(html)
+
+    def test_search_finds_a_key_typed_as_its_header_quotes_it(self, staff):
+        wanted = IdempotencyKeyFactory(scope="user:4", key="order-0002-bbbb")
+
+        html = changelist(staff, "?" + urlencode({"q": 'user:4 "order-0002-bbbb"'}))
+
+        assert row_ids(html) == {wanted.pk}
+
+    def test_search_by_a_scope_with_spaces(self, staff):
+        wanted = IdempotencyKeyFactory(scope="tenant:Acme Trading", key="k-1")
+        IdempotencyKeyFactory(scope="tenant:Acme", key="Trading")
+
+        html = changelist(staff, "?" + urlencode({"q": "tenant:Acme Trading"}))
+        keyed = changelist(staff, "?" + urlencode({"q": "tenant:Acme Trading k-1"}))
+
+        # Both readings: the whole term a scope, or a scope and a key.
+        assert len(row_ids(html)) == 2
+        assert wanted.pk in row_ids(html)
+        assert row_ids(keyed) == {wanted.pk}
 
     def test_filter_by_lease(self, staff):
         held = IdempotencyKeyFactory(in_flight=True)
@@ -257,19 +311,128 @@ class ReleaseActionTests:
     def test_held_lease_released_once_confirmed(self, staff):
         running = IdempotencyKeyFactory(in_flight=True)
         done = IdempotencyKeyFactory()
+        page = staff.post(CHANGELIST, release_action(running, done))
 
-        response = staff.post(
-            CHANGELIST,
-            {
-                "action": "release_in_progress",
-                ACTION_CHECKBOX_NAME: [str(running.pk), str(done.pk)],
-                "confirm": "yes",
-            },
-            follow=True,
-        )
+        response = staff.post(CHANGELIST, confirmation_form(page), follow=True)
 
         assert "Released 1 in-progress record." in response.content.decode()
         assert released() == {running.pk}
+
+    def test_a_lease_renewed_by_its_owner_since_the_page_is_still_released(self, staff):
+        running = IdempotencyKeyFactory(in_flight=True)
+        page = staff.post(CHANGELIST, release_action(running))
+        IdempotencyKey.objects.filter(pk=running.pk).update(
+            locked_until=timezone.now() + timedelta(minutes=10)
+        )
+
+        response = staff.post(CHANGELIST, confirmation_form(page), follow=True)
+
+        assert "Released 1 in-progress record." in response.content.decode()
+        assert released() == {running.pk}
+
+    def test_a_confirmation_without_the_page_forces_nothing(self, staff):
+        running = IdempotencyKeyFactory(in_flight=True, scope="user:3")
+
+        response = staff.post(
+            CHANGELIST, {**release_action(running), "confirm": "yes"}, follow=True
+        )
+
+        html = response.content.decode()
+        assert "Released 0 in-progress records." in html
+        assert f"left alone: user:3 / {mask_key(running.key)}" in html
+        assert released() == set()
+
+    def test_a_lease_completed_since_the_page_is_named(self, staff):
+        running = IdempotencyKeyFactory(in_flight=True, scope="user:3")
+        page = staff.post(CHANGELIST, release_action(running))
+        IdempotencyKey.objects.filter(pk=running.pk).update(
+            state=State.COMPLETED, owner_token="", locked_until=None, status_code=201
+        )
+
+        response = staff.post(CHANGELIST, confirmation_form(page), follow=True)
+
+        html = response.content.decode()
+        assert "Released 0 in-progress records." in html
+        assert "1 record changed after the confirmation page was shown" in html
+        assert f"user:3 / {mask_key(running.key)}" in html
+        assert IdempotencyKey.objects.get(pk=running.pk).state == State.COMPLETED
+
+
+def release_action(*selected: IdempotencyKey) -> dict[str, object]:
+    """The change list's form: the release action on ``selected``."""
+    return {
+        "action": "release_in_progress",
+        ACTION_CHECKBOX_NAME: [str(record.pk) for record in selected],
+        "index": "0",
+    }
+
+
+def confirmation_form(page: HttpResponse) -> dict[str, list[str]]:
+    """What the confirmation page's "Yes" button sends: its hidden fields."""
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "Release leases that are still held?" in html
+    form: dict[str, list[str]] = {}
+    for name, value in re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', html):
+        form.setdefault(name, []).append(value)
+    assert form["confirm"] == ["yes"]
+    return form
+
+
+@pytest.mark.django_db(transaction=True)
+class TakenOverSinceTheConfirmationTests:
+    """The confirmation releases the lease the operator saw, never its next holder's."""
+
+    def test_a_lease_taken_over_since_the_page_is_kept(self, staff):
+        first = admin_leases.hold("order-2001")
+        page = staff.post(CHANGELIST, release_action(first.record()))
+        # Meanwhile the first owner stalls past its lease, and a retry takes
+        # the key over: a new owner, running.
+        admin_leases.run_out(first.record())
+        second = admin_leases.hold("order-2001")
+        assert second.record().attempt == 2
+        taken = second.record()
+
+        response = staff.post(CHANGELIST, confirmation_form(page), follow=True)
+
+        html = response.content.decode()
+        assert "Released 0 in-progress records." in html
+        assert "1 record changed after the confirmation page was shown" in html
+        assert f"{admin_leases.SCOPE} / {mask_key('order-2001')}" in html
+        kept = second.record()
+        assert (kept.state, kept.owner_token, kept.expires_at) == (
+            State.IN_PROGRESS,
+            taken.owner_token,
+            taken.expires_at,
+        )
+        # The new owner finishes, and its result is the one stored.
+        assert second.finish() == "charged order-2001"
+        assert first.finish() == "charged order-2001"
+        done = second.record()
+        assert (done.state, done.attempt, bytes(done.response_body)) == (
+            State.COMPLETED,
+            2,
+            b'"charged order-2001"',
+        )
+
+    def test_an_abandoned_lease_taken_over_since_the_page_is_kept(self, staff):
+        """Selected with a held one, a run-out lease is released unforced: a new owner keeps it."""
+        running = admin_leases.hold("order-2002")
+        stalled = admin_leases.hold("order-2003")
+        admin_leases.run_out(stalled.record())
+        page = staff.post(CHANGELIST, release_action(running.record(), stalled.record()))
+        retry = admin_leases.hold("order-2003")
+
+        response = staff.post(CHANGELIST, confirmation_form(page), follow=True)
+
+        html = response.content.decode()
+        assert "Released 1 in-progress record." in html
+        assert f"{admin_leases.SCOPE} / {mask_key('order-2003')}" in html
+        assert released() == {running.record().pk}
+        assert retry.record().owner_token != ""
+        for call in (running, stalled, retry):
+            call.finish()
+        assert retry.record().state == State.COMPLETED
 
 
 @pytest.mark.django_db(databases=["default", "other"])

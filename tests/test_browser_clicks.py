@@ -24,7 +24,10 @@ from typing import Any
 import pytest
 
 from tests.browser_views import GATE_ENV, POST_LOG_ENV
-from tests.browsers import chromium_fixture  # noqa: F401  a fixture used by name
+from tests.browsers import (
+    BrowserGunicorn,
+    chromium_fixture,  # noqa: F401  a fixture used by name
+)
 from tests.models import Order
 from tests.polling import wait_until
 from tests.server import GunicornServer, running
@@ -35,23 +38,6 @@ pytestmark = [pytest.mark.server, pytest.mark.django_db(transaction=True)]
 #: view's second, the duplicate's wait for it, and a loaded machine's slack.
 LANDING_TIMEOUT_MS = 20_000
 ORDER_PAGE = re.compile(r"/browser/orders/(\d+)/$")
-
-
-class BrowserGunicorn(GunicornServer):
-    """Gunicorn with threaded workers, as a browser needs.
-
-    Chromium opens connections ahead of its requests; a sync worker that
-    accepts one waits on it, idle, while the other holds the first POST, and
-    the second POST then queues behind both. Threaded workers read whichever
-    connection has a request.
-    """
-
-    probe_path = "/browser/ping/"
-
-    def arguments(self) -> list[str]:
-        arguments = super().arguments()
-        arguments[arguments.index("sync")] = "gthread"
-        return [*arguments[:-1], "--threads", "4", arguments[-1]]
 
 
 @pytest.fixture(scope="module")

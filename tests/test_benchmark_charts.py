@@ -1,0 +1,188 @@
+"""The benchmark charts: valid SVG, the same bytes for the same figures, and true to their tables.
+
+matplotlib is in the ``test`` dependency group (through ``bench``), so these
+always run; nothing here is timed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from benchmarks.charts import bar_chart, line_chart
+from benchmarks.figures import CHART_DIR, CHART_URI, draw, redraw
+from benchmarks.report import Figure, Table, read_rst, write_rst
+from benchmarks.suite import DOCS_TABLE
+
+ROOT = Path(__file__).resolve().parent.parent
+SVG = "{http://www.w3.org/2000/svg}"
+
+BAR = {
+    "title": "Throughput beside the other packages",
+    "y_label": "requests per second (higher is better)",
+    "categories": ["django-idempotency\n@idempotent", "django-idempotency-key"],
+    "series": {"undecorated view": [1104.0, 1104.0], "first request": [571.0, math.nan]},
+}
+LINE = {
+    "title": "Per request behind added latency",
+    "x_label": "added round trip (ms)",
+    "y_label": "microseconds per request",
+    "series": {"first request": [(0.0, 4139.0), (0.5, 7289.0), (1.0, 11577.0)]},
+}
+
+
+def texts(path: Path) -> list[str]:
+    """Every piece of text the SVG shows, one entry per line of a label."""
+    root = ET.parse(path).getroot()
+    assert root.tag == f"{SVG}svg"
+    return [element.text for element in root.iter(f"{SVG}text") if element.text]
+
+
+class ChartTests:
+    def test_bar_chart_twice_gives_the_same_valid_svg(self, tmp_path):
+        first, second = tmp_path / "first.svg", tmp_path / "second.svg"
+        bar_chart(first, **BAR)
+        bar_chart(second, **BAR)
+
+        assert first.read_bytes() == second.read_bytes()
+        shown = texts(first)
+        assert BAR["title"] in shown
+        assert BAR["y_label"] in shown
+        assert {"django-idempotency", "@idempotent", "undecorated view", "first request"} <= set(
+            shown
+        )
+        # The values written on the bars; the missing one has none.
+        assert shown.count("1,104") == 2
+        assert "571" in shown
+        assert "nan" not in " ".join(shown)
+
+    def test_line_chart_twice_gives_the_same_valid_svg(self, tmp_path):
+        first, second = tmp_path / "first.svg", tmp_path / "second.svg"
+        line_chart(first, **LINE)
+        line_chart(second, **LINE)
+
+        assert first.read_bytes() == second.read_bytes()
+        shown = texts(first)
+        assert {LINE["title"], LINE["x_label"], LINE["y_label"], "first request"} <= set(shown)
+
+    def test_log_scale_within_one_decade_still_has_labelled_ticks(self, tmp_path):
+        path = tmp_path / "chart.svg"
+        series = {"batch 5000": [(1e5, 50000.0), (1e6, 61000.0)], "batch 1000": [(1e5, 20000.0)]}
+        line_chart(path, **{**LINE, "series": series}, log_y=True)
+
+        assert {"20,000", "50,000", "100,000", "1,000,000"} <= set(texts(path))
+
+    def test_another_process_draws_the_same_bytes(self, tmp_path):
+        # What a commit needs: a chart drawn again by another run, with
+        # another hash seed, is the same file.
+        here = tmp_path / "here.svg"
+        there = tmp_path / "there.svg"
+        bar_chart(here, **BAR)
+        code = (
+            "import json, sys; from pathlib import Path; from benchmarks.charts import bar_chart; "
+            "bar_chart(Path(sys.argv[1]), **json.loads(sys.argv[2]))"
+        )
+        env = {**os.environ, "PYTHONHASHSEED": "12345"}
+        command = [sys.executable, "-c", code, str(there), json.dumps(BAR)]
+        subprocess.run(command, cwd=ROOT, env=env, check=True)
+
+        assert there.read_bytes() == here.read_bytes()
+
+    def test_svg_carries_no_date_and_no_raster(self, tmp_path):
+        path = tmp_path / "chart.svg"
+        line_chart(path, **LINE)
+
+        svg = path.read_text()
+        assert "<dc:date>" not in svg
+        assert "<image" not in svg  # text as text, shapes as paths
+        assert 'style="fill: #ffffff"' in svg  # a white background in either theme
+
+    @pytest.mark.parametrize(
+        ("change", "message"),
+        [
+            ({"series": {"first request": [571.0]}}, "give one per category"),
+            ({"categories": ["a", "a"], "series": {"s": [1.0, 2.0]}}, "must differ"),
+            ({"series": {"first request": [0.0, 2.0]}, "log_y": True}, "only positive values"),
+            ({"series": {"first request": [math.inf, 2.0]}}, "must be finite"),
+            ({"series": {"first request": [math.nan, math.nan]}}, "nothing to draw"),
+            ({"title": " "}, "title is empty"),
+            ({"file": "chart.png"}, "does not end in .svg"),
+        ],
+    )
+    def test_bad_bar_input_is_refused_and_writes_nothing(self, tmp_path, change, message):
+        change = dict(change)
+        path = tmp_path / "out" / change.pop("file", "chart.svg")
+        arguments = {**BAR, "path": path, **change}
+
+        with pytest.raises(ValueError, match=message):
+            bar_chart(**arguments)
+        assert not (tmp_path / "out").exists()
+
+    def test_bad_line_input_is_refused_and_writes_nothing(self, tmp_path):
+        path = tmp_path / "out" / "chart.svg"
+
+        with pytest.raises(ValueError, match="leave that point out"):
+            line_chart(path, **{**LINE, "series": {"first": [(0.0, math.nan)]}})
+        with pytest.raises(ValueError, match="has no points"):
+            line_chart(path, **{**LINE, "series": {"first": []}})
+        assert not path.parent.exists()
+
+
+class PageFiguresTests:
+    """The charts drawn from the tables of the page the last full run wrote."""
+
+    def test_page_reads_back_as_written(self, tmp_path):
+        command, facts, tables = read_rst(DOCS_TABLE)
+        copy = tmp_path / "benchmarks.rst"
+        write_rst(copy, facts, command, tables)
+
+        assert copy.read_bytes() == DOCS_TABLE.read_bytes()
+
+    def test_each_figure_of_the_page_is_a_committed_chart(self):
+        _command, _facts, tables = read_rst(DOCS_TABLE)
+        uris = {figure.uri for table in tables for figure in table.figures}
+
+        assert uris == {f"{CHART_URI}/{path.name}" for path in CHART_DIR.glob("*.svg")}
+        assert {
+            f"{CHART_URI}/{name}" for name in ("peers-throughput.svg", "inprocess-persistent.svg")
+        } <= uris
+
+    def test_committed_charts_show_the_page_tables(self, tmp_path):
+        # Drawn again from the tables, each chart shows the same text as the
+        # committed one: its title, labels and every value on its bars.
+        written = redraw(DOCS_TABLE, tmp_path)
+
+        assert {path.name for path in written} == {path.name for path in CHART_DIR.glob("*.svg")}
+        for path in written:
+            assert texts(path) == texts(CHART_DIR / path.name), path.name
+
+    def test_charts_outside_the_docs_leave_the_tables_without_figures(self, tmp_path):
+        table = Table(
+            "2. Throughput and latency (gunicorn, 4 sync workers)",
+            ["variant", "req/s", "x undecorated", "p50 ms"],
+        )
+        table.add("plain view, undecorated", "1104 (769-1468)", "1 (baseline)", "3.4")
+        table.add("@idempotent, first requests", "571 (455-628)", "0.55 (0.39-0.64)", "6.8")
+        table.add("@idempotent, replays", "1323 (942-1527)", "1.21 (0.90-1.63)", "2.9")
+        table.figures = [Figure("/_static/old.svg", "old", "old")]
+        other = Table("3. Duplicate storms", ["variant"])
+
+        written = draw([table, other], tmp_path, "Measured with ``x`` on a day.")
+
+        assert [path.name for path in written] == ["peers-throughput.svg", "peers-latency.svg"]
+        assert table.figures == [Figure("/_static/old.svg", "old", "old")]
+        assert "571" in texts(tmp_path / "peers-throughput.svg")
+
+    def test_row_of_unknown_shape_is_refused(self, tmp_path):
+        table = Table("2. Throughput", ["variant", "req/s", "p50 ms"])
+        table.add("@idempotent, first requests", "571", "6.8")
+
+        with pytest.raises(ValueError, match="after its undecorated view"):
+            draw([table], tmp_path, "")
