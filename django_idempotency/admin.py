@@ -32,7 +32,7 @@ from django.utils.crypto import constant_time_compare, salted_hmac
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from django_idempotency import operations
+from django_idempotency import leases, operations
 from django_idempotency.clock import DatabaseNow
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.fields import fit_key_column
@@ -83,7 +83,7 @@ class LeaseFilter(admin.SimpleListFilter):
         if self.value() == "abandoned":
             return queryset.filter(operations.abandoned())
         if self.value() == "released":
-            return queryset.filter(state=IdempotencyKey.State.IN_PROGRESS, owner_token="")
+            return queryset.filter(leases.q(leases.RELEASED))
         return queryset
 
 
@@ -193,9 +193,8 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):
     def release_in_progress(
         self, request: HttpRequest, queryset: QuerySet[Any]
     ) -> HttpResponse | None:
-        in_progress = queryset.filter(state=IdempotencyKey.State.IN_PROGRESS).exclude(
-            owner_token=""
-        )
+        # Owned: its lease held or run out (a released one is free already).
+        in_progress = queryset.filter(leases.q(leases.HELD) | leases.q(leases.ABANDONED))
         confirmed = request.POST.get("confirm") == "yes"
         if not confirmed:
             held = list(in_progress.filter(operations.lease_held()))

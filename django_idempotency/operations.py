@@ -13,7 +13,7 @@ from typing import Any
 from django.db import connections
 from django.db.models import F, Q, QuerySet
 
-from django_idempotency import clock, replay_cache
+from django_idempotency import clock, leases, replay_cache
 from django_idempotency.clock import DatabaseNow
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.models import IdempotencyKey
@@ -52,24 +52,13 @@ def database_now(using: str | None = None) -> datetime:
 
 
 def lease_held(now: Any = None) -> Q:
-    """In progress with its lease (or, without one, its expiry) still ahead.
-
-    ``now`` is the database's clock unless given, evaluated by the statement
-    that filters on it.
-    """
-    now = DatabaseNow() if now is None else now
-    return Q(state=State.IN_PROGRESS) & (
-        Q(locked_until__gt=now) | Q(locked_until__isnull=True, expires_at__gt=now)
-    )
+    """In progress with its lease still ahead, by the database's clock unless ``now`` is given."""
+    return leases.q(leases.HELD, now)
 
 
 def abandoned(now: Any = None) -> Q:
-    """In progress, owned, and its lease run out: its owner stopped before it finished.
-
-    By the database's clock, as :func:`lease_held`.
-    """
-    now = DatabaseNow() if now is None else now
-    return Q(state=State.IN_PROGRESS, expires_at__lte=now) & ~Q(owner_token="")
+    """In progress, owned, and its lease run out: its owner stopped before it finished."""
+    return leases.q(leases.ABANDONED, now)
 
 
 def release(record: IdempotencyKey, *, force: bool = False) -> bool:

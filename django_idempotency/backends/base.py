@@ -20,7 +20,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field
 from django.db.models.expressions import Col
 
-from django_idempotency import clock
+from django_idempotency import clock, leases
 from django_idempotency.info import IdempotencyInfo
 from django_idempotency.models import IdempotencyKey
 
@@ -112,7 +112,8 @@ class Record:
 
     def abandoned(self) -> bool:
         """In progress, and its lease ran out: its owner died (or outlived its lease)."""
-        return not self.completed and self.owner_token != "" and self.expired
+        state = leases.state_of(self.completed, self.owner_token, self.expires_at, self.seen_at)
+        return state == leases.ABANDONED
 
 
 @dataclass(frozen=True)
@@ -276,7 +277,7 @@ def fenced(connection: BaseDatabaseWrapper, fence: str) -> str:
     if fence in (OWNER, ABANDONED):
         where.append(f"{token} = %s")
     if fence == ABANDONED:
-        where.append(f"{quote(columns['expires_at'])} <= {clock.now_sql(connection)}")
+        where.append(leases.sql(leases.ABANDONED, connection))
     if fence == OWNER_OR_RELEASED:
         where.append(f"{token} IN (%s, '')")
     return " AND ".join(where)
@@ -415,17 +416,12 @@ def progress_assignments(connection: BaseDatabaseWrapper, fingerprint: str) -> s
 def unless_abandoned(connection: BaseDatabaseWrapper, take_over_abandoned: bool, table: str) -> str:
     """A takeover's extra condition when abandoned claims are left to a recovery policy.
 
-    A completed record past its expiry, or a claim its owner released (its
-    token cleared), is free to take; an abandoned one is not.
+    A completed record past its expiry, or a claim its owner released, is
+    free to take; an abandoned one is not.
     """
     if take_over_abandoned:
         return ""
-    quote = connection.ops.quote_name
-    columns = column_names()
-    return (
-        f" AND ({table}.{quote(columns['state'])} = '{State.COMPLETED}'"
-        f" OR {table}.{quote(columns['owner_token'])} = '')"
-    )
+    return f" AND NOT {leases.sql(leases.ABANDONED, connection, f'{table}.')}"
 
 
 def claimed_columns(connection: BaseDatabaseWrapper, table: str = "") -> str:

@@ -20,7 +20,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
-from django_idempotency import operations
+from django_idempotency import leases, operations
 from django_idempotency.keys import mask_key
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.operations import database_now
@@ -127,11 +127,8 @@ class Command(BaseCommand):
         if record.state == State.COMPLETED:
             return f"completed {record.status_code}, expires {record.expires_at.isoformat()}"
         done = ", ".join(record.checkpoints or {}) or "no checkpoints"
-        if not record.owner_token:
-            lease = "released"
-        elif record.expires_at <= now:
-            lease = "abandoned"
-        else:
+        lease = leases.state_of(False, record.owner_token, record.expires_at, now)
+        if lease == leases.HELD:
             lease = f"lease until {record.expires_at.isoformat()}"
         return f"in progress, attempt {record.attempt}, {lease}, {done}"
 
