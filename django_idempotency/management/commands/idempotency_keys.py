@@ -127,7 +127,7 @@ class Command(BaseCommand):
         if record.state == State.COMPLETED:
             return f"completed {record.status_code}, expires {record.expires_at.isoformat()}"
         done = ", ".join(record.checkpoints or {}) or "no checkpoints"
-        lease = leases.state_of(False, record.owner_token, record.expires_at, now)
+        lease: str = leases.state_of(False, record.owner_token, record.expires_at, now)
         if lease == leases.HELD:
             lease = f"lease until {record.expires_at.isoformat()}"
         return f"in progress, attempt {record.attempt}, {lease}, {done}"
