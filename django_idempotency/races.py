@@ -88,7 +88,6 @@ class _Watch:
     table: str
     claiming: str | None = None
     session: int | None = None
-    answered: bool = False
 
     def __call__(
         self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: dict

@@ -102,8 +102,9 @@ def assert_idempotent(
     effect (a row count, a balance); it must change once and only once.
     The retry and every duplicate must be a faithful replay: same status,
     same body, same stored headers, plus the replay header. Concurrent
-    duplicates may also be answered 409 (in case a retry finds the record
-    in flight). When ``changed_data`` is given (or ``data`` is a dict, from
+    duplicates may also be answered 409 with ``Retry-After``: a database
+    too busy to let them claim within ``WAIT`` answers so (SQLite has one
+    writer). When ``changed_data`` is given (or ``data`` is a dict, from
     which a changed copy is made), the same key with the changed body must
     get 422.
 
