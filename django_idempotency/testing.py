@@ -3,7 +3,7 @@
 Use them with Django's test client or DRF's ``APIClient``, from pytest or
 unittest::
 
-    from django_idempotency.testing import assert_idempotent
+    from django_idempotency.testing import assert_idempotent, race_duplicates
 
     def test_create_order_is_idempotent(client):
         assert_idempotent(
@@ -11,10 +11,18 @@ unittest::
             effect=lambda: Order.objects.count(),
         )
 
-A failed check raises ``AssertionError``. Inside a ``TestCase`` (or a
-non-transactional pytest-django test) everything runs in one open
-transaction, so duplicates can only be sent one after another; the result
-says so. Truly concurrent duplicates need ``TransactionTestCase`` or
+    @pytest.mark.django_db(transaction=True)
+    def test_duplicates_racing_an_order_are_one_order(client):
+        race_duplicates(
+            client, "post", "/orders/", {"item": "book"}, effect=Order.objects.count
+        )
+
+A failed check raises ``AssertionError``. :func:`assert_idempotent` sends
+its duplicates once the first request has answered: inside a ``TestCase``
+(or a non-transactional pytest-django test) one after another, in a
+transactional test concurrently with each other. :func:`race_duplicates`
+sends them while the first request is held inside the view with its key
+claimed, which needs ``TransactionTestCase`` or
 ``@pytest.mark.django_db(transaction=True)``.
 """
 
@@ -26,21 +34,36 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from decimal import Decimal
+from typing import Any, Literal
 
 from django.db import connections
+from django.dispatch import Signal
 from django.http import HttpResponseBase
 
+from django_idempotency import races, signals
 from django_idempotency.conf import idempotency_settings
+from django_idempotency.races import RaceSetupError
 
-__all__ = ["IdempotencyCheck", "assert_idempotent"]
+__all__ = [
+    "IdempotencyCheck",
+    "RaceCheck",
+    "RaceSetupError",
+    "assert_idempotent",
+    "race_duplicates",
+]
 
 SEQUENTIAL_NOTE = (
     "Duplicates were sent one after another: this test runs inside one open "
     "transaction (TestCase, or django_db without transaction=True), where "
     "concurrent requests would block each other. Use TransactionTestCase or "
-    "django_db(transaction=True) for truly concurrent duplicates."
+    "django_db(transaction=True) for concurrent duplicates, and race_duplicates() "
+    "to race them against a running original."
 )
+
+#: What a duplicate racing the original was answered: a replay of the
+#: original's response, or ``409`` while the original was in flight.
+Outcome = Literal["replayed", "in_flight"]
 
 
 @dataclass
@@ -79,11 +102,15 @@ def assert_idempotent(
     effect (a row count, a balance); it must change once and only once.
     The retry and every duplicate must be a faithful replay: same status,
     same body, same stored headers, plus the replay header. Concurrent
-    duplicates may also be answered 409 while the original is in flight.
-    When ``changed_data`` is given (or ``data`` is a dict, from which a
-    changed copy is made), the same key with the changed body must get 422.
+    duplicates may also be answered 409 with ``Retry-After``: a database
+    too busy to let them claim within ``WAIT`` answers so (SQLite has one
+    writer). When ``changed_data`` is given (or ``data`` is a dict, from
+    which a changed copy is made), the same key with the changed body must
+    get 422.
 
-    ``concurrent=None`` sends duplicates concurrently when the test allows
+    Every duplicate is sent after the first request has answered, so none
+    of them races it: that is :func:`race_duplicates`' job. ``concurrent=None``
+    sends the duplicates concurrently with each other when the test allows
     it, ``True`` insists (and fails inside a transaction), ``False`` never.
 
     A webhook receiver checks a signature over the body: ``sign(body)``
@@ -146,6 +173,220 @@ def assert_idempotent(
         concurrent=run_concurrently,
         note="" if run_concurrently else SEQUENTIAL_NOTE,
     )
+
+
+@dataclass
+class RaceCheck:
+    """What :func:`race_duplicates` sent and saw, for further assertions."""
+
+    key: str
+    original: HttpResponseBase
+    #: The duplicates' responses, in the order their threads were started.
+    duplicates: list[HttpResponseBase]
+    #: For each duplicate, how it was answered.
+    outcomes: list[Outcome]
+    #: For each duplicate, whether it was seen waiting in the database for
+    #: the held original (atomic mode) rather than answered while it was held.
+    waited: list[bool]
+
+    @property
+    def replayed(self) -> int:
+        """How many duplicates got a replay of the original's response."""
+        return self.outcomes.count("replayed")
+
+    @property
+    def in_flight(self) -> int:
+        """How many duplicates got ``409`` while the original was in flight."""
+        return self.outcomes.count("in_flight")
+
+    @property
+    def note(self) -> str:
+        """One line saying what the duplicates met, for a test's output."""
+        return (
+            f"{len(self.duplicates)} duplicates raced the held original: "
+            f"{sum(self.waited)} waited for it in the database, {self.replayed} got its "
+            f"replay, {self.in_flight} got 409 while it was in flight"
+        )
+
+
+def race_duplicates(
+    client: Any,
+    method: str,
+    path: str,
+    data: Any = None,
+    *,
+    effect: Callable[[], Any],
+    duplicates: int = 5,
+    one_effect: Any = 1,
+    expect: Outcome | None = None,
+    key: str | None = None,
+    content_type: str = "application/json",
+    headers: dict[str, str] | None = None,
+    using: str | None = None,
+    sign: Callable[[bytes], dict[str, str]] | None = None,
+    hold_on: Signal | None = None,
+    hold_sender: Any = None,
+    timeout: float = 10.0,
+) -> RaceCheck:
+    """Race ``duplicates`` copies of a request against the original while it runs.
+
+    The original is sent from a thread and held inside the view when it
+    sends ``hold_on`` (by default :data:`~django_idempotency.signals.key_claimed`:
+    its key is claimed and its handler about to run). The duplicates are
+    then sent from threads of their own, and the original is let go once
+    each has answered or is seen waiting for it in the database. A race
+    that :func:`assert_idempotent` cannot stage, since its duplicates
+    follow the original's answer.
+
+    ``effect`` returns a number or a tuple of numbers (a row count, a
+    balance) that one run of the view changes by ``one_effect``; after the
+    race it must have changed by exactly that. Each duplicate must then be
+    a faithful replay of the original's response (it waited, atomic mode)
+    or a ``409`` with ``Retry-After`` (it was answered while the original
+    was in flight: lease mode, ``wait=0``, or a wait that ran out);
+    ``expect`` insists on one of the two.
+
+    ``client`` is a test client, copied for each thread (cookies included),
+    or a callable returning a new one (``Client``, ``APIClient``, a
+    function). Needs a transactional test: inside a ``TestCase`` it raises
+    :class:`RaceSetupError`. ``timeout`` bounds, in seconds, each wait: for
+    the original to reach the hold, for the duplicates to arrive, and for
+    every request to end.
+    """
+    if duplicates < 1:
+        raise ValueError(f"duplicates must be 1 or more, not {duplicates!r}")
+    if expect not in (None, "replayed", "in_flight"):
+        raise ValueError(f"expect must be None, 'replayed' or 'in_flight', not {expect!r}")
+    if hold_on is not None and not isinstance(hold_on, Signal):
+        raise TypeError(
+            f"hold_on must be a django.dispatch.Signal the view sends (post_save, say), "
+            f"not {hold_on!r}"
+        )
+    if hold_on is None and hold_sender is not None:
+        raise TypeError("hold_sender needs hold_on: name the signal it sends.")
+    alias = using or idempotency_settings.database
+    races.refuse_untestable(alias)
+    before = effect()
+    _difference(before, before)  # a value that cannot be subtracted fails before the race
+
+    from django_idempotency.models import IdempotencyKey
+
+    key = key or f"race-duplicates-{uuid.uuid4().hex}"
+    send = _sender(method, path, content_type, headers or {}, sign)
+    new_client = _client_maker(client)
+    if hold_on is None:
+        hold_name = "key_claimed (the key claimed, the handler about to run)"
+    else:
+        hold_name = "the hold_on signal" + (f" from {hold_sender!r}" if hold_sender else "")
+    try:
+        run = races.run(
+            lambda: send(new_client(), data, key),
+            duplicates,
+            hold_on=hold_on or signals.key_claimed,
+            hold_sender=hold_sender,
+            hold_name=hold_name,
+            using=alias,
+            table=IdempotencyKey._meta.db_table,
+            timeout=timeout,
+        )
+    except races.NotHeld as missed:
+        status = missed.response.status_code
+        if hold_on is None:
+            raise AssertionError(
+                f"the original request was answered {status} without claiming its idempotency "
+                "key, so there was nothing to race: protect the view (@idempotent, "
+                "IdempotentMixin or the middleware), send the key in the "
+                f"{idempotency_settings.header} header, and use a key not used before"
+            ) from None
+        raise AssertionError(
+            f"the original request was answered {status} without sending {hold_name}: "
+            "hold on a signal the view sends (post_save of the model it writes, say)"
+        ) from None
+    after = effect()
+
+    original = run.original
+    assert original.status_code < 500, f"the original request failed with {original.status_code}"
+    change = _difference(before, after)
+    if change != _per_element(change, one_effect):
+        assert change != _difference(before, before), (
+            f"the original request had no visible effect: effect() stayed {before!r}"
+        )
+        raise AssertionError(
+            f"the effect happened {_times(change, one_effect)}: effect() went from "
+            f"{before!r} to {after!r} while {duplicates} duplicates raced the original; "
+            f"one run changes it by {one_effect!r}"
+        )
+    outcomes: list[Outcome] = []
+    for index, answer in enumerate(run.duplicates, start=1):
+        if answer.status_code == 409:
+            assert answer.has_header("Retry-After"), f"duplicate {index}: 409 without Retry-After"
+            outcomes.append("in_flight")
+            continue
+        _assert_replay(original, answer, f"duplicate {index}")
+        outcomes.append("replayed")
+    check = RaceCheck(
+        key=key, original=original, duplicates=run.duplicates, outcomes=outcomes, waited=run.waited
+    )
+    if expect is not None:
+        assert outcomes.count(expect) == duplicates, (
+            f"expected every duplicate {expect}: {check.note}"
+        )
+    return check
+
+
+def _client_maker(client: Any) -> Callable[[], Any]:
+    """One client per thread: Django's test client is not thread-safe."""
+    if callable(client):
+        return client  # a class or a factory
+
+    def copied() -> Any:
+        own_client = copy.copy(client)
+        own_client.cookies = copy.deepcopy(client.cookies)
+        return own_client
+
+    return copied
+
+
+def _difference(before: Any, after: Any) -> Any:
+    """``after - before`` for a number, or element by element for a tuple of numbers."""
+    if _is_number(before) and _is_number(after):
+        return after - before
+    if (
+        isinstance(before, tuple | list)
+        and isinstance(after, tuple | list)
+        and len(before) == len(after) > 0
+        and all(_is_number(value) for value in (*before, *after))
+    ):
+        return tuple(a - b for b, a in zip(before, after, strict=True))
+    raise TypeError(
+        "race_duplicates() needs effect() to return a number or a tuple of numbers "
+        f"(a row count, a balance), to tell one effect from several; it returned {after!r}"
+    )
+
+
+def _is_number(value: Any) -> bool:
+    # bool is an int, but a flag cannot count effects.
+    return isinstance(value, int | float | Decimal) and not isinstance(value, bool)
+
+
+def _per_element(change: Any, one_effect: Any) -> Any:
+    """``one_effect`` for each element of a tuple ``change``, when it is one number."""
+    if isinstance(change, tuple) and not isinstance(one_effect, tuple | list):
+        return (one_effect,) * len(change)
+    return tuple(one_effect) if isinstance(one_effect, list) else one_effect
+
+
+def _times(change: Any, one_effect: Any) -> str:
+    """``"3 times"`` when ``change`` is a whole multiple of one effect, else "more than once"."""
+    changes = change if isinstance(change, tuple) else (change,)
+    ones = _per_element(change, one_effect)
+    ones = ones if isinstance(ones, tuple) else (ones,)
+    ratios = {c / o for c, o in zip(changes, ones, strict=False) if o}
+    if len(ratios) == 1:
+        ratio = ratios.pop()
+        if ratio == int(ratio) and ratio > 1:
+            return f"{int(ratio)} times"
+    return "more than once"
 
 
 Sender = Callable[[Any, Any, str], HttpResponseBase]

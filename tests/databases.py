@@ -1,8 +1,9 @@
 """Statements and records the tests (and the benchmarks) need below the protocol.
 
-A claim to hand to ``store.claim`` directly, and the administrator's view
-of the database server: a session's lock timeout, the connections this
-process holds, and ending one of them from the server side.
+A claim to hand to ``store.claim`` directly, the administrator's view
+of the database server (a session's lock timeout, the connections this
+process holds, and ending one of them from the server side), and the
+round trips a request makes to PostgreSQL, from libpq's own trace.
 
 Importing this module touches neither the settings nor the models, so a
 script may import it before it configures Django; call its functions after.
@@ -11,8 +12,10 @@ script may import it before it configures Django; call its functions after.
 from __future__ import annotations
 
 import os
+import re
+import tempfile
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.db import connection
 
@@ -120,3 +123,54 @@ def claims_waiting() -> int:
                 [f"%INSERT INTO `{IdempotencyKey._meta.db_table}`%"],
             )
         return int(cursor.fetchone()[0])
+
+
+class RoundTrips:
+    """Messages the client sends PostgreSQL, read from libpq's own trace (psycopg 3).
+
+    Unlike Django's query capture this sees transaction control too (the
+    BEGIN psycopg sends before the first statement, the COMMIT), so it
+    counts what each request waits for: one simple query, or one batch of
+    extended-protocol messages up to its Sync, is one round trip.
+    """
+
+    def __init__(self, raw_connection: Any) -> None:
+        self._pgconn = raw_connection.pgconn
+        self._file = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115  closed in sent()
+
+    def __enter__(self) -> RoundTrips:
+        self._pgconn.trace(self._file.fileno())
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._pgconn.untrace()
+
+    def sent(self) -> list[str]:
+        """One entry per wait: a simple query, or an extended-protocol batch ending in Sync.
+
+        Each entry is the statement's text as the trace shows it (libpq
+        escapes what is not printable), or "?" for a statement prepared
+        earlier and run by name.
+        """
+        with self._file:
+            self._file.seek(0)
+            lines = [line.split("\t") for line in self._file.read().splitlines()]
+        trips, pending = [], "?"
+        for fields in lines:
+            if fields[1] != "F":
+                continue
+            if fields[3] == "Query":
+                trips.append(fields[4].strip().removeprefix('"').removesuffix('"'))
+            elif fields[3] == "Parse":
+                # The statement's name, then its text (whose own quotes libpq
+                # leaves as they are), then its parameters' types.
+                parsed = re.match(r'\s*"[^"]*" "(.*)" \d', fields[4])
+                pending = parsed.group(1) if parsed else "?"
+            elif fields[3] == "Sync":
+                trips.append(pending)
+                pending = "?"
+        return trips
+
+    def trips(self) -> list[str]:
+        """:meth:`sent`, each entry cut to the statement's first word."""
+        return [text.split()[0] for text in self.sent()]

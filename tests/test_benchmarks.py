@@ -22,6 +22,7 @@ MODULES = [
     "benchmarks.bench.urls",
     "benchmarks.bench.inprocess_urls",
     "benchmarks.inprocess",
+    "benchmarks.instructions",
     "benchmarks.latency",
     "benchmarks.load",
     "benchmarks.report",

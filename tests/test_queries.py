@@ -6,13 +6,12 @@ is on the work each request asks of the database.
 
 from __future__ import annotations
 
-import tempfile
-
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from tests.clients import post, post_json
+from tests.databases import RoundTrips
 from tests.views import calls
 
 pytestmark = pytest.mark.django_db
@@ -125,51 +124,8 @@ class OutsideATransactionTests:
             assert len(statements(rejected)) <= 2, statements(rejected)
 
 
-class _RoundTrips:
-    """Messages the client sends PostgreSQL, read from libpq's own trace.
-
-    Unlike the query capture above this sees transaction control too (the
-    BEGIN psycopg sends before the first statement, the COMMIT), so it
-    counts what each request waits for: one simple query, or one batch of
-    extended-protocol messages up to its Sync, is one round trip.
-    """
-
-    def __init__(self, raw_connection) -> None:
-        self._pgconn = raw_connection.pgconn
-        self._file = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115  closed in queries()
-
-    def __enter__(self) -> _RoundTrips:
-        self._pgconn.trace(self._file.fileno())
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self._pgconn.untrace()
-
-    def trips(self) -> list[str]:
-        """One entry per wait: a simple query, or an extended-protocol batch ending in Sync.
-
-        Each entry names the statement's first word where the trace shows
-        its text ("?" for a statement prepared earlier and run by name).
-        """
-        with self._file:
-            self._file.seek(0)
-            sent = [line.split("\t") for line in self._file.read().splitlines()]
-        trips, pending = [], "?"
-        for fields in sent:
-            if fields[1] != "F":
-                continue
-            if fields[3] == "Query":
-                trips.append(fields[4].strip('" ').split()[0])
-            elif fields[3] == "Parse":
-                pending = fields[4].split('"')[3].split()[0]
-            elif fields[3] == "Sync":
-                trips.append(pending)
-                pending = "?"
-        return trips
-
-
 def _traced(client, key: str | None) -> list[str]:
-    with _RoundTrips(connection.connection) as trips:
+    with RoundTrips(connection.connection) as trips:
         post(client, "/orders/", key)
     return trips.trips()
 
