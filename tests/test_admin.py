@@ -15,6 +15,7 @@ from django.http import HttpResponse
 from django.urls import path
 from django.utils import timezone
 
+from django_idempotency.clock import DatabaseNow
 from django_idempotency.fields import fit_key_column
 from django_idempotency.keys import mask_key
 from django_idempotency.models import IdempotencyKey
@@ -271,7 +272,7 @@ def released(using: str = "default") -> set[int]:
     """The records released for their next retry: in progress, token cleared, lease over."""
     return set(
         IdempotencyKey.objects.using(using)
-        .filter(state=State.IN_PROGRESS, owner_token="", expires_at__lte=timezone.now())
+        .filter(state=State.IN_PROGRESS, owner_token="", expires_at__lte=DatabaseNow())
         .values_list("pk", flat=True)
     )
 
@@ -523,8 +524,7 @@ class ReleaseActionTests:
         held_list = CHANGELIST + "?lease=held"
         page = staff.post(held_list, release_action(running))
         IdempotencyKey.objects.filter(pk=running.pk).update(
-            locked_until=timezone.now() - timedelta(seconds=1),
-            expires_at=timezone.now() - timedelta(seconds=1),
+            locked_until=DatabaseNow(), expires_at=DatabaseNow()
         )
 
         response = staff.post(held_list, confirmation_form(page), follow=True)
