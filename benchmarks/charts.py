@@ -2,9 +2,12 @@
 
 Only the benchmark command and the tests import this module: matplotlib is in
 the ``bench`` and ``test`` dependency groups, never a dependency of the
-package. The same input gives the same bytes (no date, a fixed hash salt for
-the ids, text kept as text), so drawing a chart again from the same figures
-leaves nothing to commit. Charts have a white background and dark text, which
+package. With one matplotlib version, the same input gives the same bytes (no
+date, a fixed hash salt for the ids, text kept as text), so drawing a chart
+again from the same figures leaves nothing to commit. Another version may
+lay the same chart out differently (its ticks, paths and ids), so after an
+upgrade the charts differ in bytes though not in what they say: their
+titles, legends and the values on their bars. Charts have a white background and dark text, which
 reads the same in the docs' light and dark themes.
 
 Nothing here uses pyplot: each chart is a :class:`~matplotlib.figure.Figure`

@@ -10,11 +10,11 @@ the end of a run or later from the page that run wrote
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from benchmarks.charts import bar_chart, line_chart
-from benchmarks.report import Figure, Table, read_rst, write_rst
+from benchmarks.report import ChartsNotDrawn, Figure, Table, read_rst, write_rst
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Where a run that rewrites the docs page writes its charts, and how the page refers to them.
@@ -50,6 +50,50 @@ PATHS = {
 LOWER = "lower is better"
 
 
+def is_docs_chart_dir(directory: Path) -> bool:
+    """Whether ``directory`` holds the committed charts that the docs page shows."""
+    return directory.resolve() == CHART_DIR.resolve()
+
+
+def publish(
+    tables: list[Table],
+    facts: list[tuple[str, str]],
+    command: str,
+    *,
+    page: Path | None,
+    directories: Sequence[Path],
+) -> list[Path]:
+    """Write a run's page, then its charts into each of ``directories``; the charts written.
+
+    The page comes first, so that a chart that fails to draw costs the run
+    its charts, never its tables; once the docs' own charts are drawn, the
+    page is written again with its figures. A failure is raised as
+    :class:`ChartsNotDrawn` after every directory was tried.
+    """
+    if page is not None:
+        write_rst(page, facts, command, tables)
+    ending = source(command, dict(facts).get("date", "an unknown date"))
+    written: list[Path] = []
+    failures: list[str] = []
+    for directory in dict.fromkeys(directories):
+        try:
+            written += draw(tables, directory, ending)
+        except Exception as error:  # anything drawing raised: the tables are kept either way
+            failures.append(f"{directory}: {type(error).__name__}: {error}")
+            continue
+        if page is not None and is_docs_chart_dir(directory):
+            write_rst(page, facts, command, tables)
+    if failures:
+        kept = (
+            f"The tables were written to {page}; once the cause is fixed, draw the charts from "
+            "them with python3 benchmarks/run.py --redraw (--charts DIR for another directory)."
+            if page is not None
+            else "The tables are printed above."
+        )
+        raise ChartsNotDrawn(f"Charts could not be drawn: {'; '.join(failures)}. {kept}")
+    return written
+
+
 def draw(tables: list[Table], directory: Path, source: str) -> list[Path]:
     """Write the charts of the sections in ``tables`` into ``directory``; the files written.
 
@@ -57,7 +101,7 @@ def draw(tables: list[Table], directory: Path, source: str) -> list[Path]:
     figures for the page, their captions ending with ``source`` (the
     command and the date). Sections without charts are left alone.
     """
-    in_docs = directory.resolve() == CHART_DIR.resolve()
+    in_docs = is_docs_chart_dir(directory)
     written: list[Path] = []
     for table in tables:
         drawer = DRAWERS.get(table.title.split(".", 1)[0])
@@ -88,7 +132,7 @@ def redraw(page: Path, directory: Path) -> list[Path]:
     command, facts, tables = read_rst(page)
     date = dict(facts).get("date", "an unknown date")
     written = draw(tables, directory, source(command, date))
-    if directory.resolve() == CHART_DIR.resolve():
+    if is_docs_chart_dir(directory):
         write_rst(page, facts, command, tables)
     return written
 

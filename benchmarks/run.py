@@ -22,7 +22,8 @@ behind added latency. Each prints one table; all of
 them are written, with the machine and versions they ran on, to
 ``docs/_generated/benchmarks.rst``, and the charts of the peers and of the
 in-process rows to ``docs/_static/benchmarks/`` (``--charts DIR`` writes
-the charts of any run into ``DIR``).
+the charts of any run into ``DIR``). The page is written before the charts:
+a chart that fails to draw ends the run with an error, its tables kept.
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ def main() -> None:
         type=Path,
         metavar="DIR",
         help="write the charts of the sections run into DIR (a run that rewrites the docs page "
-        "writes them into docs/_static/benchmarks/ in any case)",
+        "writes them into docs/_static/benchmarks/ in any case; no other run may write there)",
     )
     parser.add_argument(
         "--redraw",
@@ -134,19 +135,25 @@ def main() -> None:
         for path in redraw(DOCS_TABLE, (options.charts or CHART_DIR).resolve()):
             print(f"Wrote {path}")
         return
-    from benchmarks.suite import SECTIONS, run_all
+    from benchmarks.report import ChartsNotDrawn
+    from benchmarks.suite import SECTIONS, UsageError, run_all
 
     unknown = sorted(set(options.only or ()) - set(SECTIONS))
     if unknown:
         parser.error(f"unknown section {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
     command = "python3 benchmarks/run.py" + (" --quick" if options.quick else "")
-    run_all(
-        quick=options.quick,
-        write_docs=not options.no_docs,
-        command=command,
-        only=options.only or SECTIONS,
-        charts=options.charts.resolve() if options.charts else None,
-    )
+    try:
+        run_all(
+            quick=options.quick,
+            write_docs=not options.no_docs,
+            command=command,
+            only=options.only or SECTIONS,
+            charts=options.charts.resolve() if options.charts else None,
+        )
+    except UsageError as error:
+        parser.error(str(error))
+    except ChartsNotDrawn as error:
+        sys.exit(f"error: {error}")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from pathlib import Path
 import django
 
 from benchmarks.postgres import admin_sql
-from benchmarks.report import MISSED, OK, Table, environment, write_rst
+from benchmarks.report import MISSED, OK, Table, environment
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS_TABLE = ROOT / "docs" / "_generated" / "benchmarks.rst"
@@ -33,6 +33,10 @@ RUN_LIMIT = 120.0
 STORM_LIMIT = 60.0
 PURGE_LIMIT = 900.0
 PURGE_BATCH = 5000
+
+
+class UsageError(ValueError):
+    """Options of :func:`run_all` that cannot go together; raised before anything runs."""
 
 
 @dataclass(frozen=True)
@@ -787,13 +791,13 @@ def run_all(
     Only a full run writes the docs table: a partial one would drop the
     other sections' tables from the page. The charts of the sections run
     are written into ``charts``, and a run that writes the docs table writes
-    them into the docs too, so that the page and its charts are one run's.
+    them into the docs too, so that the page and its charts are one run's;
+    ``charts`` naming the docs' own directory in a run that leaves the page
+    alone is refused, since its charts would disagree with the page's tables.
     """
-    from benchmarks.bench import peers as peer_registry
-
     wanted = {only} if isinstance(only, str) else set(only)
     if not wanted or wanted - set(SECTIONS):
-        raise ValueError(f"only= takes some of {', '.join(SECTIONS)}, not {sorted(wanted)}")
+        raise UsageError(f"only= takes some of {', '.join(SECTIONS)}, not {sorted(wanted)}")
     plan = QUICK if quick else FULL
     write_docs = write_docs and wanted == set(SECTIONS)
     chart_dirs = [charts] if charts is not None else []
@@ -801,8 +805,17 @@ def run_all(
         # Before anything runs: without matplotlib this fails now, not at the end.
         from benchmarks import figures
 
+        if charts is not None and figures.is_docs_chart_dir(charts) and not write_docs:
+            raise UsageError(
+                f"--charts {charts} would replace the committed charts without rewriting "
+                f"{DOCS_TABLE.relative_to(ROOT)}, so the page's charts would disagree with its "
+                "tables. Give --charts another directory, or run every section without "
+                "--only and --no-docs (the page and its charts are then written together)."
+            )
         if write_docs:
             chart_dirs.append(figures.CHART_DIR)
+    from benchmarks.bench import peers as peer_registry
+
     started = time.monotonic()
 
     def progress(message: str) -> None:
@@ -867,9 +880,10 @@ def run_all(
         tables.extend(show(table) for table in section_latency(plan, progress))
     progress("done")
     facts = environment(postgres_version, [peer.name for peer in installed])
-    for directory in dict.fromkeys(chart_dirs):
-        written = figures.draw(tables, directory, figures.source(command, dict(facts)["date"]))
+    if chart_dirs:
+        # The page before the charts: a chart that fails keeps the run's tables.
+        page = DOCS_TABLE if write_docs else None
+        written = figures.publish(tables, facts, command, page=page, directories=chart_dirs)
+        if page is not None:
+            print(f"Wrote {DOCS_TABLE.relative_to(ROOT)}")
         print("Wrote", *(str(path) for path in written))
-    if write_docs:
-        write_rst(DOCS_TABLE, facts, command, tables)
-        print(f"Wrote {DOCS_TABLE.relative_to(ROOT)}")

@@ -20,7 +20,9 @@ protocol uses, not ``default``.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 from typing import Any
 
 from django.contrib import admin, messages
@@ -35,8 +37,9 @@ from django.utils.translation import ngettext
 from django_idempotency import leases, operations
 from django_idempotency.clock import DatabaseNow
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.fields import fit_key_column
-from django_idempotency.keys import mask_key
+from django_idempotency.exceptions import InvalidIdempotencyKey
+from django_idempotency.fields import _DIGEST_PREFIX, fit_key_column
+from django_idempotency.keys import mask_key, parse_key
 from django_idempotency.models import IdempotencyKey
 
 #: How much of a stored body the detail page shows.
@@ -44,6 +47,9 @@ BODY_SHOWN = 2000
 #: The confirmation page's field naming each held lease it showed.
 SEEN_LEASE_FIELD = "seen_lease"
 _SEEN_LEASE_SALT = "django_idempotency.admin.seen_lease"
+#: A record's id as a form posts it: ASCII digits, within a 64-bit integer.
+_RECORD_ID = re.compile(r"[0-9]{1,19}")
+_LARGEST_ID = 2**63 - 1
 
 
 class ExpiryFilter(admin.SimpleListFilter):
@@ -206,8 +212,15 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):
         # other record is fenced by its lease in the same statement, so one
         # renewed or taken over since it was read is kept.
         seen = _seen_leases(request) if confirmed else {}
+        acted_on = list(in_progress)
+        if seen:
+            # A record the page showed that has left the list's filter since
+            # (``?lease=held``, and it completed or ran out) is still the
+            # operator's: it is looked up among the selected records alone.
+            listed = {record.pk for record in acted_on}
+            acted_on += self.get_queryset(request).filter(pk__in=seen.keys() - listed)
         released, changed = 0, []
-        for record in in_progress:
+        for record in acted_on:
             shown = seen.pop(record.pk, None)
             if shown is not None and not constant_time_compare(shown, _seen_lease(record)):
                 changed.append(record)
@@ -219,9 +232,6 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):
                     changed.append(record)
             except operations.LeaseStillHeld:
                 changed.append(record)
-        # A lease the page showed and that is no longer held by anyone
-        # (completed, or released by someone else) is no longer selected.
-        changed.extend(queryset.filter(pk__in=seen))
         self.message_user(
             request,
             ngettext(
@@ -230,7 +240,7 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):
                 released,
             )
             % {"count": released},
-            messages.SUCCESS,
+            messages.SUCCESS if released else messages.WARNING,
         )
         if changed:
             self.message_user(request, _changed_message(changed, confirmed), messages.WARNING)
@@ -258,17 +268,22 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):
 def _as_stored(value: str) -> list[str]:
     """A scope as typed, and as the column stores it when it is long (its digest).
 
-    The value as typed is kept too, so that a digest copied from the list
-    finds its record.
+    A digest copied from the list (``sha256:...``) is compared as typed
+    only: the value that spells it is stored as a digest of its own, so
+    that no value can pass for another's, and the search keeps that rule.
     """
+    if value.startswith(_DIGEST_PREFIX):
+        return [value]
     return list(dict.fromkeys([value, fit_key_column(value)]))
 
 
 def _keys_as_stored(key: str) -> list[str]:
-    """A key as typed, as a header may quote it (``"abc"``), and as a long one is stored."""
+    """A key as typed, as a header may quote it (``"a\\"b"``), and as a long one is stored."""
     typed = [key]
-    if len(key) >= 2 and key[0] == key[-1] == '"':
-        typed.append(key[1:-1])
+    # The header's own reading of a quoted key; its length rule is the
+    # view's, not the search's.
+    with contextlib.suppress(InvalidIdempotencyKey):
+        typed.append(parse_key(key, max_length=len(key)))
     return list(dict.fromkeys(stored for value in typed for stored in _as_stored(value)))
 
 
@@ -283,13 +298,27 @@ def _seen_lease(record: IdempotencyKey) -> str:
 
 
 def _seen_leases(request: HttpRequest) -> dict[int, str]:
-    """The leases the confirmation page showed, by record id; a malformed one is none."""
+    """The leases the confirmation page showed, by record id, among the records selected.
+
+    A malformed value, or one naming a record that is not selected, is
+    none: it forces nothing.
+    """
+    selected = {_record_id(value) for value in request.POST.getlist(ACTION_CHECKBOX_NAME)}
     seen = {}
     for value in request.POST.getlist(SEEN_LEASE_FIELD):
         pk, _colon, digest = value.partition(":")
-        if pk.isdigit() and digest:
-            seen[int(pk)] = digest
+        record_id = _record_id(pk)
+        if record_id is not None and record_id in selected and digest:
+            seen[record_id] = digest
     return seen
+
+
+def _record_id(value: str) -> int | None:
+    """A record id posted by a form, or ``None`` if it is not one (other digits, too large)."""
+    if _RECORD_ID.fullmatch(value) is None:
+        return None
+    record_id = int(value)
+    return record_id if 0 < record_id <= _LARGEST_ID else None
 
 
 def _changed_message(changed: list[IdempotencyKey], confirmed: bool) -> str:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import queue
 import threading
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +63,20 @@ def hold(order: str) -> HeldCall:
     join = in_background(lambda: charge(order), limit=HOLD_LIMIT + 10)
     assert entered.wait(10), f"the charge of {order} did not start"
     return HeldCall(order, finish, join)
+
+
+def finish_all(calls: Sequence[HeldCall]) -> None:
+    """Let every call finish, whatever one of them raised; then raise what it raised.
+
+    All are let go before any is waited for, so that a call that failed
+    leaves none of the others blocked in its body until ``HOLD_LIMIT``.
+    """
+    for call in calls:
+        call._finish.set()
+    with ExitStack() as stack:
+        # Each waited for in turn, in order; one raising does not stop the next.
+        for call in reversed(calls):
+            stack.callback(call.finish)
 
 
 def complete(order: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import threading
 from datetime import timedelta
 from urllib.parse import urlencode
 
@@ -14,10 +15,12 @@ from django.http import HttpResponse
 from django.urls import path
 from django.utils import timezone
 
+from django_idempotency.clock import DatabaseNow
 from django_idempotency.fields import fit_key_column
 from django_idempotency.keys import mask_key
 from django_idempotency.models import IdempotencyKey
 from tests import admin_leases
+from tests.admin_leases import HeldCall
 from tests.factories import IdempotencyKeyFactory
 
 State = IdempotencyKey.State
@@ -143,6 +146,44 @@ class ChangelistTests:
 
         assert row_ids(html) == {wanted.pk}
 
+    def test_search_for_a_digest_finds_the_digest_never_a_value_spelling_it(self, staff):
+        long_scope = "tenant:" + "Acme Trading " * 30
+        digest = fit_key_column(long_scope)
+        wanted = IdempotencyKeyFactory(scope=digest, key="k-1")
+        # A tenant whose scope of its own choosing spells that digest is
+        # stored as a digest of its own: typing the digest must not find it.
+        spelled = IdempotencyKeyFactory(scope=fit_key_column(digest), key="k-1")
+        assert spelled.scope != digest
+
+        by_scope = changelist(staff, "?" + urlencode({"q": digest}))
+        by_scope_and_key = changelist(staff, "?" + urlencode({"q": f"{digest} k-1"}))
+
+        assert row_ids(by_scope) == row_ids(by_scope_and_key) == {wanted.pk}
+
+    def test_search_for_a_key_digest_finds_the_digest_never_a_key_spelling_it(self, staff):
+        digest = fit_key_column("evt_" + "9" * 300)
+        wanted = IdempotencyKeyFactory(scope="user:4", key=digest)
+        spelled = IdempotencyKeyFactory(scope="user:4", key=fit_key_column(digest))
+        assert spelled.key != digest
+
+        plain = changelist(staff, "?" + urlencode({"q": f"user:4 {digest}"}))
+        quoted = changelist(staff, "?" + urlencode({"q": f'user:4 "{digest}"'}))
+
+        assert row_ids(plain) == row_ids(quoted) == {wanted.pk}
+
+    @pytest.mark.parametrize(
+        ("key", "typed"),
+        [('a"b-0001', r'"a\"b-0001"'), ("a\\b-0001", r'"a\\b-0001"')],
+        ids=["escaped-quote", "escaped-backslash"],
+    )
+    def test_search_unescapes_a_quoted_key_as_a_header_does(self, staff, key, typed):
+        wanted = IdempotencyKeyFactory(scope="user:4", key=key)
+        IdempotencyKeyFactory(scope="user:4", key=typed[1:-1])
+
+        html = changelist(staff, "?" + urlencode({"q": f"user:4 {typed}"}))
+
+        assert row_ids(html) == {wanted.pk}
+
     def test_search_by_a_scope_with_spaces(self, staff):
         wanted = IdempotencyKeyFactory(scope="tenant:Acme Trading", key="k-1")
         IdempotencyKeyFactory(scope="tenant:Acme", key="Trading")
@@ -231,7 +272,7 @@ def released(using: str = "default") -> set[int]:
     """The records released for their next retry: in progress, token cleared, lease over."""
     return set(
         IdempotencyKey.objects.using(using)
-        .filter(state=State.IN_PROGRESS, owner_token="", expires_at__lte=timezone.now())
+        .filter(state=State.IN_PROGRESS, owner_token="", expires_at__lte=DatabaseNow())
         .values_list("pk", flat=True)
     )
 
@@ -357,6 +398,146 @@ class ReleaseActionTests:
         assert f"user:3 / {mask_key(running.key)}" in html
         assert IdempotencyKey.objects.get(pk=running.pk).state == State.COMPLETED
 
+    @pytest.mark.parametrize(
+        "value",
+        [
+            "\u00b2:{digest}",  # a superscript two: str.isdigit() says yes, int() says no
+            "1" * 5000 + ":{digest}",  # past int()'s limit on digits
+            "99999999999999999999999:{digest}",  # past a 64-bit integer
+            "9223372036854775808:{digest}",  # 2**63: 19 digits, one past the largest id
+            "-{pk}:{digest}",
+            " {pk}:{digest}",
+            "{pk}",
+            "{pk}:",
+            ":{digest}",
+        ],
+        ids=[
+            "superscript",
+            "5000-digits",
+            "23-digits",
+            "2-to-the-63",
+            "negative",
+            "space",
+            "no-digest",
+            "empty-digest",
+            "no-id",
+        ],
+    )
+    def test_a_malformed_seen_lease_forces_nothing(self, staff, value):
+        running = IdempotencyKeyFactory(in_flight=True, scope="user:3")
+        form = confirmation_form(staff.post(CHANGELIST, release_action(running)))
+        (seen,) = form["seen_lease"]
+        digest = seen.partition(":")[2]
+        form["seen_lease"] = [value.format(pk=running.pk, digest=digest)]
+
+        response = staff.post(CHANGELIST, form, follow=True)
+
+        assert response.status_code == 200
+        shown = messages_in(response)
+        assert ("warning", "Released 0 in-progress records.") in shown
+        assert any(f"left alone: user:3 / {mask_key(running.key)}" in text for _, text in shown)
+        assert released() == set()
+
+    def test_an_id_in_other_digits_forces_nothing(self, staff):
+        # int() reads Arabic-Indic digits as the id they spell.
+        running = IdempotencyKeyFactory(in_flight=True)
+        form = confirmation_form(staff.post(CHANGELIST, release_action(running)))
+        (seen,) = form["seen_lease"]
+        pk, _colon, digest = seen.partition(":")
+        other_digits = pk.translate(
+            str.maketrans(
+                "0123456789", "\u0660\u0661\u0662\u0663\u0664\u0665\u0666\u0667\u0668\u0669"
+            )
+        )
+        form["seen_lease"] = [f"{other_digits}:{digest}"]
+
+        response = staff.post(CHANGELIST, form, follow=True)
+
+        assert ("warning", "Released 0 in-progress records.") in messages_in(response)
+        assert released() == set()
+
+    def test_a_tampered_digest_forces_nothing(self, staff):
+        running = IdempotencyKeyFactory(in_flight=True, scope="user:3")
+        form = confirmation_form(staff.post(CHANGELIST, release_action(running)))
+        (seen,) = form["seen_lease"]
+        form["seen_lease"] = [seen[:-1] + ("0" if seen[-1] != "0" else "1")]
+
+        response = staff.post(CHANGELIST, form, follow=True)
+
+        shown = messages_in(response)
+        assert ("warning", "Released 0 in-progress records.") in shown
+        assert any("1 record changed after the confirmation page" in text for _, text in shown)
+        assert released() == set()
+
+    def test_swapped_digests_force_nothing(self, staff):
+        first = IdempotencyKeyFactory(in_flight=True)
+        second = IdempotencyKeyFactory(in_flight=True)
+        form = confirmation_form(staff.post(CHANGELIST, release_action(first, second)))
+        digests = dict(value.split(":") for value in form["seen_lease"])
+        form["seen_lease"] = [
+            f"{first.pk}:{digests[str(second.pk)]}",
+            f"{second.pk}:{digests[str(first.pk)]}",
+        ]
+
+        response = staff.post(CHANGELIST, form, follow=True)
+
+        shown = messages_in(response)
+        assert ("warning", "Released 0 in-progress records.") in shown
+        assert any("2 records changed after the confirmation page" in text for _, text in shown)
+        assert released() == set()
+
+    def test_a_seen_lease_of_a_record_not_selected_forces_nothing(self, staff):
+        chosen = IdempotencyKeyFactory(in_flight=True)
+        other = IdempotencyKeyFactory(in_flight=True)
+        # The digest of the other record's lease is genuine: from a page of its own.
+        (other_seen,) = confirmation_form(staff.post(CHANGELIST, release_action(other)))[
+            "seen_lease"
+        ]
+        form = confirmation_form(staff.post(CHANGELIST, release_action(chosen)))
+        form["seen_lease"].append(other_seen)
+
+        response = staff.post(CHANGELIST, form, follow=True)
+
+        assert ("success", "Released 1 in-progress record.") in messages_in(response)
+        assert released() == {chosen.pk}
+
+    def test_a_lease_completed_since_the_page_is_named_under_a_list_filter(self, staff):
+        running = IdempotencyKeyFactory(in_flight=True, scope="user:3")
+        held_list = CHANGELIST + "?lease=held"
+        page = staff.post(held_list, release_action(running))
+        IdempotencyKey.objects.filter(pk=running.pk).update(
+            state=State.COMPLETED, owner_token="", locked_until=None, status_code=201
+        )
+
+        response = staff.post(held_list, confirmation_form(page), follow=True)
+
+        shown = messages_in(response)
+        assert ("warning", "Released 0 in-progress records.") in shown
+        (changed,) = [text for level, text in shown if "changed after" in text]
+        assert changed.startswith("1 record changed after the confirmation page was shown")
+        assert f"user:3 / {mask_key(running.key)}" in changed
+        assert IdempotencyKey.objects.get(pk=running.pk).state == State.COMPLETED
+
+    def test_a_lease_run_out_since_the_page_is_released_under_a_list_filter(self, staff):
+        """The owner the page showed stalled past its lease: it left the held list, not the page."""
+        running = IdempotencyKeyFactory(in_flight=True)
+        held_list = CHANGELIST + "?lease=held"
+        page = staff.post(held_list, release_action(running))
+        IdempotencyKey.objects.filter(pk=running.pk).update(
+            locked_until=DatabaseNow(), expires_at=DatabaseNow()
+        )
+
+        response = staff.post(held_list, confirmation_form(page), follow=True)
+
+        assert messages_in(response) == [("success", "Released 1 in-progress record.")]
+        assert released() == {running.pk}
+
+
+def messages_in(response: HttpResponse) -> list[tuple[str, str]]:
+    """The admin's messages on a page: (level, text)."""
+    html = response.content.decode()
+    return re.findall(r'<li class="(\w+)">(.*?)</li>', html[html.find('class="messagelist"') :])
+
 
 def release_action(*selected: IdempotencyKey) -> dict[str, object]:
     """The change list's form: the release action on ``selected``."""
@@ -433,6 +614,22 @@ class TakenOverSinceTheConfirmationTests:
         for call in (running, stalled, retry):
             call.finish()
         assert retry.record().state == State.COMPLETED
+
+
+@pytest.mark.django_db(transaction=True)
+class HeldCallsTests:
+    def test_every_held_call_is_let_finish_when_one_raises(self):
+        def failed() -> None:
+            raise RuntimeError("the first call failed")
+
+        broken = HeldCall("order-2090", threading.Event(), failed)
+        running = admin_leases.hold("order-2091")
+
+        with pytest.raises(RuntimeError, match="the first call failed"):
+            admin_leases.finish_all([broken, running])
+
+        # Let go and waited for: it ran to its end, not to its time limit.
+        assert running.record().state == State.COMPLETED
 
 
 @pytest.mark.django_db(databases=["default", "other"])

@@ -1,5 +1,7 @@
 """The benchmark charts: valid SVG, the same bytes for the same figures, and true to their tables.
 
+The same bytes hold for one matplotlib version: the committed charts are
+compared with their tables by what they say, which another version keeps.
 matplotlib is in the ``test`` dependency group (through ``bench``), so these
 always run; nothing here is timed.
 """
@@ -16,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import figures
 from benchmarks.charts import bar_chart, line_chart
-from benchmarks.figures import CHART_DIR, CHART_URI, draw, redraw
-from benchmarks.report import Figure, Table, read_rst, write_rst
-from benchmarks.suite import DOCS_TABLE
+from benchmarks.figures import CHART_DIR, CHART_URI, draw, publish, redraw
+from benchmarks.report import ChartsNotDrawn, Figure, Table, read_rst, write_rst
+from benchmarks.suite import DOCS_TABLE, SECTIONS, UsageError, run_all
 
 ROOT = Path(__file__).resolve().parent.parent
 SVG = "{http://www.w3.org/2000/svg}"
@@ -43,6 +46,41 @@ def texts(path: Path) -> list[str]:
     root = ET.parse(path).getroot()
     assert root.tag == f"{SVG}svg"
     return [element.text for element in root.iter(f"{SVG}text") if element.text]
+
+
+def said(path: Path) -> list[str]:
+    """What the chart says whatever matplotlib drew it: every text but the tick labels.
+
+    Titles, axis labels, legends and the values on the bars are the
+    chart's own words and figures; the ticks (which values the axis marks,
+    how a long category is broken) are matplotlib's layout, which a new
+    version may change. Sorted: the order the artists are drawn in is
+    layout too.
+    """
+
+    def walk(element: ET.Element, in_tick: bool) -> list[str]:
+        group = element.get("id") or ""
+        in_tick = in_tick or group.startswith(("xtick_", "ytick_"))
+        own = [element.text] if element.tag == f"{SVG}text" and element.text else []
+        if in_tick:
+            own = []
+        return own + [text for child in element for text in walk(child, in_tick)]
+
+    root = ET.parse(path).getroot()
+    assert root.tag == f"{SVG}svg"
+    return sorted(walk(root, False))
+
+
+def section_2() -> Table:
+    """A section 2 table as a run makes it."""
+    table = Table(
+        "2. Throughput and latency (gunicorn, 4 sync workers)",
+        ["variant", "req/s", "x undecorated", "p50 ms"],
+    )
+    table.add("plain view, undecorated", "1104 (769-1468)", "1 (baseline)", "3.4")
+    table.add("@idempotent, first requests", "571 (455-628)", "0.55 (0.39-0.64)", "6.8")
+    table.add("@idempotent, replays", "1323 (942-1527)", "1.21 (0.90-1.63)", "2.9")
+    return table
 
 
 class ChartTests:
@@ -155,22 +193,32 @@ class PageFiguresTests:
         } <= uris
 
     def test_committed_charts_show_the_page_tables(self, tmp_path):
-        # Drawn again from the tables, each chart shows the same text as the
-        # committed one: its title, labels and every value on its bars.
+        # Drawn again from the tables, each chart says what the committed one
+        # says: its title, labels, legend and every value on its bars. Not
+        # its ticks, which another matplotlib version may place elsewhere.
         written = redraw(DOCS_TABLE, tmp_path)
 
         assert {path.name for path in written} == {path.name for path in CHART_DIR.glob("*.svg")}
         for path in written:
-            assert texts(path) == texts(CHART_DIR / path.name), path.name
+            assert said(path) == said(CHART_DIR / path.name), path.name
+
+    def test_what_a_chart_says_leaves_out_its_ticks_and_nothing_else(self, tmp_path):
+        committed = CHART_DIR / "peers-throughput.svg"
+        svg = committed.read_text()
+        # Ticks another version might place (1,500 for 1,400), and a changed bar value.
+        other_ticks = tmp_path / "other-ticks.svg"
+        other_ticks.write_text(svg.replace(">1,400<", ">1,500<").replace(">(DRF view)<", ">x<"))
+        other_value = tmp_path / "other-value.svg"
+        other_value.write_text(svg.replace(">571<", ">572<"))
+        assert other_ticks.read_text() != svg and other_value.read_text() != svg
+
+        assert said(other_ticks) == said(committed)
+        assert said(other_value) != said(committed)
+        assert {"Throughput beside the other packages", "replay", "571"} <= set(said(committed))
+        assert "1,400" not in said(committed)
 
     def test_charts_outside_the_docs_leave_the_tables_without_figures(self, tmp_path):
-        table = Table(
-            "2. Throughput and latency (gunicorn, 4 sync workers)",
-            ["variant", "req/s", "x undecorated", "p50 ms"],
-        )
-        table.add("plain view, undecorated", "1104 (769-1468)", "1 (baseline)", "3.4")
-        table.add("@idempotent, first requests", "571 (455-628)", "0.55 (0.39-0.64)", "6.8")
-        table.add("@idempotent, replays", "1323 (942-1527)", "1.21 (0.90-1.63)", "2.9")
+        table = section_2()
         table.figures = [Figure("/_static/old.svg", "old", "old")]
         other = Table("3. Duplicate storms", ["variant"])
 
@@ -186,3 +234,77 @@ class PageFiguresTests:
 
         with pytest.raises(ValueError, match="after its undecorated view"):
             draw([table], tmp_path, "")
+
+
+FACTS = [("date", "2026-12-20"), ("Python", "3.12.8")]
+
+
+class PublishTests:
+    """A run's page and charts: the tables are kept whatever the charts do."""
+
+    def test_a_chart_that_fails_keeps_the_page_and_says_how_to_redraw(self, tmp_path):
+        broken = Table("2. Throughput", ["variant", "req/s", "p50 ms"])
+        broken.add("@idempotent, first requests", "571", "6.8")
+        storms = Table("3. Duplicate storms", ["variant", "runs"])
+        storms.add("@idempotent", "1")
+        page = tmp_path / "benchmarks.rst"
+
+        with pytest.raises(ChartsNotDrawn, match=r"--redraw") as raised:
+            publish([broken, storms], FACTS, "cmd", page=page, directories=[tmp_path / "charts"])
+
+        assert "after its undecorated view" in str(raised.value)
+        assert str(page) in str(raised.value)
+        command, facts, tables = read_rst(page)
+        assert (command, facts) == ("cmd", FACTS)
+        assert [(table.title, table.rows) for table in tables] == [
+            ("2. Throughput", [["@idempotent, first requests", "571", "6.8"]]),
+            ("3. Duplicate storms", [["@idempotent", "1"]]),
+        ]
+
+    def test_the_docs_charts_are_drawn_into_the_page_once_drawn(self, tmp_path, monkeypatch):
+        docs_charts = tmp_path / "_static" / "benchmarks"
+        monkeypatch.setattr(figures, "CHART_DIR", docs_charts)
+        page = tmp_path / "benchmarks.rst"
+        elsewhere = tmp_path / "elsewhere"
+
+        written = publish(
+            [section_2()], FACTS, "cmd", page=page, directories=[elsewhere, docs_charts]
+        )
+
+        assert sorted(path.relative_to(tmp_path).as_posix() for path in written) == [
+            "_static/benchmarks/peers-latency.svg",
+            "_static/benchmarks/peers-throughput.svg",
+            "elsewhere/peers-latency.svg",
+            "elsewhere/peers-throughput.svg",
+        ]
+        (table,) = read_rst(page)[2]
+        assert [figure.uri for figure in table.figures] == [
+            f"{CHART_URI}/peers-throughput.svg",
+            f"{CHART_URI}/peers-latency.svg",
+        ]
+        assert all(figure.caption.endswith("``cmd`` on 2026-12-20.") for figure in table.figures)
+
+
+class DocsChartsRefusedTests:
+    """``--charts docs/_static/benchmarks`` only with the page: else they disagree."""
+
+    @pytest.mark.parametrize(
+        ("write_docs", "only"),
+        [(True, ("inprocess",)), (False, SECTIONS)],
+        ids=["only-a-section", "no-docs"],
+    )
+    def test_the_docs_chart_directory_without_the_page_is_refused(self, write_docs, only):
+        committed = {path: path.read_bytes() for path in CHART_DIR.glob("*.svg")}
+        relative = Path(os.path.relpath(CHART_DIR))
+
+        with pytest.raises(UsageError, match="Give --charts another directory") as raised:
+            run_all(
+                quick=True,
+                write_docs=write_docs,
+                command="cmd",
+                only=only,
+                charts=relative,
+            )
+
+        assert "docs/_generated/benchmarks.rst" in str(raised.value)
+        assert {path: path.read_bytes() for path in CHART_DIR.glob("*.svg")} == committed
