@@ -7,6 +7,7 @@ docs for when to release and when to delete.
 
 from __future__ import annotations
 
+import contextlib
 from datetime import datetime
 from typing import Any
 
@@ -16,6 +17,9 @@ from django.db.models import F, Q, QuerySet
 from django_idempotency import clock, leases, replay_cache
 from django_idempotency.clock import DatabaseNow
 from django_idempotency.conf import idempotency_settings
+from django_idempotency.exceptions import InvalidIdempotencyKey
+from django_idempotency.fields import DIGEST_PREFIX, fit_key_column
+from django_idempotency.keys import parse_key
 from django_idempotency.models import IdempotencyKey
 
 State = IdempotencyKey.State
@@ -40,6 +44,28 @@ def _refuse_if_held(using: str | None, record: IdempotencyKey) -> None:
 
 def records(using: str | None = None) -> QuerySet[IdempotencyKey]:
     return IdempotencyKey.objects.using(using or idempotency_settings.database)
+
+
+def stored_forms(value: str) -> list[str]:
+    """A scope (or key) as typed, and as the column stores it when it is long (its digest).
+
+    A digest copied from the list (``sha256:...``) is compared as typed
+    only: the value that spells it is stored as a digest of its own, so
+    that no value can pass for another's, and a search keeps that rule.
+    """
+    if value.startswith(DIGEST_PREFIX):
+        return [value]
+    return list(dict.fromkeys([value, fit_key_column(value)]))
+
+
+def stored_keys(key: str) -> list[str]:
+    """A key as typed, as a header may quote it (``"a\\"b"``), and as a long one is stored."""
+    typed = [key]
+    # The header's own reading of a quoted key; its length rule is the
+    # view's, not the search's.
+    with contextlib.suppress(InvalidIdempotencyKey):
+        typed.append(parse_key(key, max_length=len(key)))
+    return list(dict.fromkeys(stored for value in typed for stored in stored_forms(value)))
 
 
 def database_now(using: str | None = None) -> datetime:

@@ -96,7 +96,10 @@ class Command(BaseCommand):
     def _find(self, options: dict[str, Any]) -> IdempotencyKey:
         found = (
             operations.records(options["database"])
-            .filter(scope=options["scope"], key=options["key"])
+            .filter(
+                scope__in=operations.stored_forms(options["scope"]),
+                key__in=operations.stored_keys(options["key"]),
+            )
             .first()
         )
         if found is None:
@@ -110,7 +113,7 @@ class Command(BaseCommand):
         now = database_now(options["database"])
         found = operations.records(options["database"]).order_by("-pk")
         if options["scope"] is not None:
-            found = found.filter(scope=options["scope"])
+            found = found.filter(scope__in=operations.stored_forms(options["scope"]))
         if options["state"] is not None:
             found = found.filter(state=options["state"])
         if options["abandoned"]:
