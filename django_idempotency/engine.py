@@ -302,7 +302,7 @@ class Call:
                 waited=False,
                 exc_info=True,
             )
-            self._complete_lease(owned, self.kind.unstorable())
+            self._refuse(owned)
             raise
         if stored is None:
             self._release(owned)
@@ -310,6 +310,48 @@ class Call:
         if self._complete_lease(owned, stored) and claim.attempt > 1:
             observability.record_recovery("completed", self.sender)
         return self.kind.fresh(result, stored)
+
+    def _refuse(self, owned: _Owned) -> None:
+        """Complete the key with the kind's refusal, committed at once.
+
+        Unlike a result, which commits with the caller's writes, the refusal
+        must outlive the caller's transaction (``ATOMIC_REQUESTS``, an outer
+        ``atomic``): that transaction is about to roll back with the error,
+        but the body may have called other systems, which a rollback does
+        not undo. So it is written on the lease's own connection, as a
+        checkpoint is. On SQLite, or in a test's transaction, the claim
+        itself is the caller's transaction's and goes with it either way.
+        """
+        stored, ttl = self.kind.unstorable(), self.options.ttl
+        try:
+            completed = owned.connection.run(
+                lambda: store.complete(
+                    self.using, owned.record_id, stored, owner_token=owned.token, ttl=ttl
+                ),
+                at_once=True,
+            )
+        except Error:
+            if owned.connection.shares_request_transaction():
+                return  # the claim rolls back with the caller's transaction
+            # Raising would hide the body's own error; the lease still runs out.
+            self._log(
+                logging.ERROR,
+                "Could not complete idempotency key %s in scope %r with its refusal; "
+                "retries get 409 until its lease runs out.",
+                exc_info=True,
+            )
+            return
+        if completed:
+            self._stored(stored, ttl)
+            return
+        self._log(
+            logging.WARNING,
+            "Lease for idempotency key %s in scope %r ran out before the handler "
+            "finished; its refusal was not stored. Raise LEASE above the "
+            "longest request your server allows.",
+            outcome="lease_lost",
+            waited=False,
+        )
 
     def _record_progress(self, owned: _Owned, checkpoints: dict[str, Any] | None) -> bool:
         """Write checkpoints (or only renew the lease) now, fenced by the owner's token.

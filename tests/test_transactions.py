@@ -38,6 +38,7 @@ from tests.models import Order
 from tests.polling import in_background, wait_until
 from tests.server import GunicornServer, UvicornServer
 from tests.server_fixtures import control_dir_fixture, controlled  # noqa: F401  fixture used by name
+from tests.test_engine import assert_refused_as_not_stored
 from tests.views import calls, create_order_lease, fail_after_view, fail_at_commit, fail_next
 
 State = IdempotencyKey.State
@@ -342,6 +343,21 @@ class AtomicRequestsTests:
         assert calls.value == 2
         assert Order.objects.count() == 1
         assert IdempotencyKey.objects.get().state == State.COMPLETED
+
+    @server_only
+    def test_lease_result_that_cannot_be_kept_is_refused_after_the_request_rolled_back(
+        self,
+    ) -> None:
+        # The template fails to render after the view acted; the request
+        # answers 500 and its transaction rolls back, the view's write with
+        # it. The view may have called other systems (lease mode's reason to
+        # be), so the refusal must outlive that rollback: no retry runs it.
+        url = "/lease/unrenderable/class-based/"
+        assert send(url).status_code == 500
+        assert Order.objects.count() == 0  # rolled back with the request
+        assert IdempotencyKey.objects.get().state == State.COMPLETED
+        assert_refused_as_not_stored(send(url))
+        assert calls.value == 1
 
     @server_only
     def test_lease_signal_receivers_run_on_the_request_connection(self) -> None:

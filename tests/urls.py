@@ -19,6 +19,7 @@ urlpatterns = [
     path("lease/outlive-connection/class-based/", views.LeaseOutlivingConnectionView.as_view()),
     path("lease/large/", views.lease_large_response),
     path("lease/unrenderable/", views.lease_unrenderable),
+    path("lease/unrenderable/class-based/", views.LeaseUnrenderableView.as_view()),
     path("orders/unrenderable/", views.atomic_unrenderable),
     path("binary/", views.binary_response),
     path("large/", views.large_response),

@@ -340,3 +340,11 @@ def lease_unrenderable(request: HttpRequest) -> TemplateResponse:
 @idempotent
 def atomic_unrenderable(request: HttpRequest) -> TemplateResponse:
     return _unrenderable_order(request)
+
+
+class LeaseUnrenderableView(View):
+    """:func:`lease_unrenderable` as a class-based view, which ATOMIC_REQUESTS still wraps."""
+
+    @method_decorator(idempotent(atomic=False))
+    def post(self, request: HttpRequest) -> TemplateResponse:
+        return _unrenderable_order(request)
