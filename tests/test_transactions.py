@@ -479,6 +479,41 @@ def test_a_checkpoint_rolls_back_with_the_request_on_a_server(
 
 
 @pytest.mark.django_db(transaction=True)
+class CheckpointBlocksTests:
+    """A lease-mode view that checkpoints inside atomic blocks of its own.
+
+    Step ``a``'s block commits, step ``b``'s rolls back, and the request
+    fails: the retry resumes after ``a`` and runs ``b`` again, whether the
+    request's own transaction (``ATOMIC_REQUESTS``) commits the failure's
+    503, rolls back with its exception (then ``a`` runs again too), or
+    there is none.
+    """
+
+    url = "/orders/lease-checkpoint-blocks/"
+
+    @pytest.mark.parametrize(
+        "atomic_requests", [False, True], ids=["own-blocks", "atomic-requests"]
+    )
+    @pytest.mark.parametrize("failure", ["503", "raise"])
+    def test_a_checkpoint_rolled_back_with_its_block_is_discarded(
+        self, monkeypatch: pytest.MonkeyPatch, atomic_requests: bool, failure: str
+    ) -> None:
+        monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", atomic_requests)
+        key = f"blocks-{atomic_requests}-{failure}"
+        url = self.url + ("?raise=1" if failure == "raise" else "")
+        assert send(url, key).status_code == (503 if failure == "503" else 500)
+        retry = send(url, key)
+        assert retry.status_code == 201, retry.content
+        orders = json.loads(retry.content)
+        assert Order.objects.filter(pk=orders["b"], item="b").exists()
+        assert Order.objects.filter(pk=orders["a"], item="a").exists()
+        # Step b's first order rolled back with its block; step a's committed
+        # unless the request's transaction rolled back around it.
+        assert Order.objects.filter(item="b").count() == 1
+        assert Order.objects.filter(item="a").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
 class MissingTableTests:
     def test_missing_table_says_to_migrate(self):
         with connection.schema_editor() as editor:

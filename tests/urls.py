@@ -14,6 +14,7 @@ urlpatterns = [
     path("orders/lease-then-fail/", views.LeaseThenFailView.as_view()),
     path("orders/lease-then-fail-once/", views.LeaseThenFailOnceView.as_view()),
     path("orders/lease-checkpoint-then-fail/", views.LeaseCheckpointThenFailOnceView.as_view()),
+    path("orders/lease-checkpoint-blocks/", views.LeaseCheckpointBlocksView.as_view()),
     path("orders/function-then-fail/", views.function_then_fail),
     path("lease/outlive-connection/", views.lease_outliving_connection),
     path("lease/outlive-connection/class-based/", views.LeaseOutlivingConnectionView.as_view()),
