@@ -497,17 +497,29 @@ def _complete_sql(connection: BaseDatabaseWrapper, *, with_grace: bool, with_tok
     )
 
 
-def release(using: str, record_id: int, owner_token: str, *, keep_progress: bool = False) -> bool:
+def release(
+    using: str,
+    record_id: int,
+    owner_token: str,
+    *,
+    keep_progress: bool = False,
+    checkpoints: dict[str, Any] | None = None,
+) -> bool:
     """Give an in-progress claim back so a retry can run; only its owner may.
 
     ``keep_progress`` keeps a claim that has checkpoints, with its attempt,
     as free to take at once (its token cleared, its lease over), so that
-    the retry resumes from them instead of starting again.
+    the retry resumes from them instead of starting again; with
+    ``checkpoints``, those in place of the ones recorded (some of which
+    rolled back with the writes they recorded).
     """
     owned = _owned(using, record_id, owner_token).filter(state=State.IN_PROGRESS)
     if keep_progress:
         ended = DatabaseNow()
-        return owned.update(owner_token="", locked_until=ended, expires_at=ended) == 1
+        changes: dict[str, Any] = {"owner_token": "", "locked_until": ended, "expires_at": ended}
+        if checkpoints is not None:
+            changes["checkpoints"] = checkpoints
+        return owned.update(**changes) == 1
     rows, _ = owned.delete()
     return rows == 1
 
