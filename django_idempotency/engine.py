@@ -111,6 +111,19 @@ class _Owned:
     token: str
 
 
+@dataclass(frozen=True)
+class _Recorded:
+    """A lease-mode checkpoint: the names it set, and whether its transaction committed.
+
+    ``committed`` is appended to when the transaction the checkpoint was
+    recorded in commits (at once outside one); a block that rolls back
+    leaves it empty.
+    """
+
+    added: dict[str, Any]
+    committed: list[bool]
+
+
 @dataclass
 class Call:
     """One protected call on its way through the engine."""
@@ -132,9 +145,13 @@ class Call:
     finish: Callable[[Any], Any] = lambda result: result
     using: str = field(default_factory=lambda: idempotency_settings.database)
     started: float = field(default_factory=time.monotonic, init=False)
-    #: Lease mode, inside a caller's transaction: the checkpoints this
-    #: attempt started from, once it recorded one (see ``_record_progress``).
+    #: Lease mode: the checkpoints this attempt started from, once it
+    #: recorded one, and what each of its checkpoints added since, with
+    #: whether the transaction it was recorded in committed (see
+    #: ``_note_progress``).
     _progress_at_start: dict[str, Any] | None = field(default=None, init=False)
+    _progress_log: list[_Recorded] = field(default_factory=list, init=False)
+    _put_back_at_request_end: bool = field(default=False, init=False)
 
     def run(self, body: Callable[[], T]) -> T:
         """Run ``body`` unless its key is already done; return its result or the stored one."""
@@ -302,7 +319,7 @@ class Call:
                 waited=False,
                 exc_info=True,
             )
-            self._complete_lease(owned, self.kind.unstorable())
+            self._refuse(owned)
             raise
         if stored is None:
             self._release(owned)
@@ -311,18 +328,51 @@ class Call:
             observability.record_recovery("completed", self.sender)
         return self.kind.fresh(result, stored)
 
-    def _record_progress(self, owned: _Owned, checkpoints: dict[str, Any] | None) -> bool:
-        """Write checkpoints (or only renew the lease) now, fenced by the owner's token.
+    def _refuse(self, owned: _Owned) -> None:
+        """Complete the key with the kind's refusal, committed at once.
 
-        Inside a transaction of the caller's (``ATOMIC_REQUESTS``, an outer
-        ``atomic``), the writes a checkpoint records may still roll back,
-        while the checkpoint itself commits at once: so, unless that
-        transaction commits, this attempt's checkpoints are put back when
-        the request ends, and a retry does not skip the lost writes.
+        Unlike a result, which commits with the caller's writes, the refusal
+        must outlive the caller's transaction (``ATOMIC_REQUESTS``, an outer
+        ``atomic``): that transaction is about to roll back with the error,
+        but the body may have called other systems, which a rollback does
+        not undo. So it is written on the lease's own connection, as a
+        checkpoint is. On SQLite, or in a test's transaction, the claim
+        itself is the caller's transaction's and goes with it either way.
         """
-        if checkpoints is not None and connections[self.using].in_atomic_block:
-            self._discard_progress_unless_committed(owned)
-        return owned.connection.run(
+        stored, ttl = self.kind.unstorable(), self.options.ttl
+        try:
+            completed = owned.connection.run(
+                lambda: store.complete(
+                    self.using, owned.record_id, stored, owner_token=owned.token, ttl=ttl
+                ),
+                at_once=True,
+            )
+        except Error:
+            if owned.connection.shares_request_transaction():
+                return  # the claim rolls back with the caller's transaction
+            # Raising would hide the body's own error; the lease still runs out.
+            self._log(
+                logging.ERROR,
+                "Could not complete idempotency key %s in scope %r with its refusal; "
+                "retries get 409 until its lease runs out.",
+                exc_info=True,
+            )
+            return
+        if completed:
+            self._stored(stored, ttl)
+            return
+        self._log(
+            logging.WARNING,
+            "Lease for idempotency key %s in scope %r ran out before the handler "
+            "finished; its refusal was not stored. Raise LEASE above the "
+            "longest request your server allows.",
+            outcome="lease_lost",
+            waited=False,
+        )
+
+    def _record_progress(self, owned: _Owned, checkpoints: dict[str, Any] | None) -> bool:
+        """Write checkpoints (or only renew the lease) now, fenced by the owner's token."""
+        written = owned.connection.run(
             lambda: store.record_progress(
                 self.using,
                 owned.record_id,
@@ -332,16 +382,68 @@ class Call:
             ),
             at_once=True,
         )
+        if written and checkpoints is not None:
+            self._note_progress(owned, checkpoints)
+        return written
 
-    def _discard_progress_unless_committed(self, owned: _Owned) -> None:
-        if self._progress_at_start is not None:
-            return  # registered at this attempt's first checkpoint
-        start = self._progress_at_start = dict(self.info.progress.checkpoints)
+    def _note_progress(self, owned: _Owned, checkpoints: dict[str, Any]) -> None:
+        """Remember what a checkpoint added, and learn whether its transaction commits.
+
+        Inside a transaction (``ATOMIC_REQUESTS``, an outer ``atomic``, or
+        an ``atomic`` block of the body's own), the writes a checkpoint
+        records may still roll back, while the checkpoint itself committed
+        at once. Each checkpoint's transaction is followed on its own: one
+        block may commit and the next roll back. The checkpoints of those
+        that did not commit are put back when the claim is given back, or,
+        if a transaction is still open then, when the request ends
+        (:meth:`_settle_progress`), so a retry does not skip lost writes.
+        """
+        before = self.info.progress.checkpoints
+        if self._progress_at_start is None:
+            self._progress_at_start = dict(before)
+        added = {
+            name: value
+            for name, value in checkpoints.items()
+            if name not in before or before[name] != value
+        }
+        recorded = _Recorded(added, committed=[])
+        self._progress_log.append(recorded)
+        if not connections[self.using].in_atomic_block:
+            # Committed (or in a transaction the caller runs by hand, on the
+            # same connection as the checkpoint, which goes with it).
+            recorded.committed.append(True)
+            return
+        # Dropped, never called, if the block it is registered in rolls back.
+        transaction.on_commit(lambda: recorded.committed.append(True), using=self.using)
+        if not self._put_back_at_request_end:
+            self._put_back_at_request_end = True
+            self._put_back_progress_at_request_end(owned)
+
+    def _settle_progress(self) -> dict[str, Any] | None:
+        """The checkpoints whose transactions committed, once they all ended; ``None`` if all did.
+
+        The others are taken out of this attempt's checkpoints, once: a
+        later call finds nothing left to settle.
+        """
+        log, self._progress_log = self._progress_log, []
+        if all(recorded.committed for recorded in log):
+            return None
+        surviving = dict(self._progress_at_start or {})
+        for recorded in log:
+            if recorded.committed:
+                surviving.update(recorded.added)
+        self.info.progress.checkpoints = surviving
+        return surviving
+
+    def _put_back_progress_at_request_end(self, owned: _Owned) -> None:
         using = self.using
 
         def restore() -> None:
+            surviving = self._settle_progress()
+            if surviving is None:
+                return
             try:
-                store.restore_progress(using, owned.record_id, owned.token, start)
+                store.restore_progress(using, owned.record_id, owned.token, surviving)
             except Error:
                 self._log(
                     logging.ERROR,
@@ -350,7 +452,7 @@ class Call:
                     exc_info=True,
                 )
 
-        lease_cleanup.release_unless_committed(using, restore, self.request)
+        lease_cleanup.at_request_end(using, restore, self.request)
 
     def _recover(
         self, body: Callable[[], Any], lease: LeaseConnection, token: str, record: store.Record
@@ -520,13 +622,25 @@ class Call:
         """Give the key back after a failed body, so that a retry can run.
 
         A claim with checkpoints keeps them (and its attempt) for the retry,
-        which takes it over at once and resumes from them.
+        which takes it over at once and resumes from them: those whose
+        transactions committed (see :meth:`_note_progress`).
         """
         lease = owned.connection
+        checkpoints: dict[str, Any] | None = None
+        if not connections[self.using].in_atomic_block:
+            # Every transaction this attempt checkpointed in has ended: what
+            # rolled back is put back now, before a retry can take the key.
+            checkpoints = self._settle_progress()
         keep = bool(self.info.progress.checkpoints)
         try:
             released = lease.run(
-                lambda: store.release(self.using, owned.record_id, owned.token, keep_progress=keep)
+                lambda: store.release(
+                    self.using,
+                    owned.record_id,
+                    owned.token,
+                    keep_progress=keep,
+                    checkpoints=checkpoints,
+                )
             )
         except Error:
             if lease.shares_request_transaction():

@@ -46,23 +46,41 @@ def release_unless_committed(using: str, release: Release, request: Any) -> None
 
     ``request`` is the view's request, or ``None`` for a function's call.
     """
-    pending = _pending.get() if request is None else None
-    if request is None and pending is None:
-        return  # outside a request cycle: nothing would ask
+    if not in_request_cycle(request):
+        return  # nothing would ask
     committed: list[bool] = []
     transaction.on_commit(lambda: committed.append(True), using=using)
 
     def release_if_rolled_back() -> None:
-        if committed or connections[using].in_atomic_block:
-            # Committed with the request's transaction; or it is still open
-            # (a test wrapping the request): not this request's to decide.
-            return
-        release()
+        if not committed:
+            release()
+
+    at_request_end(using, release_if_rolled_back, request)
+
+
+def in_request_cycle(request: Any) -> bool:
+    """Whether :func:`at_request_end` has a request cycle to wait for."""
+    return request is not None or _pending.get() is not None
+
+
+def at_request_end(using: str, then: Release, request: Any) -> None:
+    """Call ``then`` when the request ends, if ``using``'s transactions have ended by then.
+
+    A transaction still open then (a test wrapping the request) is not this
+    request's to decide about. Outside a request cycle, nothing is called.
+    """
+    pending = _pending.get() if request is None else None
+    if request is None and pending is None:
+        return
+
+    def when_ended() -> None:
+        if not connections[using].in_atomic_block:
+            then()
 
     if pending is not None:
-        pending.append(release_if_rolled_back)
+        pending.append(when_ended)
     else:
-        when_closed(django_request(request), release_if_rolled_back)
+        when_closed(django_request(request), when_ended)
 
 
 def _request_started(**kwargs: Any) -> None:

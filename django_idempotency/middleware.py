@@ -21,6 +21,12 @@ Three things Django does around a view shape what the middleware does:
 - an exception the view raises reaches us as the response Django made of
   it (403, 404, 500): we hear of it through ``process_exception`` and
   treat the response as the handler's failure, never stored;
+- a template response the view returns is rendered by Django after the
+  view, still inside our call: ``process_template_response`` tells us the
+  view returned, so that an exception ``process_exception`` then hears of
+  is the rendering's, after the view has acted, and the engine finishes
+  the response as one that cannot be kept (lease mode completes the key
+  with a refusal; atomic mode rolls back);
 - a view that authenticates the request itself runs after the scope is
   taken: the default scope folds an unauthenticated request's
   ``Authorization`` header into it (:mod:`django_idempotency.scopes`), as
@@ -42,7 +48,7 @@ from django.urls import Resolver404, resolve
 from django.utils.module_loading import import_string
 
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.core import protect, protect_async, sent_key
+from django_idempotency.core import protect, protect_async, render, sent_key
 from django_idempotency.exceptions import IdempotencyError, InvalidIdempotencyKey
 from django_idempotency.marks import idempotency_exempt, is_exempt, protects_itself
 from django_idempotency.options import DeclaredOptions
@@ -67,12 +73,26 @@ _VIEW_RAISED = "_idempotency_view_raised"
 # Set on the request by __call__: the view process_view calls in place of
 # the resolved one (a framework's own protection, see VIEW_PROTECTORS).
 _CALL_INSTEAD = "_idempotency_call_instead"
+# Set on the request by process_template_response: the view returned a
+# response that Django renders after it.
+_VIEW_RETURNED = "_idempotency_view_returned"
+# Set on the request by process_exception once the view had returned: the
+# exception that rendering its response raised.
+_RENDER_FAILED = "_idempotency_render_failed"
 
 
 class _NotReached(Exception):
     """Another middleware answered before the view ran: give the key back."""
 
     def __init__(self, response: HttpResponseBase) -> None:
+        self.response = response
+
+
+class _NotRendered(Exception):
+    """The view returned, and its response failed to render: Django answered ``response``."""
+
+    def __init__(self, response: HttpResponseBase) -> None:
+        super().__init__("The view's response could not be rendered.")
         self.response = response
 
 
@@ -108,6 +128,7 @@ class IdempotencyMiddleware:
             # Django adapts a sync process_view to an async stack with a hop
             # to another thread on every request; an async one needs none.
             self.process_view = self._process_view_async  # type: ignore[method-assign,assignment]
+            self.process_template_response = self._process_template_response_async  # type: ignore[method-assign,assignment]
 
     def __call__(self, request: HttpRequest) -> Any:
         if self.async_mode:
@@ -120,9 +141,11 @@ class IdempotencyMiddleware:
             return self._reached_view(request, self.get_response(request))
 
         try:
-            return protect(request, handler, _options_for(view), sender=view)
-        except _NotReached as not_reached:
-            return not_reached.response
+            return protect(
+                request, handler, _options_for(view), sender=view, finish=_finish(request)
+            )
+        except (_NotReached, _NotRendered) as unfinished:
+            return unfinished.response
         except IdempotencyError as error:
             return problem(error, request)
 
@@ -136,9 +159,11 @@ class IdempotencyMiddleware:
             return self._reached_view(request, await self.get_response(request))
 
         try:
-            return await protect_async(request, handler, _options_for(view), sender=view)
-        except _NotReached as not_reached:
-            return not_reached.response
+            return await protect_async(
+                request, handler, _options_for(view), sender=view, finish=_finish(request)
+            )
+        except (_NotReached, _NotRendered) as unfinished:
+            return unfinished.response
         except IdempotencyError as error:
             return await aproblem(error, request)
 
@@ -174,9 +199,28 @@ class IdempotencyMiddleware:
         instead = getattr(request, _CALL_INSTEAD, None)
         return None if instead is None else _in_request_transactions(instead)
 
+    def process_template_response(
+        self, request: HttpRequest, response: HttpResponseBase
+    ) -> HttpResponseBase:
+        # Ours is the first of these hooks Django calls (it calls them in
+        # reverse order), just after the view returned, before rendering.
+        _returned(request)
+        return response
+
+    async def _process_template_response_async(
+        self, request: HttpRequest, response: HttpResponseBase
+    ) -> HttpResponseBase:
+        _returned(request)
+        return response
+
     def process_exception(self, request: HttpRequest, exception: Exception) -> None:
         # Django always calls this hook synchronously, in either mode.
-        setattr(request, _VIEW_RAISED, True)
+        if getattr(request, _VIEW_RETURNED, False):
+            # Raised by the rendering of what the view returned: the view
+            # has acted (see _finish).
+            setattr(request, _RENDER_FAILED, exception)
+        else:
+            setattr(request, _VIEW_RAISED, True)
 
     @staticmethod
     def _reached_view(request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
@@ -218,6 +262,30 @@ class IdempotencyMiddleware:
         if protects_itself(view, method):
             return None
         return view
+
+
+def _returned(request: HttpRequest) -> None:
+    """Mark that the view returned a response, unless Django made it of the view's exception."""
+    if not getattr(request, _VIEW_RAISED, False):
+        setattr(request, _VIEW_RETURNED, True)
+
+
+def _finish(request: HttpRequest) -> Callable[[HttpResponseBase], HttpResponseBase]:
+    """How the engine finishes the response of ``request``'s view.
+
+    As under the decorator (:func:`core.render`), unless Django failed to
+    render the template response the view returned: then raises, so that
+    the engine ends the call as one whose result cannot be kept, and the
+    middleware answers with the response Django made of that failure.
+    """
+
+    def finish(response: HttpResponseBase) -> HttpResponseBase:
+        failure: Exception | None = getattr(request, _RENDER_FAILED, None)
+        if failure is not None:
+            raise _NotRendered(response) from failure
+        return render(response)
+
+    return finish
 
 
 def _options_for(view: Any) -> DeclaredOptions:

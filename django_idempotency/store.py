@@ -242,24 +242,42 @@ def complete(
         return cursor.rowcount == 1
 
 
-def release(using: str, record_id: int, owner_token: str, *, keep_progress: bool = False) -> bool:
+def release(
+    using: str,
+    record_id: int,
+    owner_token: str,
+    *,
+    keep_progress: bool = False,
+    checkpoints: dict[str, Any] | None = None,
+) -> bool:
     """Give an in-progress claim back so a retry can run; only its owner may.
 
     ``keep_progress`` keeps a claim that has checkpoints, with its attempt,
     as free to take at once (its token cleared, its lease over), so that
-    the retry resumes from them instead of starting again.
+    the retry resumes from them instead of starting again; with
+    ``checkpoints``, those in place of the ones recorded (some of which
+    rolled back with the writes they recorded).
     """
     connection = connections[using]
     if keep_progress:
-        sql = cached_sql(connection, "release keeping progress", _release_keeping_progress_sql)
-    else:
-        sql = cached_sql(connection, "release", lambda c: delete_sql(c, OWNER))
+        corrected = checkpoints is not None
+        sql = cached_sql(
+            connection,
+            ("release keeping progress", corrected),
+            lambda c: _release_keeping_progress_sql(c, corrected),
+        )
+        params = [CHECKPOINTS_FIELD.get_db_prep_save(checkpoints, connection)] if corrected else []
+        return _write(connection, sql, [*params, record_id, owner_token])
+    sql = cached_sql(connection, "release", lambda c: delete_sql(c, OWNER))
     return _write(connection, sql, [record_id, owner_token])
 
 
-def _release_keeping_progress_sql(connection: BaseDatabaseWrapper) -> str:
+def _release_keeping_progress_sql(connection: BaseDatabaseWrapper, corrected: bool) -> str:
     now = clock.now_sql(connection)
-    return update_sql(connection, OWNER, owner_token="''", locked_until=now, expires_at=now)
+    assigned = {"checkpoints": "%s"} if corrected else {}
+    return update_sql(
+        connection, OWNER, **assigned, owner_token="''", locked_until=now, expires_at=now
+    )
 
 
 def take_over(using: str, abandoned: Record, new: NewClaim) -> Claim | None:

@@ -32,6 +32,7 @@ urlpatterns = [
     path("sync/durable/", middleware_views.create_order_durable),
     path("sync/refuse/<str:refusal>/", middleware_views.create_order_then_refuse),
     path("sync/token-auth/", middleware_views.create_order_token_auth),
+    path("sync/unrenderable/", middleware_views.create_order_unrenderable),
 ]
 
 if find_spec("adrf") is not None:

@@ -1,5 +1,6 @@
 """Sync views for the middleware tests: plain, exempt, one that looks at its own claim,
-one with its own transactions, one that raises after writing, one that authenticates itself."""
+one with its own transactions, one that raises after writing, one whose response fails to
+render, one that authenticates itself."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from asgiref.sync import sync_to_async
 from django.core.exceptions import PermissionDenied
 from django.db import connection, transaction
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.template.response import TemplateResponse
 from django.utils.decorators import method_decorator
 from django.views import View
 from rest_framework.permissions import AllowAny
@@ -20,7 +22,7 @@ from django_idempotency import idempotency_exempt, idempotent
 from django_idempotency.drf import IdempotentMixin
 from django_idempotency.models import IdempotencyKey
 from tests.models import Order
-from tests.views import _create_order, calls
+from tests.views import _create_order, _unrenderable_order, calls
 
 
 def create_order(request: HttpRequest) -> HttpResponse:
@@ -146,6 +148,11 @@ def create_order_then_refuse(request: HttpRequest, refusal: str) -> HttpResponse
     if refusal == "forbidden":
         raise PermissionDenied("not yours")
     raise Http404("gone")
+
+
+def create_order_unrenderable(request: HttpRequest) -> TemplateResponse:
+    """Write, then return a template response that Django's handler fails to render."""
+    return _unrenderable_order(request)
 
 
 def create_order_token_auth(request: HttpRequest) -> JsonResponse:

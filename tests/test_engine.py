@@ -13,6 +13,7 @@ not show.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -703,6 +704,68 @@ def deadlocking(scope: str, always: bool) -> tuple[Any, list[int], int]:
         return Order.objects.create(item=item).pk
 
     return place, attempts, row
+
+
+class CheckpointBlocksTests:
+    """Lease mode: a checkpoint recorded in an atomic block lasts only if that block commits.
+
+    Each block is followed on its own, and what rolled back is put back
+    when the claim is given back: here with no request cycle around the
+    call (a worker's), where nothing else would put it back.
+    """
+
+    def run(self, fail: bool) -> dict[str, int]:
+        """Create an order per step, each checkpointed in a block; step b's fails if ``fail``."""
+        from django_idempotency.functions import run_once
+        from django_idempotency.options import DeclaredOptions
+
+        def body(info: IdempotencyInfo) -> dict[str, int]:
+            for step in ("a", "b"):
+                if step in info.checkpoints:
+                    continue
+                with transaction.atomic():
+                    info.checkpoint(step, Order.objects.create(item=step).pk)
+                    if step == "b" and fail:
+                        raise RuntimeError("step b failed after its checkpoint")
+            return info.checkpoints
+
+        options = DeclaredOptions({"atomic": False}, lambda name: name)
+        return run_once(
+            scope="test.steps", key="k", arguments={}, body=body, options=options, sender=body
+        )
+
+    def test_the_retry_resumes_after_the_block_that_committed(self) -> None:
+        with pytest.raises(RuntimeError, match="step b failed"):
+            self.run(fail=True)
+        record = IdempotencyKey.objects.get()
+        assert (record.state, record.owner_token) == (State.IN_PROGRESS, "")
+        assert set(record.checkpoints) == {"a"}
+
+        steps = self.run(fail=False)
+        assert Order.objects.filter(pk=steps["a"], item="a").exists()
+        assert Order.objects.filter(pk=steps["b"], item="b").exists()
+        assert Order.objects.filter(item="a").count() == 1
+        assert Order.objects.filter(item="b").count() == 1
+
+    def test_a_first_block_rolled_back_keeps_a_later_one_that_committed(self) -> None:
+        from django_idempotency.functions import run_once
+        from django_idempotency.options import DeclaredOptions
+
+        def body(info: IdempotencyInfo) -> None:
+            with contextlib.suppress(RuntimeError), transaction.atomic():
+                info.checkpoint("a", Order.objects.create(item="a").pk)
+                raise RuntimeError("step a rolled back")
+            with transaction.atomic():
+                info.checkpoint("b", Order.objects.create(item="b").pk)
+            raise RuntimeError("the body failed after both steps")
+
+        options = DeclaredOptions({"atomic": False}, lambda name: name)
+        with pytest.raises(RuntimeError, match="after both steps"):
+            run_once(
+                scope="test.steps", key="k", arguments={}, body=body, options=options, sender=body
+            )
+        [b] = Order.objects.values_list("pk", flat=True)
+        assert IdempotencyKey.objects.get().checkpoints == {"b": b}
 
 
 @pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB's deadlock error 1213")

@@ -347,6 +347,38 @@ class ContractTests:
         record = IdempotencyKey.objects.get()
         assert (record.state, record.status_code) == (IdempotencyKey.State.COMPLETED, 507)
 
+    @pytest.mark.skipif(
+        connection.vendor == "sqlite", reason="SQLite: the claim is the caller's transaction's"
+    )
+    def test_lease_mode_value_that_is_not_json_is_refused_after_the_caller_rolled_back(self):
+        # The refusal is committed at once, on the lease's own connection:
+        # the caller's transaction, rolled back by the error, cannot take it
+        # along and let the next call (at once or after the lease) run again.
+        runs: list[str] = []
+
+        @idempotent_function(scope="test.charge", key=lambda key: key, atomic=False)
+        def charge(key: str) -> object:
+            runs.append(key)
+            Order.objects.create(item=key)
+            return Decimal("9.99")
+
+        with (
+            pytest.raises(UnstorableResult, match="cannot be stored as JSON"),
+            transaction.atomic(),
+        ):
+            charge("k")
+        assert not Order.objects.exists()  # rolled back with the caller's transaction
+        for late in (timedelta(0), timedelta(hours=1)):
+            with (
+                database_clock.shifted(late),
+                pytest.raises(UnstorableResult, match="its value could not be stored"),
+                transaction.atomic(),
+            ):
+                charge("k")
+        assert runs == ["k"]
+        record = IdempotencyKey.objects.get()
+        assert (record.state, record.status_code) == (IdempotencyKey.State.COMPLETED, 507)
+
     def test_lease_mode_in_flight_call_is_refused(self):
         inner: list[Any] = []
 

@@ -28,6 +28,7 @@ from tests import middleware_views
 from tests.clients import get, post
 from tests.models import Order
 from tests.test_asynchronous import ASYNC_METHOD_DECORATOR
+from tests.test_engine import assert_refused_as_not_stored
 from tests.views import calls
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -422,6 +423,35 @@ class ViewRaisedTests:
         assert first.status_code == retry.status_code == 418
         assert retry["Idempotent-Replayed"] == "true"
         assert calls.value == 1
+
+
+@pytest.mark.usefixtures("installed")
+class RenderFailureTests:
+    """A view that returned a ``TemplateResponse`` Django's handler then fails to render.
+
+    Django renders it after the view, inside the middleware's call: the view
+    has acted by then, so lease mode must not give its key back.
+    """
+
+    url = "/async/sync/unrenderable/"
+
+    def test_lease_mode_completes_the_key_with_a_refusal(self, any_client, settings) -> None:
+        settings.IDEMPOTENCY = {"ATOMIC": False}
+        failed = post(any_client, self.url, key="unrenderable")
+        assert failed.status_code == 500
+        assert "Idempotent-Replayed" not in failed
+        assert IdempotencyKey.objects.get().state == IdempotencyKey.State.COMPLETED
+
+        assert_refused_as_not_stored(post(any_client, self.url, key="unrenderable"))
+        assert calls.value == 1
+        assert Order.objects.count() == 1
+
+    def test_atomic_mode_rolls_back_for_a_retry(self, any_client) -> None:
+        for _ in range(2):
+            assert post(any_client, self.url, key="unrenderable").status_code == 500
+        assert calls.value == 2
+        assert Order.objects.count() == 0
+        assert IdempotencyKey.objects.count() == 0
 
 
 @pytest.mark.usefixtures("installed")

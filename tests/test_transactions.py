@@ -38,6 +38,7 @@ from tests.models import Order
 from tests.polling import in_background, wait_until
 from tests.server import GunicornServer, UvicornServer
 from tests.server_fixtures import control_dir_fixture, controlled  # noqa: F401  fixture used by name
+from tests.test_engine import assert_refused_as_not_stored
 from tests.views import calls, create_order_lease, fail_after_view, fail_at_commit, fail_next
 
 State = IdempotencyKey.State
@@ -344,6 +345,21 @@ class AtomicRequestsTests:
         assert IdempotencyKey.objects.get().state == State.COMPLETED
 
     @server_only
+    def test_lease_result_that_cannot_be_kept_is_refused_after_the_request_rolled_back(
+        self,
+    ) -> None:
+        # The template fails to render after the view acted; the request
+        # answers 500 and its transaction rolls back, the view's write with
+        # it. The view may have called other systems (lease mode's reason to
+        # be), so the refusal must outlive that rollback: no retry runs it.
+        url = "/lease/unrenderable/class-based/"
+        assert send(url).status_code == 500
+        assert Order.objects.count() == 0  # rolled back with the request
+        assert IdempotencyKey.objects.get().state == State.COMPLETED
+        assert_refused_as_not_stored(send(url))
+        assert calls.value == 1
+
+    @server_only
     def test_lease_signal_receivers_run_on_the_request_connection(self) -> None:
         # A receiver's own writes (an audit row) must join the request's
         # transaction, not land on lease mode's connection.
@@ -460,6 +476,41 @@ def test_a_checkpoint_rolls_back_with_the_request_on_a_server(
     retry = http_post(url, body, key)
     assert retry.status_code == 201, (retry.status_code, retry.content)
     assert Order.objects.filter(pk=retry.json()["order"]).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+class CheckpointBlocksTests:
+    """A lease-mode view that checkpoints inside atomic blocks of its own.
+
+    Step ``a``'s block commits, step ``b``'s rolls back, and the request
+    fails: the retry resumes after ``a`` and runs ``b`` again, whether the
+    request's own transaction (``ATOMIC_REQUESTS``) commits the failure's
+    503, rolls back with its exception (then ``a`` runs again too), or
+    there is none.
+    """
+
+    url = "/orders/lease-checkpoint-blocks/"
+
+    @pytest.mark.parametrize(
+        "atomic_requests", [False, True], ids=["own-blocks", "atomic-requests"]
+    )
+    @pytest.mark.parametrize("failure", ["503", "raise"])
+    def test_a_checkpoint_rolled_back_with_its_block_is_discarded(
+        self, monkeypatch: pytest.MonkeyPatch, atomic_requests: bool, failure: str
+    ) -> None:
+        monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", atomic_requests)
+        key = f"blocks-{atomic_requests}-{failure}"
+        url = self.url + ("?raise=1" if failure == "raise" else "")
+        assert send(url, key).status_code == (503 if failure == "503" else 500)
+        retry = send(url, key)
+        assert retry.status_code == 201, retry.content
+        orders = json.loads(retry.content)
+        assert Order.objects.filter(pk=orders["b"], item="b").exists()
+        assert Order.objects.filter(pk=orders["a"], item="a").exists()
+        # Step b's first order rolled back with its block; step a's committed
+        # unless the request's transaction rolled back around it.
+        assert Order.objects.filter(item="b").count() == 1
+        assert Order.objects.filter(item="a").count() == 1
 
 
 @pytest.mark.django_db(transaction=True)

@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from django.db import connection
+from django.db import connection, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.template import engines
 from django.template.response import TemplateResponse
@@ -279,6 +279,35 @@ class LeaseCheckpointThenFailOnceView(View):
         return JsonResponse({"order": info.checkpoints["order"]["id"]}, status=201)
 
 
+class LeaseCheckpointBlocksView(View):
+    """Records step ``a`` in an atomic block that commits, then step ``b`` in one that rolls back.
+
+    Each step creates an order and checkpoints its id inside its block. On
+    a key's first request step ``b``'s block raises after its checkpoint
+    and rolls back; the view then answers 503, or, with ``?raise=1``,
+    raises. A retry that resumed from ``b``'s checkpoint would name an
+    order that does not exist.
+    """
+
+    @method_decorator(idempotent(atomic=False))
+    def post(self, request: HttpRequest) -> HttpResponse:
+        info = request.idempotency  # type: ignore[attr-defined]
+        for step in ("a", "b"):
+            if step in info.checkpoints:
+                continue
+            try:
+                with transaction.atomic():
+                    order = Order.objects.create(item=step)
+                    info.checkpoint(step, {"id": order.pk})
+                    if step == "b" and _first_failure(info.key):
+                        raise RuntimeError("step b failed after its checkpoint")
+            except RuntimeError:
+                if request.GET.get("raise"):
+                    raise
+                return JsonResponse({"detail": "step b failed"}, status=503)
+        return JsonResponse({step: info.checkpoints[step]["id"] for step in "ab"}, status=201)
+
+
 # A test reads the server-side id of the handler's connection here, kills that
 # connection from its own, then sets ``resume``.
 handler_connection_ids: queue.Queue[int] = queue.Queue()
@@ -340,3 +369,11 @@ def lease_unrenderable(request: HttpRequest) -> TemplateResponse:
 @idempotent
 def atomic_unrenderable(request: HttpRequest) -> TemplateResponse:
     return _unrenderable_order(request)
+
+
+class LeaseUnrenderableView(View):
+    """:func:`lease_unrenderable` as a class-based view, which ATOMIC_REQUESTS still wraps."""
+
+    @method_decorator(idempotent(atomic=False))
+    def post(self, request: HttpRequest) -> TemplateResponse:
+        return _unrenderable_order(request)
