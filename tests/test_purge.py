@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -43,7 +44,9 @@ def make_records(expired: int = 3, lease_expired: int = 2) -> set[int]:
 
 
 def delete_statements(queries: CaptureQueriesContext) -> list[str]:
-    return [q["sql"] for q in queries.captured_queries if q["sql"].lstrip().startswith("DELETE")]
+    """The statements that deleted: a ``DELETE``, or on PostgreSQL one inside ``WITH``."""
+    deleting = re.compile(r"\s*(WITH \w+ AS \()?DELETE ")
+    return [q["sql"] for q in queries.captured_queries if deleting.match(q["sql"])]
 
 
 @pytest.mark.django_db
