@@ -34,6 +34,7 @@ import multiprocessing
 import os
 import random
 import resource
+import signal
 import statistics
 import sys
 import time
@@ -169,6 +170,8 @@ class Run:
     failed: int
     claims: list[tuple[float, float]]
     progress: list[tuple[float, int]]
+    #: The machine's one-minute load average when the purge ended.
+    load: float
 
     def summary(self) -> dict[str, Any]:
         idle, during = _stats(self.idle), _stats(self.during)
@@ -190,7 +193,34 @@ class Run:
             "claims_failed": self.failed,
             # Linux reports kilobytes; the purge's process only (the writer has its own).
             "rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+            "load": round(self.load, 1),
         }
+
+
+#: The figures a table row shows, each the median over a pace's runs.
+MEASURED = (
+    "rows",
+    "seconds",
+    "rows_per_s",
+    "idle_p50_ms",
+    "idle_p99_ms",
+    "idle_max_ms",
+    "during_p50_ms",
+    "during_p99_ms",
+    "during_max_ms",
+    "p99_ratio",
+    "load",
+)
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def median_run(runs: list[Run]) -> Run:
+    """The run whose p99 ratio is the median (the lower middle one of an even count)."""
+    ordered = sorted(runs, key=lambda one: one.summary()["p99_ratio"])
+    return ordered[(len(ordered) - 1) // 2]
 
 
 def _stats(seconds: list[float]) -> dict[str, float]:
@@ -260,6 +290,7 @@ def run(options: argparse.Namespace, pace: str) -> Run:
         failed=sum(1 for *_, failed in samples if failed),
         claims=[(round(at - started, 4), round(seconds * 1000, 3)) for at, seconds in ok],
         progress=[(round(at - started, 4), total) for at, total in progress],
+        load=os.getloadavg()[0],
     )
 
 
@@ -280,16 +311,18 @@ def table(runs: list[Run], options: argparse.Namespace) -> Table:
             "during p99 ms",
             "during max ms",
             "p99 during/idle",
+            "load",
         ],
     )
-    for one in runs:
-        row = one.summary()
+    for pace in options.pace:
+        mine = [one.summary() for one in runs if one.pace == pace]
+        row = {name: _median([one[name] for one in mine]) for name in MEASURED}
         result.add(
-            one.pace,
-            _describe(one.settings),
-            f"{row['rows']:,}",
+            pace,
+            _describe(next(one for one in runs if one.pace == pace).settings),
+            f"{row['rows']:,.0f}",
             f"{row['seconds']:.1f}",
-            f"{row['rows_per_s']:,}",
+            f"{row['rows_per_s']:,.0f}",
             f"{row['idle_p50_ms']:.1f}",
             f"{row['idle_p99_ms']:.1f}",
             f"{row['idle_max_ms']:.0f}",
@@ -297,19 +330,23 @@ def table(runs: list[Run], options: argparse.Namespace) -> Table:
             f"{row['during_p99_ms']:.1f}",
             f"{row['during_max_ms']:.0f}",
             f"{row['p99_ratio']:.1f}x",
+            f"{row['load']:.1f}",
         )
     result.notes = [
         f"Claims: one every {options.claim_interval * 1000:g} ms from a separate process, "
         "half new keys, half taking over expired rows; latency from the claim's start to "
         f"its commit. Idle: the {options.idle_seconds:g} s before the purge starts.",
+        "Load: the machine's one-minute load average as the purge ended.",
     ]
+    if options.repeat > 1:
+        result.notes.append(
+            f"Each cell is the median of {options.repeat} interleaved runs of each pace."
+        )
     return result
 
 
 def _describe(pacing: dict[str, Any]) -> str:
-    return ", ".join(
-        f"{name}={value:g}" for name, value in pacing.items() if value is not None
-    )
+    return ", ".join(f"{name}={value:g}" for name, value in pacing.items() if value is not None)
 
 
 def charts(runs: list[Run], directory: Path) -> None:
@@ -379,6 +416,9 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=None)
     parser.add_argument("--claim-interval", type=float, default=0.01, help="seconds")
     parser.add_argument("--idle-seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="runs of each pace; the table shows the medians"
+    )
     parser.add_argument("--json", type=Path, default=None, help="write rows and series here")
     parser.add_argument("--charts", type=Path, default=None, help="write the SVG charts here")
     options = parser.parse_args()
@@ -386,6 +426,8 @@ def main() -> None:
     from django.core.management import call_command
     from django.db import connection, connections
 
+    # A terminated run still drops its database (the finally below).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     admin_sql(f'CREATE DATABASE "{DATABASE_NAME}"')
     runs: list[Run] = []
     try:
@@ -393,14 +435,18 @@ def main() -> None:
         with connection.cursor() as cursor:
             cursor.execute("SHOW server_version")
             postgres = cursor.fetchone()[0]
-        for pace in options.pace:
-            runs.append(run(options, pace))
-            print(f"{pace}: {json.dumps(runs[-1].summary())}", file=sys.stderr, flush=True)
+        # Repeats are interleaved, so that a busy minute on the machine
+        # falls on every pace alike.
+        for _ in range(options.repeat):
+            for pace in options.pace:
+                runs.append(run(options, pace))
+                print(f"{pace}: {json.dumps(runs[-1].summary())}", file=sys.stderr, flush=True)
     finally:
         connections.close_all()
         admin_sql(f'DROP DATABASE IF EXISTS "{DATABASE_NAME}" WITH (FORCE)')
 
     result = table(runs, options)
+    shown = [median_run([one for one in runs if one.pace == pace]) for pace in options.pace]
     facts = dict(environment(postgres, []))
     print(result.text())
     print(f"  * machine: {facts['machine']}; PostgreSQL {postgres}")
@@ -414,10 +460,11 @@ def main() -> None:
                     "machine": facts["machine"],
                     "postgresql": postgres,
                     "claim_interval": options.claim_interval,
-                    "rows": [one.summary() for one in runs],
+                    "table": [dict(zip(result.header, row, strict=True)) for row in result.rows],
+                    "runs": [one.summary() for one in runs],
                     "series": {
                         one.pace: {"claims_ms": one.claims, "progress_rows": one.progress}
-                        for one in runs
+                        for one in shown
                     },
                 },
                 indent=1,
@@ -425,7 +472,7 @@ def main() -> None:
             + "\n"
         )
     if options.charts:
-        charts(runs, options.charts)
+        charts(shown, options.charts)
 
 
 if __name__ == "__main__":

@@ -105,8 +105,8 @@ class Command(BaseCommand):
             default=DEFAULT_PAUSE,
             metavar="RATIO",
             help="Rest after each batch for this many times as long as it took, leaving "
-            f"the database to requests (default {DEFAULT_PAUSE:g}: at most half the time "
-            "purging); 0 runs batches back to back.",
+            f"the database to requests (default {DEFAULT_PAUSE:g}: purging at most "
+            f"{1 / (1 + DEFAULT_PAUSE):.0%} of the time); 0 runs batches back to back.",
         )
         parser.add_argument(
             "--rate",
