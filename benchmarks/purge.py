@@ -8,17 +8,20 @@ server's would be), one every ``--claim-interval`` seconds (default
 half of them new keys and half taking over expired rows the purge is
 deleting. The writer claims for ``--idle-seconds`` with no purge running
 (*idle*), then during :func:`django_idempotency.purge.purge_expired`
-(*during*). Two paces by default:
+(*during*), and stops when the purge ends. The paces (``--pace``):
 
-* ``off``: the purge before it yielded to traffic, fixed batches of
-  ``--batch-size`` back to back (``batch_seconds=None, pause=0``);
-* ``on``: the purge's defaults, or ``--batch-seconds``, ``--pause`` and
-  ``--rate`` when given.
+* ``before``: the purge as it was, fixed batches of ``--batch-size`` back
+  to back, each walking the ``expires_at`` index from its start;
+* ``unpaced``: this version's batches (each starting where the last
+  ended), back to back;
+* ``after``: this version with its defaults, or with ``--batch-seconds``,
+  ``--pause`` and ``--rate`` when given.
 
-It prints one row per pace (the purge's rows/s and seconds, peak RSS, and
-the claims' p50, p99 and max latency idle and during the purge), writes
-the rows and the time series (each claim's latency, the purge's progress)
-as JSON with ``--json PATH``, and charts with ``--charts DIR``.
+It prints one row per pace (the purge's rows/s and seconds, and the
+claims' p50, p99 and max latency idle and during the purge; with
+``--repeat`` the medians of interleaved runs), writes the rows and the
+time series (each claim's latency, the purge's progress) as JSON with
+``--json PATH``, and two SVG charts with ``--charts DIR``.
 
     python benchmarks/purge.py --rows 1000000 --json purge.json --charts docs/_static/benchmarks
 
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import multiprocessing
 import os
 import random
@@ -75,14 +79,17 @@ def configure() -> None:
 
 
 def fill(rows: int) -> None:
-    """An empty table, then ``rows`` expired records written by the server in one statement."""
+    """``rows`` expired records written by the server in one statement, once per run.
+
+    Each pace then purges a copy of this database (:func:`copy_database`),
+    which takes seconds where filling takes minutes at 10,000,000 rows.
+    """
     from django.db import connection
 
     from django_idempotency.models import IdempotencyKey
 
     table = connection.ops.quote_name(IdempotencyKey._meta.db_table)
     with connection.cursor() as cursor:
-        cursor.execute(f"TRUNCATE {table}")
         cursor.execute(
             f"INSERT INTO {table} (scope, key, fingerprint, state, status_code, "
             "response_headers, response_body, owner_token, created_at, expires_at, attempt) "
@@ -93,9 +100,28 @@ def fill(rows: int) -> None:
             [rows],
         )
         cursor.execute(f"VACUUM ANALYZE {table}")
-        # Each pace starts from the same state: nothing dirty left to write.
-        cursor.execute("CHECKPOINT")
     connection.close()
+
+
+def copy_database(name: str) -> None:
+    """A copy of the filled database, for one pace, that Django's connections use.
+
+    ``FILE_COPY`` checkpoints and copies the files, so every pace starts from
+    the same state: nothing dirty left to write, nothing of the table cached.
+    """
+    from django.db import connections
+
+    connections.close_all()
+    admin_sql(f'CREATE DATABASE "{name}" TEMPLATE "{DATABASE_NAME}" STRATEGY FILE_COPY')
+    connections["default"].settings_dict["NAME"] = name
+
+
+def checkpoint() -> None:
+    """Write what the purge left dirty, so that the claims after it are idle again."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("CHECKPOINT")
 
 
 def write_claims(rows: int, interval: float, ready: Any, stop: Any, results: Any) -> None:
@@ -172,6 +198,8 @@ class Run:
     progress: list[tuple[float, int]]
     #: The machine's one-minute load average when the purge ended.
     load: float
+    #: Seconds from the purge's start to the idle window after it.
+    idle_again: float
 
     def summary(self) -> dict[str, Any]:
         idle, during = _stats(self.idle), _stats(self.during)
@@ -232,7 +260,7 @@ def _stats(seconds: list[float]) -> dict[str, float]:
 
 
 def run(options: argparse.Namespace, pace: str) -> Run:
-    """Fill, claim idle for a while, then purge while claiming; the writer stops with the purge."""
+    """Claim idle for a while, purge while claiming, checkpoint, claim idle again."""
     from django.db import connections
 
     from django_idempotency import purge
@@ -245,8 +273,20 @@ def run(options: argparse.Namespace, pace: str) -> Run:
             "pause": purge.DEFAULT_PAUSE if options.pause is None else options.pause,
             "rate": options.rate,
         }
-    fill(options.rows)
-    connections.close_all()  # the writer is forked: it must not share a connection
+    copy = f"{DATABASE_NAME}_{pace}"
+    copy_database(copy)  # and no connection open: the writer is forked
+    try:
+        return _run(options, pace, pacing)
+    finally:
+        connections.close_all()
+        connections["default"].settings_dict["NAME"] = DATABASE_NAME
+        admin_sql(f'DROP DATABASE IF EXISTS "{copy}" WITH (FORCE)')
+
+
+def _run(options: argparse.Namespace, pace: str, pacing: dict[str, Any]) -> Run:
+    from django.db import connections
+
+    from django_idempotency import purge
 
     context = multiprocessing.get_context("fork")
     ready, stop, results = context.Event(), context.Event(), context.Queue()
@@ -274,6 +314,9 @@ def run(options: argparse.Namespace, pace: str) -> Run:
     finally:
         purge._DELETE_BATCH["postgresql"] = statement
     ended = time.monotonic()
+    checkpoint()
+    idle_again = time.monotonic()
+    time.sleep(options.idle_seconds)  # the idle window after the purge
     stop.set()
     samples = results.get(timeout=60)
     writer.join(60)
@@ -285,10 +328,11 @@ def run(options: argparse.Namespace, pace: str) -> Run:
         settings={"batch_size": options.batch_size, **pacing},
         rows=deleted,
         seconds=ended - started,
-        idle=[seconds for at, seconds in ok if at < started],
+        idle=[seconds for at, seconds in ok if at < started or at >= idle_again],
         during=[seconds for at, seconds in ok if started <= at <= ended],
         failed=sum(1 for *_, failed in samples if failed),
         claims=[(round(at - started, 4), round(seconds * 1000, 3)) for at, seconds in ok],
+        idle_again=idle_again - started,
         progress=[(round(at - started, 4), total) for at, total in progress],
         load=os.getloadavg()[0],
     )
@@ -335,7 +379,9 @@ def table(runs: list[Run], options: argparse.Namespace) -> Table:
     result.notes = [
         f"Claims: one every {options.claim_interval * 1000:g} ms from a separate process, "
         "half new keys, half taking over expired rows; latency from the claim's start to "
-        f"its commit. Idle: the {options.idle_seconds:g} s before the purge starts.",
+        f"its commit. Idle: the {options.idle_seconds:g} s before the purge and the "
+        f"{options.idle_seconds:g} s after it, once a CHECKPOINT has written what it left "
+        "dirty (claims during that CHECKPOINT are in neither).",
         "Load: the machine's one-minute load average as the purge ended.",
     ]
     if options.repeat > 1:
@@ -357,9 +403,11 @@ def charts(runs: list[Run], directory: Path) -> None:
     deleted: dict[str, list[tuple[float, float]]] = {}
     for one in runs:
         end = one.seconds
-        idle = [(at, ms) for at, ms in one.claims if at < 0]
+        before = _worst_per_window([(at, ms) for at, ms in one.claims if at < 0])
+        after = _worst_per_window([(at, ms) for at, ms in one.claims if at >= one.idle_again])
         during = [(at, ms) for at, ms in one.claims if 0 <= at <= end]
-        latency[f"{one.pace}: idle"] = _worst_per_window(idle)
+        # A gap (not a line across the purge) between the two idle windows.
+        latency[f"{one.pace}: idle"] = [*before, (end / 2, math.nan), *after]
         latency[f"{one.pace}: purge running"] = _worst_per_window(during)
         deleted[f"{one.pace}"] = _thin([(at, float(total)) for at, total in one.progress])
     line_chart(
@@ -435,6 +483,7 @@ def main() -> None:
         with connection.cursor() as cursor:
             cursor.execute("SHOW server_version")
             postgres = cursor.fetchone()[0]
+        fill(options.rows)
         # Repeats are interleaved, so that a busy minute on the machine
         # falls on every pace alike.
         for _ in range(options.repeat):
@@ -472,7 +521,9 @@ def main() -> None:
             + "\n"
         )
     if options.charts:
-        charts(shown, options.charts)
+        # Before against after; the unpaced row is for the table.
+        charted = [one for one in shown if one.pace != "unpaced"] or shown
+        charts(charted, options.charts)
 
 
 if __name__ == "__main__":
