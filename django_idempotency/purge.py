@@ -49,8 +49,7 @@ DEADLOCK_ATTEMPTS = 5
 #: Target seconds of one batch's transaction (see :class:`Pace`). A batch of
 #: DEFAULT_BATCH_SIZE rows took 10-45 ms on PostgreSQL on a busy 2-core
 #: machine (``benchmarks/purge.py``), so the size shrinks only when a batch
-#: stalls (a checkpoint, a lock wait), and shrinking further bought nothing:
-#: every batch pays a round trip, a commit and an index descent.
+#: stalls (a checkpoint, a lock wait) rather than under ordinary load.
 DEFAULT_BATCH_SECONDS = 0.1
 
 #: Rest after each batch, as a multiple of the time the batch took: the
