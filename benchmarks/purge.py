@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import multiprocessing
 import os
 import random
@@ -62,7 +61,7 @@ PACES = ("before", "unpaced", "after")
 #: Claims the writer makes before it is measured.
 WARM_UP = 50
 
-#: Points per line in a chart: enough to show every stall, few enough for a small SVG.
+#: The shortest window of the latency chart, in seconds: one point per window.
 CHART_WINDOW = 0.5
 
 
@@ -395,44 +394,73 @@ def _describe(pacing: dict[str, Any]) -> str:
     return ", ".join(f"{name}={value:g}" for name, value in pacing.items() if value is not None)
 
 
-def charts(runs: list[Run], directory: Path) -> None:
-    """Claim latency over time (worst claim per half second) and rows deleted over time."""
+def charts(runs: list[Run], directory: Path, rows: int) -> None:
+    """Claim latency over time (the worst claim per window) and rows deleted over time."""
     from benchmarks.charts import line_chart
 
+    # About 150 windows across the longest run: every stall shows, and the
+    # chart stays readable.
+    window = max(CHART_WINDOW, round(max(one.seconds for one in runs) / 150))
     latency: dict[str, list[tuple[float, float]]] = {}
     deleted: dict[str, list[tuple[float, float]]] = {}
     for one in runs:
-        end = one.seconds
-        before = _worst_per_window([(at, ms) for at, ms in one.claims if at < 0])
-        after = _worst_per_window([(at, ms) for at, ms in one.claims if at >= one.idle_again])
-        during = [(at, ms) for at, ms in one.claims if 0 <= at <= end]
-        # A gap (not a line across the purge) between the two idle windows.
-        latency[f"{one.pace}: idle"] = [*before, (end / 2, math.nan), *after]
-        latency[f"{one.pace}: purge running"] = _worst_per_window(during)
-        deleted[f"{one.pace}"] = _thin([(at, float(total)) for at, total in one.progress])
+        windows = {
+            "idle before": [(at, ms) for at, ms in one.claims if at < 0],
+            "purge running": [(at, ms) for at, ms in one.claims if 0 <= at <= one.seconds],
+            "idle after": [(at, ms) for at, ms in one.claims if at >= one.idle_again],
+        }
+        for name, points in windows.items():
+            if points:
+                latency[f"{one.pace}: {name}"] = _worst_per_window(points, window)
+        deleted[one.pace] = _thin([(at, float(total)) for at, total in one.progress], 60)
     line_chart(
         directory / "purge-latency.svg",
-        f"Claim latency beside a purge of {runs[0].rows:,} rows (worst per {CHART_WINDOW:g} s)",
+        f"Claims beside a purge of {rows:,} records",
         "seconds since the purge started",
-        "claim latency, ms",
+        f"worst claim per {window:g} s (ms)",
         latency,
         log_y=True,
     )
     line_chart(
         directory / "purge-rate.svg",
-        f"Rows deleted by the purge of {runs[0].rows:,} rows",
+        f"A purge of {rows:,} records",
         "seconds since the purge started",
-        "rows deleted",
+        "records deleted",
         deleted,
     )
 
 
-def _worst_per_window(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def _worst_per_window(
+    points: list[tuple[float, float]], seconds: float
+) -> list[tuple[float, float]]:
     windows: dict[int, float] = {}
     for at, ms in points:
-        window = int(at // CHART_WINDOW)
+        window = int(at // seconds)
         windows[window] = max(windows.get(window, 0.0), ms)
-    return [(window * CHART_WINDOW, ms) for window, ms in sorted(windows.items())]
+    return [(window * seconds, ms) for window, ms in sorted(windows.items())]
+
+
+def replot(path: Path, directory: Path) -> None:
+    """The charts again from a run's ``--json`` file, without running anything."""
+    saved = json.loads(path.read_text())
+    runs = [
+        Run(
+            pace=pace,
+            settings={},
+            rows=0,
+            seconds=series["seconds"],
+            idle=[],
+            during=[],
+            failed=0,
+            claims=[(at, ms) for at, ms in series["claims_ms"]],
+            progress=[(at, total) for at, total in series["progress_rows"]],
+            load=0.0,
+            idle_again=series["idle_again"],
+        )
+        for pace, series in saved["series"].items()
+        if pace != "unpaced" or len(saved["series"]) == 1
+    ]
+    charts(runs, directory, saved["filled"])
 
 
 def _thin(points: list[tuple[float, float]], most: int = 400) -> list[tuple[float, float]]:
@@ -469,7 +497,19 @@ def main() -> None:
     )
     parser.add_argument("--json", type=Path, default=None, help="write rows and series here")
     parser.add_argument("--charts", type=Path, default=None, help="write the SVG charts here")
+    parser.add_argument(
+        "--replot",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="draw the --charts again from a run's --json file, and run nothing",
+    )
     options = parser.parse_args()
+    if options.replot:
+        if not options.charts:
+            parser.error("--replot needs --charts DIR: where to write the charts")
+        replot(options.replot, options.charts)
+        return
 
     from django.core.management import call_command
     from django.db import connection, connections
@@ -509,10 +549,16 @@ def main() -> None:
                     "machine": facts["machine"],
                     "postgresql": postgres,
                     "claim_interval": options.claim_interval,
+                    "filled": options.rows,
                     "table": [dict(zip(result.header, row, strict=True)) for row in result.rows],
                     "runs": [one.summary() for one in runs],
                     "series": {
-                        one.pace: {"claims_ms": one.claims, "progress_rows": one.progress}
+                        one.pace: {
+                            "seconds": one.seconds,
+                            "idle_again": one.idle_again,
+                            "claims_ms": one.claims,
+                            "progress_rows": one.progress,
+                        }
                         for one in shown
                     },
                 },
@@ -523,7 +569,7 @@ def main() -> None:
     if options.charts:
         # Before against after; the unpaced row is for the table.
         charted = [one for one in shown if one.pace != "unpaced"] or shown
-        charts(charted, options.charts)
+        charts(charted, options.charts, options.rows)
 
 
 if __name__ == "__main__":
