@@ -9,12 +9,21 @@ into Python. Purges on several workers at once do not queue behind each
 other: where the database can, a batch skips rows another purge (or a claim
 taking over an expired key) has locked, and each row is counted by the one
 ``DELETE`` that removed it.
+
+A purge also yields to the requests that share the database with it (see
+:class:`Pace`): each batch is sized to stay under a target time, the purge
+rests between batches in proportion to how long each took, and it may be
+held to a number of rows per second.
 """
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Any, NamedTuple
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
@@ -37,7 +46,112 @@ DEFAULT_BATCH_SIZE = 5000
 #: How often one batch runs again after losing a deadlock before giving up.
 DEADLOCK_ATTEMPTS = 5
 
+#: Target seconds of one batch's transaction (see :class:`Pace`). A batch of
+#: DEFAULT_BATCH_SIZE rows took 10-45 ms on PostgreSQL on a busy 2-core
+#: machine (``benchmarks/purge.py``), so the size shrinks only when a batch
+#: stalls (a checkpoint, a lock wait) rather than under ordinary load.
+DEFAULT_BATCH_SECONDS = 0.1
+
+#: Rest after each batch, as a multiple of the time the batch took: the
+#: purge has the database at most two thirds of the time, and takes at most
+#: half as long again as back to back (docs/purge.rst has the figures).
+DEFAULT_PAUSE = 0.5
+
+#: The adaptive batch size starts here and never shrinks below it (nor
+#: past ``batch_size``): under a hundred rows a batch's cost is its round
+#: trip and commit, and shrinking it further shortens no lock.
+MIN_BATCH_SIZE = 100
+
 Progress = Callable[[int], None]
+
+#: Waits out a rest; a module attribute so that tests can record the rests.
+_rest = time.sleep
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _positive(value: object) -> bool:
+    return _number(value) and value > 0  # type: ignore[operator]
+
+
+@dataclass(frozen=True)
+class Pace:
+    """How a purge shares the database with the requests that use it meanwhile.
+
+    A batch's ``DELETE`` competes with claims for the server's CPU, its
+    write-ahead log and its disk. ``batch_seconds`` bounds how long one
+    batch holds them: the batch size adapts (shrinking at once past the
+    target, doubling back while well under it) between
+    :data:`MIN_BATCH_SIZE` and the purge's ``batch_size``; ``None`` keeps
+    every batch at ``batch_size``. ``pause`` is the rest after each batch
+    as a multiple of the time it took, so the purge uses the database at
+    most ``1 / (1 + pause)`` of the time whatever the machine; ``0`` never
+    rests. ``rate``, if given, holds the purge to that many rows per
+    second, and no batch is larger than one second's worth.
+    """
+
+    batch_seconds: float | None = DEFAULT_BATCH_SECONDS
+    pause: float = DEFAULT_PAUSE
+    rate: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.batch_seconds is not None and not _positive(self.batch_seconds):
+            raise ValueError(
+                "batch_seconds must be a positive number of seconds (or None to keep "
+                f"every batch at batch_size), not {self.batch_seconds!r}."
+            )
+        if not _number(self.pause) or self.pause < 0:
+            raise ValueError(
+                "pause must be a number of batch durations, 0 or more "
+                f"(0 turns the rest between batches off), not {self.pause!r}."
+            )
+        if self.rate is not None and not _positive(self.rate):
+            raise ValueError(
+                "rate must be a positive number of rows per second (or None for no "
+                f"limit), not {self.rate!r}."
+            )
+
+    def largest(self, batch_size: int) -> int:
+        """The largest batch: ``batch_size``, or one second's worth at ``rate``."""
+        if self.rate is None:
+            return batch_size
+        return max(1, min(batch_size, math.floor(self.rate)))
+
+    def smallest(self, batch_size: int) -> int:
+        """The smallest batch the adaptive size shrinks to."""
+        return min(MIN_BATCH_SIZE, self.largest(batch_size))
+
+    def first_size(self, batch_size: int) -> int:
+        """The first batch's size: the smallest while the batch time is unknown."""
+        if self.batch_seconds is None:
+            return self.largest(batch_size)
+        return self.smallest(batch_size)
+
+    def next_size(self, size: int, seconds: float, batch_size: int) -> int:
+        """The next batch's size, after one of ``size`` rows took ``seconds``."""
+        if self.batch_seconds is None:
+            return self.largest(batch_size)
+        if seconds > self.batch_seconds:
+            # Shrink in proportion: a batch over the target is what hurts.
+            wanted = math.floor(size * self.batch_seconds / seconds)
+        elif seconds * 2 <= self.batch_seconds:
+            wanted = size * 2
+        else:
+            wanted = size
+        return max(self.smallest(batch_size), min(wanted, self.largest(batch_size)))
+
+    def rest(self, rows: int, seconds: float) -> float:
+        """Seconds to rest after a batch that deleted ``rows`` in ``seconds``."""
+        rest = self.pause * seconds
+        if self.rate is not None:
+            rest = max(rest, rows / self.rate - seconds)
+        return rest
+
+
+#: The purge as it was before it yielded: fixed batches, back to back.
+UNPACED = Pace(batch_seconds=None, pause=0.0)
 
 
 def purge_expired(
@@ -46,6 +160,10 @@ def purge_expired(
     dry_run: bool = False,
     now: datetime | None = None,
     progress: Progress | None = None,
+    *,
+    batch_seconds: float | None = DEFAULT_BATCH_SECONDS,
+    pause: float = DEFAULT_PAUSE,
+    rate: float | None = None,
 ) -> int:
     """Delete every record that expired at or before ``now``; return how many went.
 
@@ -55,7 +173,12 @@ def purge_expired(
     keep expiring; each batch deletes only what expired by then. ``dry_run`` counts what would
     be deleted and deletes nothing. ``progress`` is called after each batch
     with the running total, so callers can report on long runs.
+    ``batch_size`` is the most rows one batch deletes; ``batch_seconds``,
+    ``pause`` and ``rate`` say how the purge yields to requests meanwhile
+    (see :class:`Pace`).
 
+    A value out of range raises :class:`ValueError` naming the fix, before
+    anything is deleted.
     An unknown database alias, and a missing table, raise
     :class:`~django.core.exceptions.ImproperlyConfigured` (the latter saying
     to run ``migrate``); a lock wait that ran out (the database is
@@ -65,8 +188,9 @@ def purge_expired(
     Rows already deleted by earlier batches stay deleted if a later batch
     fails: every batch commits on its own.
     """
-    if batch_size < 1:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}.")
+    pace = Pace(batch_seconds=batch_seconds, pause=pause, rate=rate)
     using = using or idempotency_settings.database
     try:
         connection = connections[using]
@@ -78,34 +202,57 @@ def purge_expired(
         cutoff = clock.read(connection) if now is None else now
         if dry_run:
             return IdempotencyKey.objects.using(using).filter(expires_at__lte=cutoff).count()
-        return _purge(connection, cutoff, batch_size, progress)
+        return _purge(connection, cutoff, batch_size, pace, progress)
 
 
 def _purge(
     connection: BaseDatabaseWrapper,
     cutoff: datetime,
     batch_size: int,
+    pace: Pace,
     progress: Progress | None,
 ) -> int:
-    delete_batch = _delete_batch_mysql if connection.vendor == "mysql" else _delete_batch_subquery
+    delete_batch = _DELETE_BATCH.get(connection.vendor, _delete_batch_subquery)
     deleted = 0
+    size = pace.first_size(batch_size)
+    passed: datetime | None = None
     while True:
-        found, removed = _with_deadlock_retry(connection, delete_batch, cutoff, batch_size)
-        deleted += removed
-        if progress is not None and removed:
+        started = time.monotonic()
+        batch = _with_deadlock_retry(connection, delete_batch, cutoff, size, passed)
+        seconds = time.monotonic() - started
+        deleted += batch.removed
+        passed = batch.passed
+        if progress is not None and batch.removed:
             progress(deleted)
         # A short batch means nothing more expired is left that this purge
         # could lock; rows another purge holds are that purge's to delete.
-        if found < batch_size:
+        if batch.found < size:
             return deleted
+        rest = pace.rest(batch.removed, seconds)
+        if rest > 0:
+            _rest(rest)
+        size = pace.next_size(size, seconds, batch_size)
+
+
+class Batch(NamedTuple):
+    """What one batch did: rows it chose, rows it deleted, how far it got."""
+
+    found: int
+    removed: int
+    #: The latest expiry deleted, where the next batch starts (PostgreSQL).
+    passed: datetime | None = None
+
+
+DeleteBatch = Callable[[BaseDatabaseWrapper, datetime, int, "datetime | None"], Batch]
 
 
 def _with_deadlock_retry(
     connection: BaseDatabaseWrapper,
-    delete_batch: Callable[[BaseDatabaseWrapper, datetime, int], tuple[int, int]],
+    delete_batch: DeleteBatch,
     cutoff: datetime,
     batch_size: int,
-) -> tuple[int, int]:
+    passed: datetime | None,
+) -> Batch:
     """Run one batch again if the database chose it as a deadlock victim.
 
     InnoDB can deadlock two deletes walking the same secondary index (one
@@ -117,7 +264,7 @@ def _with_deadlock_retry(
     for attempt in range(1, DEADLOCK_ATTEMPTS + 1):
         try:
             with store.explained(connection.alias):
-                return delete_batch(connection, cutoff, batch_size)
+                return delete_batch(connection, cutoff, batch_size, passed)
         except store.Retry:
             if connection.in_atomic_block or attempt == DEADLOCK_ATTEMPTS:
                 raise
@@ -134,39 +281,73 @@ def _names(connection: BaseDatabaseWrapper) -> tuple[str, str, str]:
     )
 
 
-def _delete_batch_subquery(
-    connection: BaseDatabaseWrapper, cutoff: datetime, batch_size: int
-) -> tuple[int, int]:
-    """PostgreSQL and SQLite: choose and delete one batch in a single statement.
+def _delete_batch_postgresql(
+    connection: BaseDatabaseWrapper, cutoff: datetime, batch_size: int, passed: datetime | None
+) -> Batch:
+    """PostgreSQL: choose and delete one batch in a single statement, from where the last ended.
 
     One statement is one transaction under autocommit, with no round trip
     carrying the keys. ``ORDER BY expires_at`` keeps the planner on the index
-    even when only a few rows of a large table have expired. On PostgreSQL
-    ``FOR UPDATE SKIP LOCKED`` lets concurrent purges take disjoint batches;
-    SQLite serialises writers anyway (and finds ``IN`` rows by rowid).
+    even when only a few rows of a large table have expired, and
+    ``FOR UPDATE SKIP LOCKED`` lets concurrent purges take disjoint batches.
+    A deleted row's index entry stays until ``VACUUM``, so a batch that
+    walked the index from its start stepped over every row the purge had
+    deleted so far: each batch slower than the last, a purge's time
+    quadratic in its rows. Each batch starts at the latest expiry the one
+    before deleted (``>=``: rows sharing it may remain). A row locked when
+    the purge passed it (a claim taking it over, another purge deleting it)
+    is that transaction's, and otherwise left to the next run.
+    """
+    table, pk, expires = _names(connection)
+    since = "" if passed is None else f" AND {expires} >= %s"
+    batch = (
+        f"SELECT {pk} FROM {table} WHERE {expires} <= %s{since} "
+        f"ORDER BY {expires} LIMIT %s FOR UPDATE SKIP LOCKED"
+    )
+    # With "IN (subquery)" the planner hash-joins the batch against a
+    # sequential scan of the whole table, every batch. An ARRAY(...) is
+    # computed once up front and then found through the primary key.
+    sql = (
+        f"WITH gone AS (DELETE FROM {table} WHERE {pk} = ANY(ARRAY({batch})) "
+        f"RETURNING {expires}) SELECT count(*), max({expires}) FROM gone"
+    )
+    adapt = connection.ops.adapt_datetimefield_value
+    params: list[Any] = [adapt(cutoff), *([] if passed is None else [adapt(passed)]), batch_size]
+    # Under autocommit the one statement is its own transaction.
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        removed, last = cursor.fetchone()
+    # The statement does not say how many rows it chose, only how many it
+    # deleted; here the two are the same rows.
+    return Batch(removed, removed, last if last is not None else passed)
+
+
+def _delete_batch_subquery(
+    connection: BaseDatabaseWrapper, cutoff: datetime, batch_size: int, passed: datetime | None
+) -> Batch:
+    """SQLite (and any other backend): choose and delete one batch in a single statement.
+
+    One statement is one transaction under autocommit, with no round trip
+    carrying the keys; ``ORDER BY expires_at`` keeps the planner on the
+    index. SQLite serialises writers anyway, finds ``IN`` rows by rowid, and
+    removes a deleted row's index entry with it, so each batch starts from
+    the index's beginning at no cost.
     """
     table, pk, expires = _names(connection)
     batch = f"SELECT {pk} FROM {table} WHERE {expires} <= %s ORDER BY {expires} LIMIT %s"
-    if connection.vendor == "postgresql":
-        # With "IN (subquery)" the planner hash-joins the batch against a
-        # sequential scan of the whole table, every batch. An ARRAY(...) is
-        # computed once up front and then found through the primary key.
-        sql = f"DELETE FROM {table} WHERE {pk} = ANY(ARRAY({batch} FOR UPDATE SKIP LOCKED))"
-    else:
-        sql = f"DELETE FROM {table} WHERE {pk} IN ({batch})"
+    sql = f"DELETE FROM {table} WHERE {pk} IN ({batch})"
     params = [connection.ops.adapt_datetimefield_value(cutoff), batch_size]
-    # Under autocommit the one statement is its own transaction.
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         removed = cursor.rowcount
     # The statement does not say how many rows it chose, only how many it
-    # deleted; on these backends the two are the same rows.
-    return removed, removed
+    # deleted; on SQLite the two are the same rows.
+    return Batch(removed, removed)
 
 
 def _delete_batch_mysql(
-    connection: BaseDatabaseWrapper, cutoff: datetime, batch_size: int
-) -> tuple[int, int]:
+    connection: BaseDatabaseWrapper, cutoff: datetime, batch_size: int, passed: datetime | None
+) -> Batch:
     """MySQL/MariaDB: one ``DELETE ... ORDER BY expires_at LIMIT`` per batch.
 
     ``SKIP LOCKED`` exists only on ``SELECT`` here (MariaDB 10.6+, MySQL 8),
@@ -183,4 +364,10 @@ def _delete_batch_mysql(
             [connection.ops.adapt_datetimefield_value(cutoff), batch_size],
         )
         removed = cursor.rowcount
-    return removed, removed
+    return Batch(removed, removed)
+
+
+_DELETE_BATCH: dict[str, DeleteBatch] = {
+    "postgresql": _delete_batch_postgresql,
+    "mysql": _delete_batch_mysql,
+}

@@ -5,8 +5,10 @@ decides nothing about what the answers should be. The original runs in a
 thread until it sends a signal (by default ``key_claimed``, with its key
 claimed and its handler about to run) and is held there; the copies start
 and each is watched until it has either answered or is seen waiting in the
-database for the original; then the original is let go. Every thread uses,
-and closes, its own database connections and its own test client.
+database for the original; then the original is let go. A copy counted as
+waiting must still be in its claim statement at that moment, or the race
+reported did not take place and the run fails. Every thread uses, and
+closes, its own database connections and its own test client.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import connections
+from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.sqlite3.creation import DatabaseCreation
 from django.dispatch import Signal
@@ -50,6 +52,8 @@ class RaceRun:
     original: HttpResponseBase
     duplicates: list[HttpResponseBase]
     waited: list[bool]
+    #: Whether the original was held inside a transaction (atomic mode).
+    in_transaction: bool
 
 
 def refuse_untestable(using: str) -> None:
@@ -83,26 +87,59 @@ def refuse_untestable(using: str) -> None:
 
 @dataclass
 class _Watch:
-    """What one copy's thread is doing, as its connection's statements show it."""
+    """What one copy's thread is doing, as its connection's statements show it.
+
+    Written by the copy's thread and read by the test's, under ``lock``: the
+    lock every copy's watch shares with the let-go, so that the let-go sees
+    each claim statement either running or returned.
+    """
 
     table: str
+    lock: threading.Lock
     claiming: str | None = None
     session: int | None = None
+    #: When (``time.monotonic()``) its first claim statement started.
+    started: float | None = None
+    #: When its last claim statement returned; ``None`` while one runs.
+    returned: float | None = None
+    #: Whether that statement raised: its wait ended without the original.
+    gave_up: bool = False
 
     def __call__(
         self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: dict
     ) -> Any:
+        # Any statement: a copy stuck outside its claim is still named by its session.
+        self.session = _session_id(context["connection"])
         # The claim's statement (SQLite: the BEGIN that waits for the write
         # lock) is marked while it runs: that is where a copy waits.
         waits_here = self.table in sql or sql.lstrip().upper().startswith("BEGIN")
-        if waits_here:
-            self.session = _session_id(context["connection"])
-            self.claiming = sql
-        try:
+        if not waits_here:
             return execute(sql, params, many, context)
+        with self.lock:
+            self.claiming = sql
+            self.returned = None
+            if self.started is None:
+                self.started = time.monotonic()
+        gave_up = True
+        try:
+            result = execute(sql, params, many, context)
+            gave_up = False
+            return result
         finally:
-            if waits_here:
+            with self.lock:
                 self.claiming = None
+                self.returned = time.monotonic()
+                self.gave_up = gave_up
+
+
+@dataclass(frozen=True)
+class _Sighting:
+    """A copy's claim as the let-go found it."""
+
+    started: float | None
+    running: bool
+    returned: float | None
+    gave_up: bool
 
 
 def _session_id(connection: BaseDatabaseWrapper) -> int | None:
@@ -142,12 +179,19 @@ def _waiting(using: str, watches: list[_Watch]) -> set[int]:
             )
         else:
             cursor.execute(
-                "SELECT id FROM information_schema.processlist "
+                f"SELECT id FROM {_process_list(connection)} "
                 f"WHERE command = 'Query' AND id IN ({marks})",
                 sessions,
             )
         found = {int(row[0]) for row in cursor.fetchall()}
     return {i for i, session in claiming.items() if session in found}
+
+
+def _process_list(connection: BaseDatabaseWrapper) -> str:
+    """The server's process list: MySQL 8 deprecates ``information_schema``'s, MariaDB keeps it."""
+    if getattr(connection, "mysql_is_mariadb", True):
+        return "information_schema.processlist"
+    return "performance_schema.processlist"
 
 
 @dataclass
@@ -183,9 +227,10 @@ def _thread(
 
 @dataclass
 class _Hold:
-    """Where the original was held: whether it was inside a transaction, and for how long."""
+    """Where the original was held: in a transaction or not, on which session, for how long."""
 
     in_transaction: bool = False
+    session: int | None = None
     ran_out: bool = False
 
 
@@ -210,7 +255,10 @@ def _holding(
         if threading.current_thread() is not original or reached.is_set():
             return
         # Read in the original's own thread: its connection is this thread's.
-        held.in_transaction = connections[using].in_atomic_block
+        connection = connections[using]
+        held.in_transaction = connection.in_atomic_block
+        if connection.connection is not None:
+            held.session = _session_id(connection)
         reached.set()
         settled.set()
         # Bounded, in case the test's thread died without letting go.
@@ -238,61 +286,151 @@ def run(
     """Run ``send`` once as the original, held at ``hold_on``, and ``count`` times beside it.
 
     Raises :class:`NotHeld` when the original answers without reaching the
-    hold, and ``AssertionError`` when a bound of ``timeout`` seconds runs out.
+    hold, and ``AssertionError`` when a bound of ``timeout`` seconds runs
+    out or a copy counted as waiting for the held original was not (its
+    claim had not started, or had returned, when the original was let go).
     """
     # Set when the original is held or has answered; when a duplicate answers.
     settled, changed = threading.Event(), threading.Event()
     reached, release = threading.Event(), threading.Event()
     original = _thread(send, "race-original", settled.set)
-    watches = [_Watch(table) for _ in range(count)]
+    lock = threading.Lock()
+    watches = [_Watch(table, lock) for _ in range(count)]
     copies = [
         _thread(_watched(send, watch, using), f"race-duplicate-{index + 1}", changed.set)
         for index, watch in enumerate(watches)
     ]
     assert original.thread is not None
-    waited = [False] * count
+    seen = [False] * count
+    sightings: list[_Sighting] = []
+    let_go = 0.0
+    late: str | None = None
+    stuck = ""
     events = (reached, settled, release)
     with _holding(hold_on, hold_sender, original.thread, using, events, timeout) as held:
         try:
             original.thread.start()
             if not settled.wait(timeout):
-                raise AssertionError(
+                late = (
                     f"the original request neither reached {hold_name} nor answered "
-                    f"within {timeout:g} s"
+                    f"within {timeout:g} s: pass a larger timeout="
                 )
-            if not reached.is_set():
+            elif not reached.is_set():
                 _raise_from(original)
                 assert original.response is not None
                 raise NotHeld(original.response)
-            for copy in copies:
-                assert copy.thread is not None
-                copy.thread.start()
-            waited = _until_all_arrived(
-                using, watches, copies, changed, timeout, can_wait=held.in_transaction
-            )
+            else:
+                for copy in copies:
+                    assert copy.thread is not None
+                    copy.thread.start()
+                late = _until_all_arrived(
+                    using, watches, copies, changed, timeout, seen, can_wait=held.in_transaction
+                )
         finally:
-            release.set()
+            # Each claim as it stands when the original goes: under the
+            # watches' lock, none starts or returns in between.
+            with lock:
+                let_go = time.monotonic()
+                sightings = [_sighting(watch) for watch in watches]
+                release.set()
             # Joined even when the race failed, so that no request is left
             # holding a transaction when the test's teardown empties the tables.
             started = [o for o in (original, *copies) if o.thread and o.thread.ident]
             unfinished = _join(started, timeout)
+            if unfinished:
+                sessions = {original.thread.name: held.session}
+                sessions.update(
+                    (copy.thread.name, watch.session)
+                    for copy, watch in zip(copies, watches, strict=True)
+                    if copy.thread is not None
+                )
+                stuck = _end_sessions(using, unfinished, sessions)
+                # A request whose session was ended fails, closes its connections and ends.
+                _join([o for o in started if o.thread and o.thread.name in unfinished], timeout)
+    if late is not None:
+        raise AssertionError(late + (f"; {stuck}" if unfinished else ""))
     if held.ran_out:
         raise AssertionError(
             f"the original was let go after {timeout:g} s on its own, before every "
-            "duplicate had arrived: raise timeout="
+            "duplicate had arrived: pass a larger timeout=, or fewer duplicates"
         )
     if unfinished:
         raise AssertionError(
-            f"{', '.join(unfinished)} did not answer within {timeout:g} s of the original "
-            "being let go"
+            f"the original was let go, and not every request answered within {timeout:g} s "
+            f"after: {stuck}"
         )
     _raise_from(original, *copies)
     assert original.response is not None
+    waited = [False] * count
+    if held.in_transaction:
+        waited = _check_sightings(seen, sightings, watches, let_go)
+    duplicates = []
+    for index, copy in enumerate(copies, start=1):
+        if copy.response is None:
+            raise AssertionError(f"duplicate {index} ended without a response")
+        duplicates.append(copy.response)
     return RaceRun(
         original=original.response,
-        duplicates=[copy.response for copy in copies if copy.response is not None],
+        duplicates=duplicates,
         waited=waited,
+        in_transaction=held.in_transaction,
     )
+
+
+def _sighting(watch: _Watch) -> _Sighting:
+    return _Sighting(
+        started=watch.started,
+        running=watch.claiming is not None,
+        returned=watch.returned,
+        gave_up=watch.gave_up,
+    )
+
+
+def _check_sightings(
+    seen: list[bool], sightings: list[_Sighting], watches: list[_Watch], let_go: float
+) -> list[bool]:
+    """Which copies waited for the original; ``AssertionError`` if one seen waiting did not.
+
+    A copy seen waiting must have had its claim statement running when the
+    original was let go: one that had not started it would have met an
+    original already committed, and one whose claim had returned without
+    an error was not waiting for the original at all. Either means the race
+    reported did not take place. A claim that returned with an error gave
+    up waiting (``wait=0``, or ``WAIT`` ran out) and was answered while the
+    original was held: it did not wait for the original's answer.
+    """
+    waited = [False] * len(seen)
+    wrong = []
+    for index, (was_seen, sighting) in enumerate(zip(seen, sightings, strict=True)):
+        if not was_seen:
+            continue
+        if sighting.running:
+            waited[index] = True
+        elif sighting.started is None:
+            later = watches[index].started
+            wrong.append(
+                f"duplicate {index + 1} had not started its claim when the original was let "
+                "go ("
+                + (
+                    f"it started {later - let_go:.3f} s after"
+                    if later is not None
+                    else "it never ran one"
+                )
+                + ")"
+            )
+        elif not sighting.gave_up:
+            assert sighting.returned is not None
+            wrong.append(
+                f"duplicate {index + 1}'s claim statement had returned "
+                f"{let_go - sighting.returned:.3f} s before the original was let go, "
+                "without waiting for it"
+            )
+    if wrong:
+        raise AssertionError(
+            "duplicates counted as waiting in the database for the held original were not "
+            "waiting when it was let go, so the race did not take place: " + "; ".join(wrong)
+        )
+    return waited
 
 
 def _watched(
@@ -312,39 +450,55 @@ def _until_all_arrived(
     copies: list[_Outcome],
     changed: threading.Event,
     timeout: float,
+    seen: list[bool],
     *,
     can_wait: bool,
-) -> list[bool]:
-    """Wait until every duplicate has answered or is waiting for the original; who waited.
+) -> str | None:
+    """Wait until every duplicate has answered or is seen waiting for the original.
 
-    Nothing waits in the database for an original held outside a
-    transaction (lease mode, an unprotected view): ``can_wait=False``, and
-    every duplicate must answer.
+    Marks in ``seen`` each copy seen waiting, and returns what went wrong
+    when ``timeout`` runs out first (``None`` otherwise). Nothing waits in
+    the database for an original held outside a transaction (lease mode, an
+    unprotected view): ``can_wait=False``, and every duplicate must answer.
     """
     deadline = time.monotonic() + timeout
-    waited = [False] * len(watches)
     while True:
         for index in _waiting(using, watches) if can_wait else ():
-            waited[index] = True
+            seen[index] = True
         pending = [
-            index
-            for index, copy in enumerate(copies)
-            if not copy.done.is_set() and not waited[index]
+            index for index, copy in enumerate(copies) if not copy.done.is_set() and not seen[index]
         ]
         if not pending:
-            return waited
+            return None
         if time.monotonic() >= deadline:
-            doing = "; ".join(
-                f"duplicate {i + 1}: " + (watches[i].claiming or "no claim statement running")
-                for i in pending
-            )
-            raise AssertionError(
+            doing = "; ".join(_doing(i, watches[i], can_wait) for i in pending)
+            return (
                 f"{len(pending)} of {len(copies)} duplicates neither answered nor were seen "
                 f"waiting for the held original within {timeout:g} s ({doing})"
             )
         # Woken at once by an answer; otherwise the database is asked again.
         changed.wait(POLL_INTERVAL)
         changed.clear()
+
+
+def _doing(index: int, watch: _Watch, can_wait: bool) -> str:
+    """What a duplicate that has not arrived is doing, and what would let it arrive."""
+    if watch.claiming is None:
+        return (
+            f"duplicate {index + 1} has no claim statement running: it is blocked outside "
+            "the idempotency claim (a lock or an event in the view, a middleware, a "
+            "connection pool), or needs longer: pass a larger timeout="
+        )
+    if not can_wait:
+        return (
+            f"duplicate {index + 1} is in its claim ({watch.claiming}) although the original "
+            "was held outside a transaction, where nothing should wait for it: pass a larger "
+            "timeout= if the database is slow"
+        )
+    return (
+        f"duplicate {index + 1} is in its claim ({watch.claiming}) but the database does "
+        "not show it waiting: pass a larger timeout=, or fewer duplicates"
+    )
 
 
 def _join(outcomes: list[_Outcome], timeout: float) -> list[str]:
@@ -355,6 +509,38 @@ def _join(outcomes: list[_Outcome], timeout: float) -> list[str]:
         for outcome in outcomes
         if outcome.thread and not outcome.done.wait(max(0.0, deadline - time.monotonic()))
     ]
+
+
+def _end_sessions(using: str, names: list[str], sessions: dict[str, int | None]) -> str:
+    """End the database sessions of threads still running; say what each was left holding.
+
+    A request left running would keep its connection, and any transaction
+    and lock it holds, into the test's teardown. The server ends a session
+    it is asked to (PostgreSQL ``pg_terminate_backend``, MySQL ``KILL``);
+    a thread blocked outside the database, or on SQLite, keeps its
+    connection until it ends.
+    """
+    connection = connections[using]
+    said = []
+    for name in names:
+        session = sessions.get(name)
+        if session is None or connection.vendor not in {"postgresql", "mysql"}:
+            said.append(f"{name} is still running and keeps its database connection until it ends")
+            continue
+        try:
+            with connection.cursor() as cursor:
+                if connection.vendor == "postgresql":
+                    cursor.execute("SELECT pg_terminate_backend(%s)", [session])
+                else:
+                    cursor.execute(f"KILL {int(session)}")
+        except DatabaseError as exc:
+            said.append(
+                f"{name} is still running and keeps its database session {session}, "
+                f"which could not be ended ({exc})"
+            )
+            continue
+        said.append(f"{name} was still running: its database session {session} was ended")
+    return "; ".join(said)
 
 
 def _raise_from(*outcomes: _Outcome) -> None:

@@ -29,6 +29,7 @@ claimed, which needs ``TransactionTestCase`` or
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import threading
 import uuid
@@ -64,6 +65,9 @@ SEQUENTIAL_NOTE = (
 #: What a duplicate racing the original was answered: a replay of the
 #: original's response, or ``409`` while the original was in flight.
 Outcome = Literal["replayed", "in_flight"]
+#: What :func:`race_duplicates` insists every duplicate got: one outcome,
+#: or ``"either"`` of them.
+Expect = Literal["replayed", "in_flight", "either"]
 
 
 @dataclass
@@ -185,9 +189,17 @@ class RaceCheck:
     duplicates: list[HttpResponseBase]
     #: For each duplicate, how it was answered.
     outcomes: list[Outcome]
-    #: For each duplicate, whether it was seen waiting in the database for
-    #: the held original (atomic mode) rather than answered while it was held.
+    #: For each duplicate, whether it was waiting in the database for the
+    #: held original when it was let go: its claim statement had started and
+    #: not returned, and the database showed it waiting (PostgreSQL a lock
+    #: wait, MariaDB and MySQL a statement running, SQLite a ``BEGIN`` or a
+    #: claim that had not returned). Always ``False`` for an original held
+    #: outside a transaction (lease mode).
     waited: list[bool]
+    #: What every duplicate was expected to get: ``expect``, or by default
+    #: ``"replayed"`` for an original held inside a transaction (atomic mode)
+    #: and ``"in_flight"`` for one held outside (lease mode).
+    expected: Expect = "either"
 
     @property
     def replayed(self) -> int:
@@ -218,7 +230,7 @@ def race_duplicates(
     effect: Callable[[], Any],
     duplicates: int = 5,
     one_effect: Any = 1,
-    expect: Outcome | None = None,
+    expect: Expect | None = None,
     key: str | None = None,
     content_type: str = "application/json",
     headers: dict[str, str] | None = None,
@@ -228,7 +240,10 @@ def race_duplicates(
     hold_sender: Any = None,
     timeout: float = 10.0,
 ) -> RaceCheck:
-    """Race ``duplicates`` copies of a request against the original while it runs.
+    """Race ``duplicates`` copies of a request against the original while it runs; assert.
+
+    Like :func:`assert_idempotent`, it is an assertion: a view that fails
+    the check raises ``AssertionError``, saying what happened.
 
     The original is sent from a thread and held inside the view when it
     sends ``hold_on`` (by default :data:`~django_idempotency.signals.key_claimed`:
@@ -241,22 +256,29 @@ def race_duplicates(
     ``effect`` returns a number or a tuple of numbers (a row count, a
     balance) that one run of the view changes by ``one_effect``; after the
     race it must have changed by exactly that. Each duplicate must then be
-    a faithful replay of the original's response (it waited, atomic mode)
-    or a ``409`` with ``Retry-After`` (it was answered while the original
-    was in flight: lease mode, ``wait=0``, or a wait that ran out);
-    ``expect`` insists on one of the two.
+    answered as ``expect`` says. By default that follows from where the
+    original was held: inside a transaction (atomic mode) a duplicate waits
+    for it and must get a faithful replay of its response
+    (``"replayed"``); outside one (lease mode) it must get ``409`` with
+    ``Retry-After`` (``"in_flight"``). ``expect="either"`` accepts each
+    answer, for a view whose duplicates may stop waiting (``wait=0``, a
+    ``WAIT`` shorter than the race).
 
     ``client`` is a test client, copied for each thread (cookies included),
     or a callable returning a new one (``Client``, ``APIClient``, a
-    function). Needs a transactional test: inside a ``TestCase`` it raises
-    :class:`RaceSetupError`. ``timeout`` bounds, in seconds, each wait: for
-    the original to reach the hold, for the duplicates to arrive, and for
-    every request to end.
+    function); ``AsyncClient`` is refused, since each request runs in a
+    thread of its own. Needs a transactional test: inside a ``TestCase`` it
+    raises :class:`RaceSetupError`. ``timeout`` bounds, in seconds, each
+    wait: for the original to reach the hold, for the duplicates to arrive,
+    and for every request to end.
     """
     if duplicates < 1:
         raise ValueError(f"duplicates must be 1 or more, not {duplicates!r}")
-    if expect not in (None, "replayed", "in_flight"):
-        raise ValueError(f"expect must be None, 'replayed' or 'in_flight', not {expect!r}")
+    if expect not in (None, "replayed", "in_flight", "either"):
+        raise ValueError(
+            f"expect must be None, 'replayed', 'in_flight' or 'either', not {expect!r}"
+        )
+    _refuse_async_client(client)
     if hold_on is not None and not isinstance(hold_on, Signal):
         raise TypeError(
             f"hold_on must be a django.dispatch.Signal the view sends (post_save, say), "
@@ -324,14 +346,60 @@ def race_duplicates(
             continue
         _assert_replay(original, answer, f"duplicate {index}")
         outcomes.append("replayed")
+    if expect is None:
+        expect = "replayed" if run.in_transaction else "in_flight"
     check = RaceCheck(
-        key=key, original=original, duplicates=run.duplicates, outcomes=outcomes, waited=run.waited
+        key=key,
+        original=original,
+        duplicates=run.duplicates,
+        outcomes=outcomes,
+        waited=run.waited,
+        expected=expect,
     )
-    if expect is not None:
-        assert outcomes.count(expect) == duplicates, (
-            f"expected every duplicate {expect}: {check.note}"
+    if expect != "either" and outcomes.count(expect) != duplicates:
+        held = "inside a transaction" if run.in_transaction else "outside a transaction"
+        raise AssertionError(
+            f"expected every duplicate {expect} (the original was held {held}): {check.note}"
+            + _WHY_NOT[expect, run.in_transaction]
         )
     return check
+
+
+# What the answers the race did get mean, and what to expect of them instead.
+_WHY_NOT = {
+    ("replayed", True): (
+        ". A duplicate of an original held in its transaction (atomic mode) waits for it "
+        "and gets its replay, unless its wait is cut short (wait=0, a WAIT shorter than "
+        "the race): pass expect='either' if that is what the view means to do"
+    ),
+    ("replayed", False): (
+        ". An original held outside a transaction (lease mode) has committed its claim, "
+        "and a duplicate gets 409 while it runs: expect='in_flight'"
+    ),
+    ("in_flight", True): (
+        ". A duplicate of an original held in its transaction (atomic mode) waits for it "
+        "and gets its replay: expect='replayed', or 'either'"
+    ),
+    ("in_flight", False): "",
+}
+
+
+def _refuse_async_client(client: Any) -> None:
+    """``AsyncClient`` answers with a coroutine, which no thread of the race would await."""
+    from django.test import AsyncClient
+
+    if isinstance(client, AsyncClient) or (
+        isinstance(client, type) and issubclass(client, AsyncClient)
+    ):
+        raise TypeError(_ASYNC_CLIENT)
+
+
+_ASYNC_CLIENT = (
+    "AsyncClient is not supported: these helpers send requests through a synchronous test "
+    "client (race_duplicates() from threads of its own), and AsyncClient's methods return "
+    "coroutines that nothing here awaits. Pass a Client (or DRF's APIClient), which runs "
+    "async views too."
+)
 
 
 def _client_maker(client: Any) -> Callable[[], Any]:
@@ -415,10 +483,19 @@ def _sender(
             sent.update(sign(body.encode() if isinstance(body, str) else body))
         request = getattr(client, method.lower())
         response = request(path, body, content_type=content_type, headers=sent)
+        if inspect.iscoroutine(response):
+            response.close()  # never awaited: nothing was sent
+            raise TypeError(_ASYNC_CLIENT)
+        if not isinstance(response, HttpResponseBase):
+            raise TypeError(
+                f"the client's {method.lower()}() returned {response!r}, not a response: "
+                "pass a test client (Client, DRF's APIClient) or a callable returning one"
+            )
         if response.streaming:
             # Read to its end, as a client would: the test client closes the
             # response (and the request's copy of its body) only then.
-            response.streamed_content = b"".join(response.streaming_content)
+            streamed: Any = response  # the test client's attribute, untyped
+            streamed.streamed_content = b"".join(streamed.streaming_content)
         return response
 
     return send

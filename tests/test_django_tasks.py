@@ -64,6 +64,26 @@ class PurgeTaskTests:
         assert type(task).__module__.startswith(expected)
         assert task.module_path == "django_idempotency.django_tasks.purge_expired_keys"
 
+    def test_enqueued_purge_takes_the_pace_of_the_purge(self, immediate_tasks):
+        IdempotencyKeyFactory.create_batch(3, expired=True)
+
+        result = immediate_tasks.purge_expired_keys.enqueue(
+            batch_size=2, batch_seconds=None, pause=0, rate=1000
+        )
+
+        assert result.status.name == "SUCCESSFUL"
+        assert result.return_value == 3
+        assert not IdempotencyKey.objects.exists()
+
+    @pytest.mark.parametrize("pace", [{"pause": -1}, {"rate": 0}, {"batch_seconds": 0}])
+    def test_out_of_range_pace_fails_the_task_and_deletes_nothing(self, immediate_tasks, pace):
+        IdempotencyKeyFactory(expired=True)
+
+        result = immediate_tasks.purge_expired_keys.enqueue(**pace)
+
+        assert result.status.name == "FAILED"
+        assert IdempotencyKey.objects.count() == 1
+
     def test_bad_batch_size_fails_the_task_and_deletes_nothing(self, immediate_tasks):
         IdempotencyKeyFactory(expired=True)
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
 from datetime import timedelta
 from io import StringIO
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -17,9 +19,10 @@ from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from django_idempotency import purge
 from django_idempotency.management.commands.purge_idempotency_keys import Command
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.purge import DEFAULT_BATCH_SIZE, purge_expired
+from django_idempotency.purge import DEFAULT_BATCH_SIZE, MIN_BATCH_SIZE, purge_expired
 from tests.factories import IdempotencyKeyFactory
 
 State = IdempotencyKey.State
@@ -43,7 +46,9 @@ def make_records(expired: int = 3, lease_expired: int = 2) -> set[int]:
 
 
 def delete_statements(queries: CaptureQueriesContext) -> list[str]:
-    return [q["sql"] for q in queries.captured_queries if q["sql"].lstrip().startswith("DELETE")]
+    """The statements that deleted: a ``DELETE``, or on PostgreSQL one inside ``WITH``."""
+    deleting = re.compile(r"\s*(WITH \w+ AS \()?DELETE ")
+    return [q["sql"] for q in queries.captured_queries if deleting.match(q["sql"])]
 
 
 @pytest.mark.django_db
@@ -313,3 +318,197 @@ def test_locked_database_is_command_error():
 
     assert "locked" in str(raised.value)
     assert IdempotencyKey.objects.count() == 2
+
+
+@pytest.fixture
+def rests(monkeypatch) -> list[float]:
+    """The rests the purge took between batches, recorded instead of waited out."""
+    taken: list[float] = []
+    monkeypatch.setattr(purge, "_rest", taken.append)
+    return taken
+
+
+def batch_sizes(totals: list[int]) -> list[int]:
+    """Each batch's size, from the running totals the progress callback was given."""
+    return [after - before for before, after in pairwise([0, *totals])]
+
+
+@pytest.mark.django_db
+class PaceTests:
+    def test_unpaced_purge_runs_fixed_batches_back_to_back(self, rests):
+        make_records(expired=7, lease_expired=0)
+        reported: list[int] = []
+
+        deleted = purge_expired(batch_size=3, batch_seconds=None, pause=0, progress=reported.append)
+
+        assert deleted == 7
+        assert batch_sizes(reported) == [3, 3, 1]
+        assert rests == []
+
+    def test_pause_rests_after_every_full_batch_but_not_the_last(self, rests):
+        make_records(expired=7, lease_expired=0)
+        reported: list[int] = []
+
+        deleted = purge_expired(batch_size=3, pause=2.0, progress=reported.append)
+
+        assert deleted == 7
+        assert batch_sizes(reported) == [3, 3, 1]
+        assert len(rests) == 2
+        assert all(rest > 0 for rest in rests)
+
+    def test_rate_bounds_each_batch_to_one_seconds_worth(self, rests):
+        live = make_records(expired=7, lease_expired=0)
+        reported: list[int] = []
+
+        deleted = purge_expired(rate=2.5, pause=0, progress=reported.append)
+
+        assert deleted == 7
+        # 2.5 rows a second: batches of 2, each followed by a rest that makes
+        # the batch and its rest last 2 / 2.5 s.
+        assert batch_sizes(reported) == [2, 2, 2, 1]
+        assert len(rests) == 3
+        assert all(0 < rest <= 0.8 for rest in rests)
+        assert set(IdempotencyKey.objects.values_list("pk", flat=True)) == live
+
+    def test_batches_grow_from_the_smallest_while_under_the_target(self, rests):
+        IdempotencyKey.objects.bulk_create(IdempotencyKeyFactory.build_batch(1000, expired=True))
+        reported: list[int] = []
+
+        deleted = purge_expired(batch_size=400, batch_seconds=3600, progress=reported.append)
+
+        assert deleted == 1000
+        assert batch_sizes(reported) == [MIN_BATCH_SIZE, 200, 400, 300]
+
+    def test_batches_stay_at_the_smallest_past_the_target(self, rests):
+        IdempotencyKey.objects.bulk_create(IdempotencyKeyFactory.build_batch(450, expired=True))
+        reported: list[int] = []
+
+        # No batch can take less than a nanosecond: every one is past the target.
+        deleted = purge_expired(batch_size=400, batch_seconds=1e-9, progress=reported.append)
+
+        assert deleted == 450
+        assert batch_sizes(reported) == [100, 100, 100, 100, 50]
+
+    def test_default_pace_is_the_documented_one(self):
+        pace = purge.Pace()
+
+        assert (pace.batch_seconds, pace.pause, pace.rate) == (
+            purge.DEFAULT_BATCH_SECONDS,
+            purge.DEFAULT_PAUSE,
+            None,
+        )
+        assert 0 < pace.batch_seconds <= 1
+        assert 0 < pace.pause <= 2
+
+    @pytest.mark.parametrize(
+        ("option", "value", "fix"),
+        [
+            ("batch_seconds", 0, "positive number of seconds"),
+            ("batch_seconds", -0.5, "positive number of seconds"),
+            ("batch_seconds", float("nan"), "positive number of seconds"),
+            ("batch_seconds", float("inf"), "positive number of seconds"),
+            ("batch_seconds", "0.05", "positive number of seconds"),
+            ("pause", -1, "0 or more"),
+            ("pause", float("nan"), "0 or more"),
+            ("pause", None, "0 or more"),
+            ("pause", True, "0 or more"),
+            ("rate", 0, "positive number of rows per second"),
+            ("rate", -10, "positive number of rows per second"),
+            ("rate", float("inf"), "positive number of rows per second"),
+        ],
+    )
+    def test_out_of_range_pace_is_refused_before_anything_is_deleted(self, option, value, fix):
+        make_records(expired=3, lease_expired=0)
+        total = IdempotencyKey.objects.count()
+
+        with pytest.raises(ValueError, match=f"{option} must be a .*{fix}") as raised:
+            purge_expired(**{option: value})
+
+        assert repr(value) in str(raised.value)
+        assert IdempotencyKey.objects.count() == total
+
+    @pytest.mark.parametrize("batch_size", [True, 2.5, "10"])
+    def test_batch_size_that_is_not_an_integer_is_refused(self, batch_size):
+        with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+            purge_expired(batch_size=batch_size)
+
+
+class PaceSizingTests:
+    """How the next batch's size follows from the last one's time: numbers in, numbers out."""
+
+    def test_a_batch_past_the_target_shrinks_the_next_in_proportion(self):
+        assert purge.Pace(batch_seconds=0.05).next_size(4000, 0.1, 5000) == 2000
+
+    def test_a_batch_under_half_the_target_doubles_the_next_up_to_batch_size(self):
+        pace = purge.Pace(batch_seconds=0.05)
+
+        assert pace.next_size(1000, 0.01, 5000) == 2000
+        assert pace.next_size(4000, 0.01, 5000) == 5000
+
+    def test_a_batch_near_the_target_keeps_its_size(self):
+        assert purge.Pace(batch_seconds=0.05).next_size(3000, 0.04, 5000) == 3000
+
+    def test_no_batch_is_smaller_than_the_smallest(self):
+        assert purge.Pace(batch_seconds=0.05).next_size(200, 60.0, 5000) == MIN_BATCH_SIZE
+
+    def test_rest_is_the_pause_times_the_batch_or_what_the_rate_needs(self):
+        assert purge.Pace(pause=1.5).rest(5000, 0.02) == pytest.approx(0.03)
+        assert purge.Pace(pause=0, rate=1000).rest(500, 0.1) == pytest.approx(0.4)
+        assert purge.Pace(pause=1, rate=1000).rest(500, 0.4) == pytest.approx(0.4)
+
+
+@pytest.mark.django_db
+class PaceCommandTests:
+    def test_pace_options_reach_the_purge(self, rests):
+        make_records(expired=5, lease_expired=0)
+        out = StringIO()
+
+        call_command(
+            "purge_idempotency_keys",
+            *("--rate", "2", "--pause", "0", "--batch-seconds", "off", "-v", "2"),
+            stdout=out,
+        )
+
+        lines = out.getvalue().splitlines()
+        assert [line.split(" (this batch")[0].split()[1] for line in lines[1:-1]] == [
+            "2",
+            "4",
+            "5",
+        ]
+        assert len(rests) == 2
+        assert lines[-1] == "5 expired idempotency records deleted."
+
+    def test_unpaced_command_rests_not_at_all(self, rests):
+        make_records(expired=5, lease_expired=0)
+
+        call_command(
+            "purge_idempotency_keys",
+            *("--batch-size", "2", "--pause", "0", "--batch-seconds", "off"),
+            stdout=StringIO(),
+        )
+
+        assert rests == []
+        assert IdempotencyKey.objects.filter(expires_at__lte=timezone.now()).count() == 0
+
+    @pytest.mark.parametrize(
+        ("option", "value", "fix"),
+        [
+            ("--batch-seconds", "0", "positive number of seconds, or 'off'"),
+            ("--batch-seconds", "-1", "positive number of seconds, or 'off'"),
+            ("--batch-seconds", "soon", "positive number of seconds, or 'off'"),
+            ("--pause", "-0.5", "0 or more"),
+            ("--pause", "nan", "0 or more"),
+            ("--rate", "0", "leave --rate out for no limit"),
+            ("--rate", "inf", "leave --rate out for no limit"),
+            ("--rate", "fast", "leave --rate out for no limit"),
+        ],
+    )
+    def test_bad_pace_option_is_command_error_naming_the_fix(self, option, value, fix):
+        make_records(expired=2, lease_expired=0)
+        total = IdempotencyKey.objects.count()
+
+        with pytest.raises(CommandError, match=re.escape(fix)) as raised:
+            call_command("purge_idempotency_keys", option, value, stdout=StringIO())
+
+        assert f"argument {option}: " in str(raised.value)
+        assert IdempotencyKey.objects.count() == total

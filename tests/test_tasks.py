@@ -129,6 +129,27 @@ class TaskTests:
         assert result.get() == 3
         assert list(IdempotencyKey.objects.values_list("pk", flat=True)) == [kept.pk]
 
+    def test_apply_takes_the_pace_of_the_purge(self):
+        kept = IdempotencyKeyFactory()
+        IdempotencyKeyFactory.create_batch(3, expired=True)
+
+        result = purge_expired_keys.apply(
+            kwargs={"batch_size": 2, "batch_seconds": None, "pause": 0, "rate": 1000}
+        )
+
+        assert result.get() == 3
+        assert list(IdempotencyKey.objects.values_list("pk", flat=True)) == [kept.pk]
+
+    def test_out_of_range_pace_fails_the_task_and_deletes_nothing(self):
+        IdempotencyKeyFactory(expired=True)
+
+        result = purge_expired_keys.apply(kwargs={"pause": -1})
+
+        assert result.failed()
+        assert isinstance(result.result, ValueError)
+        assert "pause must be a number of batch durations, 0 or more" in str(result.result)
+        assert IdempotencyKey.objects.count() == 1
+
     def test_unknown_database_is_improperly_configured_as_documented(self):
         result = purge_expired_keys.apply(kwargs={"database": "nowhere"})
 

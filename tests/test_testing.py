@@ -6,16 +6,23 @@ import os
 import re
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from django.core.signals import request_finished, request_started
+from django.db import connection, connections
 from django.db.models.signals import post_save
 from django.http import HttpRequest, HttpResponse
-from django.test import Client, TestCase, TransactionTestCase
+from django.test import AsyncClient, Client, TestCase, TransactionTestCase
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework.test import APIClient
 
+from django_idempotency import idempotent, races, signals
+from django_idempotency.models import IdempotencyKey
 from django_idempotency.testing import (
     SEQUENTIAL_NOTE,
     RaceSetupError,
@@ -23,7 +30,7 @@ from django_idempotency.testing import (
     race_duplicates,
 )
 from tests.models import Order
-from tests.views import calls
+from tests.views import _create_order, calls
 
 
 def order_count() -> int:
@@ -58,7 +65,40 @@ def hand_made_replay(request: HttpRequest) -> HttpResponse:
     return replay
 
 
-urlpatterns = [path("hand-made-replay/", hand_made_replay)]
+@idempotent(wait=0)
+def create_order_without_waiting(request: HttpRequest) -> HttpResponse:
+    """Atomic, but a duplicate does not wait for the original: it gets 409 at once."""
+    return _create_order(request)
+
+
+urlpatterns = [
+    path("hand-made-replay/", hand_made_replay),
+    path("orders/", create_order_without_waiting),
+]
+
+
+@contextmanager
+def duplicates_held_at_request_start(until: threading.Event) -> Iterator[threading.Event]:
+    """Hold each duplicate's thread when its request starts, until ``until`` is set.
+
+    Yields an event set once every held thread has been let through (bounded).
+    """
+    held: list[threading.Thread] = []
+
+    def hold(**kwargs: object) -> None:
+        if threading.current_thread().name.startswith("race-duplicate-"):
+            held.append(threading.current_thread())
+            assert until.wait(30), "the test never let the duplicate through"
+
+    request_started.connect(hold, weak=False, dispatch_uid="test-duplicates-held")
+    try:
+        yield until
+    finally:
+        request_started.disconnect(dispatch_uid="test-duplicates-held")
+        until.set()
+        for thread in held:
+            thread.join(30)
+            assert not thread.is_alive(), f"{thread.name} did not end"
 
 
 class PytestUsageTests:
@@ -199,7 +239,11 @@ class RaceDuplicatesTests:
 
     @pytest.mark.django_db(transaction=True)
     def test_expecting_replays_from_a_lease_view_fails(self, client):
-        with pytest.raises(AssertionError, match=r"expected every duplicate replayed: .* 0 got"):
+        with pytest.raises(
+            AssertionError,
+            match=r"expected every duplicate replayed \(the original was held outside a "
+            r"transaction\): .* 0 got",
+        ):
             race_duplicates(
                 client,
                 "post",
@@ -281,7 +325,11 @@ class RaceDuplicatesTests:
         ("options", "error", "message"),
         [
             ({"duplicates": 0}, ValueError, "duplicates must be 1 or more"),
-            ({"expect": "replay"}, ValueError, "expect must be None, 'replayed' or 'in_flight'"),
+            (
+                {"expect": "replay"},
+                ValueError,
+                "expect must be None, 'replayed', 'in_flight' or 'either'",
+            ),
             ({"hold_on": "post_save"}, TypeError, "hold_on must be a django.dispatch.Signal"),
             ({"hold_sender": Order}, TypeError, "hold_sender needs hold_on"),
         ],
@@ -316,6 +364,227 @@ class RaceDuplicatesTests:
         )
 
         assert race.replayed == 2
+
+    @pytest.mark.django_db(transaction=True)
+    def test_default_expectation_follows_where_the_original_was_held(self, client):
+        atomic = race_duplicates(client, "post", "/orders/", {"item": "a"}, effect=order_count)
+        lease = race_duplicates(
+            client, "post", "/orders/lease/", {"item": "b"}, effect=order_count, duplicates=2
+        )
+
+        assert atomic.expected == "replayed" and atomic.outcomes == ["replayed"] * 5
+        assert lease.expected == "in_flight" and lease.outcomes == ["in_flight"] * 2
+
+    @pytest.mark.django_db(transaction=True)
+    @pytest.mark.urls("tests.test_testing")
+    def test_atomic_view_whose_duplicates_do_not_wait_fails_by_default(self, client):
+        # wait=0: a duplicate of the held original gets 409 instead of its
+        # answer, which is not what a retry of an atomic view is promised.
+        with pytest.raises(
+            AssertionError,
+            match=r"expected every duplicate replayed \(the original was held inside a "
+            r"transaction\): .* 0 got its replay, 3 got 409 .* pass expect='either'",
+        ):
+            race_duplicates(
+                client, "post", "/orders/", {"item": "a"}, effect=order_count, duplicates=3
+            )
+
+        assert order_count() == 1
+
+    @pytest.mark.django_db(transaction=True)
+    @pytest.mark.urls("tests.test_testing")
+    def test_either_accepts_duplicates_that_stopped_waiting(self, client):
+        race = race_duplicates(
+            client,
+            "post",
+            "/orders/",
+            {"item": "a"},
+            effect=order_count,
+            duplicates=3,
+            expect="either",
+        )
+
+        assert race.expected == "either"
+        assert race.outcomes == ["in_flight"] * 3
+        assert len(race.waited) == len(race.duplicates) == 3
+
+    @pytest.mark.django_db(transaction=True)
+    def test_waiting_reported_before_any_claim_started_fails(self, client, monkeypatch):
+        # A detector that calls every duplicate waiting at once: the original
+        # is let go before any duplicate has reached its claim (each is held
+        # until the original has answered), and the duplicates then meet a
+        # committed original and get its replay. The race did not happen.
+        monkeypatch.setattr(races, "_waiting", lambda using, watches: set(range(len(watches))))
+        original_answered = threading.Event()
+
+        def answered(**kwargs: object) -> None:
+            if threading.current_thread().name == "race-original":
+                original_answered.set()
+
+        request_finished.connect(answered, weak=False, dispatch_uid="test-original-answered")
+        try:
+            with (
+                duplicates_held_at_request_start(original_answered),
+                pytest.raises(
+                    AssertionError,
+                    match=r"were not waiting when it was let go, so the race did not take "
+                    r"place: duplicate 1 had not started its claim when the original was let "
+                    r"go \(it started [0-9.]+ s after\)",
+                ),
+            ):
+                race_duplicates(
+                    client, "post", "/orders/", {"item": "a"}, effect=order_count, duplicates=3
+                )
+        finally:
+            request_finished.disconnect(dispatch_uid="test-original-answered")
+
+        # The control: the duplicates were replays of a committed original.
+        assert order_count() == 1
+        assert calls.value == 1
+
+    @pytest.mark.django_db(transaction=True)
+    def test_waited_means_waiting_when_the_original_was_let_go(self, client):
+        # Each duplicate counted as waiting was still in its claim when the
+        # original went, and its claim returned after: it got the replay.
+        let_go: list[float] = []
+        watched: list[races._Watch] = []
+        real_check = races._check_sightings
+
+        def check(seen, sightings, watches, at):  # type: ignore[no-untyped-def]
+            let_go.append(at)
+            watched.extend(watches)
+            return real_check(seen, sightings, watches, at)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(races, "_check_sightings", check)
+            race = race_duplicates(
+                client, "post", "/orders/", {"item": "a"}, effect=order_count, duplicates=3
+            )
+
+        assert race.waited == [True] * 3
+        for watch in watched:
+            assert watch.started is not None and watch.started < let_go[0]
+            assert watch.returned is not None and watch.returned > let_go[0]
+
+    @pytest.mark.django_db(transaction=True)
+    def test_duplicates_blocked_outside_the_claim_are_named_with_the_fix(self, client):
+        gate = threading.Event()
+        with (
+            duplicates_held_at_request_start(gate),
+            pytest.raises(AssertionError) as failed,
+        ):
+            race_duplicates(
+                client,
+                "post",
+                "/orders/",
+                {"item": "a"},
+                effect=order_count,
+                duplicates=2,
+                timeout=0.5,
+            )
+
+        message = str(failed.value)
+        assert "2 of 2 duplicates neither answered nor were seen waiting" in message
+        assert (
+            "duplicate 1 has no claim statement running: it is blocked outside the "
+            "idempotency claim (a lock or an event in the view, a middleware, a connection "
+            "pool), or needs longer: pass a larger timeout=" in message
+        )
+        for name in ("race-duplicate-1", "race-duplicate-2"):
+            assert f"{name} is still running and keeps its database connection" in message
+        assert "race-original" not in message  # let go, it answered
+        assert order_count() == 1
+
+    @pytest.mark.django_db(transaction=True)
+    def test_duplicates_stuck_in_the_database_have_their_sessions_ended(self, client):
+        if connection.vendor == "sqlite":
+            pytest.skip("SQLite has no server session to end")
+        # Another session holds a lock the duplicates ask for before their claim.
+        holder = connections.create_connection("default")
+        lock = (
+            ("SELECT pg_advisory_lock(7301)", "SELECT pg_advisory_unlock(7301)")
+            if connection.vendor == "postgresql"
+            else ("SELECT GET_LOCK('race-test', 30)", "SELECT RELEASE_LOCK('race-test')")
+        )
+        with holder.cursor() as cursor:
+            cursor.execute(lock[0])
+
+        def take_the_lock(**kwargs: object) -> None:
+            if threading.current_thread().name.startswith("race-duplicate-"):
+                with connection.cursor() as cursor:
+                    cursor.execute(lock[0])
+
+        request_started.connect(take_the_lock, weak=False, dispatch_uid="test-take-the-lock")
+        try:
+            with pytest.raises(AssertionError) as failed:
+                race_duplicates(
+                    client,
+                    "post",
+                    "/orders/",
+                    {"item": "a"},
+                    effect=order_count,
+                    duplicates=1,
+                    timeout=0.5,
+                )
+        finally:
+            request_started.disconnect(dispatch_uid="test-take-the-lock")
+            with holder.cursor() as cursor:
+                cursor.execute(lock[1])
+            holder.close()
+
+        message = str(failed.value)
+        assert "duplicate 1 has no claim statement running" in message
+        assert re.search(
+            r"race-duplicate-1 was still running: its database session \d+ was "
+            r"ended",
+            message,
+        ), message
+        for thread in threading.enumerate():
+            if thread.name == "race-duplicate-1":  # ends once its session is gone
+                thread.join(10)
+                assert not thread.is_alive()
+
+    @pytest.mark.django_db(transaction=True)
+    @pytest.mark.parametrize("client_of", [AsyncClient, lambda: AsyncClient(), AsyncClient()])
+    def test_async_client_is_refused_with_the_fix(self, client_of):
+        with pytest.raises(TypeError, match=r"AsyncClient is not supported: .* Pass a Client"):
+            race_duplicates(client_of, "post", "/orders/", {"item": "a"}, effect=order_count)
+
+        assert order_count() == 0
+
+    @pytest.mark.django_db(transaction=True)
+    def test_client_answering_no_response_is_refused(self):
+        class Silent:
+            def post(self, *args: object, **kwargs: object) -> None:
+                return None
+
+        with pytest.raises(TypeError, match=r"post\(\) returned None, not a response"):
+            race_duplicates(Silent, "post", "/orders/", {"item": "a"}, effect=order_count)
+
+    @pytest.mark.django_db(transaction=True)
+    def test_a_duplicate_without_a_response_is_not_dropped(self):
+        # Below race_duplicates: the duplicates' list stays aligned with waited.
+        def send() -> HttpResponse | None:
+            if threading.current_thread().name == "race-original":
+                return Client().post(
+                    "/orders/",
+                    "{}",
+                    content_type="application/json",
+                    headers={"Idempotency-Key": "race-without-response"},
+                )
+            return None
+
+        with pytest.raises(AssertionError, match="duplicate 1 ended without a response"):
+            races.run(
+                send,  # type: ignore[arg-type]
+                2,
+                hold_on=signals.key_claimed,
+                hold_sender=None,
+                hold_name="key_claimed",
+                using="default",
+                table=IdempotencyKey._meta.db_table,
+                timeout=10,
+            )
 
 
 IN_MEMORY_RACE = """

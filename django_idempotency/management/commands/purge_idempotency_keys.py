@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from typing import Any
 
@@ -12,7 +13,12 @@ from django.db import DatabaseError
 from django.utils.connection import ConnectionDoesNotExist
 
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.purge import DEFAULT_BATCH_SIZE, purge_expired
+from django_idempotency.purge import (
+    DEFAULT_BATCH_SECONDS,
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_PAUSE,
+    purge_expired,
+)
 from django_idempotency.store import Busy
 
 
@@ -23,6 +29,45 @@ def _positive_int(value: str) -> int:
         number = 0
     if number < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, not {value!r}")
+    return number
+
+
+def _number(value: str) -> float | None:
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _batch_seconds(value: str) -> float | None:
+    if value == "off":
+        return None
+    number = _number(value)
+    if number is None or number <= 0:
+        raise argparse.ArgumentTypeError(
+            f"must be a positive number of seconds, or 'off' to keep every batch at "
+            f"--batch-size, not {value!r}"
+        )
+    return number
+
+
+def _pause(value: str) -> float:
+    number = _number(value)
+    if number is None or number < 0:
+        raise argparse.ArgumentTypeError(
+            f"must be a number of batch durations, 0 or more (0 rests not at all), not {value!r}"
+        )
+    return number
+
+
+def _rate(value: str) -> float:
+    number = _number(value)
+    if number is None or number <= 0:
+        raise argparse.ArgumentTypeError(
+            f"must be a positive number of records per second (leave --rate out for no "
+            f"limit), not {value!r}"
+        )
     return number
 
 
@@ -43,7 +88,32 @@ class Command(BaseCommand):
             "--batch-size",
             type=_positive_int,
             default=DEFAULT_BATCH_SIZE,
-            help=f"Records deleted per transaction (default {DEFAULT_BATCH_SIZE}).",
+            help=f"Most records deleted per transaction (default {DEFAULT_BATCH_SIZE}).",
+        )
+        parser.add_argument(
+            "--batch-seconds",
+            type=_batch_seconds,
+            default=DEFAULT_BATCH_SECONDS,
+            metavar="SECONDS",
+            help="Keep each batch's transaction under this many seconds by adapting its "
+            f"size, up to --batch-size (default {DEFAULT_BATCH_SECONDS}); 'off' keeps "
+            "every batch at --batch-size.",
+        )
+        parser.add_argument(
+            "--pause",
+            type=_pause,
+            default=DEFAULT_PAUSE,
+            metavar="RATIO",
+            help="Rest after each batch for this many times as long as it took, leaving "
+            f"the database to requests (default {DEFAULT_PAUSE:g}: purging at most "
+            f"{1 / (1 + DEFAULT_PAUSE):.0%} of the time); 0 runs batches back to back.",
+        )
+        parser.add_argument(
+            "--rate",
+            type=_rate,
+            default=None,
+            metavar="RECORDS",
+            help="Delete at most this many records per second (default: no limit).",
         )
         parser.add_argument(
             "--database",
@@ -88,6 +158,9 @@ class Command(BaseCommand):
                 using=using,
                 batch_size=options["batch_size"],
                 dry_run=dry_run,
+                batch_seconds=options["batch_seconds"],
+                pause=options["pause"],
+                rate=options["rate"],
                 progress=report,
             )
         except ConnectionDoesNotExist as exc:
