@@ -178,16 +178,17 @@ def _pipeline(requests: int, rounds: int) -> dict[str, list[float]]:
 
     from benchmarks.bench.models import BenchOrder
     from django_idempotency import clock, store
+    from django_idempotency.backends import base, postgresql
 
     connection.ensure_connection()
     connection.set_autocommit(False)  # BEGIN before the first statement, as atomic() does
     raw = connection.connection
-    lookup_sql = store._sql(connection, "read", store._record_select_sql)
-    claim_sql = store._sql(connection, "insert", store._postgresql_insert_sql)
-    complete_sql = store._sql(
+    lookup_sql = base.cached_sql(connection, "read", base.record_select_sql)
+    claim_sql = base.cached_sql(connection, "insert", postgresql.insert_sql)
+    complete_sql = base.cached_sql(
         connection,
         ("complete", True, False),
-        lambda c: store._complete_sql(c, with_grace=True, with_token=False),
+        lambda c: base.complete_sql(c, with_grace=True, with_token=False),
     )
     ttl = timezone.timedelta(hours=1)
     # Atomic mode's completion: the claim's expiry kept within 1% of the TTL.
@@ -197,14 +198,14 @@ def _pipeline(requests: int, rounds: int) -> dict[str, list[float]]:
         f"INSERT INTO {table} (variant, key, nonce, created_at) "
         "VALUES (%s, %s, %s, %s) RETURNING id"
     )
-    headers = store._HEADERS_FIELD.get_db_prep_save(
+    headers = base.HEADERS_FIELD.get_db_prep_save(
         [["Content-Type", "application/json"]], connection
     )
     body = b'{"id": 1, "variant": "bench"}'
 
     def claim_params(key: str) -> list:
         new = store.NewClaim("bench", key, "f" * 64, "", timezone.timedelta(hours=1))
-        return [store._postgresql_lock_timeout(5.0), *store._insert_params(connection, new)]
+        return [postgresql.lock_timeout(5.0), *base.insert_params(connection, new)]
 
     def lookup(key: str, pipelined: bool) -> Any:
         """The replay lookup, in autocommit, as a request makes it before any claim."""
@@ -227,7 +228,7 @@ def _pipeline(requests: int, rounds: int) -> dict[str, list[float]]:
             cursor.fetchone()
             cursor.execute(
                 complete_sql,
-                [store._STATE_COMPLETED, 201, headers, body, *expiry_params, record_id],
+                [base.STATE_COMPLETED, 201, headers, body, *expiry_params, record_id],
             )
             raw.commit()
 

@@ -20,7 +20,6 @@ protocol uses, not ``default``.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 from typing import Any
@@ -34,12 +33,10 @@ from django.utils.crypto import constant_time_compare, salted_hmac
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from django_idempotency import operations
+from django_idempotency import leases, operations
 from django_idempotency.clock import DatabaseNow
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.exceptions import InvalidIdempotencyKey
-from django_idempotency.fields import _DIGEST_PREFIX, fit_key_column
-from django_idempotency.keys import mask_key, parse_key
+from django_idempotency.keys import mask_key
 from django_idempotency.models import IdempotencyKey
 
 #: How much of a stored body the detail page shows.
@@ -89,7 +86,7 @@ class LeaseFilter(admin.SimpleListFilter):
         if self.value() == "abandoned":
             return queryset.filter(operations.abandoned())
         if self.value() == "released":
-            return queryset.filter(state=IdempotencyKey.State.IN_PROGRESS, owner_token="")
+            return queryset.filter(leases.q(leases.RELEASED))
         return queryset
 
 
@@ -174,10 +171,13 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
-        found = Q(scope__in=_as_stored(term))
+        found = Q(scope__in=operations.stored_forms(term))
         scope, _space, key = term.rpartition(" ")
         if scope.strip():
-            found |= Q(scope__in=_as_stored(scope.strip()), key__in=_keys_as_stored(key))
+            found |= Q(
+                scope__in=operations.stored_forms(scope.strip()),
+                key__in=operations.stored_keys(key),
+            )
         return queryset.filter(found), False
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -199,9 +199,8 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):
     def release_in_progress(
         self, request: HttpRequest, queryset: QuerySet[Any]
     ) -> HttpResponse | None:
-        in_progress = queryset.filter(state=IdempotencyKey.State.IN_PROGRESS).exclude(
-            owner_token=""
-        )
+        # Owned: its lease held or run out (a released one is free already).
+        in_progress = queryset.filter(leases.q(leases.HELD) | leases.q(leases.ABANDONED))
         confirmed = request.POST.get("confirm") == "yes"
         if not confirmed:
             held = list(in_progress.filter(operations.lease_held()))
@@ -264,28 +263,6 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):
         return TemplateResponse(
             request, "admin/django_idempotency/release_confirmation.html", context
         )
-
-
-def _as_stored(value: str) -> list[str]:
-    """A scope as typed, and as the column stores it when it is long (its digest).
-
-    A digest copied from the list (``sha256:...``) is compared as typed
-    only: the value that spells it is stored as a digest of its own, so
-    that no value can pass for another's, and the search keeps that rule.
-    """
-    if value.startswith(_DIGEST_PREFIX):
-        return [value]
-    return list(dict.fromkeys([value, fit_key_column(value)]))
-
-
-def _keys_as_stored(key: str) -> list[str]:
-    """A key as typed, as a header may quote it (``"a\\"b"``), and as a long one is stored."""
-    typed = [key]
-    # The header's own reading of a quoted key; its length rule is the
-    # view's, not the search's.
-    with contextlib.suppress(InvalidIdempotencyKey):
-        typed.append(parse_key(key, max_length=len(key)))
-    return list(dict.fromkeys(stored for value in typed for stored in _as_stored(value)))
 
 
 def _seen_lease(record: IdempotencyKey) -> str:

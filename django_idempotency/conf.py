@@ -442,9 +442,14 @@ class IdempotencySettings:
         # silenced, the first use still fails with the same words.
         value = setting.clean(self.raw(setting.name), f"{SETTING_NAME}[{setting.name!r}]")
         self._cache[setting.name] = value
+        # A row is a non-data descriptor: the instance's own attribute now
+        # answers every later read as a plain lookup, with no call at all.
+        self.__dict__[setting.option_name] = value
         return value
 
     def reload(self) -> None:
+        for name in self._cache:
+            self.__dict__.pop(name.lower(), None)
         self._cache.clear()
         self.generation += 1
 

@@ -15,7 +15,7 @@ KEY_COLUMN_LENGTH = 255
 FINGERPRINT_COLUMN_LENGTH = 64
 
 
-_DIGEST_PREFIX = "sha256:"
+DIGEST_PREFIX = "sha256:"
 
 
 def fit_key_column(value: str) -> str:
@@ -27,9 +27,9 @@ def fit_key_column(value: str) -> str:
     be stored as another's: a scope of a tenant's own choosing that spells
     another scope's digest gets a digest of its own.
     """
-    if len(value) <= KEY_COLUMN_LENGTH and not value.startswith(_DIGEST_PREFIX):
+    if len(value) <= KEY_COLUMN_LENGTH and not value.startswith(DIGEST_PREFIX):
         return value
-    return _DIGEST_PREFIX + hashlib.sha256(value.encode()).hexdigest()
+    return DIGEST_PREFIX + hashlib.sha256(value.encode()).hexdigest()
 
 
 class ExactCharField(models.CharField):

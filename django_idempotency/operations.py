@@ -7,15 +7,19 @@ docs for when to release and when to delete.
 
 from __future__ import annotations
 
+import contextlib
 from datetime import datetime
 from typing import Any
 
 from django.db import connections
 from django.db.models import F, Q, QuerySet
 
-from django_idempotency import clock, replay_cache
+from django_idempotency import clock, leases, replay_cache
 from django_idempotency.clock import DatabaseNow
 from django_idempotency.conf import idempotency_settings
+from django_idempotency.exceptions import InvalidIdempotencyKey
+from django_idempotency.fields import DIGEST_PREFIX, fit_key_column
+from django_idempotency.keys import parse_key
 from django_idempotency.models import IdempotencyKey
 
 State = IdempotencyKey.State
@@ -42,6 +46,28 @@ def records(using: str | None = None) -> QuerySet[IdempotencyKey]:
     return IdempotencyKey.objects.using(using or idempotency_settings.database)
 
 
+def stored_forms(value: str) -> list[str]:
+    """A scope (or key) as typed, and as the column stores it when it is long (its digest).
+
+    A digest copied from the list (``sha256:...``) is compared as typed
+    only: the value that spells it is stored as a digest of its own, so
+    that no value can pass for another's, and a search keeps that rule.
+    """
+    if value.startswith(DIGEST_PREFIX):
+        return [value]
+    return list(dict.fromkeys([value, fit_key_column(value)]))
+
+
+def stored_keys(key: str) -> list[str]:
+    """A key as typed, as a header may quote it (``"a\\"b"``), and as a long one is stored."""
+    typed = [key]
+    # The header's own reading of a quoted key; its length rule is the
+    # view's, not the search's.
+    with contextlib.suppress(InvalidIdempotencyKey):
+        typed.append(parse_key(key, max_length=len(key)))
+    return list(dict.fromkeys(stored for value in typed for stored in stored_forms(value)))
+
+
 def database_now(using: str | None = None) -> datetime:
     """The database's clock now: what shows an operator whether a lease is live.
 
@@ -52,24 +78,13 @@ def database_now(using: str | None = None) -> datetime:
 
 
 def lease_held(now: Any = None) -> Q:
-    """In progress with its lease (or, without one, its expiry) still ahead.
-
-    ``now`` is the database's clock unless given, evaluated by the statement
-    that filters on it.
-    """
-    now = DatabaseNow() if now is None else now
-    return Q(state=State.IN_PROGRESS) & (
-        Q(locked_until__gt=now) | Q(locked_until__isnull=True, expires_at__gt=now)
-    )
+    """In progress with its lease still ahead, by the database's clock unless ``now`` is given."""
+    return leases.q(leases.HELD, now)
 
 
 def abandoned(now: Any = None) -> Q:
-    """In progress, owned, and its lease run out: its owner stopped before it finished.
-
-    By the database's clock, as :func:`lease_held`.
-    """
-    now = DatabaseNow() if now is None else now
-    return Q(state=State.IN_PROGRESS, expires_at__lte=now) & ~Q(owner_token="")
+    """In progress, owned, and its lease run out: its owner stopped before it finished."""
+    return leases.q(leases.ABANDONED, now)
 
 
 def release(record: IdempotencyKey, *, force: bool = False) -> bool:

@@ -13,6 +13,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from django_idempotency import store
+from django_idempotency.fields import fit_key_column
 from django_idempotency.keys import mask_key
 from django_idempotency.models import IdempotencyKey
 from tests.factories import IdempotencyKeyFactory
@@ -86,6 +87,25 @@ class ShowTests:
         assert "attempt:      2" in out
         assert 'checkpoints:  {"charged": {"charge": 7}}' in out
         assert "shown-key-dddd" not in out
+
+    def test_finds_a_long_scope_and_key_as_typed_though_stored_as_digests(self):
+        # A long function key (a task's arguments, say) is stored as its digest.
+        scope, key = "tenant:" + "s" * 300, "k" * 300
+        IdempotencyKeyFactory(scope=fit_key_column(scope), key=fit_key_column(key))
+
+        out, _ = run("show", scope, key)
+        listed, _ = run("list", "--scope", scope)
+
+        assert f"scope:        {fit_key_column(scope)}" in out
+        assert len(listed.splitlines()) == 1
+
+    def test_a_digest_typed_finds_only_the_record_stored_as_it(self):
+        # A value that spells a digest is stored as a digest of its own.
+        spelled = fit_key_column("x" * 300)
+        IdempotencyKeyFactory(scope="user:4", key=fit_key_column(spelled))
+
+        with pytest.raises(CommandError, match="No idempotency record"):
+            run("show", "user:4", spelled)
 
     @pytest.mark.parametrize("action", ["show", "release", "delete"])
     def test_no_such_record_exits_non_zero_with_a_message(self, action):

@@ -22,6 +22,7 @@ from django.test import RequestFactory
 from django.utils import timezone
 
 from django_idempotency import functions, idempotent, store
+from django_idempotency.backends import base, postgresql
 from django_idempotency.exceptions import CallInFlight, DatabaseBusy, TaskInFlight
 from django_idempotency.models import IdempotencyKey
 from tests.databases import claims_waiting, lock_timeout, new_claim
@@ -185,7 +186,7 @@ class PostgresLockTimeoutAfterSecondPassTests:
 
     def test_a_stale_look_starts_the_claim_over_in_its_savepoint(self, monkeypatch):
         # The full claim's own wait: its snapshot predates the original's commit.
-        monkeypatch.setattr(store, "_insert_postgresql", lambda *args: None)
+        monkeypatch.setattr(postgresql, "claim_new", lambda *args: None)
         with self.original_commits_an_expired_record() as holder, transaction.atomic():
             holder.release_once_a_claim_waits()
             with pytest.raises(store.Retry) as retry, transaction.atomic():
@@ -363,7 +364,7 @@ class MysqlSessionWaitTests:
 
 def record_gone_for(monkeypatch: pytest.MonkeyPatch, looks: int) -> None:
     """The first ``looks`` claims find the record gone, as when a purge races them (SQLite)."""
-    real_upsert, real_read = store._claim_upsert, store._read
+    real_upsert, real_read = base.claim_upsert, base.read_record
     left = [looks]
 
     def upsert(connection: object, new: store.NewClaim, *args: object) -> store.Claim | None:
@@ -375,8 +376,8 @@ def record_gone_for(monkeypatch: pytest.MonkeyPatch, looks: int) -> None:
             return None
         return real_read(connection, scope, key)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(store, "_claim_upsert", upsert)
-    monkeypatch.setattr(store, "_read", read)
+    monkeypatch.setattr(base, "claim_upsert", upsert)
+    monkeypatch.setattr(base, "read_record", read)
 
 
 @only_sqlite

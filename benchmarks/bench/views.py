@@ -92,7 +92,8 @@ def statements_alone(request: HttpRequest) -> JsonResponse:
     package's own Python. No key check, fingerprint or replay: it is a
     floor, not a protection.
     """
-    from django_idempotency import clock, store
+    from django_idempotency import clock
+    from django_idempotency.backends import postgresql
 
     key = request.META["HTTP_IDEMPOTENCY_KEY"]
     lookup, claim, complete = _statements()
@@ -100,7 +101,7 @@ def statements_alone(request: HttpRequest) -> JsonResponse:
         cursor.execute(lookup, ["anonymous", key])
         assert cursor.fetchone() is None, "statements_alone serves new keys only"
     with transaction.atomic():
-        lock_timeout = store._postgresql_lock_timeout(5.0)
+        lock_timeout = postgresql.lock_timeout(5.0)
         # Its times are the database's clock plus these durations.
         ttl = timedelta(hours=24)
         expires_in = clock.seconds(connection, ttl)
@@ -121,15 +122,15 @@ _HEADERS = '[["Content-Type", "application/json"]]'
 
 def _statements() -> tuple[str, str, str]:
     """The package's own SQL for the lookup, the claim of a new key and the store."""
-    from django_idempotency import store
+    from django_idempotency.backends import base, postgresql
 
     return (
-        store._sql(connection, "read", store._record_select_sql),
-        store._sql(connection, "insert", store._postgresql_insert_sql),
-        store._sql(
+        base.cached_sql(connection, "read", base.record_select_sql),
+        base.cached_sql(connection, "insert", postgresql.insert_sql),
+        base.cached_sql(
             connection,
             ("complete", True, False),
-            lambda c: store._complete_sql(c, with_grace=True, with_token=False),
+            lambda c: base.complete_sql(c, with_grace=True, with_token=False),
         ),
     )
 

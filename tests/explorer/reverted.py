@@ -36,14 +36,14 @@ class Reversion:
 REVERSIONS = {
     "pg-lock-timeout": Reversion(
         "PostgreSQL: a claim that finds the key taken leaves the bounded lock_timeout in force",
-        "django_idempotency/store.py",
-        'f"SELECT inserted.{pk}, {_PG_RESTORED_WAIT} FROM wait LEFT JOIN inserted ON true"',
+        "django_idempotency/backends/postgresql.py",
+        'f"SELECT inserted.{pk}, {RESTORED_WAIT} FROM wait LEFT JOIN inserted ON true"',
         'f"SELECT inserted.{pk}, NULL FROM wait LEFT JOIN inserted ON true"',
     ),
     "sqlite-busy-timeout": Reversion(
         "SQLite: the claim's busy timeout stays on the connection for the view",
-        "django_idempotency/store.py",
-        "        connection._idempotency_restore_busy_timeout = own"
+        "django_idempotency/backends/sqlite.py",
+        "            connection._idempotency_restore_busy_timeout = own"
         "  # type: ignore[attr-defined]\n",
         "",
     ),
@@ -76,10 +76,8 @@ REVERSIONS = {
     "progress-fence": Reversion(
         "a checkpoint or heartbeat is written without the owner token's fence",
         "django_idempotency/store.py",
-        "    owned = _owned(using, record_id, owner_token).filter(state=State.IN_PROGRESS)\n"
-        "    return owned.update(**changes) == 1\n",
-        "    owned = _owned(using, record_id, None).filter(state=State.IN_PROGRESS)\n"
-        "    return owned.update(**changes) == 1\n",
+        "    fence = OWN_TRANSACTION if owner_token is None else OWNER\n",
+        "    fence = OWN_TRANSACTION\n",
     ),
 }
 

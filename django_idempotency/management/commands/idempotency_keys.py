@@ -20,7 +20,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
-from django_idempotency import operations
+from django_idempotency import leases, operations
 from django_idempotency.keys import mask_key
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.operations import database_now
@@ -96,7 +96,10 @@ class Command(BaseCommand):
     def _find(self, options: dict[str, Any]) -> IdempotencyKey:
         found = (
             operations.records(options["database"])
-            .filter(scope=options["scope"], key=options["key"])
+            .filter(
+                scope__in=operations.stored_forms(options["scope"]),
+                key__in=operations.stored_keys(options["key"]),
+            )
             .first()
         )
         if found is None:
@@ -110,7 +113,7 @@ class Command(BaseCommand):
         now = database_now(options["database"])
         found = operations.records(options["database"]).order_by("-pk")
         if options["scope"] is not None:
-            found = found.filter(scope=options["scope"])
+            found = found.filter(scope__in=operations.stored_forms(options["scope"]))
         if options["state"] is not None:
             found = found.filter(state=options["state"])
         if options["abandoned"]:
@@ -127,11 +130,8 @@ class Command(BaseCommand):
         if record.state == State.COMPLETED:
             return f"completed {record.status_code}, expires {record.expires_at.isoformat()}"
         done = ", ".join(record.checkpoints or {}) or "no checkpoints"
-        if not record.owner_token:
-            lease = "released"
-        elif record.expires_at <= now:
-            lease = "abandoned"
-        else:
+        lease: str = leases.state_of(False, record.owner_token, record.expires_at, now)
+        if lease == leases.HELD:
             lease = f"lease until {record.expires_at.isoformat()}"
         return f"in progress, attempt {record.attempt}, {lease}, {done}"
 

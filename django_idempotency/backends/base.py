@@ -1,0 +1,586 @@
+"""What every backend shares: the records, the key table's columns and standard SQL.
+
+A backend (:mod:`.postgresql`, :mod:`.mysql`, :mod:`.sqlite`) holds the
+statements one database needs for a claim, how it bounds the wait for an
+in-flight original, and what its error codes mean; :class:`Backend` is the
+standard-SQL one they start from. :mod:`django_idempotency.store` is their
+only caller: it decides, they say how to ask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError, OperationalError
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Field
+from django.db.models.expressions import Col
+
+from django_idempotency import clock, leases
+from django_idempotency.info import IdempotencyInfo
+from django_idempotency.models import IdempotencyKey
+
+State = IdempotencyKey.State
+
+
+class Busy(OperationalError):
+    """A bounded lock wait ran out: another transaction still holds the key.
+
+    A :class:`~django.db.DatabaseError`, so a caller that does not translate
+    it still sees a database error that says what happened.
+    """
+
+
+class DatabaseLocked(Busy):
+    """SQLite: another connection held the database's one write lock past the wait.
+
+    SQLite locks the whole database, not the key, so the holder may be a
+    request for any key (see "SQLite" in docs/backends.rst).
+    """
+
+
+class Retry(OperationalError):
+    """Start the claim over in a new transaction (or savepoint).
+
+    ``transaction_lost`` is true when the database aborted the transaction
+    to break a deadlock (MySQL rolls back the whole of it, savepoints and
+    all), and false when only the claim's own view of the record was stale
+    (a purge or a takeover raced it) and rolling back its savepoint is enough.
+    """
+
+    def __init__(self, message: str, *, transaction_lost: bool = True) -> None:
+        super().__init__(message)
+        self.transaction_lost = transaction_lost
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    """What is kept of an answer: a response's status, headers and body, or a value as JSON."""
+
+    status_code: int
+    headers: list[list[str]]
+    #: ``None``: too large or streaming, replayed without a body. A
+    #: memoryview when read back through psycopg2.
+    body: bytes | memoryview | None
+
+
+@dataclass(frozen=True)
+class Record:
+    """A live record that another request claimed: what a duplicate is answered from."""
+
+    id: int
+    fingerprint: str
+    completed: bool
+    #: The stored answer of a completed record, else ``None``.
+    response: StoredResponse | None
+    owner_token: str
+    locked_until: datetime | None
+    created_at: datetime
+    expires_at: datetime
+    #: The database's clock when the record was read, in the same statement:
+    #: what every decision about this record compares with, never the app
+    #: host's clock.
+    seen_at: datetime
+    #: Lease mode's progress: how many owners the key has had, and the steps
+    #: they recorded as done.
+    attempt: int = 1
+    checkpoints: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def held_until(self) -> datetime:
+        """Until when an in-progress record is its owner's (its lease)."""
+        return self.locked_until or self.expires_at
+
+    @property
+    def expired(self) -> bool:
+        """Past its expiry by the database's clock when it was read."""
+        return self.expires_at <= self.seen_at
+
+    @property
+    def held_for(self) -> timedelta:
+        """How much of its lease an in-progress record had left, by the database's clock."""
+        return self.held_until - self.seen_at
+
+    @property
+    def running_for(self) -> timedelta:
+        """How long its current owner has held it, by the database's clock."""
+        return self.seen_at - self.created_at
+
+    def abandoned(self) -> bool:
+        """In progress, and its lease ran out: its owner died (or outlived its lease)."""
+        state = leases.state_of(self.completed, self.owner_token, self.expires_at, self.seen_at)
+        return state == leases.ABANDONED
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What :func:`claim` found: the key is now this request's, or another's record stands.
+
+    ``existing`` is ``None`` when the key was claimed (``record_id`` is the
+    record to complete or release), else the live record to answer from.
+    """
+
+    record_id: int
+    existing: Record | None = None
+    #: Of a claimed key: 1, or the abandoned claim's attempt + 1 when it was
+    #: taken over, with the checkpoints its owners recorded.
+    attempt: int = 1
+    checkpoints: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NewClaim:
+    """What a request writes when it claims a key.
+
+    Its times are durations from the database's clock when the statement
+    that writes them runs (:mod:`django_idempotency.clock`), never instants
+    of the app host's.
+    """
+
+    scope: str
+    key: str
+    fingerprint: str
+    owner_token: str
+    #: From the claim until its record expires.
+    expires_in: timedelta
+    #: Lease mode: from the claim until its lease runs out (``expires_in`` too).
+    lease: timedelta | None = None
+
+    @classmethod
+    def of(
+        cls,
+        info: IdempotencyInfo,
+        *,
+        ttl: timedelta,
+        token: str = "",
+        lease: timedelta | None = None,
+    ) -> NewClaim:
+        """The claim of ``info``'s key: for ``ttl``, or held for ``lease``.
+
+        A held lease expires with the lease, so that one index answers both
+        "may this be taken over?" and "may this be purged?".
+        """
+        return cls(
+            scope=info.scope,
+            key=info.key,
+            fingerprint=info.fingerprint,
+            owner_token=token,
+            expires_in=lease or ttl,
+            lease=lease,
+        )
+
+
+def column_names() -> dict[str, str]:
+    return {field.name: str(field.column) for field in IdempotencyKey._meta.concrete_fields}
+
+
+#: Each statement's SQL, built once per (vendor, statement) rather than per
+#: request: see "Performance" in docs/backends.rst.
+_SQL: dict[tuple[str, Any], str] = {}
+
+
+def cached_sql(connection: BaseDatabaseWrapper, name: Any, build: Callable[..., str]) -> str:
+    if clock.is_pinned():
+        return build(connection)  # a test's clock, which moves
+    cache_key = (connection.vendor, name)
+    sql = _SQL.get(cache_key)
+    if sql is None:
+        sql = _SQL[cache_key] = build(connection)
+    return sql
+
+
+CLAIM_FIELDS = [
+    "scope",
+    "key",
+    "fingerprint",
+    "state",
+    "owner_token",
+    "created_at",
+    "expires_at",
+    "locked_until",
+]
+RESPONSE_FIELDS = ["status_code", "response_headers", "response_body"]
+
+
+def claim_values(connection: BaseDatabaseWrapper) -> str:
+    """A new claim's values in the order of ``CLAIM_FIELDS``, then its first attempt.
+
+    The parameters are ``insert_params``; its times are the database's clock.
+    """
+    later = clock.later_sql(connection)
+    return ", ".join(["%s"] * 5 + [clock.now_sql(connection), later, later, "1"])
+
+
+def insert_claim_into(connection: BaseDatabaseWrapper) -> str:
+    """``INSERT INTO`` the key table, naming the columns :func:`claim_values` fill."""
+    quote = connection.ops.quote_name
+    columns = column_names()
+    names = [quote(columns[field]) for field in [*CLAIM_FIELDS, "attempt"]]
+    return f"INSERT INTO {quote(IdempotencyKey._meta.db_table)} ({', '.join(names)})"
+
+
+STATE_COMPLETED = str(State.COMPLETED)
+HEADERS_FIELD: Field[Any, Any] = IdempotencyKey._meta.get_field("response_headers")  # type: ignore[assignment]
+BODY_FIELD: Field[Any, Any] = IdempotencyKey._meta.get_field("response_body")  # type: ignore[assignment]
+
+
+def complete_sql(connection: BaseDatabaseWrapper, *, with_grace: bool, with_token: bool) -> str:
+    """Store a response on a claim: its owner's (``with_token``), or the writer's transaction's.
+
+    ``with_grace`` keeps the claim's expiry when the claim is younger than
+    a parameter (a negative duration): see ``store.complete``.
+    """
+    expires, later = column_names()["expires_at"], clock.later_sql(connection)
+    if with_grace:
+        quote = connection.ops.quote_name
+        created, expires = quote(column_names()["created_at"]), quote(expires)
+        later = f"CASE WHEN {created} > {later} THEN {expires} ELSE {later} END"
+    return update_sql(
+        connection,
+        OWNER if with_token else OWN_TRANSACTION,
+        state="%s",
+        status_code="%s",
+        response_headers="%s",
+        response_body="%s",
+        locked_until="NULL",
+        expires_at=later,
+    )
+
+
+#: The fences of a write to a claim, checked in the statement that writes:
+#: whose the claim must still be. Each statement's parameters end with the
+#: record's id, then (but for ``OWN_TRANSACTION``) an owner's token.
+#: Atomic mode: the claim is the writer's own transaction's.
+OWN_TRANSACTION = "own transaction"
+#: Lease mode: still this owner's (not taken over, released or completed).
+OWNER = "owner"
+#: Still its dead owner's: in progress, that token, its lease run out by the
+#: database's clock. The one fence of a takeover and of a settlement.
+ABANDONED = "abandoned"
+#: This owner's, or released by it (its token cleared): its checkpoints.
+OWNER_OR_RELEASED = "owner or released"
+
+
+def fenced(connection: BaseDatabaseWrapper, fence: str) -> str:
+    """The ``WHERE`` clause of a write to one in-progress claim, behind ``fence``."""
+    quote = connection.ops.quote_name
+    columns = column_names()
+    token = quote(columns["owner_token"])
+    where = [
+        f"{quote(IdempotencyKey._meta.pk.column)} = %s",
+        f"{quote(columns['state'])} = '{State.IN_PROGRESS}'",
+    ]
+    if fence in (OWNER, ABANDONED):
+        where.append(f"{token} = %s")
+    if fence == ABANDONED:
+        where.append(leases.sql(leases.ABANDONED, connection))
+    if fence == OWNER_OR_RELEASED:
+        where.append(f"{token} IN (%s, '')")
+    return " AND ".join(where)
+
+
+def update_sql(connection: BaseDatabaseWrapper, fence: str, **assigned: str) -> str:
+    """``UPDATE`` one claim behind ``fence``, each named column set to its SQL."""
+    quote = connection.ops.quote_name
+    columns = column_names()
+    assignments = ", ".join(f"{quote(columns[name])} = {sql}" for name, sql in assigned.items())
+    return (
+        f"UPDATE {quote(IdempotencyKey._meta.db_table)} SET {assignments} "
+        f"WHERE {fenced(connection, fence)}"
+    )
+
+
+def delete_sql(connection: BaseDatabaseWrapper, fence: str) -> str:
+    """``DELETE`` one claim behind ``fence``."""
+    table = connection.ops.quote_name(IdempotencyKey._meta.db_table)
+    return f"DELETE FROM {table} WHERE {fenced(connection, fence)}"
+
+
+CHECKPOINTS_FIELD: Field[Any, Any] = IdempotencyKey._meta.get_field("checkpoints")  # type: ignore[assignment]
+
+
+#: What a server's error code means on the key table: a lock wait that ran
+#: out, a transaction to start over, or a table that was never migrated.
+BUSY, RETRY, MISSING = "busy", "retry", "missing"
+
+
+def errno(exc: DatabaseError) -> int | None:
+    cause = exc.__cause__
+    return cause.args[0] if cause is not None and cause.args else None
+
+
+def missing_table() -> ImproperlyConfigured:
+    return ImproperlyConfigured(
+        f"The table {IdempotencyKey._meta.db_table!r} does not exist. "
+        "Run 'python manage.py migrate django_idempotency' to create it."
+    )
+
+
+def insert_params(connection: BaseDatabaseWrapper, new: NewClaim) -> list[Any]:
+    return [
+        new.scope,
+        new.key,
+        new.fingerprint,
+        str(State.IN_PROGRESS),
+        new.owner_token,
+        clock.seconds(connection, new.expires_in),
+        clock.seconds(connection, new.lease),
+    ]
+
+
+def claim_upsert(
+    connection: BaseDatabaseWrapper, new: NewClaim, take_over_abandoned: bool
+) -> Claim | None:
+    """SQLite: insert, or take over an expired record, in one statement.
+
+    SQLite serialises writers on the whole database, so the wait happened
+    at ``BEGIN`` (or at this statement) under the busy timeout.
+    """
+    sql = cached_sql(
+        connection, ("claim", take_over_abandoned), lambda c: upsert_sql(c, take_over_abandoned)
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, insert_params(connection, new))
+        row = cursor.fetchone()
+    return None if row is None else claimed(connection, row)
+
+
+def upsert_sql(connection: BaseDatabaseWrapper, take_over_abandoned: bool) -> str:
+    quote = connection.ops.quote_name
+    table = quote(IdempotencyKey._meta.db_table)
+    columns = column_names()
+    names = [quote(columns[field]) for field in CLAIM_FIELDS]
+    expires = quote(columns["expires_at"])
+    created = quote(columns["created_at"])
+    progress = progress_assignments(connection, f"EXCLUDED.{quote(columns['fingerprint'])}")
+    takeover = takeover_assignments(connection, from_excluded=True)
+    return (
+        f"{insert_claim_into(connection)} VALUES ({claim_values(connection)}) "
+        f"ON CONFLICT ({names[0]}, {names[1]}) DO UPDATE SET {progress}, {takeover} "
+        f"WHERE {table}.{expires} <= EXCLUDED.{created}"
+        f"{unless_abandoned(connection, take_over_abandoned, table)} "
+        f"RETURNING {claimed_columns(connection)}"
+    )
+
+
+def takeover_assignments(connection: BaseDatabaseWrapper, *, from_excluded: bool) -> str:
+    """SET clause giving an expired record to a new claim: its values, no response.
+
+    The values come from the upsert's ``EXCLUDED`` row, or else from
+    parameters in the order of ``insert_params(...)[2:]`` and the
+    database's clock.
+    """
+    quote = connection.ops.quote_name
+    columns = column_names()
+    claim = [quote(columns[field]) for field in CLAIM_FIELDS[2:]]
+    later = clock.later_sql(connection)
+    given = ["%s"] * 3 + [clock.now_sql(connection), later, later]
+    values = [
+        f"{name} = EXCLUDED.{name}" if from_excluded else f"{name} = {value}"
+        for name, value in zip(claim, given, strict=True)
+    ]
+    return ", ".join(values + [f"{quote(columns[f])} = NULL" for f in RESPONSE_FIELDS])
+
+
+def progress_assignments(connection: BaseDatabaseWrapper, fingerprint: str) -> str:
+    """SET clause of a takeover's attempt and checkpoints: kept for the same request's claim.
+
+    An abandoned claim of the same request is taken over as attempt n + 1
+    with its checkpoints, a released one as attempt n with them (SPEC counts
+    takeovers, not failures); an expired completed record, or another
+    request's claim, starts again at 1 with none. It comes first in
+    the SET clause: MySQL evaluates assignments left to right, so ``state``
+    and ``fingerprint`` must still be the old record's here.
+    """
+    quote = connection.ops.quote_name
+    columns = column_names()
+    attempt, checkpoints = quote(columns["attempt"]), quote(columns["checkpoints"])
+    same = (
+        f"{quote(columns['state'])} = '{State.IN_PROGRESS}' "
+        f"AND {quote(columns['fingerprint'])} = {fingerprint}"
+    )
+    # Only a takeover of an abandoned claim (its owner's token still set)
+    # counts as an attempt; a claim its owner gave back keeps its number.
+    owned = f"{quote(columns['owner_token'])} <> ''"
+    return (
+        f"{attempt} = CASE WHEN {same} "
+        f"THEN {attempt} + CASE WHEN {owned} THEN 1 ELSE 0 END ELSE 1 END, "
+        f"{checkpoints} = CASE WHEN {same} THEN {checkpoints} ELSE NULL END"
+    )
+
+
+def unless_abandoned(connection: BaseDatabaseWrapper, take_over_abandoned: bool, table: str) -> str:
+    """A takeover's extra condition when abandoned claims are left to a recovery policy.
+
+    A completed record past its expiry, or a claim its owner released, is
+    free to take; an abandoned one is not.
+    """
+    if take_over_abandoned:
+        return ""
+    return f" AND NOT {leases.sql(leases.ABANDONED, connection, f'{table}.')}"
+
+
+def claimed_columns(connection: BaseDatabaseWrapper, table: str = "") -> str:
+    """The id and progress columns, qualified by ``table`` if given (SQLite's RETURNING is not)."""
+    quote = connection.ops.quote_name
+    columns = column_names()
+    names = [quote(IdempotencyKey._meta.pk.column), *(quote(columns[f]) for f in PROGRESS)]
+    return ", ".join(f"{table}.{name}" if table else name for name in names)
+
+
+#: What a claim returns about the key it claimed, after its id.
+PROGRESS = ["attempt", "checkpoints"]
+
+
+def claimed(connection: BaseDatabaseWrapper, row: Any) -> Claim:
+    """The claim of ``row``: the record id, then its attempt and checkpoints."""
+    converted = record_expressions(connection)[-len(PROGRESS) :]
+    attempt, checkpoints = (
+        convert(value, column, connection) for value, column in zip(row[1:], converted, strict=True)
+    )
+    return Claim(int(row[0]), attempt=int(attempt), checkpoints=checkpoints or {})
+
+
+#: What the claim and the reads return about a live record, in this order.
+RECORD_COLUMNS = [
+    "id",
+    "fingerprint",
+    "state",
+    "status_code",
+    "response_headers",
+    "response_body",
+    "owner_token",
+    "locked_until",
+    "created_at",
+    "expires_at",
+    *PROGRESS,
+]
+
+
+def record_of(connection: BaseDatabaseWrapper, row: Any) -> Record:
+    """A row of ``RECORD_COLUMNS`` and the database's clock, as the ORM would convert it.
+
+    Converted without building a model. The columns past the state and the
+    response are named as the record's fields.
+    """
+    expressions = record_expressions(connection)
+    values = {
+        name: convert(value, column, connection)
+        for name, value, column in zip(RECORD_COLUMNS, row[:-1], expressions, strict=True)
+    }
+    # The clock, converted as the expiry (a datetime column) is.
+    expiry = expressions[RECORD_COLUMNS.index("expires_at")]
+    values["seen_at"] = convert(row[-1], expiry, connection)
+    completed = values.pop("state") == STATE_COMPLETED
+    response = StoredResponse(
+        values.pop("status_code") or 200,
+        values.pop("response_headers") or [],
+        values.pop("response_body"),
+    )
+    values.update(
+        id=int(values["id"]),
+        attempt=int(values["attempt"]),
+        checkpoints=values["checkpoints"] or {},
+    )
+    return Record(completed=completed, response=response if completed else None, **values)
+
+
+_EXPRESSIONS: dict[str, list[tuple[Col, list[Any]]]] = {}
+
+
+def record_expressions(connection: BaseDatabaseWrapper) -> list[tuple[Col, list[Any]]]:
+    """Each record column with the converters the ORM applies to it on this backend."""
+    found = _EXPRESSIONS.get(connection.vendor)
+    if found is None:
+        found = []
+        for name in RECORD_COLUMNS:
+            field = IdempotencyKey._meta.get_field(name)
+            assert isinstance(field, Field)
+            column = Col(IdempotencyKey._meta.db_table, field)
+            converters = connection.ops.get_db_converters(column)
+            converters += field.get_db_converters(connection)
+            found.append((column, converters))
+        _EXPRESSIONS[connection.vendor] = found
+    return found
+
+
+def convert(value: Any, column: tuple[Col, list[Any]], connection: BaseDatabaseWrapper) -> Any:
+    expression, converters = column
+    for converter in converters:
+        value = converter(value, expression, connection)
+    return value
+
+
+def record_select_sql(connection: BaseDatabaseWrapper, *, lock: str = "") -> str:
+    quote = connection.ops.quote_name
+    columns = column_names()
+    return (
+        f"SELECT {', '.join(quote(columns[name]) for name in RECORD_COLUMNS)}, "
+        f"{clock.now_sql(connection)} FROM {quote(IdempotencyKey._meta.db_table)} "
+        f"WHERE {quote(columns['scope'])} = %s AND {quote(columns['key'])} = %s{lock}"
+    )
+
+
+def read_record(connection: BaseDatabaseWrapper, scope: str, key: str) -> Record | None:
+    sql = cached_sql(connection, "read", record_select_sql)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [scope, key])
+        row = cursor.fetchone()
+    return None if row is None else record_of(connection, row)
+
+
+class Backend:
+    """One database's way to claim a key, and what its errors mean: here, standard SQL.
+
+    A claim is one ``INSERT ... ON CONFLICT DO UPDATE`` that inserts the
+    record or takes over an expired one, then a read of the live record if
+    it did neither. A database that waits or claims otherwise overrides
+    :meth:`claim`, and :meth:`prepare` and :meth:`restore` for a wait that
+    must be set before the claim's transaction opens.
+    """
+
+    #: Whether the wait for an in-flight original happens when the claim's
+    #: transaction begins (SQLite's database lock), so that :meth:`prepare`
+    #: must bound it first and :meth:`restore` put it back.
+    waits_at_begin = False
+    #: Whether a retry of finished work is looked for with one read before
+    #: the claim, outside a transaction (``store.reads_before_claiming``).
+    reads_before_claiming = False
+    #: A server error code, as :meth:`code` reads it, to BUSY, RETRY or MISSING.
+    codes: dict[Any, str] = {}
+
+    def prepare(self, connection: BaseDatabaseWrapper, wait: float) -> None:
+        """Bound the wait for an in-flight original before the claim's transaction opens."""
+
+    def restore(self, connection: BaseDatabaseWrapper) -> None:
+        """Give the connection back what :meth:`prepare` changed."""
+
+    def claim(
+        self,
+        connection: BaseDatabaseWrapper,
+        new: NewClaim,
+        wait: float,
+        take_over_abandoned: bool,
+    ) -> Claim | Record | None:
+        """The key claimed, the live record that holds it, or ``None`` if it vanished meanwhile."""
+        claimed_key = claim_upsert(connection, new, take_over_abandoned)
+        if claimed_key is not None:
+            return claimed_key
+        return read_record(connection, new.scope, new.key)
+
+    def code(self, exc: DatabaseError) -> Any:
+        """The server's code for ``exc``: the error number the driver gives first."""
+        return errno(exc)
+
+    def meaning(self, exc: DatabaseError) -> Exception | None:
+        """What ``exc`` means on the key table, or ``None`` for an error to let through."""
+        meaning = self.codes.get(self.code(exc))
+        if meaning == BUSY:
+            return Busy(f"A lock wait ran out ({exc}).")
+        if meaning == RETRY:
+            return Retry(str(exc))
+        return missing_table() if meaning == MISSING else None

@@ -1,0 +1,177 @@
+"""MySQL and MariaDB: insert, and on a duplicate read the record under a shared lock.
+
+InnoDB's row-lock wait is bounded per statement on MariaDB and per session
+on MySQL; on a Galera node the claim also waits until the node has applied
+what the cluster committed before it.
+"""
+
+from __future__ import annotations
+
+import math
+
+from django.db import IntegrityError
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from django_idempotency import clock
+from django_idempotency.backends.base import (
+    BUSY,
+    MISSING,
+    RETRY,
+    Backend,
+    Claim,
+    IdempotencyKey,
+    NewClaim,
+    Record,
+    cached_sql,
+    claim_values,
+    claimed,
+    claimed_columns,
+    column_names,
+    insert_claim_into,
+    insert_params,
+    progress_assignments,
+    record_of,
+    record_select_sql,
+    takeover_assignments,
+)
+
+# Error numbers.
+ER_DUP_ENTRY = 1062
+ER_LOCK_WAIT_TIMEOUT = 1205
+ER_LOCK_DEADLOCK = 1213
+ER_NO_SUCH_TABLE = 1146
+
+
+class MySQL(Backend):
+    codes = {ER_LOCK_WAIT_TIMEOUT: BUSY, ER_LOCK_DEADLOCK: RETRY, ER_NO_SUCH_TABLE: MISSING}
+
+    def claim(
+        self,
+        connection: BaseDatabaseWrapper,
+        new: NewClaim,
+        wait: float,
+        take_over_abandoned: bool,
+    ) -> Claim | Record | None:
+        return claim_or_find(connection, new, wait, take_over_abandoned)
+
+
+def wait_prefix(connection: BaseDatabaseWrapper, wait: float) -> str:
+    """Bound InnoDB's row-lock wait for one statement (MariaDB) or the session (MySQL).
+
+    On a Galera node the statement also waits until the node has applied
+    what the cluster committed before it (see :func:`galera_sync_wait`).
+    """
+    if getattr(connection, "mysql_is_mariadb", False):
+        sync_wait = galera_sync_wait(connection)
+        causal = f", wsrep_sync_wait={sync_wait}" if sync_wait else ""
+        return f"SET STATEMENT innodb_lock_wait_timeout={math.ceil(wait)}{causal} FOR "
+    seconds = max(1, math.ceil(wait))
+    # Forgotten when a new connection opens (see _forget_connection_state).
+    if getattr(connection, "_idempotency_lock_wait", None) != seconds:
+        with connection.cursor() as cursor:
+            cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {seconds}")
+        connection._idempotency_lock_wait = seconds  # type: ignore[attr-defined]
+    return ""
+
+
+#: ``wsrep_sync_wait``'s bit for INSERT and REPLACE statements.
+_WSREP_SYNC_INSERT = 4
+
+
+def galera_sync_wait(connection: BaseDatabaseWrapper) -> int:
+    """The ``wsrep_sync_wait`` a claim runs with on a Galera node; 0 on any other server.
+
+    A node applies what other nodes committed a moment later, so a claim
+    could find no record (or an in-progress one) for an original that has
+    already answered. With the INSERT bit, the claim's ``INSERT`` first
+    waits until the node has applied everything committed before it; the
+    READ bit would not do, since MariaDB makes no causal wait inside an
+    open transaction, and the claim opens one. The session's own bits are
+    kept. Asked once per connection wrapper, the first time it claims:
+    like the server version Django reads once, whether a configured
+    server is a Galera node does not change between its connections, so
+    a plain server pays one statement per process thread, not per request.
+    """
+    found = getattr(connection, "_idempotency_sync_wait", None)
+    if found is None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SHOW SESSION VARIABLES WHERE Variable_name IN ('wsrep_on', 'wsrep_sync_wait')"
+            )
+            variables = dict(cursor.fetchall())
+        found = 0
+        if variables.get("wsrep_on") == "ON":
+            found = int(variables.get("wsrep_sync_wait") or 0) | _WSREP_SYNC_INSERT
+        connection._idempotency_sync_wait = found  # type: ignore[attr-defined]
+    return found
+
+
+def claim_or_find(
+    connection: BaseDatabaseWrapper, new: NewClaim, wait: float, take_over_abandoned: bool
+) -> Claim | Record | None:
+    """MySQL/MariaDB: insert; on a duplicate, read under a shared lock.
+
+    A failed INSERT rolls back only itself in InnoDB, so no savepoint is
+    needed around it. The duplicate read uses a shared lock, not FOR UPDATE:
+    the failed INSERT already holds a shared lock on the row, and many
+    duplicates upgrading it to exclusive at once would deadlock.
+    """
+    prefix = wait_prefix(connection, wait)
+    with connection.cursor() as cursor:
+        try:
+            cursor.execute(
+                prefix + cached_sql(connection, "claim", insert_sql),
+                insert_params(connection, new),
+            )
+            return Claim(int(cursor.lastrowid))
+        except IntegrityError as exc:
+            if exc.__cause__ is None or exc.__cause__.args[0] != ER_DUP_ENTRY:
+                raise
+    with connection.cursor() as cursor:
+        cursor.execute(
+            prefix + cached_sql(connection, "shared read", shared_read_sql), [new.scope, new.key]
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    record = record_of(connection, row)
+    if not record.expired:
+        return record
+    if not take_over_abandoned and record.abandoned():
+        return record  # for the recovery policy to decide on
+    return _take_over(connection, record.id, new, prefix)
+
+
+def insert_sql(connection: BaseDatabaseWrapper) -> str:
+    return f"{insert_claim_into(connection)} VALUES ({claim_values(connection)})"
+
+
+def shared_read_sql(connection: BaseDatabaseWrapper) -> str:
+    return record_select_sql(connection, lock=" LOCK IN SHARE MODE")
+
+
+def _take_over(
+    connection: BaseDatabaseWrapper, record_id: int, new: NewClaim, prefix: str
+) -> Claim | None:
+    quote = connection.ops.quote_name
+    table = quote(IdempotencyKey._meta.db_table)
+    columns = column_names()
+    progress = progress_assignments(connection, "%s")
+    assignments = takeover_assignments(connection, from_excluded=False)
+    pk = quote(IdempotencyKey._meta.pk.column)
+    expires = quote(columns["expires_at"])
+    params = [new.fingerprint, new.fingerprint, *insert_params(connection, new)[2:]]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"{prefix}UPDATE {table} SET {progress}, {assignments} "
+            f"WHERE {pk} = %s AND {expires} <= {clock.now_sql(connection)}",
+            [*params, record_id],
+        )
+        if cursor.rowcount != 1:
+            return None
+        # No RETURNING on MySQL: read back what the update carried over.
+        cursor.execute(
+            f"SELECT {claimed_columns(connection, table)} FROM {table} WHERE {pk} = %s",
+            [record_id],
+        )
+        return claimed(connection, cursor.fetchone())

@@ -1,0 +1,212 @@
+"""PostgreSQL: a new key in one planned-once INSERT, anything else in one statement.
+
+The wait for an uncommitted original is bounded by ``lock_timeout``, set
+inside the claim's own statement and put back by it, so the view's
+statements keep the timeout they were configured with.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import DatabaseError
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from django_idempotency import clock
+from django_idempotency.backends.base import (
+    BUSY,
+    CLAIM_FIELDS,
+    MISSING,
+    PROGRESS,
+    RECORD_COLUMNS,
+    RETRY,
+    Backend,
+    Claim,
+    IdempotencyKey,
+    NewClaim,
+    Record,
+    cached_sql,
+    claim_values,
+    claimed,
+    claimed_columns,
+    column_names,
+    insert_claim_into,
+    insert_params,
+    progress_assignments,
+    read_record,
+    record_of,
+    takeover_assignments,
+    unless_abandoned,
+)
+
+# SQLSTATEs (psycopg 3 calls it ``sqlstate``, psycopg2 ``pgcode``).
+LOCK_NOT_AVAILABLE = "55P03"
+SERIALIZATION_FAILURE, DEADLOCK_DETECTED = "40001", "40P01"
+UNDEFINED_TABLE = "42P01"
+
+
+class PostgreSQL(Backend):
+    reads_before_claiming = True
+    codes = {
+        LOCK_NOT_AVAILABLE: BUSY,
+        SERIALIZATION_FAILURE: RETRY,
+        DEADLOCK_DETECTED: RETRY,
+        UNDEFINED_TABLE: MISSING,
+    }
+
+    def claim(
+        self,
+        connection: BaseDatabaseWrapper,
+        new: NewClaim,
+        wait: float,
+        take_over_abandoned: bool,
+    ) -> Claim | Record | None:
+        found: Claim | Record | None = claim_new(connection, new, wait)
+        if found is None:
+            found = claim_or_find(connection, new, wait, take_over_abandoned)
+        if found is None:
+            # We waited for an original that committed after this
+            # statement's snapshot was taken: read it now.
+            found = read_record(connection, new.scope, new.key)
+        return found
+
+    def code(self, exc: DatabaseError) -> Any:
+        cause = exc.__cause__
+        return getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+
+
+def claim_new(connection: BaseDatabaseWrapper, new: NewClaim, wait: float) -> Claim | None:
+    """Claim a key nobody holds, in a statement PostgreSQL plans in a fraction of the full one.
+
+    The common case: a new key. ``None`` when the key has a record (or had
+    one we waited for); :func:`claim_or_find` then decides, in the
+    same transaction, between a takeover and the live record. The wait for
+    an uncommitted original is bounded here too, and ``lock_timeout`` is
+    put back by the same statement either way.
+    """
+    sql = cached_sql(connection, "insert", insert_sql)
+    params = [lock_timeout(wait), *insert_params(connection, new)]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        record_id = cursor.fetchone()[0]
+    return None if record_id is None else Claim(int(record_id))
+
+
+def insert_sql(connection: BaseDatabaseWrapper) -> str:
+    pk = connection.ops.quote_name(IdempotencyKey._meta.pk.column)
+    return (
+        f"{BOUNDED_WAIT}{_inserted(connection, pk)} "
+        f"SELECT inserted.{pk}, {RESTORED_WAIT} FROM wait LEFT JOIN inserted ON true"
+    )
+
+
+#: The claim statements' first CTE: the view's ``lock_timeout``, and the
+#: claim's bound (the first parameter) applied for the rest of the statement.
+BOUNDED_WAIT = (
+    "WITH wait AS (SELECT current_setting('lock_timeout') AS previous, "
+    "set_config('lock_timeout', %s, true) AS applied), "
+)
+#: Their last column: the view's ``lock_timeout`` put back, once the insert
+#: (and any wait for an uncommitted original) is over.
+RESTORED_WAIT = "set_config('lock_timeout', wait.previous, true)"
+
+
+def lock_timeout(wait: float) -> str:
+    return f"{max(1, round(wait * 1000))}ms"
+
+
+def _inserted(connection: BaseDatabaseWrapper, returned: str) -> str:
+    """The CTE ``inserted``: the new claim's row, unless the key has one (then nothing)."""
+    quote = connection.ops.quote_name
+    columns = column_names()
+    return (
+        f"inserted AS ({insert_claim_into(connection)} "
+        f"SELECT {claim_values(connection)} FROM wait "
+        f"ON CONFLICT ({quote(columns['scope'])}, {quote(columns['key'])}) "
+        f"DO NOTHING RETURNING {returned})"
+    )
+
+
+def claim_or_find(
+    connection: BaseDatabaseWrapper, new: NewClaim, wait: float, take_over_abandoned: bool
+) -> Claim | Record | None:
+    """Claim, take over an expired record, or read the live one, in one statement.
+
+    ``INSERT ... ON CONFLICT DO NOTHING`` waits for an uncommitted original
+    (bounded by ``lock_timeout``, set inside the statement and, when the key
+    is claimed, put back to the view's own value so that its statements keep
+    theirs) and locks nothing on conflict. A conditional ``UPDATE`` takes
+    over an expired record. Otherwise the live record comes back in the same
+    round trip, and a replay writes nothing, so its commit needs no disk
+    flush. The record is ``None`` only when the original committed after
+    this statement's snapshot was taken.
+
+    A claim that starts over does so in a new transaction or savepoint,
+    whose rollback undoes the bounded ``lock_timeout``: so the value the
+    statement finds is always the view's own.
+    """
+    sql = cached_sql(
+        connection,
+        ("claim", take_over_abandoned),
+        lambda c: claim_sql(c, take_over_abandoned),
+    )
+    params = _claim_params(connection, new, wait)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    mine, values = row[0], row[1:-2]
+    if mine is None:
+        return None
+    if mine:
+        return claimed(connection, [values[0], *values[-len(PROGRESS) :]])
+    return record_of(connection, [*values, row[-2]])
+
+
+def _claim_params(connection: BaseDatabaseWrapper, new: NewClaim, wait: float) -> list[Any]:
+    insert = insert_params(connection, new)
+    return [
+        lock_timeout(wait),
+        *insert,
+        new.fingerprint,
+        new.fingerprint,
+        *insert[2:],
+        new.scope,
+        new.key,
+        new.scope,
+        new.key,
+    ]
+
+
+def claim_sql(connection: BaseDatabaseWrapper, take_over_abandoned: bool) -> str:
+    quote = connection.ops.quote_name
+    table = quote(IdempotencyKey._meta.db_table)
+    columns = column_names()
+    names = [quote(columns[field]) for field in CLAIM_FIELDS]
+    scope, key = names[0], names[1]
+    expires = quote(columns["expires_at"])
+    now = clock.now_sql(connection)
+    pk = quote(IdempotencyKey._meta.pk.column)
+    progress = [quote(columns[name]) for name in PROGRESS]
+    record = ", ".join(f"{table}.{quote(columns[name])}" for name in RECORD_COLUMNS[1:])
+    # A claimed key's row: its id, nothing of a record, then its progress.
+    nulls = ", ".join(["NULL"] * (len(RECORD_COLUMNS) - 1 - len(PROGRESS)))
+    claimed_progress = ", ".join(f"claimed.{name}" for name in progress)
+    found_columns = ", ".join(["mine", *(f"c{i}" for i in range(len(RECORD_COLUMNS)))])
+    returned = ", ".join([pk, *progress])
+    return (
+        f"{BOUNDED_WAIT}{_inserted(connection, returned)}, "
+        f"taken AS (UPDATE {table} SET {progress_assignments(connection, '%s')}, "
+        f"{takeover_assignments(connection, from_excluded=False)} "
+        f"WHERE {scope} = %s AND {key} = %s AND {expires} <= {now}"
+        f"{unless_abandoned(connection, take_over_abandoned, table)} "
+        "AND NOT EXISTS (SELECT 1 FROM inserted) "
+        f"RETURNING {claimed_columns(connection, table)}), "
+        f"claimed AS (SELECT {returned} FROM inserted UNION ALL SELECT {returned} FROM taken), "
+        f"found ({found_columns}) AS (SELECT true, claimed.{pk}, {nulls}, {claimed_progress} "
+        f"FROM claimed UNION ALL SELECT false, {table}.{pk}, {record} FROM {table} "
+        f"WHERE {scope} = %s AND {key} = %s AND NOT EXISTS (SELECT 1 FROM claimed)) "
+        # Always exactly one row, so the view's lock_timeout is always put back:
+        # also when the claim found another's record inside the view's transaction.
+        # With the database's clock, which decides about the record found.
+        f"SELECT found.*, {now}, {RESTORED_WAIT} FROM wait LEFT JOIN found ON true"
+    )

@@ -1,0 +1,58 @@
+"""SQLite: one write lock for the whole database, waited for under the busy timeout.
+
+SQLite takes its write lock at ``BEGIN IMMEDIATE`` (or the first write),
+so the claim's wait is set on the connection before the transaction
+opens, and put back as soon as the claim is over. Its errors say what
+they mean in words, not codes.
+"""
+
+from __future__ import annotations
+
+from django.db import DatabaseError
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from django_idempotency.backends.base import Backend, DatabaseLocked, missing_table
+
+
+class SQLite(Backend):
+    waits_at_begin = True
+
+    def prepare(self, connection: BaseDatabaseWrapper, wait: float) -> None:
+        """Set the busy timeout to ``wait`` unless it already is.
+
+        Changed only when ``wait`` differs from the connection's ``timeout``
+        option (with the defaults, 5 s both, never), so the view's own
+        statements wait as long as the connection was configured to.
+        """
+        connection.ensure_connection()
+        own = _own_timeout(connection)
+        target = max(1, round(wait * 1000))
+        if target != own:
+            _set_busy_timeout(connection, target)
+            connection._idempotency_restore_busy_timeout = own  # type: ignore[attr-defined]
+
+    def restore(self, connection: BaseDatabaseWrapper) -> None:
+        own = getattr(connection, "_idempotency_restore_busy_timeout", None)
+        if own is None:
+            return
+        connection._idempotency_restore_busy_timeout = None  # type: ignore[attr-defined]
+        if connection.connection is not None:
+            _set_busy_timeout(connection, own)
+
+    def meaning(self, exc: DatabaseError) -> Exception | None:
+        message = str(exc)
+        if "is locked" in message:
+            return DatabaseLocked(
+                "The SQLite database is locked: another connection holds its one write lock."
+            )
+        return missing_table() if "no such table" in message else None
+
+
+def _own_timeout(connection: BaseDatabaseWrapper) -> int:
+    """The busy timeout, in ms, that Django opened the connection with."""
+    return round(connection.settings_dict.get("OPTIONS", {}).get("timeout", 5.0) * 1000)
+
+
+def _set_busy_timeout(connection: BaseDatabaseWrapper, milliseconds: int) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(f"PRAGMA busy_timeout = {int(milliseconds)}")

@@ -1,0 +1,68 @@
+"""The record states, written once in leases.py for Python, the ORM and SQL, agree."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+
+from django_idempotency import clock, leases
+from django_idempotency.models import IdempotencyKey
+
+pytestmark = pytest.mark.django_db
+
+State = IdempotencyKey.State
+HOUR = timedelta(hours=1)
+
+
+@pytest.fixture
+def every_kind_of_row() -> dict[int, leases.State]:
+    """One record for each combination of the columns the states read, and its state."""
+    now = clock.read(connection)
+    expected: dict[int, leases.State] = {}
+    kinds = itertools.product([State.COMPLETED, State.IN_PROGRESS], ["", "token"], [-HOUR, HOUR])
+    for number, (state, token, offset) in enumerate(kinds):
+        record = IdempotencyKey.objects.create(
+            scope="leases",
+            key=f"k{number}",
+            fingerprint="f",
+            state=state,
+            owner_token=token,
+            expires_at=now + offset,
+            locked_until=None if state == State.COMPLETED or not token else now + offset,
+        )
+        completed = state == State.COMPLETED
+        expected[record.pk] = leases.state_of(completed, token, now + offset, now)
+    return expected
+
+
+def test_each_row_is_in_the_state_a_person_would_name(every_kind_of_row):
+    assert sorted(every_kind_of_row.values()) == sorted(
+        ["completed"] * 4 + ["released"] * 2 + ["abandoned", "held"]
+    )
+
+
+@pytest.mark.parametrize("state", leases.STATES)
+def test_the_orm_and_sql_select_the_rows_python_names(every_kind_of_row, state):
+    named = {pk for pk, found in every_kind_of_row.items() if found == state}
+    table = connection.ops.quote_name(IdempotencyKey._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT id FROM {table} WHERE {leases.sql(state, connection)}", [])
+        by_sql = {row[0] for row in cursor.fetchall()}
+    by_orm = set(IdempotencyKey.objects.filter(leases.q(state)).values_list("pk", flat=True))
+
+    assert named
+    assert by_orm == named
+    assert by_sql == named
+
+
+def test_a_qualified_condition_names_its_table(every_kind_of_row):
+    table = connection.ops.quote_name(IdempotencyKey._meta.db_table)
+    condition = leases.sql(leases.ABANDONED, connection, "t.")
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT t.id FROM {table} t WHERE {condition}", [])
+        found = {row[0] for row in cursor.fetchall()}
+
+    assert found == {pk for pk, state in every_kind_of_row.items() if state == "abandoned"}
