@@ -25,6 +25,7 @@ from django_idempotency.info import IdempotencyInfo
 from django_idempotency.models import IdempotencyKey
 
 State = IdempotencyKey.State
+Connection = BaseDatabaseWrapper
 
 
 class Busy(OperationalError):
@@ -533,6 +534,10 @@ def read_record(connection: BaseDatabaseWrapper, scope: str, key: str) -> Record
     return None if row is None else record_of(connection, row)
 
 
+#: What a backend's claim finds: the key claimed, the live record holding it, or nothing.
+Found = Claim | Record | None
+
+
 class Backend:
     """One database's way to claim a key, and what its errors mean: here, standard SQL.
 
@@ -559,15 +564,12 @@ class Backend:
     def restore(self, connection: BaseDatabaseWrapper) -> None:
         """Give the connection back what :meth:`prepare` changed."""
 
-    def claim(
-        self,
-        connection: BaseDatabaseWrapper,
-        new: NewClaim,
-        wait: float,
-        take_over_abandoned: bool,
-    ) -> Claim | Record | None:
-        """The key claimed, the live record that holds it, or ``None`` if it vanished meanwhile."""
-        claimed_key = claim_upsert(connection, new, take_over_abandoned)
+    def claim(self, connection: Connection, new: NewClaim, wait: float, take_over: bool) -> Found:
+        """The key claimed, the live record that holds it, or ``None`` if it vanished meanwhile.
+
+        ``take_over``: an abandoned claim is taken over too, not returned.
+        """
+        claimed_key = claim_upsert(connection, new, take_over)
         if claimed_key is not None:
             return claimed_key
         return read_record(connection, new.scope, new.key)

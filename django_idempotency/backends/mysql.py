@@ -19,6 +19,8 @@ from django_idempotency.backends.base import (
     RETRY,
     Backend,
     Claim,
+    Connection,
+    Found,
     IdempotencyKey,
     NewClaim,
     Record,
@@ -45,14 +47,8 @@ ER_NO_SUCH_TABLE = 1146
 class MySQL(Backend):
     codes = {ER_LOCK_WAIT_TIMEOUT: BUSY, ER_LOCK_DEADLOCK: RETRY, ER_NO_SUCH_TABLE: MISSING}
 
-    def claim(
-        self,
-        connection: BaseDatabaseWrapper,
-        new: NewClaim,
-        wait: float,
-        take_over_abandoned: bool,
-    ) -> Claim | Record | None:
-        return claim_or_find(connection, new, wait, take_over_abandoned)
+    def claim(self, connection: Connection, new: NewClaim, wait: float, take_over: bool) -> Found:
+        return claim_or_find(connection, new, wait, take_over)
 
 
 def wait_prefix(connection: BaseDatabaseWrapper, wait: float) -> str:

@@ -22,6 +22,8 @@ from django_idempotency.backends.base import (
     RETRY,
     Backend,
     Claim,
+    Connection,
+    Found,
     IdempotencyKey,
     NewClaim,
     Record,
@@ -54,16 +56,10 @@ class PostgreSQL(Backend):
         UNDEFINED_TABLE: MISSING,
     }
 
-    def claim(
-        self,
-        connection: BaseDatabaseWrapper,
-        new: NewClaim,
-        wait: float,
-        take_over_abandoned: bool,
-    ) -> Claim | Record | None:
+    def claim(self, connection: Connection, new: NewClaim, wait: float, take_over: bool) -> Found:
         found: Claim | Record | None = claim_new(connection, new, wait)
         if found is None:
-            found = claim_or_find(connection, new, wait, take_over_abandoned)
+            found = claim_or_find(connection, new, wait, take_over)
         if found is None:
             # We waited for an original that committed after this
             # statement's snapshot was taken: read it now.
