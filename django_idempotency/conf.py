@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -417,6 +418,8 @@ class IdempotencySettings:
 
     def __init__(self) -> None:
         self._cache: dict[str, Any] = {}
+        # Held while a value is cached or the cache dropped, never while read.
+        self._lock = threading.Lock()
         #: Bumped on every reload, so that values derived from the settings
         #: (a view's resolved options) know when to derive themselves again.
         self.generation = 0
@@ -438,20 +441,26 @@ class IdempotencySettings:
             return self._cache[setting.name]
         except KeyError:
             pass
+        generation = self.generation
         # The system checks report a bad value at start-up; should they be
         # silenced, the first use still fails with the same words.
         value = setting.clean(self.raw(setting.name), f"{SETTING_NAME}[{setting.name!r}]")
-        self._cache[setting.name] = value
-        # A row is a non-data descriptor: the instance's own attribute now
-        # answers every later read as a plain lookup, with no call at all.
-        self.__dict__[setting.option_name] = value
+        with self._lock:
+            # Kept only if no reload came in between: a value read from the
+            # settings before an override would otherwise outlive it.
+            if generation == self.generation:
+                self._cache[setting.name] = value
+                # A row is a non-data descriptor: the instance's own attribute
+                # now answers every later read as a plain lookup, with no call.
+                self.__dict__[setting.option_name] = value
         return value
 
     def reload(self) -> None:
-        for name in self._cache:
-            self.__dict__.pop(name.lower(), None)
-        self._cache.clear()
-        self.generation += 1
+        with self._lock:
+            for row in SETTINGS:
+                self.__dict__.pop(row.option_name, None)
+            self._cache.clear()
+            self.generation += 1
 
 
 #: The rows, in the order they are declared.

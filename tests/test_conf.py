@@ -126,6 +126,35 @@ class SettingsTableTests:
             assert idempotency_settings.methods == frozenset({"POST", "PATCH"})
         assert reads == ["METHODS"]
 
+    def test_a_value_read_across_a_reload_is_not_kept(self, monkeypatch):
+        # setting_changed arriving while a first read is under way: the value
+        # read from the old settings must not outlive them as an attribute.
+        original = idempotency_settings.raw
+
+        def raw_then_reload(name):
+            found = original(name)
+            idempotency_settings.reload()
+            return found
+
+        idempotency_settings.reload()
+        monkeypatch.setattr(idempotency_settings, "raw", raw_then_reload)
+        assert idempotency_settings.ttl == DEFAULTS["TTL"]
+        monkeypatch.setattr(idempotency_settings, "raw", original)
+
+        assert "ttl" not in vars(idempotency_settings)
+        with override_settings(IDEMPOTENCY={"TTL": 7}):
+            assert idempotency_settings.ttl == timedelta(seconds=7)
+
+    def test_a_reload_drops_every_settings_attribute(self):
+        for row in SETTINGS:
+            getattr(idempotency_settings, row.option_name)
+        # Even one the cache no longer lists.
+        idempotency_settings._cache.clear()
+
+        idempotency_settings.reload()
+
+        assert not {row.option_name for row in SETTINGS} & set(vars(idempotency_settings))
+
     def test_bad_value_at_run_time_names_the_key_and_the_fix(self):
         # The system check reports this at start-up; silenced, the first read still refuses it.
         with (

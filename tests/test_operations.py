@@ -99,6 +99,28 @@ class ShowTests:
         assert f"scope:        {fit_key_column(scope)}" in out
         assert len(listed.splitlines()) == 1
 
+    def test_a_key_typed_exactly_is_that_record_not_its_quoted_twin(self):
+        # A key function's keys have no header syntax: abc and "abc" are two keys.
+        plain = IdempotencyKeyFactory(scope="fn:charge", key="abc")
+        quoted = IdempotencyKeyFactory(scope="fn:charge", key='"abc"')
+
+        run("delete", "fn:charge", '"abc"')
+
+        assert IdempotencyKey.objects.filter(pk=plain.pk).exists()
+        assert not IdempotencyKey.objects.filter(pk=quoted.pk).exists()
+
+    def test_a_quoted_key_finds_the_record_of_its_unquoted_reading(self):
+        # As a client's header sends it: "abc" is the key abc.
+        record = IdempotencyKeyFactory(scope="user:5", key="abc", lease_expired=True)
+
+        run("release", "user:5", '"abc"')
+        out, _ = run("show", "user:5", '"abc"')
+
+        record.refresh_from_db()
+        assert record.owner_token == ""
+
+        assert f"key:          {mask_key(record.key)} (masked)" in out
+
     def test_a_digest_typed_finds_only_the_record_stored_as_it(self):
         # A value that spells a digest is stored as a digest of its own.
         spelled = fit_key_column("x" * 300)

@@ -94,19 +94,16 @@ class Command(BaseCommand):
             self._delete(record, options["force"])
 
     def _find(self, options: dict[str, Any]) -> IdempotencyKey:
-        found = (
-            operations.records(options["database"])
-            .filter(
-                scope__in=operations.stored_forms(options["scope"]),
-                key__in=operations.stored_keys(options["key"]),
-            )
-            .first()
-        )
+        records = operations.records(options["database"])
+        scope, key = options["scope"], options["key"]
+        scopes = operations.stored_forms(scope)
+        # The key as typed (or its digest, when long) first: a key function's
+        # abc and "abc" are two keys. Only then the header's reading of it.
+        found = records.filter(scope__in=scopes, key__in=operations.stored_forms(key)).first()
         if found is None:
-            raise CommandError(
-                f"No idempotency record for key {mask_key(options['key'])} "
-                f"in scope {options['scope']!r}."
-            )
+            found = records.filter(scope__in=scopes, key__in=operations.stored_keys(key)).first()
+        if found is None:
+            raise CommandError(f"No idempotency record for key {mask_key(key)} in scope {scope!r}.")
         return found
 
     def _list(self, options: dict[str, Any]) -> None:
