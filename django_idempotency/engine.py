@@ -432,6 +432,11 @@ class Call:
             for name, value in checkpoints.items()
             if name not in before or before[name] != value
         }
+        step = self.info.progress.step
+        if step is not None:
+            # Recorded again with the same data (a block that rolled back and
+            # ran again): this transaction's too.
+            added[step] = checkpoints[step]
         if not connections[self.using].in_atomic_block:
             # Committed (or in a transaction the caller runs by hand, on the
             # same connection as the checkpoint, which goes with it).
@@ -633,8 +638,9 @@ class Call:
         if lease.own:
             # Should the caller's transaction roll back after all, the claim
             # outlives this call (until the request ends, or its lease runs
-            # out) with checkpoints whose writes are gone.
-            self._correct_progress(owned, reopen=False)
+            # out) with checkpoints whose writes are gone; should it commit
+            # with the result unstored, the open ones come back.
+            self._correct_progress(owned)
             # Before storing: a store that fails in the request's transaction
             # takes it down, and the claim must still be given back.
             lease_cleanup.release_unless_committed(

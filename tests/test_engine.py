@@ -808,6 +808,24 @@ class CheckpointsInCallersTransactionTests:
     those of the caller's open transaction come back only if it commits.
     """
 
+    def test_a_block_run_again_with_the_same_checkpoint_keeps_it_once_it_commits(self) -> None:
+        # A deadlock-retry loop: the first try rolls back after its checkpoint,
+        # the second records the same checkpoint again and commits.
+        def body(info: IdempotencyInfo) -> None:
+            for first_try in (True, False):
+                with contextlib.suppress(RuntimeError), transaction.atomic():
+                    Order.objects.create(item="a")
+                    info.checkpoint("a", "done")
+                    if first_try:
+                        raise RuntimeError("deadlock: the block runs again")
+            raise RuntimeError("failed after step a")
+
+        with pytest.raises(RuntimeError, match="after step a"):
+            run_steps(body)
+
+        assert Order.objects.filter(item="a").count() == 1
+        assert recorded_checkpoints() == {"a": "done"}
+
     def test_a_failure_that_rolls_the_callers_transaction_back_keeps_no_checkpoint(
         self,
     ) -> None:
