@@ -290,18 +290,18 @@ def take_over(using: str, abandoned: Record, new: NewClaim) -> Claim | None:
     requests deciding on one abandoned claim only one takes it, and a slow
     owner that renewed its lease in the meantime keeps it.
     """
+    # Only lease mode leaves a claim to be abandoned; its new lease is also its expiry.
+    assert new.lease is not None, "only a lease-mode claim takes an abandoned one over"
     connection = connections[using]
-    leased = new.lease is not None
-    sql = cached_sql(connection, ("take over", leased), lambda c: _take_over_sql(c, leased))
-    params = [new.owner_token, abandoned.attempt + 1, clock.seconds(connection, new.expires_in)]
-    if leased:
-        params.append(clock.seconds(connection, new.lease))
+    sql = cached_sql(connection, "take over", _take_over_sql)
+    lease = clock.seconds(connection, new.lease)
+    params = [new.owner_token, abandoned.attempt + 1, lease, lease]
     if not _write(connection, sql, [*params, abandoned.id, abandoned.owner_token]):
         return None
     return Claim(abandoned.id, attempt=abandoned.attempt + 1, checkpoints=abandoned.checkpoints)
 
 
-def _take_over_sql(connection: BaseDatabaseWrapper, leased: bool) -> str:
+def _take_over_sql(connection: BaseDatabaseWrapper) -> str:
     later = clock.later_sql(connection)
     return update_sql(
         connection,
@@ -310,7 +310,7 @@ def _take_over_sql(connection: BaseDatabaseWrapper, leased: bool) -> str:
         attempt="%s",
         created_at=clock.now_sql(connection),
         expires_at=later,
-        locked_until=later if leased else "NULL",
+        locked_until=later,
     )
 
 
