@@ -30,6 +30,8 @@ class Progress:
     attempt: int = 1
     checkpoints: dict[str, Any] = field(default_factory=dict)
     write: ProgressWriter | None = None
+    #: The step the checkpoint being written records (``None``: a heartbeat).
+    step: str | None = None
 
 
 # Enough of the fingerprint to tell two requests apart in a log line.
@@ -96,7 +98,11 @@ class IdempotencyInfo:
                 f"The data of checkpoint {name!r} must be JSON-serialisable: {exc}"
             ) from exc
         checkpoints = {**self.progress.checkpoints, name: value}
-        self._write(checkpoints)
+        self.progress.step = name
+        try:
+            self._write(checkpoints)
+        finally:
+            self.progress.step = None
         self.progress.checkpoints = checkpoints
 
     def heartbeat(self) -> None:

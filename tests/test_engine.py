@@ -19,6 +19,7 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from io import StringIO
 from pathlib import Path
@@ -766,6 +767,141 @@ class CheckpointBlocksTests:
             )
         [b] = Order.objects.values_list("pk", flat=True)
         assert IdempotencyKey.objects.get().checkpoints == {"b": b}
+
+
+def run_steps(body: Callable[[IdempotencyInfo], Any]) -> Any:
+    """``body`` as a lease-mode function's, called as a worker would: no request cycle."""
+    from django_idempotency.functions import run_once
+    from django_idempotency.options import DeclaredOptions
+
+    options = DeclaredOptions({"atomic": False}, lambda name: name)
+    return run_once(
+        scope="test.steps", key="k", arguments={}, body=body, options=options, sender=body
+    )
+
+
+def recorded_checkpoints() -> dict[str, Any]:
+    """The checkpoints the key's record holds; none when there is no record."""
+    record = IdempotencyKey.objects.first()
+    return (record.checkpoints or {}) if record is not None else {}
+
+
+def resume_steps(info: IdempotencyInfo) -> dict[str, int]:
+    """Steps a and b, each an order, skipping those checkpointed as done."""
+    for step in ("a", "b"):
+        if step not in info.checkpoints:
+            info.checkpoint(step, Order.objects.create(item=step).pk)
+    return info.checkpoints
+
+
+def assert_each_step_once(steps: dict[str, int]) -> None:
+    for step in ("a", "b"):
+        assert Order.objects.filter(pk=steps[step], item=step).exists(), step
+        assert Order.objects.filter(item=step).count() == 1, step
+
+
+class CheckpointsInCallersTransactionTests:
+    """Lease mode inside a transaction of the caller's that is still open when the body fails.
+
+    No request cycle ends the call (a worker, a script): the checkpoints
+    whose writes rolled back are dropped when the claim is given back, and
+    those of the caller's open transaction come back only if it commits.
+    """
+
+    def test_a_block_run_again_with_the_same_checkpoint_keeps_it_once_it_commits(self) -> None:
+        # A deadlock-retry loop: the first try rolls back after its checkpoint,
+        # the second records the same checkpoint again and commits.
+        def body(info: IdempotencyInfo) -> None:
+            for first_try in (True, False):
+                with contextlib.suppress(RuntimeError), transaction.atomic():
+                    Order.objects.create(item="a")
+                    info.checkpoint("a", "done")
+                    if first_try:
+                        raise RuntimeError("deadlock: the block runs again")
+            raise RuntimeError("failed after step a")
+
+        with pytest.raises(RuntimeError, match="after step a"):
+            run_steps(body)
+
+        assert Order.objects.filter(item="a").count() == 1
+        assert recorded_checkpoints() == {"a": "done"}
+
+    def test_a_failure_that_rolls_the_callers_transaction_back_keeps_no_checkpoint(
+        self,
+    ) -> None:
+        def body(info: IdempotencyInfo) -> None:
+            info.checkpoint("a", Order.objects.create(item="a").pk)
+            raise RuntimeError("failed after step a")
+
+        with pytest.raises(RuntimeError, match="after step a"), transaction.atomic():
+            run_steps(body)
+        assert Order.objects.count() == 0
+        assert recorded_checkpoints() == {}
+
+        assert_each_step_once(run_steps(resume_steps))
+
+    def test_a_block_rolled_back_inside_a_committed_callers_transaction_is_dropped(
+        self,
+    ) -> None:
+        def body(info: IdempotencyInfo) -> None:
+            info.checkpoint("a", Order.objects.create(item="a").pk)
+            with transaction.atomic():
+                info.checkpoint("b", Order.objects.create(item="b").pk)
+                raise RuntimeError("step b failed after its checkpoint")
+
+        with transaction.atomic():
+            with contextlib.suppress(RuntimeError):
+                run_steps(body)
+            # Released, with step a's checkpoint still open: it is not
+            # the retry's to skip until the caller's transaction commits.
+            if connection.vendor != "sqlite":
+                assert in_background(recorded_checkpoints)() == {}
+        [a] = Order.objects.values_list("pk", flat=True)
+        assert recorded_checkpoints() == {"a": a}
+
+        steps = run_steps(resume_steps)
+        assert steps["a"] == a
+        assert_each_step_once(steps)
+
+    @server_only
+    def test_a_later_owners_checkpoints_are_not_overwritten_when_the_caller_commits(
+        self,
+    ) -> None:
+        def first(info: IdempotencyInfo) -> None:
+            info.checkpoint("a", Order.objects.create(item="a").pk)
+            raise RuntimeError("the first owner failed")
+
+        def second(info: IdempotencyInfo) -> None:
+            info.checkpoint("b", Order.objects.create(item="b").pk)
+            raise RuntimeError("the second owner failed")
+
+        with transaction.atomic():
+            with contextlib.suppress(RuntimeError):
+                run_steps(first)
+            # Another worker takes the released claim over and fails in turn.
+            with pytest.raises(RuntimeError, match="second owner"):
+                in_background(lambda: run_steps(second))()
+        [b] = Order.objects.filter(item="b").values_list("pk", flat=True)
+        assert recorded_checkpoints() == {"b": b}
+
+    def test_a_checkpoint_is_kept_when_a_commit_hook_of_the_callers_raises(self) -> None:
+        def hook() -> None:
+            raise RuntimeError("a commit hook failed")
+
+        def body(info: IdempotencyInfo) -> None:
+            with transaction.atomic():
+                transaction.on_commit(hook)
+                info.checkpoint("a", Order.objects.create(item="a").pk)
+            raise AssertionError("not reached: the hook's error leaves the block")
+
+        with pytest.raises(RuntimeError, match="commit hook failed"):
+            run_steps(body)
+        [a] = Order.objects.values_list("pk", flat=True)
+        assert recorded_checkpoints() == {"a": a}
+
+        steps = run_steps(resume_steps)
+        assert steps["a"] == a
+        assert_each_step_once(steps)
 
 
 @pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB's deadlock error 1213")

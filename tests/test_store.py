@@ -426,3 +426,57 @@ class ClaimRetryTests:
             run()
         record_gone_for(monkeypatch, store.CLAIM_ATTEMPTS - 1)
         assert run() == "charged"
+
+
+class RestoreProgressTests:
+    """``restore_progress`` sets a claim's checkpoints only if they are still the expected ones.
+
+    Compared as each database stores JSON: ``jsonb`` on PostgreSQL, text on
+    MariaDB and SQLite.
+    """
+
+    token = "t" * 32
+
+    def claim_with(self, checkpoints: dict | None) -> IdempotencyKey:
+        record = IdempotencyKeyFactory(in_flight=True, owner_token=self.token)
+        if checkpoints:
+            assert store.record_progress(
+                "default", record.pk, owner_token=self.token, checkpoints=checkpoints
+            )
+        return record
+
+    def test_the_expected_checkpoints_are_replaced(self) -> None:
+        held = {"a": {"order": 1, "note": "é"}, "b": [1.5, None]}
+        record = self.claim_with(held)
+        assert store.restore_progress("default", record.pk, self.token, {"a": 2}, expected=held)
+        record.refresh_from_db()
+        assert record.checkpoints == {"a": 2}
+
+    def test_a_later_owners_checkpoints_stay(self) -> None:
+        record = self.claim_with({"b": 7})
+        assert not store.restore_progress(
+            "default", record.pk, self.token, {"a": 1}, expected={"a": 0}
+        )
+        record.refresh_from_db()
+        assert record.checkpoints == {"b": 7}
+
+    def test_none_expected_matches_a_claim_without_checkpoints_only(self) -> None:
+        bare = self.claim_with(None)
+        assert store.restore_progress("default", bare.pk, self.token, {"a": 1}, expected={})
+        bare.refresh_from_db()
+        assert bare.checkpoints == {"a": 1}
+        assert not store.restore_progress("default", bare.pk, self.token, {}, expected={})
+
+    def test_a_claim_its_owner_released_is_restored_by_that_owner_only_as_expected(self) -> None:
+        record = self.claim_with({"a": 1})
+        assert store.release(
+            "default", record.pk, self.token, keep_progress=True, checkpoints={"a": 1}
+        )
+        assert not store.restore_progress(
+            "default", record.pk, self.token, {"a": 1, "b": 2}, expected={}
+        )
+        assert store.restore_progress(
+            "default", record.pk, self.token, {"a": 1, "b": 2}, expected={"a": 1}
+        )
+        record.refresh_from_db()
+        assert (record.owner_token, record.checkpoints) == ("", {"a": 1, "b": 2})
