@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from django_idempotency.models import IdempotencyKey
 from tests.browser_views import GATE_ENV, GATE_TIMEOUT, POST_LOG_ENV
 from tests.browsers import (
     BrowserGunicorn,
@@ -108,6 +109,22 @@ def double_click(page: Any, post_log: Path) -> None:
     page.mouse.click(x, y)
 
 
+def double_click_once_claimed(page: Any, post_log: Path) -> None:
+    """A double click whose second click comes once the first POST holds its key.
+
+    Lease mode answers whichever POST claims second with the 409 page; the
+    browser shows only the second POST's answer, so the second click waits
+    for the first POST's committed claim, not only for its arrival (on a
+    loaded machine the second POST could otherwise claim first, and the
+    409 would go to the POST the browser had already dropped).
+    """
+    box = page.locator("#pay").bounding_box()
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    page.mouse.click(x, y)
+    wait_until(IdempotencyKey.objects.exists, "the first POST to claim its key")
+    page.mouse.click(x, y)
+
+
 def click_then_enter(page: Any, post_log: Path) -> None:
     page.click("#pay", no_wait_after=True)
     first_post_arrived(page, post_log)
@@ -164,7 +181,7 @@ def test_lease_mode_answers_the_second_post_with_a_page_that_sends_it_again(
     with page.expect_response(
         lambda response: response.status == 409, timeout=GATE_TIMEOUT * 1000
     ) as conflict:
-        double_click(page, post_log)
+        double_click_once_claimed(page, post_log)
     gate.touch()
     assert "text/html" in conflict.value.headers["content-type"]
     landed = landed_order(page)
