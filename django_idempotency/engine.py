@@ -24,14 +24,7 @@ from typing import Any, TypeVar
 from django.db import Error, connections, transaction
 from django.dispatch import Signal
 
-from django_idempotency import (
-    commit_hooks,
-    lease_cleanup,
-    observability,
-    replay_cache,
-    signals,
-    store,
-)
+from django_idempotency import lease_cleanup, observability, replay_cache, signals, store
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import IdempotencyError
 from django_idempotency.info import IdempotencyInfo, ProgressWriter
@@ -118,34 +111,17 @@ class _Owned:
     token: str
 
 
-class _Outcome(enum.Enum):
-    """Where the transaction a checkpoint was recorded in stands."""
-
-    COMMITTED = "committed"
-    OPEN = "open"
-    ROLLED_BACK = "rolled back"
-
-
 @dataclass(frozen=True)
 class _Recorded:
-    """A lease-mode checkpoint: the names it set, and how its transaction ended.
+    """A lease-mode checkpoint: the names it set, and whether its transaction committed.
 
     ``committed`` is appended to when the transaction the checkpoint was
-    recorded in commits (at once outside one), by ``hook``: pending while
-    that transaction is open, dropped by Django when it rolls back (see
-    :mod:`django_idempotency.commit_hooks`).
+    recorded in commits (at once outside one); a block that rolls back
+    leaves it empty.
     """
 
     added: dict[str, Any]
     committed: list[bool]
-    hook: commit_hooks.Hook | None = None
-
-    def outcome(self, using: str) -> _Outcome:
-        if self.committed:
-            return _Outcome.COMMITTED
-        if self.hook is not None and commit_hooks.pending(using, self.hook):
-            return _Outcome.OPEN
-        return _Outcome.ROLLED_BACK
 
 
 @dataclass
@@ -175,6 +151,7 @@ class Call:
     #: ``_note_progress``).
     _progress_at_start: dict[str, Any] | None = field(default=None, init=False)
     _progress_log: list[_Recorded] = field(default_factory=list, init=False)
+    _put_back_at_request_end: bool = field(default=False, init=False)
 
     def run(self, body: Callable[[], T]) -> T:
         """Run ``body`` unless its key is already done; return its result or the stored one."""
@@ -376,12 +353,8 @@ class Call:
             # Raising would hide the body's own error; the lease still runs out.
             self._log(
                 logging.ERROR,
-                "Could not complete idempotency key %s in scope %r with its refusal. "
-                "Retries get 409 until its lease runs out; then the next one takes the "
-                "key over and runs the body again, although it has acted. Until then, "
-                "an operator can look into it (manage.py idempotency_keys show); a "
-                "longer LEASE leaves more time, and a recovery policy (recover=) can "
-                "hold the key instead of letting a retry take it over.",
+                "Could not complete idempotency key %s in scope %r with its refusal; "
+                "retries get 409 until its lease runs out.",
                 exc_info=True,
             )
             return
@@ -414,15 +387,16 @@ class Call:
         return written
 
     def _note_progress(self, owned: _Owned, checkpoints: dict[str, Any]) -> None:
-        """Remember what a checkpoint added, and follow whether its transaction commits.
+        """Remember what a checkpoint added, and learn whether its transaction commits.
 
         Inside a transaction (``ATOMIC_REQUESTS``, an outer ``atomic``, or
         an ``atomic`` block of the body's own), the writes a checkpoint
         records may still roll back, while the checkpoint itself committed
         at once. Each checkpoint's transaction is followed on its own: one
-        block may commit and the next roll back. When the call ends, the
-        record keeps only the checkpoints whose writes stand
-        (:meth:`_correct_progress`), so a retry does not skip lost writes.
+        block may commit and the next roll back. The checkpoints of those
+        that did not commit are put back when the claim is given back, or,
+        if a transaction is still open then, when the request ends
+        (:meth:`_settle_progress`), so a retry does not skip lost writes.
         """
         before = self.info.progress.checkpoints
         if self._progress_at_start is None:
@@ -432,112 +406,53 @@ class Call:
             for name, value in checkpoints.items()
             if name not in before or before[name] != value
         }
-        step = self.info.progress.step
-        if step is not None:
-            # Recorded again with the same data (a block that rolled back and
-            # ran again): this transaction's too.
-            added[step] = checkpoints[step]
+        recorded = _Recorded(added, committed=[])
+        self._progress_log.append(recorded)
         if not connections[self.using].in_atomic_block:
             # Committed (or in a transaction the caller runs by hand, on the
             # same connection as the checkpoint, which goes with it).
-            self._progress_log.append(_Recorded(added, committed=[True]))
+            recorded.committed.append(True)
             return
-        committed: list[bool] = []
+        # Dropped, never called, if the block it is registered in rolls back.
+        transaction.on_commit(lambda: recorded.committed.append(True), using=self.using)
+        if not self._put_back_at_request_end:
+            self._put_back_at_request_end = True
+            self._put_back_progress_at_request_end(owned)
 
-        def hook() -> None:
-            committed.append(True)
+    def _settle_progress(self) -> dict[str, Any] | None:
+        """The checkpoints whose transactions committed, once they all ended; ``None`` if all did.
 
-        # First among the commit hooks: a hook of the caller's that raises
-        # makes Django skip those after it, and this one must not be skipped.
-        commit_hooks.on_commit_first(self.using, hook)
-        self._progress_log.append(_Recorded(added, committed, hook))
-
-    def _progress_now(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """``(committed, standing)``: this attempt's checkpoints whose transactions committed,
-        and those with the ones whose transactions are still open (rolled back: neither)."""
-        committed = dict(self._progress_at_start or {})
-        standing = dict(committed)
-        for recorded in self._progress_log:
-            outcome = recorded.outcome(self.using)
-            if outcome is _Outcome.COMMITTED:
-                committed.update(recorded.added)
-            if outcome is not _Outcome.ROLLED_BACK:
-                standing.update(recorded.added)
-        return committed, standing
-
-    def _needs_correction(self) -> bool:
-        """Whether a checkpoint of this attempt has not (or not yet) committed."""
-        return any(
-            recorded.outcome(self.using) is not _Outcome.COMMITTED
-            for recorded in self._progress_log
-        )
-
-    def _correct_progress(self, owned: _Owned, *, reopen: bool = True) -> None:
-        """Before a claim outlives this call: keep only checkpoints whose writes committed.
-
-        For an ending that keeps the claim (its effect unknown; or its
-        result stored in the caller's transaction, which may yet roll
-        back). The checkpoints of a transaction still open are taken out
-        now, committed at once, and, with ``reopen``, put back when that
-        transaction commits: until then a takeover must not skip their
-        steps, whose writes may never commit.
+        The others are taken out of this attempt's checkpoints, once: a
+        later call finds nothing left to settle.
         """
-        lease = owned.connection
-        if not self._needs_correction() or lease.shares_request_transaction():
-            # In the caller's transaction, the record's checkpoints were
-            # written there too, and commit or roll back with their writes.
-            return
-        committed, standing = self._progress_now()
-        written = self.info.progress.checkpoints  # what the record holds
-        try:
-            restored = lease.run(
-                lambda: store.restore_progress(
-                    self.using, owned.record_id, owned.token, committed, expected=written
-                ),
-                at_once=True,
-            )
-        except Error:
-            self._log(
-                logging.ERROR,
-                "Could not discard the checkpoints of idempotency key %s in scope %r "
-                "whose transactions did not commit.",
-                exc_info=True,
-            )
-            return
-        self.info.progress.checkpoints = committed
-        if restored and reopen and standing != committed:
-            self._reopen_on_commit(owned, committed, standing)
+        log, self._progress_log = self._progress_log, []
+        if all(recorded.committed for recorded in log):
+            return None
+        surviving = dict(self._progress_at_start or {})
+        for recorded in log:
+            if recorded.committed:
+                surviving.update(recorded.added)
+        self.info.progress.checkpoints = surviving
+        return surviving
 
-    def _reopen_on_commit(
-        self, owned: _Owned, expected: dict[str, Any], checkpoints: dict[str, Any]
-    ) -> None:
-        """Put ``checkpoints`` back when the open transaction commits, if still ``expected``.
+    def _put_back_progress_at_request_end(self, owned: _Owned) -> None:
+        using = self.using
 
-        Registered where the call ended: a checkpoint still open then was
-        recorded in that transaction (or a block of it since committed),
-        so if this hook runs, its writes committed; if the transaction, or
-        a savepoint around the call, rolls back, the hook goes with them.
-        Compare-and-set: once a later owner has written checkpoints of its
-        own, they stand.
-        """
-        using, lease = self.using, owned.connection
-
-        def reopen() -> None:
+        def restore() -> None:
+            surviving = self._settle_progress()
+            if surviving is None:
+                return
             try:
-                lease.run(
-                    lambda: store.restore_progress(
-                        using, owned.record_id, owned.token, checkpoints, expected=expected
-                    )
-                )
+                store.restore_progress(using, owned.record_id, owned.token, surviving)
             except Error:
                 self._log(
                     logging.ERROR,
-                    "Could not put back the checkpoints of idempotency key %s in scope %r "
-                    "that committed with the caller's transaction.",
+                    "Could not discard the checkpoints of idempotency key %s in scope %r "
+                    "that rolled back with the request.",
                     exc_info=True,
                 )
 
-        commit_hooks.on_commit_first(using, reopen)
+        lease_cleanup.at_request_end(using, restore, self.request)
 
     def _recover(
         self, body: Callable[[], Any], lease: LeaseConnection, token: str, record: store.Record
@@ -598,7 +513,6 @@ class Call:
             if stored is not None:
                 self._complete_lease(owned, stored)
         else:
-            self._correct_progress(owned)
             self._log(
                 logging.WARNING,
                 "The handler for idempotency key %s in scope %r ended with %s, which "
@@ -636,11 +550,6 @@ class Call:
             return lease.run(update)
 
         if lease.own:
-            # Should the caller's transaction roll back after all, the claim
-            # outlives this call (until the request ends, or its lease runs
-            # out) with checkpoints whose writes are gone; should it commit
-            # with the result unstored, the open ones come back.
-            self._correct_progress(owned)
             # Before storing: a store that fails in the request's transaction
             # takes it down, and the claim must still be given back.
             lease_cleanup.release_unless_committed(
@@ -704,10 +613,7 @@ class Call:
                     logging.ERROR,
                     "The result for idempotency key %s in scope %r could not be stored. "
                     "The key stays claimed, so that a retry does not repeat the effect, "
-                    "and retries get 409 until its lease runs out; then the next one "
-                    "takes the key over and runs the handler again. Until then, an "
-                    "operator can look into it (manage.py idempotency_keys show); a "
-                    "longer LEASE leaves more time.",
+                    "and retries get 409 until its lease runs out.",
                     exc_info=True,
                 )
         return None
@@ -717,25 +623,15 @@ class Call:
 
         A claim with checkpoints keeps them (and its attempt) for the retry,
         which takes it over at once and resumes from them: those whose
-        transactions committed (see :meth:`_note_progress`). Those of a
-        transaction still open (the caller's) are put back when it commits
-        (:meth:`_reopen_on_commit`): a retry before then runs their steps
-        again, as it runs again a failed body that kept no checkpoints.
+        transactions committed (see :meth:`_note_progress`).
         """
         lease = owned.connection
         checkpoints: dict[str, Any] | None = None
-        reopen: dict[str, Any] | None = None
-        if self._needs_correction():
-            committed, standing = self._progress_now()
-            if lease.shares_request_transaction():
-                # Released in the transaction the open checkpoints are in:
-                # all of it commits, or all of it rolls back.
-                checkpoints = standing
-            else:
-                checkpoints = committed
-                reopen = standing if standing != committed else None
-            self.info.progress.checkpoints = checkpoints
-        keep = bool(self.info.progress.checkpoints) or reopen is not None
+        if not connections[self.using].in_atomic_block:
+            # Every transaction this attempt checkpointed in has ended: what
+            # rolled back is put back now, before a retry can take the key.
+            checkpoints = self._settle_progress()
+        keep = bool(self.info.progress.checkpoints)
         try:
             released = lease.run(
                 lambda: store.release(
@@ -759,8 +655,6 @@ class Call:
             )
             return
         if released:
-            if reopen is not None:
-                self._reopen_on_commit(owned, checkpoints or {}, reopen)
             self._send(signals.claim_released)
 
     # What both modes share: the claim, a duplicate's answer, the stored result.

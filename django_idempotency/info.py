@@ -30,8 +30,6 @@ class Progress:
     attempt: int = 1
     checkpoints: dict[str, Any] = field(default_factory=dict)
     write: ProgressWriter | None = None
-    #: The step the checkpoint being written records (``None``: a heartbeat).
-    step: str | None = None
 
 
 # Enough of the fingerprint to tell two requests apart in a log line.
@@ -98,11 +96,7 @@ class IdempotencyInfo:
                 f"The data of checkpoint {name!r} must be JSON-serialisable: {exc}"
             ) from exc
         checkpoints = {**self.progress.checkpoints, name: value}
-        self.progress.step = name
-        try:
-            self._write(checkpoints)
-        finally:
-            self.progress.step = None
+        self._write(checkpoints)
         self.progress.checkpoints = checkpoints
 
     def heartbeat(self) -> None:

@@ -25,9 +25,8 @@ from collections.abc import Callable
 from typing import Any
 
 from django.core.signals import request_finished, request_started
-from django.db import connections
+from django.db import connections, transaction
 
-from django_idempotency import commit_hooks
 from django_idempotency.body import django_request, when_closed
 
 Release = Callable[[], None]
@@ -50,9 +49,7 @@ def release_unless_committed(using: str, release: Release, request: Any) -> None
     if not in_request_cycle(request):
         return  # nothing would ask
     committed: list[bool] = []
-    # First among the commit hooks: a project's hook that raises makes Django
-    # skip those after it, and a committed request must not look rolled back.
-    commit_hooks.on_commit_first(using, lambda: committed.append(True))
+    transaction.on_commit(lambda: committed.append(True), using=using)
 
     def release_if_rolled_back() -> None:
         if not committed:

@@ -27,13 +27,6 @@ Three things Django does around a view shape what the middleware does:
   is the rendering's, after the view has acted, and the engine finishes
   the response as one that cannot be kept (lease mode completes the key
   with a refusal; atomic mode rolls back);
-- an exception that reaches no ``process_exception`` (another
-  middleware's ``process_template_response``, which may run before ours,
-  or its response phase) is still announced by Django's
-  ``got_request_exception``: once the view was reached and did not raise,
-  it too came after the view acted, and is finished the same way, whether
-  Django answers it with a 500 or, with ``DEBUG_PROPAGATE_EXCEPTIONS``,
-  lets it propagate;
 - a view that authenticates the request itself runs after the scope is
   taken: the default scope folds an unauthenticated request's
   ``Authorization`` header into it (:mod:`django_idempotency.scopes`), as
@@ -42,7 +35,6 @@ Three things Django does around a view shape what the middleware does:
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -50,9 +42,8 @@ from asgiref.sync import async_to_sync, iscoroutinefunction, markcoroutinefuncti
 from django.apps import apps
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.core.signals import got_request_exception
 from django.db import connections, transaction
-from django.http import HttpRequest, HttpResponseBase, HttpResponseServerError
+from django.http import HttpRequest, HttpResponseBase
 from django.urls import Resolver404, resolve
 from django.utils.module_loading import import_string
 
@@ -85,10 +76,9 @@ _CALL_INSTEAD = "_idempotency_call_instead"
 # Set on the request by process_template_response: the view returned a
 # response that Django renders after it.
 _VIEW_RETURNED = "_idempotency_view_returned"
-# Set on the request by process_exception once the view had returned, or by
-# got_request_exception unless the view raised: the exception raised after
-# the view acted (rendering its response, another middleware's hook).
-_FAILED_AFTER_VIEW = "_idempotency_failed_after_view"
+# Set on the request by process_exception once the view had returned: the
+# exception that rendering its response raised.
+_RENDER_FAILED = "_idempotency_render_failed"
 
 
 class _NotReached(Exception):
@@ -104,20 +94,6 @@ class _NotRendered(Exception):
     def __init__(self, response: HttpResponseBase) -> None:
         super().__init__("The view's response could not be rendered.")
         self.response = response
-
-
-class _Propagated(HttpResponseServerError):
-    """What the handler gives the engine when an exception after the view propagates.
-
-    With ``DEBUG_PROPAGATE_EXCEPTIONS`` Django raises it instead of making
-    a response of it. The body has acted, so it must not end as a failure
-    (which gives a lease's key back): the engine's ``finish`` raises it, as
-    a result that cannot be kept. Never sent: the exception propagates.
-    """
-
-    def __init__(self, exception: Exception) -> None:
-        super().__init__()
-        self.exception = exception
 
 
 def _has_key(request: HttpRequest) -> bool:
@@ -162,21 +138,16 @@ class IdempotencyMiddleware:
             return self.get_response(request)
 
         def handler() -> HttpResponseBase:
-            try:
-                response = self.get_response(request)
-            except Exception as exc:
-                return _after_view(request, exc)
-            return self._reached_view(request, response)
+            return self._reached_view(request, self.get_response(request))
 
         try:
-            response = protect(
+            return protect(
                 request, handler, _options_for(view), sender=view, finish=_finish(request)
             )
         except (_NotReached, _NotRendered) as unfinished:
             return unfinished.response
         except IdempotencyError as error:
             return problem(error, request)
-        return _unless_propagated(response)
 
     async def _call_async(self, request: HttpRequest) -> HttpResponseBase:
         view = self._view_to_protect(request)
@@ -185,21 +156,16 @@ class IdempotencyMiddleware:
             return response
 
         async def handler() -> HttpResponseBase:
-            try:
-                response = await self.get_response(request)
-            except Exception as exc:
-                return _after_view(request, exc)
-            return self._reached_view(request, response)
+            return self._reached_view(request, await self.get_response(request))
 
         try:
-            response = await protect_async(
+            return await protect_async(
                 request, handler, _options_for(view), sender=view, finish=_finish(request)
             )
         except (_NotReached, _NotRendered) as unfinished:
             return unfinished.response
         except IdempotencyError as error:
             return await aproblem(error, request)
-        return _unless_propagated(response)
 
     def process_view(
         self, request: HttpRequest, view_func: Any, view_args: Any, view_kwargs: Any
@@ -236,10 +202,8 @@ class IdempotencyMiddleware:
     def process_template_response(
         self, request: HttpRequest, response: HttpResponseBase
     ) -> HttpResponseBase:
-        # After the view returned, before rendering. Django calls these
-        # hooks in reverse order, so a middleware listed after ours has had
-        # its own called first; one that raised then is heard of through
-        # got_request_exception (see _failed_after_view).
+        # Ours is the first of these hooks Django calls (it calls them in
+        # reverse order), just after the view returned, before rendering.
         _returned(request)
         return response
 
@@ -254,7 +218,7 @@ class IdempotencyMiddleware:
         if getattr(request, _VIEW_RETURNED, False):
             # Raised by the rendering of what the view returned: the view
             # has acted (see _finish).
-            setattr(request, _FAILED_AFTER_VIEW, exception)
+            setattr(request, _RENDER_FAILED, exception)
         else:
             setattr(request, _VIEW_RAISED, True)
 
@@ -306,59 +270,19 @@ def _returned(request: HttpRequest) -> None:
         setattr(request, _VIEW_RETURNED, True)
 
 
-def _failed_after_view(sender: Any, request: HttpRequest | None = None, **kwargs: Any) -> None:
-    """Django's ``got_request_exception``: mark an exception raised after the view acted.
-
-    Sent for any exception Django's handler makes a 500 of (or, with
-    ``DEBUG_PROPAGATE_EXCEPTIONS``, lets propagate), whichever hook raised
-    it. Ours is the last ``process_view`` (see :func:`misplaced`), so a
-    request that reached it and whose view did not raise had its view
-    called: what failed came after.
-    """
-    if request is None or not getattr(request, _REACHED_VIEW, False):
-        return
-    if getattr(request, _VIEW_RAISED, False) or hasattr(request, _FAILED_AFTER_VIEW):
-        return
-    setattr(request, _FAILED_AFTER_VIEW, sys.exc_info()[1])
-
-
-got_request_exception.connect(
-    _failed_after_view, dispatch_uid="django_idempotency.middleware.failed_after_view"
-)
-
-
-def _after_view(request: HttpRequest, exc: Exception) -> _Propagated:
-    """The handler's result for an exception that left Django's handler: raise it, or finish."""
-    if not hasattr(request, _FAILED_AFTER_VIEW):
-        raise exc  # the view's own, or one before it: the handler failed
-    return _Propagated(exc)
-
-
-def _unless_propagated(response: HttpResponseBase) -> HttpResponseBase:
-    """``response``; or, for a request with nothing to claim, the exception that propagated."""
-    if isinstance(response, _Propagated):
-        raise response.exception
-    return response
-
-
 def _finish(request: HttpRequest) -> Callable[[HttpResponseBase], HttpResponseBase]:
     """How the engine finishes the response of ``request``'s view.
 
-    As under the decorator (:func:`core.render`), unless something failed
-    after the view returned (rendering its template response, another
-    middleware's hook): then raises, so that the engine ends the call as
-    one whose result cannot be kept, and the middleware answers with the
-    response Django made of that failure, or lets the exception propagate.
+    As under the decorator (:func:`core.render`), unless Django failed to
+    render the template response the view returned: then raises, so that
+    the engine ends the call as one whose result cannot be kept, and the
+    middleware answers with the response Django made of that failure.
     """
 
     def finish(response: HttpResponseBase) -> HttpResponseBase:
-        if isinstance(response, _Propagated):
-            raise response.exception
-        failure: BaseException | None = getattr(request, _FAILED_AFTER_VIEW, None)
+        failure: Exception | None = getattr(request, _RENDER_FAILED, None)
         if failure is not None:
             raise _NotRendered(response) from failure
-        if hasattr(request, _FAILED_AFTER_VIEW):
-            raise _NotRendered(response)
         return render(response)
 
     return finish

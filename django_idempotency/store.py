@@ -42,7 +42,6 @@ from django_idempotency.backends.base import (
     Retry,
     StoredResponse,
     cached_sql,
-    column_names,
     complete_sql,
     delete_sql,
     errno,
@@ -257,8 +256,7 @@ def release(
     as free to take at once (its token cleared, its lease over), so that
     the retry resumes from them instead of starting again; with
     ``checkpoints``, those in place of the ones recorded (some of which
-    rolled back with the writes they recorded); none are stored as ``NULL``,
-    as :func:`restore_progress` compares them.
+    rolled back with the writes they recorded).
     """
     connection = connections[using]
     if keep_progress:
@@ -268,8 +266,7 @@ def release(
             ("release keeping progress", corrected),
             lambda c: _release_keeping_progress_sql(c, corrected),
         )
-        value = CHECKPOINTS_FIELD.get_db_prep_save(checkpoints or None, connection)
-        params = [value] if corrected else []
+        params = [CHECKPOINTS_FIELD.get_db_prep_save(checkpoints, connection)] if corrected else []
         return _write(connection, sql, [*params, record_id, owner_token])
     sql = cached_sql(connection, "release", lambda c: delete_sql(c, OWNER))
     return _write(connection, sql, [record_id, owner_token])
@@ -290,18 +287,18 @@ def take_over(using: str, abandoned: Record, new: NewClaim) -> Claim | None:
     requests deciding on one abandoned claim only one takes it, and a slow
     owner that renewed its lease in the meantime keeps it.
     """
-    # Only lease mode leaves a claim to be abandoned; its new lease is also its expiry.
-    assert new.lease is not None, "only a lease-mode claim takes an abandoned one over"
     connection = connections[using]
-    sql = cached_sql(connection, "take over", _take_over_sql)
-    lease = clock.seconds(connection, new.lease)
-    params = [new.owner_token, abandoned.attempt + 1, lease, lease]
+    leased = new.lease is not None
+    sql = cached_sql(connection, ("take over", leased), lambda c: _take_over_sql(c, leased))
+    params = [new.owner_token, abandoned.attempt + 1, clock.seconds(connection, new.expires_in)]
+    if leased:
+        params.append(clock.seconds(connection, new.lease))
     if not _write(connection, sql, [*params, abandoned.id, abandoned.owner_token]):
         return None
     return Claim(abandoned.id, attempt=abandoned.attempt + 1, checkpoints=abandoned.checkpoints)
 
 
-def _take_over_sql(connection: BaseDatabaseWrapper) -> str:
+def _take_over_sql(connection: BaseDatabaseWrapper, leased: bool) -> str:
     later = clock.later_sql(connection)
     return update_sql(
         connection,
@@ -310,7 +307,7 @@ def _take_over_sql(connection: BaseDatabaseWrapper) -> str:
         attempt="%s",
         created_at=clock.now_sql(connection),
         expires_at=later,
-        locked_until=later,
+        locked_until=later if leased else "NULL",
     )
 
 
@@ -388,44 +385,23 @@ def _progress_sql(
 
 
 def restore_progress(
-    using: str,
-    record_id: int,
-    owner_token: str,
-    checkpoints: dict[str, Any],
-    *,
-    expected: dict[str, Any],
+    using: str, record_id: int, owner_token: str, checkpoints: dict[str, Any]
 ) -> bool:
-    """Set an in-progress claim's checkpoints to ``checkpoints``, if they are ``expected``.
+    """Put an in-progress claim's checkpoints back to ``checkpoints``.
 
-    For checkpoints recorded in a transaction that then rolled back (the
-    writes they record are gone, so a retry must not skip them), or that
-    committed after the claim was given back. Fenced by the token of the
-    owner that recorded them, or the cleared token of a release, and
-    compare-and-set on the checkpoints the record should still hold: a
-    later owner that took the released claim over and wrote checkpoints of
-    its own keeps them.
+    For checkpoints recorded in a transaction that then rolled back: the
+    writes they record are gone, so a retry must not skip them. Fenced by
+    the token of the owner that recorded them (or the cleared token of its
+    release), so a new owner's own progress is never touched.
     """
     connection = connections[using]
-    empty = not expected
-    sql = cached_sql(connection, ("restore progress", empty), lambda c: _restore_sql(c, empty))
-    params = [CHECKPOINTS_FIELD.get_db_prep_save(checkpoints or None, connection)]
-    params += [record_id, owner_token]
-    if not empty:
-        params.append(CHECKPOINTS_FIELD.get_db_prep_save(expected, connection))
-    return _write(connection, sql, params)
-
-
-def _restore_sql(connection: BaseDatabaseWrapper, empty: bool) -> str:
-    column = connection.ops.quote_name(column_names()["checkpoints"])
-    if empty:
-        held = f"{column} IS NULL"
-    else:
-        held = f"{column} = {_backend(connection).json_parameter(connection)}"
-    return f"{update_sql(connection, OWNER_OR_RELEASED, checkpoints='%s')} AND {held}"
-
-
-def _backend(connection: BaseDatabaseWrapper) -> Backend:
-    return BY_VENDOR.get(connection.vendor, STANDARD)
+    sql = cached_sql(
+        connection,
+        "restore progress",
+        lambda c: update_sql(c, OWNER_OR_RELEASED, checkpoints="%s"),
+    )
+    value = CHECKPOINTS_FIELD.get_db_prep_save(checkpoints or None, connection)
+    return _write(connection, sql, [value, record_id, owner_token])
 
 
 def _write(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> bool:

@@ -33,7 +33,6 @@ urlpatterns = [
     path("sync/refuse/<str:refusal>/", middleware_views.create_order_then_refuse),
     path("sync/token-auth/", middleware_views.create_order_token_auth),
     path("sync/unrenderable/", middleware_views.create_order_unrenderable),
-    path("sync/template/", middleware_views.create_order_template),
 ]
 
 if find_spec("adrf") is not None:

@@ -34,7 +34,7 @@ POST_LOG_ENV = "IDEMPOTENCY_TEST_POST_LOG"
 #: once the duplicate has been answered, so the two always overlap.
 GATE_ENV = "IDEMPOTENCY_TEST_GATE"
 #: The longest the gated view waits for its gate (a test that failed first).
-GATE_TIMEOUT = 60.0
+GATE_TIMEOUT = 20.0
 
 
 def wait_for_gate() -> None:

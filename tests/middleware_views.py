@@ -11,7 +11,6 @@ from asgiref.sync import sync_to_async
 from django.core.exceptions import PermissionDenied
 from django.db import connection, transaction
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
-from django.template import engines
 from django.template.response import TemplateResponse
 from django.utils.decorators import method_decorator
 from django.views import View
@@ -156,14 +155,6 @@ def create_order_unrenderable(request: HttpRequest) -> TemplateResponse:
     return _unrenderable_order(request)
 
 
-def create_order_template(request: HttpRequest) -> TemplateResponse:
-    """Write, then return a template response that renders."""
-    calls.increment()
-    order = Order.objects.create(item="templated")
-    template = engines["django"].from_string("order {{ id }}")
-    return TemplateResponse(request, template, {"id": order.pk}, status=201)
-
-
 def create_order_token_auth(request: HttpRequest) -> JsonResponse:
     """Authenticate by a bearer token inside the view, as non-DRF frameworks do."""
     calls.increment()
@@ -172,19 +163,6 @@ def create_order_token_auth(request: HttpRequest) -> JsonResponse:
         return JsonResponse({"detail": "no credentials"}, status=401)
     order = Order.objects.create(item=f"for {caller}")
     return JsonResponse({"id": order.pk, "caller": caller}, status=201)
-
-
-class TemplateHookFailsMiddleware:
-    """Its ``process_template_response`` raises, which Django routes to no ``process_exception``."""
-
-    def __init__(self, get_response: Any) -> None:
-        self.get_response = get_response
-
-    def __call__(self, request: HttpRequest) -> Any:
-        return self.get_response(request)
-
-    def process_template_response(self, request: HttpRequest, response: Any) -> Any:
-        raise RuntimeError("a template response hook failed")
 
 
 class ExceptionAsBadRequestMiddleware:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,6 @@ from django.http import HttpResponse
 from django.test import AsyncClient, Client, RequestFactory, override_settings
 from rest_framework.test import APIClient
 
-from django_idempotency import clock as database_clock
 from django_idempotency import signals, store
 from django_idempotency.models import IdempotencyKey
 from tests import drf_views
@@ -602,24 +600,6 @@ class LeaseStoreFailureTests:
         assert IdempotencyKey.objects.get().state == IdempotencyKey.State.IN_PROGRESS
         assert "could not be stored. The key stays claimed" in caplog.text
         assert "storing its status and headers only" not in caplog.text
-
-    def test_failure_to_store_the_refusal_says_the_body_runs_again_after_the_lease(
-        self, monkeypatch, caplog
-    ):
-        # The refusal was to keep the body, which has acted, from running
-        # again; without it the key is only claimed, until its lease runs out.
-        monkeypatch.setattr(store, "complete", broken)
-        client = Client(raise_request_exception=False)
-        assert post(client, "/lease/unrenderable/", key="refusal-fails").status_code == 500
-        assert IdempotencyKey.objects.get().state == IdempotencyKey.State.IN_PROGRESS
-        assert "then the next one takes the key over and runs the body again" in caplog.text
-        assert "manage.py idempotency_keys" in caplog.text
-        assert "longer LEASE" in caplog.text
-        monkeypatch.undo()
-        assert post(client, "/lease/unrenderable/", key="refusal-fails").status_code == 409
-        with database_clock.shifted(timedelta(hours=1)):
-            post(client, "/lease/unrenderable/", key="refusal-fails")
-        assert calls.value == 2
 
     def test_failure_to_release_keeps_the_handlers_own_error(self, monkeypatch, caplog):
         monkeypatch.setattr(store, "release", broken)

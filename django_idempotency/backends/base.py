@@ -574,14 +574,6 @@ class Backend:
             return claimed_key
         return read_record(connection, new.scope, new.key)
 
-    def json_parameter(self, connection: BaseDatabaseWrapper) -> str:
-        """A JSON parameter as SQL that compares equal to a JSON column holding the same value.
-
-        The parameter is the column's field's ``get_db_prep_save``: a
-        ``jsonb`` value on PostgreSQL, the text the column stores elsewhere.
-        """
-        return "%s"
-
     def code(self, exc: DatabaseError) -> Any:
         """The server's code for ``exc``: the error number the driver gives first."""
         return errno(exc)

@@ -50,12 +50,6 @@ class MySQL(Backend):
     def claim(self, connection: Connection, new: NewClaim, wait: float, take_over: bool) -> Found:
         return claim_or_find(connection, new, wait, take_over)
 
-    def json_parameter(self, connection: BaseDatabaseWrapper) -> str:
-        # MariaDB's JSON is text, compared as stored; MySQL's is a type of
-        # its own, which a string never equals.
-        mariadb = getattr(connection, "mysql_is_mariadb", False)
-        return "%s" if mariadb else "CAST(%s AS JSON)"
-
 
 def wait_prefix(connection: BaseDatabaseWrapper, wait: float) -> str:
     """Bound InnoDB's row-lock wait for one statement (MariaDB) or the session (MySQL).
