@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from django.core.signals import request_finished, request_started
 from django.db import connection, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.signals import post_save
 from django.http import HttpRequest, HttpResponse
 from django.test import AsyncClient, Client, TestCase, TransactionTestCase
@@ -30,6 +31,7 @@ from django_idempotency.testing import (
     race_duplicates,
 )
 from tests.models import Order
+from tests.pooler import Pooler
 from tests.views import _create_order, calls
 
 
@@ -99,6 +101,14 @@ def duplicates_held_at_request_start(until: threading.Event) -> Iterator[threadi
         for thread in held:
             thread.join(30)
             assert not thread.is_alive(), f"{thread.name} did not end"
+
+
+def own_connection(**settings: object) -> BaseDatabaseWrapper:
+    """A connection of the test's own to the default database (or as ``settings`` change it)."""
+    opened = connections.create_connection("default")
+    opened.settings_dict = {**opened.settings_dict, **settings}
+    opened.ensure_connection()
+    return opened
 
 
 class PytestUsageTests:
@@ -543,6 +553,78 @@ class RaceDuplicatesTests:
             if thread.name == "race-duplicate-1":  # ends once its session is gone
                 thread.join(10)
                 assert not thread.is_alive()
+
+    @pytest.mark.django_db(transaction=True)
+    def test_a_database_behind_a_pooler_is_refused_and_no_other_session_is_ended(self, client):
+        if connection.vendor != "postgresql":
+            pytest.skip("a PostgreSQL pooler")
+        # Another client's session on the same server: the pooler hands its
+        # process id to the test's connections, as a transaction pooler hands
+        # out the id of a server connection that runs other clients' work.
+        bystander = own_connection()
+        holder = own_connection()  # holds a lock the duplicates ask for: they get stuck
+        with holder.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_lock(7302)")
+
+        def take_the_lock(**kwargs: object) -> None:
+            if threading.current_thread().name.startswith("race-duplicate-"):
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT pg_advisory_lock(7302)")
+
+        settings = connections.settings["default"]
+        direct = (settings["HOST"], int(settings["PORT"]))
+        request_started.connect(take_the_lock, weak=False, dispatch_uid="test-pooled-lock")
+        try:
+            with Pooler(direct, races._session_id(bystander)) as pooler:
+                settings["PORT"] = str(pooler.port)
+                connection.close()
+                try:
+                    with pytest.raises(RaceSetupError) as refused:
+                        race_duplicates(
+                            client,
+                            "post",
+                            "/orders/",
+                            {"item": "a"},
+                            effect=order_count,
+                            duplicates=1,
+                            timeout=0.5,
+                        )
+                finally:
+                    settings["PORT"] = str(direct[1])
+                    connection.close()
+        finally:
+            request_started.disconnect(dispatch_uid="test-pooled-lock")
+            with holder.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(7302)")
+            holder.close()
+
+        message = str(refused.value)
+        assert "through a connection pooler or proxy (such as PgBouncer)" in message
+        assert f"it was given when it connected ({races._session_id(bystander)})" in message
+        assert "give DATABASES['default'] the server's HOST and PORT, not the pooler's" in message
+        with bystander.cursor() as cursor:  # still connected: nothing ended it
+            cursor.execute("SELECT 1")
+        bystander.close()
+        assert order_count() == 0  # refused before anything was sent
+
+    @pytest.mark.django_db(transaction=True)
+    def test_a_session_on_another_database_is_never_ended(self):
+        if connection.vendor == "sqlite":
+            pytest.skip("SQLite has no server session to end")
+        other = own_connection(
+            NAME="postgres" if connection.vendor == "postgresql" else "information_schema"
+        )
+        session = races._session_id(other)
+
+        said = races._end_sessions("default", ["race-duplicate-1"], {"race-duplicate-1": session})
+
+        assert said == (
+            f"race-duplicate-1 is still running; its database session {session} is no longer "
+            "on this database, and was left alone"
+        )
+        with other.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        other.close()
 
     @pytest.mark.django_db(transaction=True)
     @pytest.mark.parametrize("client_of", [AsyncClient, lambda: AsyncClient(), AsyncClient()])
