@@ -13,6 +13,8 @@ closes, its own database connections and its own test client.
 
 from __future__ import annotations
 
+import asyncio
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -64,10 +66,11 @@ def refuse_untestable(using: str) -> None:
     test's transaction holds: they would deadlock on the row lock, not race.
     An in-memory SQLite database is either private to one connection, or,
     as Django's test runner makes it, a shared cache whose locks answer
-    "table is locked" at once instead of waiting. On a server database
-    reached through a pooler the race cannot run either
-    (:func:`_refuse_proxied`).
+    "table is locked" at once instead of waiting. Called from a running
+    event loop, or on a server database reached through a pooler, the race
+    cannot run either (:func:`_refuse_event_loop`, :func:`_refuse_proxied`).
     """
+    _refuse_event_loop()
     for connection in connections.all(initialized_only=True):
         if connection.in_atomic_block:
             raise RaceSetupError(
@@ -86,6 +89,30 @@ def refuse_untestable(using: str) -> None:
             f"database a file: DATABASES[{using!r}]['TEST']['NAME'] = 'test.sqlite3'."
         )
     _refuse_proxied(connection)
+
+
+def _refuse_event_loop() -> None:
+    """Refuse to run inside an event loop, as Django refuses the database there.
+
+    The race blocks the calling thread until every request has answered,
+    and reads ``effect()`` and the database from it: inside a running loop
+    (an async test) Django would raise ``SynchronousOnlyOperation`` at the
+    first query, after the setup had begun. ``DJANGO_ALLOW_ASYNC_UNSAFE``
+    lifts this as it lifts Django's own refusal.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    if os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE"):
+        return
+    raise RaceSetupError(
+        "race_duplicates() was called from async code (an event loop is running in this "
+        "thread, as in an async test): it blocks the thread it is called from until every "
+        "request has answered, and reads effect() and the database there, which Django "
+        "refuses inside an event loop. Call it from a sync test, or from the async one "
+        "through asgiref: await sync_to_async(race_duplicates)(client, ...)."
+    )
 
 
 def _refuse_proxied(connection: BaseDatabaseWrapper) -> None:

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from asgiref.sync import async_to_sync, sync_to_async
 from django.core.signals import request_finished, request_started
 from django.db import connection, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -625,6 +626,45 @@ class RaceDuplicatesTests:
         with other.cursor() as cursor:
             cursor.execute("SELECT 1")
         other.close()
+
+    @pytest.mark.django_db(transaction=True)
+    def test_called_from_async_code_is_refused_with_the_fix(self, client):
+        async def scenario() -> None:
+            race_duplicates(client, "post", "/orders/", {"item": "a"}, effect=order_count)
+
+        with pytest.raises(RaceSetupError) as refused:
+            async_to_sync(scenario)()
+
+        assert "race_duplicates() was called from async code" in str(refused.value)
+        assert "Call it from a sync test" in str(refused.value)
+        assert "await sync_to_async(race_duplicates)(client, ...)" in str(refused.value)
+        assert order_count() == 0
+
+    @pytest.mark.django_db(transaction=True)
+    def test_called_from_async_code_through_sync_to_async_races(self, client):
+        async def scenario() -> list[str]:
+            race = await sync_to_async(race_duplicates)(
+                client, "post", "/orders/", {"item": "a"}, effect=order_count, duplicates=2
+            )
+            return race.outcomes
+
+        assert async_to_sync(scenario)() == ["replayed", "replayed"]
+        assert order_count() == 1
+
+    @pytest.mark.django_db(transaction=True)
+    def test_called_from_async_code_races_where_django_allows_it(self, client, monkeypatch):
+        monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+        async def scenario() -> list[str]:
+            try:
+                return race_duplicates(
+                    client, "post", "/orders/", {"item": "a"}, effect=order_count, duplicates=2
+                ).outcomes
+            finally:
+                connections.close_all()  # the event loop's thread's own, opened for effect()
+
+        assert async_to_sync(scenario)() == ["replayed", "replayed"]
+        assert order_count() == 1
 
     @pytest.mark.django_db(transaction=True)
     @pytest.mark.parametrize("client_of", [AsyncClient, lambda: AsyncClient(), AsyncClient()])
