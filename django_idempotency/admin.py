@@ -41,8 +41,15 @@ from django_idempotency.models import IdempotencyKey
 
 #: How much of a stored body the detail page shows.
 BODY_SHOWN = 2000
+#: The page asking before a release of leases still held; a project may override it.
+RELEASE_CONFIRMATION_TEMPLATE = "admin/django_idempotency/release_confirmation.html"
 #: The confirmation page's field naming each held lease it showed.
 SEEN_LEASE_FIELD = "seen_lease"
+#: The hidden inputs that post those fields, as the confirmation page has them.
+SEEN_LEASE_INPUTS = (
+    '{% for lease in seen %}<input type="hidden" name="{{ seen_field }}" value="{{ lease }}">'
+    "{% endfor %}"
+)
 _SEEN_LEASE_SALT = "django_idempotency.admin.seen_lease"
 #: A record's id as a form posts it: ASCII digits, within a 64-bit integer.
 _RECORD_ID = re.compile(r"[0-9]{1,19}")
@@ -242,7 +249,12 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):
             % {"count": released},
             messages.SUCCESS if released else messages.WARNING,
         )
-        if changed:
+        if confirmed and SEEN_LEASE_FIELD not in request.POST:
+            # The page shows at least one lease, and posts a field for each:
+            # a confirmation with none comes from a copy of the template
+            # older than the fields, whose confirmations force nothing.
+            self.message_user(request, _missing_seen_message(changed), messages.ERROR)
+        elif changed:
             self.message_user(request, _changed_message(changed, confirmed), messages.WARNING)
         return None
 
@@ -260,9 +272,7 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):
             "seen_field": SEEN_LEASE_FIELD,
             "action_checkbox_name": ACTION_CHECKBOX_NAME,
         }
-        return TemplateResponse(
-            request, "admin/django_idempotency/release_confirmation.html", context
-        )
+        return TemplateResponse(request, RELEASE_CONFIRMATION_TEMPLATE, context)
 
 
 def _seen_lease(record: IdempotencyKey) -> str:
@@ -320,3 +330,26 @@ def _changed_message(changed: list[IdempotencyKey], confirmed: bool) -> str:
             len(changed),
         )
     return text % {"count": len(changed), "records": names}
+
+
+def _missing_seen_message(left_alone: list[IdempotencyKey]) -> str:
+    """A confirmation without a single seen lease: name the missing inputs and the fix."""
+    text = ""
+    if left_alone:
+        names = ", ".join(f"{record.scope} / {mask_key(record.key)}" for record in left_alone)
+        text = ngettext(
+            "%(count)d lease still held was left alone: %(records)s. ",
+            "%(count)d leases still held were left alone: %(records)s. ",
+            len(left_alone),
+        ) % {"count": len(left_alone), "records": names}
+    return text + _(
+        "The confirmation did not say which leases its page showed: it posted no "
+        "%(field)s fields, so it could release no lease still held. This project "
+        "overrides %(template)s with a copy older than those hidden inputs. Add them to "
+        "its form, as the package's template has them: %(inputs)s (see the upgrade note "
+        "on the release confirmation in the changelog)."
+    ) % {
+        "field": SEEN_LEASE_FIELD,
+        "template": RELEASE_CONFIRMATION_TEMPLATE,
+        "inputs": SEEN_LEASE_INPUTS,
+    }
