@@ -140,10 +140,14 @@ def _refuse_proxied(connection: BaseDatabaseWrapper) -> None:
     if given == int(running):
         return
     alias = connection.alias
-    server = "PostgreSQL" if connection.vendor == "postgresql" else "the database server"
+    server, pooler = (
+        ("PostgreSQL", "PgBouncer")
+        if connection.vendor == "postgresql"
+        else ("the database server", "ProxySQL")
+    )
     raise RaceSetupError(
         f"race_duplicates() cannot race on database {alias!r}: its connections reach "
-        f"{server} through a connection pooler or proxy (such as PgBouncer). The session "
+        f"{server} through a connection pooler or proxy (such as {pooler}). The session "
         f"running this connection's statements ({running}) is not the one it was given "
         f"when it connected ({given}), so the race could neither see which duplicate waits "
         "for the original nor end a request left running without risking another "

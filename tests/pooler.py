@@ -1,11 +1,12 @@
-"""A stand-in for a connection pooler in front of PostgreSQL, on a port of its own.
+"""A stand-in for a connection pooler in front of a database server, on a port of its own.
 
 It forwards each client's connection to the server, statement for
-statement, but hands the client the process id it was told to, as a
-pooler does: PgBouncer makes one up, and a pooler that passes on the id of
-a server connection passes on one that, in transaction pooling, runs other
-clients' transactions too. Only what a client is told changes; the server
-runs everything as usual. Clients are answered that TLS is not offered.
+statement, but tells the client the session id it was told to (PostgreSQL's
+process id, MariaDB/MySQL's connection id), as a pooler does: PgBouncer
+makes one up, and a pooler that passes on the id of a server connection
+passes on one that, in transaction pooling, runs other clients'
+transactions too. Only what a client is told changes; the server runs
+everything as usual. Clients are told that TLS is not offered.
 """
 
 from __future__ import annotations
@@ -19,14 +20,20 @@ from types import TracebackType
 
 # The special startup codes (PostgreSQL protocol): TLS and GSSAPI encryption requests.
 _ENCRYPTION_REQUESTS = {80877103, 80877104}
+# MariaDB/MySQL's capability flag for TLS, in the handshake's lower flags.
+_CLIENT_SSL = 0x0800
 
 
 class Pooler:
-    """Listen on 127.0.0.1 (``port``) and forward to ``server``, telling clients ``pid``."""
+    """Listen on 127.0.0.1 (``port``) and forward to ``server``, telling clients ``session``.
 
-    def __init__(self, server: tuple[str, int], pid: int) -> None:
+    ``vendor`` is Django's: ``"postgresql"`` or ``"mysql"``.
+    """
+
+    def __init__(self, server: tuple[str, int], session: int, vendor: str) -> None:
         self.server = server
-        self.pid = pid
+        self.session = session
+        self.vendor = vendor
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self.listener.getsockname()[1]
         self.sockets: list[socket.socket] = []
@@ -67,16 +74,46 @@ class Pooler:
                 return  # the listener was shut
             with self.lock:
                 self.sockets.append(client)
-            self._start(self._serve, client)
+            serve = self._serve if self.vendor == "postgresql" else self._serve_mysql
+            self._start(serve, client)
+
+    def _connect(self) -> socket.socket:
+        server = socket.create_connection(self.server)
+        with self.lock:
+            self.sockets.append(server)
+        return server
+
+    def _serve_mysql(self, client: socket.socket) -> None:
+        """The server speaks first: its handshake carries the connection id and what it offers."""
+        server = self._connect()
+        stream = _Stream(server)
+        head = stream.read(4)
+        payload = stream.read(int.from_bytes(head[:3], "little")) if head else None
+        if head is None or payload is None:
+            _shut(client)
+            _shut(server)
+            return
+        # Protocol version, server version (NUL-ended), connection id, 8 + 1
+        # bytes of scramble, then the lower capability flags, CLIENT_SSL among them.
+        at = payload.index(b"\0", 1) + 1
+        flags = struct.unpack_from("<H", payload, at + 13)[0] & ~_CLIENT_SSL
+        handshake = bytearray(payload)
+        struct.pack_into("<I", handshake, at, self.session)
+        struct.pack_into("<H", handshake, at + 13, flags)
+        try:
+            client.sendall(head + bytes(handshake) + stream.rest)
+        except OSError:
+            _shut(server)
+            return
+        self._start(_pipe, client, server)
+        _pipe(server, client)
 
     def _serve(self, client: socket.socket) -> None:
         startup = _startup(client)
         if startup is None:
             _shut(client)
             return
-        server = socket.create_connection(self.server)
-        with self.lock:
-            self.sockets.append(server)
+        server = self._connect()
         server.sendall(startup)
         self._start(_pipe, client, server)
         # Up to the first ReadyForQuery the server's messages are read one by
@@ -88,7 +125,7 @@ class Pooler:
                 _shut(client)
                 return
             if kind == b"K":
-                body = struct.pack("!i", self.pid) + body[4:]
+                body = struct.pack("!i", self.session) + body[4:]
             try:
                 client.sendall(kind + struct.pack("!i", len(body) + 4) + body)
             except OSError:

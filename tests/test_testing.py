@@ -557,26 +557,36 @@ class RaceDuplicatesTests:
 
     @pytest.mark.django_db(transaction=True)
     def test_a_database_behind_a_pooler_is_refused_and_no_other_session_is_ended(self, client):
-        if connection.vendor != "postgresql":
-            pytest.skip("a PostgreSQL pooler")
+        if connection.vendor == "sqlite":
+            pytest.skip("SQLite has no server, nor a pooler in front of one")
         # Another client's session on the same server: the pooler hands its
-        # process id to the test's connections, as a transaction pooler hands
-        # out the id of a server connection that runs other clients' work.
+        # id to the test's connections, as a transaction pooler hands out the
+        # id of a server connection that runs other clients' work.
         bystander = own_connection()
         holder = own_connection()  # holds a lock the duplicates ask for: they get stuck
+        lock = (
+            ("SELECT pg_advisory_lock(7302)", "SELECT pg_advisory_unlock(7302)")
+            if connection.vendor == "postgresql"
+            else (
+                "SELECT GET_LOCK('pooled-race-test', 30)",
+                "SELECT RELEASE_LOCK('pooled-race-test')",
+            )
+        )
         with holder.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_lock(7302)")
+            cursor.execute(lock[0])
 
         def take_the_lock(**kwargs: object) -> None:
             if threading.current_thread().name.startswith("race-duplicate-"):
                 with connection.cursor() as cursor:
-                    cursor.execute("SELECT pg_advisory_lock(7302)")
+                    cursor.execute(lock[0])
 
         settings = connections.settings["default"]
         direct = (settings["HOST"], int(settings["PORT"]))
+        session = races._session_id(bystander)
+        assert session is not None
         request_started.connect(take_the_lock, weak=False, dispatch_uid="test-pooled-lock")
         try:
-            with Pooler(direct, races._session_id(bystander)) as pooler:
+            with Pooler(direct, session, connection.vendor) as pooler:
                 settings["PORT"] = str(pooler.port)
                 connection.close()
                 try:
@@ -596,12 +606,13 @@ class RaceDuplicatesTests:
         finally:
             request_started.disconnect(dispatch_uid="test-pooled-lock")
             with holder.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_unlock(7302)")
+                cursor.execute(lock[1])
             holder.close()
 
         message = str(refused.value)
-        assert "through a connection pooler or proxy (such as PgBouncer)" in message
-        assert f"it was given when it connected ({races._session_id(bystander)})" in message
+        pooler = "PgBouncer" if connection.vendor == "postgresql" else "ProxySQL"
+        assert f"through a connection pooler or proxy (such as {pooler})" in message
+        assert f"the one it was given when it connected ({session})" in message
         assert "give DATABASES['default'] the server's HOST and PORT, not the pooler's" in message
         with bystander.cursor() as cursor:  # still connected: nothing ended it
             cursor.execute("SELECT 1")
