@@ -104,12 +104,19 @@ def duplicates_held_at_request_start(until: threading.Event) -> Iterator[threadi
             assert not thread.is_alive(), f"{thread.name} did not end"
 
 
-def own_connection(**settings: object) -> BaseDatabaseWrapper:
-    """A connection of the test's own to the default database (or as ``settings`` change it)."""
+@contextmanager
+def own_connection(**settings: object) -> Iterator[BaseDatabaseWrapper]:
+    """A connection of the test's own to the default database (or as ``settings`` change it).
+
+    It is closed on the way out, whether the test passed or not.
+    """
     opened = connections.create_connection("default")
     opened.settings_dict = {**opened.settings_dict, **settings}
-    opened.ensure_connection()
-    return opened
+    try:
+        opened.ensure_connection()
+        yield opened
+    finally:
+        opened.close()
 
 
 class PytestUsageTests:
@@ -559,11 +566,6 @@ class RaceDuplicatesTests:
     def test_a_database_behind_a_pooler_is_refused_and_no_other_session_is_ended(self, client):
         if connection.vendor == "sqlite":
             pytest.skip("SQLite has no server, nor a pooler in front of one")
-        # Another client's session on the same server: the pooler hands its
-        # id to the test's connections, as a transaction pooler hands out the
-        # id of a server connection that runs other clients' work.
-        bystander = own_connection()
-        holder = own_connection()  # holds a lock the duplicates ask for: they get stuck
         lock = (
             ("SELECT pg_advisory_lock(7302)", "SELECT pg_advisory_unlock(7302)")
             if connection.vendor == "postgresql"
@@ -572,8 +574,6 @@ class RaceDuplicatesTests:
                 "SELECT RELEASE_LOCK('pooled-race-test')",
             )
         )
-        with holder.cursor() as cursor:
-            cursor.execute(lock[0])
 
         def take_the_lock(**kwargs: object) -> None:
             if threading.current_thread().name.startswith("race-duplicate-"):
@@ -582,61 +582,68 @@ class RaceDuplicatesTests:
 
         settings = connections.settings["default"]
         direct = (settings["HOST"], int(settings["PORT"]))
-        session = races._session_id(bystander)
-        assert session is not None
-        request_started.connect(take_the_lock, weak=False, dispatch_uid="test-pooled-lock")
-        try:
-            with Pooler(direct, session, connection.vendor) as pooler:
-                settings["PORT"] = str(pooler.port)
-                connection.close()
-                try:
-                    with pytest.raises(RaceSetupError) as refused:
-                        race_duplicates(
-                            client,
-                            "post",
-                            "/orders/",
-                            {"item": "a"},
-                            effect=order_count,
-                            duplicates=1,
-                            timeout=0.5,
-                        )
-                finally:
-                    settings["PORT"] = str(direct[1])
-                    connection.close()
-        finally:
-            request_started.disconnect(dispatch_uid="test-pooled-lock")
+        # Another client's session on the same server: the pooler hands its
+        # id to the test's connections, as a transaction pooler hands out the
+        # id of a server connection that runs other clients' work. The
+        # holder holds a lock the duplicates ask for: they get stuck.
+        with own_connection() as bystander, own_connection() as holder:
+            session = races._session_id(bystander)
+            assert session is not None
             with holder.cursor() as cursor:
-                cursor.execute(lock[1])
-            holder.close()
+                cursor.execute(lock[0])
+            request_started.connect(take_the_lock, weak=False, dispatch_uid="test-pooled-lock")
+            try:
+                with Pooler(direct, session, connection.vendor) as pooler:
+                    settings["PORT"] = str(pooler.port)
+                    connection.close()
+                    try:
+                        with pytest.raises(RaceSetupError) as refused:
+                            race_duplicates(
+                                client,
+                                "post",
+                                "/orders/",
+                                {"item": "a"},
+                                effect=order_count,
+                                duplicates=1,
+                                timeout=0.5,
+                            )
+                    finally:
+                        settings["PORT"] = str(direct[1])
+                        connection.close()
+            finally:
+                request_started.disconnect(dispatch_uid="test-pooled-lock")
+                with holder.cursor() as cursor:
+                    cursor.execute(lock[1])
+
+            with bystander.cursor() as cursor:  # still connected: nothing ended it
+                cursor.execute("SELECT 1")
 
         message = str(refused.value)
         pooler = "PgBouncer" if connection.vendor == "postgresql" else "ProxySQL"
         assert f"through a connection pooler or proxy (such as {pooler})" in message
         assert f"the one it was given when it connected ({session})" in message
         assert "give DATABASES['default'] the server's HOST and PORT, not the pooler's" in message
-        with bystander.cursor() as cursor:  # still connected: nothing ended it
-            cursor.execute("SELECT 1")
-        bystander.close()
         assert order_count() == 0  # refused before anything was sent
 
     @pytest.mark.django_db(transaction=True)
     def test_a_session_on_another_database_is_never_ended(self):
         if connection.vendor == "sqlite":
             pytest.skip("SQLite has no server session to end")
-        other = own_connection(
+        with own_connection(
             NAME="postgres" if connection.vendor == "postgresql" else "information_schema"
-        )
-        session = races._session_id(other)
+        ) as other:
+            session = races._session_id(other)
 
-        said = races._end_sessions("default", ["race-duplicate-1"], {"race-duplicate-1": session})
+            said = races._end_sessions(
+                "default", ["race-duplicate-1"], {"race-duplicate-1": session}
+            )
 
-        assert said == (
-            f"race-duplicate-1 is still running; its database session {session} is no longer "
-            "on this database, and was left alone"
-        )
-        with other.cursor() as cursor:
-            cursor.execute("SELECT 1")
-        other.close()
+            assert said == (
+                f"race-duplicate-1 is still running; its database session {session} is no "
+                "longer on this database, and was left alone"
+            )
+            with other.cursor() as cursor:
+                cursor.execute("SELECT 1")
 
     @pytest.mark.django_db(transaction=True)
     def test_called_from_async_code_is_refused_with_the_fix(self, client):
