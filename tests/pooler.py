@@ -12,11 +12,13 @@ everything as usual. Clients are told that TLS is not offered.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import struct
 import threading
 from collections.abc import Callable
 from types import TracebackType
+from typing import Any
 
 # The special startup codes (PostgreSQL protocol): TLS and GSSAPI encryption requests.
 _ENCRYPTION_REQUESTS = {80877103, 80877104}
@@ -24,13 +26,31 @@ _ENCRYPTION_REQUESTS = {80877103, 80877104}
 _CLIENT_SSL = 0x0800
 
 
+def server_address(settings: dict[str, Any], vendor: str) -> tuple[str, int] | str | None:
+    """Where a database's Django settings reach its server: ``(host, port)``, or a socket's path.
+
+    A ``HOST`` that starts with ``/`` is a Unix socket: for PostgreSQL the
+    directory libpq finds the port's socket in, for MariaDB/MySQL the socket
+    itself, as Django's backends read it. ``None`` without a ``HOST``, where
+    the client library picks a default of its own.
+    """
+    host = settings["HOST"]
+    port = int(settings["PORT"] or (5432 if vendor == "postgresql" else 3306))
+    if not host:
+        return None
+    if not host.startswith("/"):
+        return (host, port)
+    return os.path.join(host, f".s.PGSQL.{port}") if vendor == "postgresql" else host
+
+
 class Pooler:
     """Listen on 127.0.0.1 (``port``) and forward to ``server``, telling clients ``session``.
 
+    ``server`` is a TCP address or a Unix socket's path (:func:`server_address`);
     ``vendor`` is Django's: ``"postgresql"`` or ``"mysql"``.
     """
 
-    def __init__(self, server: tuple[str, int], session: int, vendor: str) -> None:
+    def __init__(self, server: tuple[str, int] | str, session: int, vendor: str) -> None:
         self.server = server
         self.session = session
         self.vendor = vendor
@@ -78,7 +98,15 @@ class Pooler:
             self._start(serve, client)
 
     def _connect(self) -> socket.socket:
-        server = socket.create_connection(self.server)
+        if isinstance(self.server, str):
+            server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                server.connect(self.server)
+            except OSError:
+                server.close()
+                raise
+        else:
+            server = socket.create_connection(self.server)
         with self.lock:
             self.sockets.append(server)
         return server

@@ -32,7 +32,7 @@ from django_idempotency.testing import (
     race_duplicates,
 )
 from tests.models import Order
-from tests.pooler import Pooler
+from tests.pooler import Pooler, server_address
 from tests.views import _create_order, calls
 
 
@@ -581,7 +581,15 @@ class RaceDuplicatesTests:
                     cursor.execute(lock[0])
 
         settings = connections.settings["default"]
-        direct = (settings["HOST"], int(settings["PORT"]))
+        server = server_address(settings, connection.vendor)
+        if server is None:
+            pytest.skip(
+                "the test settings give the database no HOST, so the stand-in pooler does "
+                "not know where the server is: set TEST_DATABASE_HOST"
+            )
+        # The stand-in listens on 127.0.0.1 and passes each connection on to
+        # the server where the settings reach it, over TCP or a Unix socket.
+        reached = {"HOST": settings["HOST"], "PORT": settings["PORT"]}
         # Another client's session on the same server: the pooler hands its
         # id to the test's connections, as a transaction pooler hands out the
         # id of a server connection that runs other clients' work. The
@@ -593,8 +601,8 @@ class RaceDuplicatesTests:
                 cursor.execute(lock[0])
             request_started.connect(take_the_lock, weak=False, dispatch_uid="test-pooled-lock")
             try:
-                with Pooler(direct, session, connection.vendor) as pooler:
-                    settings["PORT"] = str(pooler.port)
+                with Pooler(server, session, connection.vendor) as pooler:
+                    settings.update(HOST="127.0.0.1", PORT=str(pooler.port))
                     connection.close()
                     try:
                         with pytest.raises(RaceSetupError) as refused:
@@ -608,7 +616,7 @@ class RaceDuplicatesTests:
                                 timeout=0.5,
                             )
                     finally:
-                        settings["PORT"] = str(direct[1])
+                        settings.update(reached)
                         connection.close()
             finally:
                 request_started.disconnect(dispatch_uid="test-pooled-lock")
