@@ -219,6 +219,11 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):
         # other record is fenced by its lease in the same statement, so one
         # renewed or taken over since it was read is kept.
         seen = _seen_leases(request) if confirmed else {}
+        # The page shows at least one lease and posts a usable field for
+        # each: a confirmation with none (no field, or only empty or
+        # malformed ones, as an outdated override of the template posts)
+        # forces nothing. Known before the loop below consumes ``seen``.
+        seen_none = confirmed and not seen
         acted_on = list(in_progress)
         if seen:
             # A record the page showed that has left the list's filter since
@@ -249,10 +254,7 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):
             % {"count": released},
             messages.SUCCESS if released else messages.WARNING,
         )
-        if confirmed and SEEN_LEASE_FIELD not in request.POST:
-            # The page shows at least one lease, and posts a field for each:
-            # a confirmation with none comes from a copy of the template
-            # older than the fields, whose confirmations force nothing.
+        if seen_none:
             self.message_user(request, _missing_seen_message(changed), messages.ERROR)
         elif changed:
             self.message_user(request, _changed_message(changed, confirmed), messages.WARNING)

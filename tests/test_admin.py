@@ -31,6 +31,8 @@ CHANGELIST = "/admin/django_idempotency/idempotencykey/"
 #: A project's template dir holding a copy of the release confirmation page
 #: from before it posted which leases it showed.
 OLD_ADMIN_TEMPLATES = Path(__file__).parent / "old_admin_templates"
+#: ...and one whose input posts the field empty, from a context variable the page has not.
+EMPTY_SEEN_ADMIN_TEMPLATES = Path(__file__).parent / "empty_seen_admin_templates"
 
 # This module is also the URLconf of its tests: tests.urls has no admin.
 urlpatterns = [path("admin/", admin.site.urls)]
@@ -404,16 +406,24 @@ class ReleaseActionTests:
         shown = messages_in(response)
         assert shown[0] == ("warning", "Released 0 in-progress records.")
         (error,) = [text for level, text in shown if level == "error"]
-        assert error == (
-            f"1 lease still held was left alone: user:3 / {mask_key(running.key)}. "
-            "The confirmation did not say which leases its page showed: it posted no "
-            "seen_lease fields, so it could release no lease still held. This project "
-            "overrides admin/django_idempotency/release_confirmation.html with a copy older "
-            "than those hidden inputs. Add them to its form, as the package&#x27;s template "
-            "has them: {% for lease in seen %}&lt;input type=&quot;hidden&quot; "
-            "name=&quot;{{ seen_field }}&quot; value=&quot;{{ lease }}&quot;&gt;{% endfor %} "
-            "(see the upgrade note on the release confirmation in the changelog)."
-        )
+        assert error == no_seen_lease_error(running)
+        assert not any("changed after the confirmation page" in text for _, text in shown)
+        assert released() == set()
+
+    def test_an_overridden_page_posting_an_empty_seen_lease_names_the_inputs_and_the_fix(
+        self, staff, settings
+    ):
+        settings.TEMPLATES = [{**settings.TEMPLATES[0], "DIRS": [EMPTY_SEEN_ADMIN_TEMPLATES]}]
+        running = IdempotencyKeyFactory(in_flight=True, scope="user:3")
+        form = confirmation_form(staff.post(CHANGELIST, release_action(running)))
+        assert form["seen_lease"] == [""]
+
+        response = staff.post(CHANGELIST, form, follow=True)
+
+        shown = messages_in(response)
+        assert shown[0] == ("warning", "Released 0 in-progress records.")
+        (error,) = [text for level, text in shown if level == "error"]
+        assert error == no_seen_lease_error(running)
         assert not any("changed after the confirmation page" in text for _, text in shown)
         assert released() == set()
 
@@ -576,6 +586,20 @@ def messages_in(response: HttpResponse) -> list[tuple[str, str]]:
     """The admin's messages on a page: (level, text)."""
     html = response.content.decode()
     return re.findall(r'<li class="(\w+)">(.*?)</li>', html[html.find('class="messagelist"') :])
+
+
+def no_seen_lease_error(running: IdempotencyKey) -> str:
+    """The error, as the page shows it, for a confirmation of ``running`` without a seen lease."""
+    return (
+        f"1 lease still held was left alone: {running.scope} / {mask_key(running.key)}. "
+        "The confirmation did not say which leases its page showed: it posted no "
+        "seen_lease fields, so it could release no lease still held. This project "
+        "overrides admin/django_idempotency/release_confirmation.html with a copy older "
+        "than those hidden inputs. Add them to its form, as the package&#x27;s template "
+        "has them: {% for lease in seen %}&lt;input type=&quot;hidden&quot; "
+        "name=&quot;{{ seen_field }}&quot; value=&quot;{{ lease }}&quot;&gt;{% endfor %} "
+        "(see the upgrade note on the release confirmation in the changelog)."
+    )
 
 
 def release_action(*selected: IdempotencyKey) -> dict[str, object]:
