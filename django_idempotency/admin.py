@@ -335,7 +335,7 @@ def _changed_message(changed: list[IdempotencyKey], confirmed: bool) -> str:
 
 
 def _missing_seen_message(left_alone: list[IdempotencyKey]) -> str:
-    """A confirmation without a single seen lease: name the missing inputs and the fix."""
+    """A confirmation without a usable seen lease: name the inputs and the docs on them."""
     text = ""
     if left_alone:
         names = ", ".join(f"{record.scope} / {mask_key(record.key)}" for record in left_alone)
@@ -345,11 +345,12 @@ def _missing_seen_message(left_alone: list[IdempotencyKey]) -> str:
             len(left_alone),
         ) % {"count": len(left_alone), "records": names}
     return text + _(
-        "The confirmation did not say which leases its page showed: it posted no "
-        "%(field)s fields, so it could release no lease still held. This project "
-        "overrides %(template)s with a copy older than those hidden inputs. Add them to "
-        "its form, as the package's template has them: %(inputs)s (see the upgrade note "
-        "on the release confirmation in the changelog)."
+        "The confirmation carried no usable %(field)s fields, as an outdated override of "
+        "%(template)s would: it did not say which leases its page showed, so it could "
+        "release no lease still held. A project that overrides that template keeps the "
+        "hidden inputs the package's template has in its form: %(inputs)s "
+        '(docs/operations.rst, under "What each action does", and the upgrade note on '
+        "the release confirmation in the changelog)."
     ) % {
         "field": SEEN_LEASE_FIELD,
         "template": RELEASE_CONFIRMATION_TEMPLATE,

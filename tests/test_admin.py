@@ -592,13 +592,14 @@ def no_seen_lease_error(running: IdempotencyKey) -> str:
     """The error, as the page shows it, for a confirmation of ``running`` without a seen lease."""
     return (
         f"1 lease still held was left alone: {running.scope} / {mask_key(running.key)}. "
-        "The confirmation did not say which leases its page showed: it posted no "
-        "seen_lease fields, so it could release no lease still held. This project "
-        "overrides admin/django_idempotency/release_confirmation.html with a copy older "
-        "than those hidden inputs. Add them to its form, as the package&#x27;s template "
-        "has them: {% for lease in seen %}&lt;input type=&quot;hidden&quot; "
+        "The confirmation carried no usable seen_lease fields, as an outdated override of "
+        "admin/django_idempotency/release_confirmation.html would: it did not say which "
+        "leases its page showed, so it could release no lease still held. A project that "
+        "overrides that template keeps the hidden inputs the package&#x27;s template has in "
+        "its form: {% for lease in seen %}&lt;input type=&quot;hidden&quot; "
         "name=&quot;{{ seen_field }}&quot; value=&quot;{{ lease }}&quot;&gt;{% endfor %} "
-        "(see the upgrade note on the release confirmation in the changelog)."
+        "(docs/operations.rst, under &quot;What each action does&quot;, and the upgrade note "
+        "on the release confirmation in the changelog)."
     )
 
 
