@@ -41,8 +41,15 @@ from django_idempotency.models import IdempotencyKey
 
 #: How much of a stored body the detail page shows.
 BODY_SHOWN = 2000
+#: The page asking before a release of leases still held; a project may override it.
+RELEASE_CONFIRMATION_TEMPLATE = "admin/django_idempotency/release_confirmation.html"
 #: The confirmation page's field naming each held lease it showed.
 SEEN_LEASE_FIELD = "seen_lease"
+#: The hidden inputs that post those fields, as the confirmation page has them.
+SEEN_LEASE_INPUTS = (
+    '{% for lease in seen %}<input type="hidden" name="{{ seen_field }}" value="{{ lease }}">'
+    "{% endfor %}"
+)
 _SEEN_LEASE_SALT = "django_idempotency.admin.seen_lease"
 #: A record's id as a form posts it: ASCII digits, within a 64-bit integer.
 _RECORD_ID = re.compile(r"[0-9]{1,19}")
@@ -212,6 +219,11 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):
         # other record is fenced by its lease in the same statement, so one
         # renewed or taken over since it was read is kept.
         seen = _seen_leases(request) if confirmed else {}
+        # The page shows at least one lease and posts a usable field for
+        # each: a confirmation with none (no field, or only empty or
+        # malformed ones, as an outdated override of the template posts)
+        # forces nothing. Known before the loop below consumes ``seen``.
+        seen_none = confirmed and not seen
         acted_on = list(in_progress)
         if seen:
             # A record the page showed that has left the list's filter since
@@ -242,7 +254,9 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):
             % {"count": released},
             messages.SUCCESS if released else messages.WARNING,
         )
-        if changed:
+        if seen_none:
+            self.message_user(request, _missing_seen_message(changed), messages.ERROR)
+        elif changed:
             self.message_user(request, _changed_message(changed, confirmed), messages.WARNING)
         return None
 
@@ -260,9 +274,7 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):
             "seen_field": SEEN_LEASE_FIELD,
             "action_checkbox_name": ACTION_CHECKBOX_NAME,
         }
-        return TemplateResponse(
-            request, "admin/django_idempotency/release_confirmation.html", context
-        )
+        return TemplateResponse(request, RELEASE_CONFIRMATION_TEMPLATE, context)
 
 
 def _seen_lease(record: IdempotencyKey) -> str:
@@ -320,3 +332,27 @@ def _changed_message(changed: list[IdempotencyKey], confirmed: bool) -> str:
             len(changed),
         )
     return text % {"count": len(changed), "records": names}
+
+
+def _missing_seen_message(left_alone: list[IdempotencyKey]) -> str:
+    """A confirmation without a usable seen lease: name the inputs and the docs on them."""
+    text = ""
+    if left_alone:
+        names = ", ".join(f"{record.scope} / {mask_key(record.key)}" for record in left_alone)
+        text = ngettext(
+            "%(count)d lease still held was left alone: %(records)s. ",
+            "%(count)d leases still held were left alone: %(records)s. ",
+            len(left_alone),
+        ) % {"count": len(left_alone), "records": names}
+    return text + _(
+        "The confirmation carried no usable %(field)s fields, as an outdated override of "
+        "%(template)s would: it did not say which leases its page showed, so it could "
+        "release no lease still held. A project that overrides that template keeps the "
+        "hidden inputs the package's template has in its form: %(inputs)s "
+        '(docs/operations.rst, under "What each action does", and the upgrade note on '
+        "the release confirmation in the changelog)."
+    ) % {
+        "field": SEEN_LEASE_FIELD,
+        "template": RELEASE_CONFIRMATION_TEMPLATE,
+        "inputs": SEEN_LEASE_INPUTS,
+    }

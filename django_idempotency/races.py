@@ -13,6 +13,8 @@ closes, its own database connections and its own test client.
 
 from __future__ import annotations
 
+import asyncio
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -64,8 +66,11 @@ def refuse_untestable(using: str) -> None:
     test's transaction holds: they would deadlock on the row lock, not race.
     An in-memory SQLite database is either private to one connection, or,
     as Django's test runner makes it, a shared cache whose locks answer
-    "table is locked" at once instead of waiting.
+    "table is locked" at once instead of waiting. Called from a running
+    event loop, or on a server database reached through a pooler, the race
+    cannot run either (:func:`_refuse_event_loop`, :func:`_refuse_proxied`).
     """
+    _refuse_event_loop()
     for connection in connections.all(initialized_only=True):
         if connection.in_atomic_block:
             raise RaceSetupError(
@@ -83,6 +88,73 @@ def refuse_untestable(using: str) -> None:
             "that answers 'table is locked' at once instead of waiting. Give the test "
             f"database a file: DATABASES[{using!r}]['TEST']['NAME'] = 'test.sqlite3'."
         )
+    _refuse_proxied(connection)
+
+
+def _refuse_event_loop() -> None:
+    """Refuse to run inside an event loop, as Django refuses the database there.
+
+    The race blocks the calling thread until every request has answered,
+    and reads ``effect()`` and the database from it: inside a running loop
+    (an async test) Django would raise ``SynchronousOnlyOperation`` at the
+    first query, after the setup had begun. ``DJANGO_ALLOW_ASYNC_UNSAFE``
+    lifts this as it lifts Django's own refusal.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    if os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE"):
+        return
+    raise RaceSetupError(
+        "race_duplicates() was called from async code (an event loop is running in this "
+        "thread, as in an async test): it blocks the thread it is called from until every "
+        "request has answered, and reads effect() and the database there, which Django "
+        "refuses inside an event loop. Call it from a sync test, or from the async one "
+        "through asgiref: await sync_to_async(race_duplicates)(client, ...)."
+    )
+
+
+def _refuse_proxied(connection: BaseDatabaseWrapper) -> None:
+    """Refuse a server database reached through a pooler or proxy (PgBouncer, ProxySQL).
+
+    The race tells which duplicate waits, and ends the session of a request
+    left running, by the session id each connection was given when it
+    connected. Connected to the server itself, that is the server process
+    (or thread) running the connection's statements for as long as it is
+    open. Through a pooler it is an id the pooler made up, or one of its
+    server connections, which in transaction pooling serves other clients
+    between transactions: the race could see no wait, and ending that
+    session could end another client's. The server names the session
+    running a statement; the two must agree.
+    """
+    if connection.vendor not in {"postgresql", "mysql"}:
+        return
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT pg_backend_pid()")
+        else:
+            cursor.execute("SELECT CONNECTION_ID()")
+        (running,) = cursor.fetchone()
+    given = _session_id(connection)
+    if given == int(running):
+        return
+    alias = connection.alias
+    server, pooler = (
+        ("PostgreSQL", "PgBouncer")
+        if connection.vendor == "postgresql"
+        else ("the database server", "ProxySQL")
+    )
+    raise RaceSetupError(
+        f"race_duplicates() cannot race on database {alias!r}: its connections reach "
+        f"{server} through a connection pooler or proxy (such as {pooler}). The session "
+        f"running this connection's statements ({running}) is not the one it was given "
+        f"when it connected ({given}), so the race could neither see which duplicate waits "
+        "for the original nor end a request left running without risking another "
+        f"client's session. Run these tests against {server} itself: in the settings the "
+        f"tests run with, give DATABASES[{alias!r}] the server's HOST and PORT, not the "
+        "pooler's."
+    )
 
 
 @dataclass
@@ -519,6 +591,11 @@ def _end_sessions(using: str, names: list[str], sessions: dict[str, int | None])
     it is asked to (PostgreSQL ``pg_terminate_backend``, MySQL ``KILL``);
     a thread blocked outside the database, or on SQLite, keeps its
     connection until it ends.
+
+    Only the race's own sessions are ended: each id is the one its thread's
+    connection was given by the server itself (:func:`_refuse_proxied`
+    refused a pooler before the race), and is ended only while the server
+    still lists it on this database, in the statement that ends it.
     """
     connection = connections[using]
     said = []
@@ -528,19 +605,42 @@ def _end_sessions(using: str, names: list[str], sessions: dict[str, int | None])
             said.append(f"{name} is still running and keeps its database connection until it ends")
             continue
         try:
-            with connection.cursor() as cursor:
-                if connection.vendor == "postgresql":
-                    cursor.execute("SELECT pg_terminate_backend(%s)", [session])
-                else:
-                    cursor.execute(f"KILL {int(session)}")
+            ended = _end_session(connection, session)
         except DatabaseError as exc:
             said.append(
                 f"{name} is still running and keeps its database session {session}, "
                 f"which could not be ended ({exc})"
             )
             continue
-        said.append(f"{name} was still running: its database session {session} was ended")
+        if ended:
+            said.append(f"{name} was still running: its database session {session} was ended")
+        else:
+            said.append(
+                f"{name} is still running; its database session {session} is no longer on "
+                "this database, and was left alone"
+            )
     return "; ".join(said)
+
+
+def _end_session(connection: BaseDatabaseWrapper, session: int) -> bool:
+    """End ``session`` if the server lists it on this connection's database; whether it did."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE pid = %s AND datname = current_database()",
+                [session],
+            )
+            return any(ended for (ended,) in cursor.fetchall())
+        # MySQL's ids are not reused while the server runs: one listed is the same session.
+        cursor.execute(
+            f"SELECT id FROM {_process_list(connection)} WHERE id = %s AND db = DATABASE()",
+            [session],
+        )
+        if not cursor.fetchall():
+            return False
+        cursor.execute(f"KILL {int(session)}")
+        return True
 
 
 def _raise_from(*outcomes: _Outcome) -> None:

@@ -268,7 +268,9 @@ def race_duplicates(
     or a callable returning a new one (``Client``, ``APIClient``, a
     function); ``AsyncClient`` is refused, since each request runs in a
     thread of its own. Needs a transactional test: inside a ``TestCase`` it
-    raises :class:`RaceSetupError`. ``timeout`` bounds, in seconds, each
+    raises :class:`RaceSetupError`, as it does called from a running event
+    loop (use ``sync_to_async``) and on a database reached through a
+    pooler such as PgBouncer. ``timeout`` bounds, in seconds, each
     wait: for the original to reach the hold, for the duplicates to arrive,
     and for every request to end.
     """

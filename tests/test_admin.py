@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import threading
 from datetime import timedelta
+from pathlib import Path
 from urllib.parse import urlencode
 
 import pytest
@@ -15,6 +16,8 @@ from django.http import HttpResponse
 from django.urls import path
 from django.utils import timezone
 
+from django_idempotency import admin as admin_module
+from django_idempotency.admin import RELEASE_CONFIRMATION_TEMPLATE, SEEN_LEASE_INPUTS
 from django_idempotency.clock import DatabaseNow
 from django_idempotency.fields import fit_key_column
 from django_idempotency.keys import mask_key
@@ -25,6 +28,11 @@ from tests.factories import IdempotencyKeyFactory
 
 State = IdempotencyKey.State
 CHANGELIST = "/admin/django_idempotency/idempotencykey/"
+#: A project's template dir holding a copy of the release confirmation page
+#: from before it posted which leases it showed.
+OLD_ADMIN_TEMPLATES = Path(__file__).parent / "old_admin_templates"
+#: ...and one whose input posts the field empty, from a context variable the page has not.
+EMPTY_SEEN_ADMIN_TEMPLATES = Path(__file__).parent / "empty_seen_admin_templates"
 
 # This module is also the URLconf of its tests: tests.urls has no admin.
 urlpatterns = [path("admin/", admin.site.urls)]
@@ -383,6 +391,47 @@ class ReleaseActionTests:
         assert f"left alone: user:3 / {mask_key(running.key)}" in html
         assert released() == set()
 
+    def test_an_overridden_page_without_the_seen_leases_names_them_and_the_fix(
+        self, staff, settings
+    ):
+        # A project's copy of the confirmation page from before its hidden
+        # seen_lease inputs, found first in the project's template dirs.
+        settings.TEMPLATES = [{**settings.TEMPLATES[0], "DIRS": [OLD_ADMIN_TEMPLATES]}]
+        running = IdempotencyKeyFactory(in_flight=True, scope="user:3")
+        form = confirmation_form(staff.post(CHANGELIST, release_action(running)))
+        assert "seen_lease" not in form
+
+        response = staff.post(CHANGELIST, form, follow=True)
+
+        shown = messages_in(response)
+        assert shown[0] == ("warning", "Released 0 in-progress records.")
+        (error,) = [text for level, text in shown if level == "error"]
+        assert error == no_seen_lease_error(running)
+        assert not any("changed after the confirmation page" in text for _, text in shown)
+        assert released() == set()
+
+    def test_an_overridden_page_posting_an_empty_seen_lease_names_the_inputs_and_the_fix(
+        self, staff, settings
+    ):
+        settings.TEMPLATES = [{**settings.TEMPLATES[0], "DIRS": [EMPTY_SEEN_ADMIN_TEMPLATES]}]
+        running = IdempotencyKeyFactory(in_flight=True, scope="user:3")
+        form = confirmation_form(staff.post(CHANGELIST, release_action(running)))
+        assert form["seen_lease"] == [""]
+
+        response = staff.post(CHANGELIST, form, follow=True)
+
+        shown = messages_in(response)
+        assert shown[0] == ("warning", "Released 0 in-progress records.")
+        (error,) = [text for level, text in shown if level == "error"]
+        assert error == no_seen_lease_error(running)
+        assert not any("changed after the confirmation page" in text for _, text in shown)
+        assert released() == set()
+
+    def test_the_inputs_the_message_names_are_the_package_template_s(self):
+        template = Path(admin_module.__file__).parent / "templates" / RELEASE_CONFIRMATION_TEMPLATE
+
+        assert SEEN_LEASE_INPUTS in template.read_text()
+
     def test_a_lease_completed_since_the_page_is_named(self, staff):
         running = IdempotencyKeyFactory(in_flight=True, scope="user:3")
         page = staff.post(CHANGELIST, release_action(running))
@@ -537,6 +586,21 @@ def messages_in(response: HttpResponse) -> list[tuple[str, str]]:
     """The admin's messages on a page: (level, text)."""
     html = response.content.decode()
     return re.findall(r'<li class="(\w+)">(.*?)</li>', html[html.find('class="messagelist"') :])
+
+
+def no_seen_lease_error(running: IdempotencyKey) -> str:
+    """The error, as the page shows it, for a confirmation of ``running`` without a seen lease."""
+    return (
+        f"1 lease still held was left alone: {running.scope} / {mask_key(running.key)}. "
+        "The confirmation carried no usable seen_lease fields, as an outdated override of "
+        "admin/django_idempotency/release_confirmation.html would: it did not say which "
+        "leases its page showed, so it could release no lease still held. A project that "
+        "overrides that template keeps the hidden inputs the package&#x27;s template has in "
+        "its form: {% for lease in seen %}&lt;input type=&quot;hidden&quot; "
+        "name=&quot;{{ seen_field }}&quot; value=&quot;{{ lease }}&quot;&gt;{% endfor %} "
+        "(docs/operations.rst, under &quot;What each action does&quot;, and the upgrade note "
+        "on the release confirmation in the changelog)."
+    )
 
 
 def release_action(*selected: IdempotencyKey) -> dict[str, object]:

@@ -12,8 +12,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from asgiref.sync import async_to_sync, sync_to_async
 from django.core.signals import request_finished, request_started
 from django.db import connection, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.signals import post_save
 from django.http import HttpRequest, HttpResponse
 from django.test import AsyncClient, Client, TestCase, TransactionTestCase
@@ -30,6 +32,7 @@ from django_idempotency.testing import (
     race_duplicates,
 )
 from tests.models import Order
+from tests.pooler import Pooler, server_address
 from tests.views import _create_order, calls
 
 
@@ -99,6 +102,21 @@ def duplicates_held_at_request_start(until: threading.Event) -> Iterator[threadi
         for thread in held:
             thread.join(30)
             assert not thread.is_alive(), f"{thread.name} did not end"
+
+
+@contextmanager
+def own_connection(**settings: object) -> Iterator[BaseDatabaseWrapper]:
+    """A connection of the test's own to the default database (or as ``settings`` change it).
+
+    It is closed on the way out, whether the test passed or not.
+    """
+    opened = connections.create_connection("default")
+    opened.settings_dict = {**opened.settings_dict, **settings}
+    try:
+        opened.ensure_connection()
+        yield opened
+    finally:
+        opened.close()
 
 
 class PytestUsageTests:
@@ -543,6 +561,136 @@ class RaceDuplicatesTests:
             if thread.name == "race-duplicate-1":  # ends once its session is gone
                 thread.join(10)
                 assert not thread.is_alive()
+
+    @pytest.mark.django_db(transaction=True)
+    def test_a_database_behind_a_pooler_is_refused_and_no_other_session_is_ended(self, client):
+        if connection.vendor == "sqlite":
+            pytest.skip("SQLite has no server, nor a pooler in front of one")
+        lock = (
+            ("SELECT pg_advisory_lock(7302)", "SELECT pg_advisory_unlock(7302)")
+            if connection.vendor == "postgresql"
+            else (
+                "SELECT GET_LOCK('pooled-race-test', 30)",
+                "SELECT RELEASE_LOCK('pooled-race-test')",
+            )
+        )
+
+        def take_the_lock(**kwargs: object) -> None:
+            if threading.current_thread().name.startswith("race-duplicate-"):
+                with connection.cursor() as cursor:
+                    cursor.execute(lock[0])
+
+        settings = connections.settings["default"]
+        server = server_address(settings, connection.vendor)
+        if server is None:
+            pytest.skip(
+                "the test settings give the database no HOST, so the stand-in pooler does "
+                "not know where the server is: set TEST_DATABASE_HOST"
+            )
+        # The stand-in listens on 127.0.0.1 and passes each connection on to
+        # the server where the settings reach it, over TCP or a Unix socket.
+        reached = {"HOST": settings["HOST"], "PORT": settings["PORT"]}
+        # Another client's session on the same server: the pooler hands its
+        # id to the test's connections, as a transaction pooler hands out the
+        # id of a server connection that runs other clients' work. The
+        # holder holds a lock the duplicates ask for: they get stuck.
+        with own_connection() as bystander, own_connection() as holder:
+            session = races._session_id(bystander)
+            assert session is not None
+            with holder.cursor() as cursor:
+                cursor.execute(lock[0])
+            request_started.connect(take_the_lock, weak=False, dispatch_uid="test-pooled-lock")
+            try:
+                with Pooler(server, session, connection.vendor) as pooler:
+                    settings.update(HOST="127.0.0.1", PORT=str(pooler.port))
+                    connection.close()
+                    try:
+                        with pytest.raises(RaceSetupError) as refused:
+                            race_duplicates(
+                                client,
+                                "post",
+                                "/orders/",
+                                {"item": "a"},
+                                effect=order_count,
+                                duplicates=1,
+                                timeout=0.5,
+                            )
+                    finally:
+                        settings.update(reached)
+                        connection.close()
+            finally:
+                request_started.disconnect(dispatch_uid="test-pooled-lock")
+                with holder.cursor() as cursor:
+                    cursor.execute(lock[1])
+
+            with bystander.cursor() as cursor:  # still connected: nothing ended it
+                cursor.execute("SELECT 1")
+
+        message = str(refused.value)
+        pooler = "PgBouncer" if connection.vendor == "postgresql" else "ProxySQL"
+        assert f"through a connection pooler or proxy (such as {pooler})" in message
+        assert f"the one it was given when it connected ({session})" in message
+        assert "give DATABASES['default'] the server's HOST and PORT, not the pooler's" in message
+        assert order_count() == 0  # refused before anything was sent
+
+    @pytest.mark.django_db(transaction=True)
+    def test_a_session_on_another_database_is_never_ended(self):
+        if connection.vendor == "sqlite":
+            pytest.skip("SQLite has no server session to end")
+        with own_connection(
+            NAME="postgres" if connection.vendor == "postgresql" else "information_schema"
+        ) as other:
+            session = races._session_id(other)
+
+            said = races._end_sessions(
+                "default", ["race-duplicate-1"], {"race-duplicate-1": session}
+            )
+
+            assert said == (
+                f"race-duplicate-1 is still running; its database session {session} is no "
+                "longer on this database, and was left alone"
+            )
+            with other.cursor() as cursor:
+                cursor.execute("SELECT 1")
+
+    @pytest.mark.django_db(transaction=True)
+    def test_called_from_async_code_is_refused_with_the_fix(self, client):
+        async def scenario() -> None:
+            race_duplicates(client, "post", "/orders/", {"item": "a"}, effect=order_count)
+
+        with pytest.raises(RaceSetupError) as refused:
+            async_to_sync(scenario)()
+
+        assert "race_duplicates() was called from async code" in str(refused.value)
+        assert "Call it from a sync test" in str(refused.value)
+        assert "await sync_to_async(race_duplicates)(client, ...)" in str(refused.value)
+        assert order_count() == 0
+
+    @pytest.mark.django_db(transaction=True)
+    def test_called_from_async_code_through_sync_to_async_races(self, client):
+        async def scenario() -> list[str]:
+            race = await sync_to_async(race_duplicates)(
+                client, "post", "/orders/", {"item": "a"}, effect=order_count, duplicates=2
+            )
+            return race.outcomes
+
+        assert async_to_sync(scenario)() == ["replayed", "replayed"]
+        assert order_count() == 1
+
+    @pytest.mark.django_db(transaction=True)
+    def test_called_from_async_code_races_where_django_allows_it(self, client, monkeypatch):
+        monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+        async def scenario() -> list[str]:
+            try:
+                return race_duplicates(
+                    client, "post", "/orders/", {"item": "a"}, effect=order_count, duplicates=2
+                ).outcomes
+            finally:
+                connections.close_all()  # the event loop's thread's own, opened for effect()
+
+        assert async_to_sync(scenario)() == ["replayed", "replayed"]
+        assert order_count() == 1
 
     @pytest.mark.django_db(transaction=True)
     @pytest.mark.parametrize("client_of", [AsyncClient, lambda: AsyncClient(), AsyncClient()])
