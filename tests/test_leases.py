@@ -66,3 +66,19 @@ def test_a_qualified_condition_names_its_table(every_kind_of_row):
         found = {row[0] for row in cursor.fetchall()}
 
     assert found == {pk for pk, state in every_kind_of_row.items() if state == "abandoned"}
+
+
+@pytest.mark.parametrize("past", [True, False])
+def test_expiry_is_the_same_rule_in_python_the_orm_and_sql(every_kind_of_row, past):
+    now = clock.read(connection)
+    rows = IdempotencyKey.objects.filter(pk__in=every_kind_of_row)
+    named = {row.pk for row in rows if leases.expired(row.expires_at, now) == past}
+    table = connection.ops.quote_name(IdempotencyKey._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT id FROM {table} WHERE {leases.expiry_sql(past, connection)}", [])
+        by_sql = {row[0] for row in cursor.fetchall()}
+    by_orm = set(rows.filter(leases.expiry_q(past)).values_list("pk", flat=True))
+
+    assert len(named) == 4
+    assert by_orm == named
+    assert by_sql == named

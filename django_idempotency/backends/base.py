@@ -92,19 +92,17 @@ class Record:
     checkpoints: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def held_until(self) -> datetime:
-        """Until when an in-progress record is its owner's (its lease)."""
-        return self.locked_until or self.expires_at
-
-    @property
     def expired(self) -> bool:
         """Past its expiry by the database's clock when it was read."""
-        return self.expires_at <= self.seen_at
+        return leases.expired(self.expires_at, self.seen_at)
 
     @property
     def held_for(self) -> timedelta:
-        """How much of its lease an in-progress record had left, by the database's clock."""
-        return self.held_until - self.seen_at
+        """How much of its lease an in-progress record had left, by the database's clock.
+
+        Its expiry is where its lease ends (:mod:`django_idempotency.leases`).
+        """
+        return self.expires_at - self.seen_at
 
     @property
     def running_for(self) -> timedelta:
