@@ -21,8 +21,6 @@ backend, that the three agree on every kind of row.
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Literal
 
@@ -42,13 +40,9 @@ STATES: tuple[State, ...] = (COMPLETED, HELD, ABANDONED, RELEASED)
 _IN_PROGRESS = str(IdempotencyKey.State.IN_PROGRESS)
 
 
-#: ``expired(expires_at, now)``: whether a record is past its expiry by the
-#: database's clock ``now``, read with it (``expires_at <= now``). A completed
-#: record past it is no longer replayed, and waits for the purge; an
-#: in-progress one's lease has run out (or it was released). The comparison
-#: itself rather than a function of this module: a replay decides it without
-#: entering one, so the request path stays within the store and its backends.
-expired: Callable[[datetime, datetime], bool] = operator.le
+def expired(expires_at: datetime, now: datetime) -> bool:
+    """Whether a record is past its expiry by the database's clock ``now``, read with it."""
+    return expires_at <= now
 
 
 def state_of(completed: bool, owner_token: str, expires_at: datetime, now: datetime) -> State:
