@@ -353,14 +353,14 @@ def upsert_sql(connection: BaseDatabaseWrapper, take_over_abandoned: bool) -> st
     table = quote(IdempotencyKey._meta.db_table)
     columns = column_names()
     names = [quote(columns[field]) for field in CLAIM_FIELDS]
-    expires = quote(columns["expires_at"])
-    created = quote(columns["created_at"])
     progress = progress_assignments(connection, f"EXCLUDED.{quote(columns['fingerprint'])}")
     takeover = takeover_assignments(connection, from_excluded=True)
+    # The clock the condition reads is the one the new row's created_at
+    # holds: SQLite reads 'now' once for all of a statement's step.
     return (
         f"{insert_claim_into(connection)} VALUES ({claim_values(connection)}) "
         f"ON CONFLICT ({names[0]}, {names[1]}) DO UPDATE SET {progress}, {takeover} "
-        f"WHERE {table}.{expires} <= EXCLUDED.{created}"
+        f"WHERE {leases.expiry_sql(True, connection, f'{table}.')}"
         f"{unless_abandoned(connection, take_over_abandoned, table)} "
         f"RETURNING {claimed_columns(connection)}"
     )
