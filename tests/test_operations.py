@@ -219,11 +219,13 @@ def test_a_lease_taken_over_since_it_was_read_is_not_released(force):
 def test_a_claim_released_again_counts_its_owners_attempt_once():
     IdempotencyKeyFactory(scope="user:4", key="twice-key", lease_expired=True, attempt=3)
 
-    run("release", "user:4", "twice-key")
-    run("release", "user:4", "twice-key")
+    first, _ = run("release", "user:4", "twice-key")
+    again, _ = run("release", "user:4", "twice-key")
 
     released = IdempotencyKey.objects.get()
     assert (released.owner_token, released.attempt) == ("", 4)
+    assert "the next retry takes it over as attempt 4," in first
+    assert "the next retry takes it over as attempt 4," in again
 
 
 class DeleteTests:
