@@ -34,7 +34,6 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from django_idempotency import leases, operations
-from django_idempotency.clock import DatabaseNow
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.keys import mask_key
 from django_idempotency.models import IdempotencyKey
@@ -66,11 +65,8 @@ class ExpiryFilter(admin.SimpleListFilter):
         return [("expired", _("expired")), ("live", _("live"))]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        now = DatabaseNow()
-        if self.value() == "expired":
-            return queryset.filter(expires_at__lte=now)
-        if self.value() == "live":
-            return queryset.filter(expires_at__gt=now)
+        if self.value() in ("expired", "live"):
+            return queryset.filter(leases.expiry_q(self.value() == "expired"))
         return queryset
 
 

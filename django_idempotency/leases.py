@@ -10,7 +10,8 @@ A record is ``completed``, or in progress; an in-progress record is
   checkpoints, so the next retry takes it over at once.
 
 While a lease is held, ``expires_at`` is where it ends (``locked_until``
-too), so one indexed column decides. Each state is written three ways,
+too), so one indexed column decides, as it decides whether a record has
+expired (:func:`expired`). Each state, and expiry, is written three ways,
 for the three places that ask: Python, for a record read together with the
 database's clock (the store's claim); an ORM ``Q``, evaluated by the
 statement that filters (the operators' commands and the admin); and SQL,
@@ -39,13 +40,24 @@ STATES: tuple[State, ...] = (COMPLETED, HELD, ABANDONED, RELEASED)
 _IN_PROGRESS = str(IdempotencyKey.State.IN_PROGRESS)
 
 
+def expired(expires_at: datetime, now: datetime) -> bool:
+    """Whether a record is past its expiry by the database's clock ``now``, read with it."""
+    return expires_at <= now
+
+
 def state_of(completed: bool, owner_token: str, expires_at: datetime, now: datetime) -> State:
     """A record's state, from its columns and the database's clock read with them."""
     if completed:
         return COMPLETED
     if owner_token == "":
         return RELEASED
-    return ABANDONED if expires_at <= now else HELD
+    return ABANDONED if expired(expires_at, now) else HELD
+
+
+def expiry_q(past: bool, now: Any = None) -> Q:
+    """The records past their expiry (``past``) or not, by the database's clock unless given."""
+    now = clock.DatabaseNow() if now is None else now
+    return Q(expires_at__lte=now) if past else Q(expires_at__gt=now)
 
 
 def q(state: State, now: Any = None) -> Q:
@@ -56,9 +68,7 @@ def q(state: State, now: Any = None) -> Q:
     if state == RELEASED:
         return Q(state=_IN_PROGRESS, owner_token="")
     owned = Q(state=_IN_PROGRESS) & ~Q(owner_token="")
-    if state == ABANDONED:
-        return owned & Q(expires_at__lte=now)
-    return owned & Q(expires_at__gt=now)
+    return owned & expiry_q(state == ABANDONED, now)
 
 
 def sql(state: State, connection: BaseDatabaseWrapper, table: str = "") -> str:
@@ -67,17 +77,22 @@ def sql(state: State, connection: BaseDatabaseWrapper, table: str = "") -> str:
     ``table`` qualifies the columns (``"t."``), for a statement that names
     the key table twice.
     """
-    quote = connection.ops.quote_name
-    fields = IdempotencyKey._meta
-
-    def column(name: str) -> str:
-        return f"{table}{quote(str(fields.get_field(name).column))}"  # type: ignore[union-attr]
-
-    in_progress = f"{column('state')} = '{_IN_PROGRESS}'"
+    in_progress = f"{_column(connection, table, 'state')} = '{_IN_PROGRESS}'"
     if state == COMPLETED:
-        return f"{column('state')} <> '{_IN_PROGRESS}'"
+        return f"{_column(connection, table, 'state')} <> '{_IN_PROGRESS}'"
+    token = _column(connection, table, "owner_token")
     if state == RELEASED:
-        return f"({in_progress} AND {column('owner_token')} = '')"
-    owned = f"{in_progress} AND {column('owner_token')} <> ''"
-    compare = "<=" if state == ABANDONED else ">"
-    return f"({owned} AND {column('expires_at')} {compare} {clock.now_sql(connection)})"
+        return f"({in_progress} AND {token} = '')"
+    owned = f"{in_progress} AND {token} <> ''"
+    return f"({owned} AND {expiry_sql(state == ABANDONED, connection, table)})"
+
+
+def expiry_sql(past: bool, connection: BaseDatabaseWrapper, table: str = "") -> str:
+    """The records past their expiry (``past``) or not, as SQL, by the database's clock in it."""
+    compare = "<=" if past else ">"
+    return f"{_column(connection, table, 'expires_at')} {compare} {clock.now_sql(connection)}"
+
+
+def _column(connection: BaseDatabaseWrapper, table: str, name: str) -> str:
+    column = IdempotencyKey._meta.get_field(name).column  # type: ignore[union-attr]
+    return f"{table}{connection.ops.quote_name(str(column))}"

@@ -12,17 +12,14 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connections
-from django.db.models import F, Q, QuerySet
+from django.db.models import Q, QuerySet
 
-from django_idempotency import clock, leases, replay_cache
-from django_idempotency.clock import DatabaseNow
+from django_idempotency import clock, leases, replay_cache, store
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import InvalidIdempotencyKey
 from django_idempotency.fields import DIGEST_PREFIX, fit_key_column
 from django_idempotency.keys import parse_key
 from django_idempotency.models import IdempotencyKey
-
-State = IdempotencyKey.State
 
 
 class LeaseStillHeld(Exception):
@@ -96,19 +93,11 @@ def release(record: IdempotencyKey, *, force: bool = False) -> bool:
     refused unless ``force``: its request may still be running. The refusal
     is in the statement that releases, by the database's clock then, so an
     owner renewing its lease (or a retry taking it over) while the command
-    runs keeps it.
+    runs keeps it. That statement is the owner's own release keeping its
+    progress (:func:`django_idempotency.store.release_on_behalf`).
     """
-    using = record._state.db
-    fenced = records(using).filter(
-        pk=record.pk, state=State.IN_PROGRESS, owner_token=record.owner_token
-    )
-    if not force:
-        fenced = fenced.exclude(lease_held())
-    now = DatabaseNow()
-    # The retry that takes a dead owner's claim is its next attempt (a claim
-    # its owner gave back itself keeps its number: SPEC counts takeovers).
-    attempt = F("attempt") + 1 if record.owner_token else F("attempt")
-    if fenced.update(owner_token="", locked_until=now, expires_at=now, attempt=attempt) == 1:
+    using = record._state.db or idempotency_settings.database
+    if store.release_on_behalf(using, record.pk, record.owner_token, unless_held=not force):
         return True
     if not force:
         _refuse_if_held(using, record)

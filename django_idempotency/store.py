@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_idempotency import clock
+from django_idempotency import clock, leases
 from django_idempotency.backends import BY_VENDOR, STANDARD
 from django_idempotency.backends.base import (
     ABANDONED,
@@ -272,12 +272,50 @@ def release(
     return _write(connection, sql, [record_id, owner_token])
 
 
-def _release_keeping_progress_sql(connection: BaseDatabaseWrapper, corrected: bool) -> str:
+def release_on_behalf(using: str, record_id: int, owner_token: str, *, unless_held: bool) -> bool:
+    """An operator's release: the claim given back for its owner, keeping its progress.
+
+    The statement of the owner's own release keeping progress
+    (:func:`release`), fenced by the token the operator read: a claim taken
+    over, released or completed since is left alone (``False``). An owned
+    claim's release counts as its owner's attempt, since the retry's
+    takeover of a claim given back does not (SPEC counts takeovers): that
+    retry is the next attempt. ``unless_held`` leaves a lease still ahead
+    of the database's clock, in the statement, alone too: its request may
+    still be running.
+    """
+    connection = connections[using]
+    counted = owner_token != ""
+    sql = cached_sql(
+        connection,
+        ("release on behalf", counted, unless_held),
+        lambda c: _release_keeping_progress_sql(
+            c, corrected=False, counted=counted, unless_held=unless_held
+        ),
+    )
+    return _write(connection, sql, [record_id, owner_token])
+
+
+def _release_keeping_progress_sql(
+    connection: BaseDatabaseWrapper,
+    corrected: bool,
+    *,
+    counted: bool = False,
+    unless_held: bool = False,
+) -> str:
+    """Give a claim back, its lease over and its token cleared: the next retry takes it at once.
+
+    ``corrected`` sets its checkpoints from a parameter; ``counted`` adds
+    one to its attempt; ``unless_held`` leaves a held lease alone.
+    """
     now = clock.now_sql(connection)
     assigned = {"checkpoints": "%s"} if corrected else {}
-    return update_sql(
+    if counted:
+        assigned["attempt"] = f"{connection.ops.quote_name(column_names()['attempt'])} + 1"
+    sql = update_sql(
         connection, OWNER, **assigned, owner_token="''", locked_until=now, expires_at=now
     )
+    return f"{sql} AND NOT {leases.sql(leases.HELD, connection)}" if unless_held else sql
 
 
 def take_over(using: str, abandoned: Record, new: NewClaim) -> Claim | None:

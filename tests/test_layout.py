@@ -134,6 +134,8 @@ FIRST_REQUEST_PATH = {
     "django_idempotency.core",
     "django_idempotency.engine",
     "django_idempotency.store",
+    # The protocol's rules: whether a record read with the clock has expired.
+    "django_idempotency.leases",
     # The statements of the request's database, and what they share.
     "django_idempotency.backends.base",
     "django_idempotency.backends.postgresql",

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import itertools
-from datetime import timedelta
+from collections.abc import Iterator
+from datetime import datetime, timedelta
 
 import pytest
 from django.db import connection
@@ -66,3 +67,63 @@ def test_a_qualified_condition_names_its_table(every_kind_of_row):
         found = {row[0] for row in cursor.fetchall()}
 
     assert found == {pk for pk, state in every_kind_of_row.items() if state == "abandoned"}
+
+
+@pytest.mark.parametrize("past", [True, False])
+def test_expiry_is_the_same_rule_in_python_the_orm_and_sql(every_kind_of_row, past):
+    now = clock.read(connection)
+    rows = IdempotencyKey.objects.filter(pk__in=every_kind_of_row)
+    named = {row.pk for row in rows if leases.expired(row.expires_at, now) == past}
+    table = connection.ops.quote_name(IdempotencyKey._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT id FROM {table} WHERE {leases.expiry_sql(past, connection)}", [])
+        by_sql = {row[0] for row in cursor.fetchall()}
+    by_orm = set(rows.filter(leases.expiry_q(past)).values_list("pk", flat=True))
+
+    assert len(named) == 4
+    assert by_orm == named
+    assert by_sql == named
+
+
+@pytest.fixture
+def pinned_clock() -> Iterator[datetime]:
+    """The database's clock pinned at an instant with a fraction of a second."""
+    when = clock.read(connection).replace(microsecond=123456)
+    clock.pin(when)
+    try:
+        yield when
+    finally:
+        clock.pin(None)
+
+
+def test_a_record_expiring_at_the_clocks_instant_has_expired_by_every_form(pinned_clock):
+    # Written by the database's own clock expression, so it holds the instant
+    # in the database's representation (SQLite's text keeps milliseconds,
+    # where the ORM would write microseconds).
+    record = IdempotencyKey.objects.create(
+        scope="leases",
+        key="boundary",
+        fingerprint="f",
+        owner_token="token",
+        expires_at=clock.DatabaseNow(),
+        locked_until=clock.DatabaseNow(),
+    )
+    table = connection.ops.quote_name(IdempotencyKey._meta.db_table)
+    record.refresh_from_db()
+    now = clock.read(connection)
+    rows = IdempotencyKey.objects.filter(pk=record.pk)
+
+    def by_sql(condition: str) -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT id FROM {table} WHERE id = %s AND {condition}", [record.pk])
+            return cursor.fetchone() is not None
+
+    assert record.expires_at == now
+    assert leases.expired(record.expires_at, now)
+    assert rows.filter(leases.expiry_q(True)).exists()
+    assert not rows.filter(leases.expiry_q(False)).exists()
+    assert by_sql(leases.expiry_sql(True, connection))
+    assert not by_sql(leases.expiry_sql(False, connection))
+    assert leases.state_of(False, record.owner_token, record.expires_at, now) == leases.ABANDONED
+    assert rows.filter(leases.q(leases.ABANDONED)).exists()
+    assert by_sql(leases.sql(leases.ABANDONED, connection))

@@ -12,7 +12,8 @@ from django.core.management.base import CommandError
 from django.db import connection, transaction
 from django.utils import timezone
 
-from django_idempotency import store
+from django_idempotency import clock, operations, store
+from django_idempotency.backends.base import read_record
 from django_idempotency.fields import fit_key_column
 from django_idempotency.keys import mask_key
 from django_idempotency.models import IdempotencyKey
@@ -176,6 +177,55 @@ class ReleaseTests:
 
         with pytest.raises(CommandError, match="is completed"):
             run("release", "user:4", "done-key")
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_a_lease_taken_over_since_it_was_read_is_not_released(force):
+    """The release is fenced by the token read: the next owner's lease is never the one released."""
+    read = IdempotencyKeyFactory(scope="user:4", key="taken-key", in_flight=True)
+    # The owner stalls past its lease and a retry takes the key over, between
+    # the operator's look and its release.
+    with clock.shifted(timedelta(minutes=10)):
+        abandoned = read_record(connection, "user:4", "taken-key")
+        assert abandoned is not None
+        lease = timedelta(minutes=5)
+        retry = store.NewClaim(
+            scope="user:4",
+            key="taken-key",
+            fingerprint=read.fingerprint,
+            owner_token="b" * 32,
+            expires_in=lease,
+            lease=lease,
+        )
+        assert store.take_over("default", abandoned, retry) is not None
+    taken = IdempotencyKey.objects.get(pk=read.pk)
+
+    if force:
+        assert operations.release(read, force=True) is False
+    else:
+        with pytest.raises(operations.LeaseStillHeld) as held:
+            operations.release(read)
+        assert held.value.until == taken.expires_at
+
+    kept = IdempotencyKey.objects.get(pk=read.pk)
+    assert (kept.state, kept.owner_token, kept.attempt, kept.expires_at) == (
+        State.IN_PROGRESS,
+        "b" * 32,
+        2,
+        taken.expires_at,
+    )
+
+
+def test_a_claim_released_again_counts_its_owners_attempt_once():
+    IdempotencyKeyFactory(scope="user:4", key="twice-key", lease_expired=True, attempt=3)
+
+    first, _ = run("release", "user:4", "twice-key")
+    again, _ = run("release", "user:4", "twice-key")
+
+    released = IdempotencyKey.objects.get()
+    assert (released.owner_token, released.attempt) == ("", 4)
+    assert "the next retry takes it over as attempt 4," in first
+    assert "the next retry takes it over as attempt 4," in again
 
 
 class DeleteTests:

@@ -92,19 +92,17 @@ class Record:
     checkpoints: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def held_until(self) -> datetime:
-        """Until when an in-progress record is its owner's (its lease)."""
-        return self.locked_until or self.expires_at
-
-    @property
     def expired(self) -> bool:
         """Past its expiry by the database's clock when it was read."""
-        return self.expires_at <= self.seen_at
+        return leases.expired(self.expires_at, self.seen_at)
 
     @property
     def held_for(self) -> timedelta:
-        """How much of its lease an in-progress record had left, by the database's clock."""
-        return self.held_until - self.seen_at
+        """How much of its lease an in-progress record had left, by the database's clock.
+
+        Its expiry is where its lease ends (:mod:`django_idempotency.leases`).
+        """
+        return self.expires_at - self.seen_at
 
     @property
     def running_for(self) -> timedelta:
@@ -355,14 +353,14 @@ def upsert_sql(connection: BaseDatabaseWrapper, take_over_abandoned: bool) -> st
     table = quote(IdempotencyKey._meta.db_table)
     columns = column_names()
     names = [quote(columns[field]) for field in CLAIM_FIELDS]
-    expires = quote(columns["expires_at"])
-    created = quote(columns["created_at"])
     progress = progress_assignments(connection, f"EXCLUDED.{quote(columns['fingerprint'])}")
     takeover = takeover_assignments(connection, from_excluded=True)
+    # The clock the condition reads is the one the new row's created_at
+    # holds: SQLite reads 'now' once for all of a statement's step.
     return (
         f"{insert_claim_into(connection)} VALUES ({claim_values(connection)}) "
         f"ON CONFLICT ({names[0]}, {names[1]}) DO UPDATE SET {progress}, {takeover} "
-        f"WHERE {table}.{expires} <= EXCLUDED.{created}"
+        f"WHERE {leases.expiry_sql(True, connection, f'{table}.')}"
         f"{unless_abandoned(connection, take_over_abandoned, table)} "
         f"RETURNING {claimed_columns(connection)}"
     )

@@ -12,7 +12,7 @@ import math
 from django.db import IntegrityError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_idempotency import clock
+from django_idempotency import leases
 from django_idempotency.backends.base import (
     BUSY,
     MISSING,
@@ -28,7 +28,6 @@ from django_idempotency.backends.base import (
     claim_values,
     claimed,
     claimed_columns,
-    column_names,
     insert_claim_into,
     insert_params,
     progress_assignments,
@@ -151,16 +150,14 @@ def _take_over(
 ) -> Claim | None:
     quote = connection.ops.quote_name
     table = quote(IdempotencyKey._meta.db_table)
-    columns = column_names()
     progress = progress_assignments(connection, "%s")
     assignments = takeover_assignments(connection, from_excluded=False)
     pk = quote(IdempotencyKey._meta.pk.column)
-    expires = quote(columns["expires_at"])
     params = [new.fingerprint, new.fingerprint, *insert_params(connection, new)[2:]]
     with connection.cursor() as cursor:
         cursor.execute(
             f"{prefix}UPDATE {table} SET {progress}, {assignments} "
-            f"WHERE {pk} = %s AND {expires} <= {clock.now_sql(connection)}",
+            f"WHERE {pk} = %s AND {leases.expiry_sql(True, connection)}",
             [*params, record_id],
         )
         if cursor.rowcount != 1:

@@ -12,7 +12,7 @@ from typing import Any
 from django.db import DatabaseError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_idempotency import clock
+from django_idempotency import clock, leases
 from django_idempotency.backends.base import (
     BUSY,
     CLAIM_FIELDS,
@@ -179,7 +179,6 @@ def claim_sql(connection: BaseDatabaseWrapper, take_over_abandoned: bool) -> str
     columns = column_names()
     names = [quote(columns[field]) for field in CLAIM_FIELDS]
     scope, key = names[0], names[1]
-    expires = quote(columns["expires_at"])
     now = clock.now_sql(connection)
     pk = quote(IdempotencyKey._meta.pk.column)
     progress = [quote(columns[name]) for name in PROGRESS]
@@ -193,7 +192,7 @@ def claim_sql(connection: BaseDatabaseWrapper, take_over_abandoned: bool) -> str
         f"{BOUNDED_WAIT}{_inserted(connection, returned)}, "
         f"taken AS (UPDATE {table} SET {progress_assignments(connection, '%s')}, "
         f"{takeover_assignments(connection, from_excluded=False)} "
-        f"WHERE {scope} = %s AND {key} = %s AND {expires} <= {now}"
+        f"WHERE {scope} = %s AND {key} = %s AND {leases.expiry_sql(True, connection)}"
         f"{unless_abandoned(connection, take_over_abandoned, table)} "
         "AND NOT EXISTS (SELECT 1 FROM inserted) "
         f"RETURNING {claimed_columns(connection, table)}), "
