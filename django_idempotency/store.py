@@ -42,6 +42,7 @@ from django_idempotency.backends.base import (
     Retry,
     StoredResponse,
     cached_sql,
+    column_names,
     complete_sql,
     delete_sql,
     errno,
