@@ -28,7 +28,7 @@ class DjangoIdempotencyConfig(AppConfig):
         if find_spec("rest_framework") is not None:
             # Registers how DRF requests are answered and which placements it
             # refuses, before any view module is decorated.
-            import django_idempotency.drf
+            import django_idempotency.contrib.drf
         if apps.is_installed("drf_spectacular"):
             # Importing it registers the schema extension: nothing else to configure.
-            import django_idempotency.spectacular  # noqa: F401
+            import django_idempotency.contrib.spectacular  # noqa: F401

@@ -5,7 +5,7 @@ tasks: the key comes from the function's arguments (a message id), the
 scope defaults to the function's dotted name, the fingerprint covers the
 arguments, and the stored "response" is the return value as JSON. It is
 the engine (:mod:`django_idempotency.engine`) with values instead of
-responses; :func:`django_idempotency.tasks.idempotent_task` is the same for
+responses; :func:`django_idempotency.contrib.celery.idempotent_task` is the same for
 Celery. See ``docs/messages.rst``.
 """
 

@@ -106,8 +106,8 @@ def test_rest_framework_is_named_only_by_its_integrations_and_the_apps_wiring():
 
     assert naming <= {
         "django_idempotency.apps",
-        "django_idempotency.drf",
-        "django_idempotency.spectacular",
+        "django_idempotency.contrib.drf",
+        "django_idempotency.contrib.spectacular",
     }
 
 
@@ -122,7 +122,7 @@ def test_only_the_drf_integration_reaches_the_django_request_inside_drfs():
         if re.search(r"""\._request\b|["']_request["']""", path.read_text())
     }
 
-    assert reaching == {"django_idempotency.drf"}
+    assert reaching == {"django_idempotency.contrib.drf"}
 
 
 #: What a first request and its replay may run of the package: the adapter

@@ -617,7 +617,7 @@ class DrfViewTests:
         assert list(IdempotencyKey.objects.values_list("scope", flat=True)) == ["decorated-create"]
 
     def test_the_view_stays_as_it_is_elsewhere(self) -> None:
-        from django_idempotency.drf import IdempotentMixin
+        from django_idempotency.contrib.drf import IdempotentMixin
         from tests.drf_views import UnprotectedOrderAPIView
 
         assert not issubclass(UnprotectedOrderAPIView, IdempotentMixin)

@@ -1,6 +1,9 @@
 """Celery integration: the purge task, and idempotent tasks.
 
 This is the only module that needs Celery to import, so the app works without it.
+``django_idempotency.tasks`` re-exports it, so that Celery's autodiscovery
+(which imports each installed app's ``tasks`` module) registers the purge,
+under the task name it has always had.
 Schedule the purge hourly with ``CELERY_BEAT_SCHEDULE`` or django-celery-beat;
 see ``docs/tasks.rst`` for :func:`idempotent_task`.
 """
@@ -37,7 +40,9 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 KeyFunction = Callable[..., str]
 
-logger = logging.getLogger(__name__)
+# The name it has logged under since before the move to contrib/, which
+# projects' LOGGING configurations name.
+logger = logging.getLogger("django_idempotency.tasks")
 
 
 @shared_task(name="django_idempotency.tasks.purge_expired_keys")

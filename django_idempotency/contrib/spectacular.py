@@ -4,7 +4,7 @@ Imported by the app's ``ready()`` when ``drf_spectacular`` is installed: the
 subclass of :class:`~drf_spectacular.extensions.OpenApiViewExtension` below
 registers itself on import. Whether an operation is protected, and with
 which options, is asked of the same functions the run time uses
-(:mod:`django_idempotency.drf`, :meth:`DeclaredOptions.resolve`), layer by
+(:mod:`django_idempotency.contrib.drf`, :meth:`DeclaredOptions.resolve`), layer by
 layer in the order a request meets them; each protected operation then
 documents the key header, the 400/409/422 answers and the replay header.
 The only module importing ``drf_spectacular``; see the OpenAPI page of the
@@ -30,7 +30,7 @@ from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.drf import (
+from django_idempotency.contrib.drf import (
     IdempotentMixin,
     decorated_options,
     handler_chain,

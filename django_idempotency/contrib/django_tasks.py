@@ -28,7 +28,7 @@ except ImportError:  # Django 5.2: the backport
         )
     except ImportError as exc:
         raise ImproperlyConfigured(
-            "django_idempotency.django_tasks needs Django's Tasks framework: Django 6.0 "
+            "django_idempotency.contrib.django_tasks needs Django's Tasks framework: Django 6.0 "
             "or later, or on Django 5.2 the backport: "
             "pip install 'django-idempotency[tasks]'."
         ) from exc
@@ -124,7 +124,7 @@ def idempotent_task(
     def decorate(func: Callable[..., Any]) -> Any:
         if isinstance(func, Task):
             raise TypeError(
-                "django_idempotency.django_tasks.idempotent_task makes the task itself: "
+                "django_idempotency.contrib.django_tasks.idempotent_task makes the task itself: "
                 "use it in place of @task, not together with it."
             )
         scope = f"{func.__module__}.{func.__qualname__}"

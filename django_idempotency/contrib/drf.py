@@ -36,7 +36,9 @@ from django_idempotency.middleware import VIEW_PROTECTORS
 from django_idempotency.options import OPTION_NAMES, DeclaredOptions, NonAtomicRequests
 from django_idempotency.responses import problem_for
 
-logger = logging.getLogger(__name__)
+# The name it has logged under since before the move to contrib/, which
+# projects' LOGGING configurations name.
+logger = logging.getLogger("django_idempotency.drf")
 
 
 class IdempotencyKeyRequired(exceptions.APIException):
