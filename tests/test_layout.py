@@ -227,3 +227,37 @@ def test_a_first_request_runs_no_more_package_frames_than_measured(client):
     assert "Idempotent-Replayed" not in response
     assert sum(frames.values()) <= FIRST_REQUEST_FRAMES, frames.most_common()
     assert len(frames) <= FIRST_REQUEST_MODULES, sorted(frames)
+
+
+#: The paths the integrations had before they moved into ``contrib/``: each
+#: re-exports its public names, so that projects' imports keep working.
+REEXPORTED = {
+    "django_idempotency.drf": "django_idempotency.contrib.drf",
+    "django_idempotency.spectacular": "django_idempotency.contrib.spectacular",
+    "django_idempotency.tasks": "django_idempotency.contrib.celery",
+    "django_idempotency.django_tasks": "django_idempotency.contrib.django_tasks",
+}
+
+
+@pytest.mark.parametrize(("old", "new"), sorted(REEXPORTED.items()))
+def test_an_integration_keeps_its_public_names_at_the_path_it_had(old, new):
+    import importlib
+
+    before = importlib.import_module(old)
+    now = importlib.import_module(new)
+
+    assert before.__all__
+    for name in before.__all__:
+        assert getattr(before, name) is getattr(now, name), name
+    # A re-export and nothing else: one import, of the module it names.
+    assert import_graph()[old] == {new}
+
+
+def test_the_old_paths_keep_what_the_specification_names():
+    from django_idempotency.drf import IdempotentMixin
+    from django_idempotency.tasks import idempotent_task, purge_expired_keys
+
+    assert IdempotentMixin.__module__ == "django_idempotency.contrib.drf"
+    assert idempotent_task.__module__ == "django_idempotency.contrib.celery"
+    # The name Celery knows the task by, which beat schedules give, never moves.
+    assert purge_expired_keys.name == "django_idempotency.tasks.purge_expired_keys"
