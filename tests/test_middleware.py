@@ -378,15 +378,15 @@ class OwnTransactionsTests:
         assert calls.value == 1
 
     def test_opting_out_for_another_database_keeps_atomic_mode(self) -> None:
-        from django_idempotency.middleware import _options_for
+        from django_idempotency.protection import middleware_options
 
         def view(request: Any) -> HttpResponse:
             return HttpResponse()
 
         view._non_atomic_requests = {"other"}  # type: ignore[attr-defined]
-        assert "atomic" not in _options_for(view).given
+        assert "atomic" not in middleware_options(view).given
         view._non_atomic_requests = {"default"}  # type: ignore[attr-defined]
-        assert _options_for(view).given["atomic"] is False
+        assert middleware_options(view).given["atomic"] is False
 
 
 @pytest.mark.usefixtures("installed")

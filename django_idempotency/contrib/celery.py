@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from celery import current_task, shared_task
 from celery.app.task import Task
+from celery.exceptions import Ignore, SoftTimeLimitExceeded
 from celery.local import Proxy
 
 from django_idempotency import engine, functions
+from django_idempotency.adapters import Adapter, register
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import CallAbandoned, TaskArgumentsMismatch, TaskInFlight
 from django_idempotency.options import CallOptions
@@ -67,6 +69,32 @@ def purge_expired_keys(
     return purge_expired(
         using=database, batch_size=batch_size, batch_seconds=batch_seconds, pause=pause, rate=rate
     )
+
+
+def _ending(exc: BaseException) -> engine.Ending | None:
+    """How Celery's control flow ends a body, or ``None`` for another exception.
+
+    A body may run inside a Celery task (a function the task calls, or the
+    task's own) and end it on purpose with Celery's ``Ignore``, which
+    ``self.replace(...)`` raises too: the body did what it meant to, so its
+    writes commit and the key is completed (SPEC §4.6). Celery's
+    ``SoftTimeLimitExceeded`` interrupts a body wherever it stands, as a
+    cancellation does: its effect is unknown.
+    """
+    if isinstance(exc, Ignore):
+        return engine.Ending.COMPLETED
+    if isinstance(exc, SoftTimeLimitExceeded):
+        return engine.Ending.UNKNOWN
+    return None
+
+
+def _end_on_purpose() -> None:
+    raise Ignore()
+
+
+#: What the package knows of Celery, for every function and task body.
+ADAPTER = Adapter(name="Celery", ending=_ending, end_on_purpose=_end_on_purpose)
+register(ADAPTER)
 
 
 #: A task's value is kept as a function's is; its errors are Celery's to retry.

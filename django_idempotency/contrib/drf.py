@@ -27,13 +27,13 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from django_idempotency import exceptions as core_exceptions
-from django_idempotency.body import django_request
+from django_idempotency.adapters import Adapter, Layer, register
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.core import Guard, check_claimed_for, guard_for, may_claim, render
-from django_idempotency.decorators import PLACEMENT_ADAPTERS, PLACEMENT_CHECKS, dispatched_view
-from django_idempotency.marks import EXEMPT_ATTRIBUTE
-from django_idempotency.middleware import VIEW_PROTECTORS
+from django_idempotency.core import Guard, guard_for, may_claim, render
+from django_idempotency.decorators import dispatched_view
+from django_idempotency.marks import EXEMPT_ATTRIBUTE, is_exempt
 from django_idempotency.options import OPTION_NAMES, DeclaredOptions, NonAtomicRequests
+from django_idempotency.protection import ViewProtection
 from django_idempotency.responses import problem_for
 
 # The name it has logged under since before the move to contrib/, which
@@ -115,15 +115,8 @@ def finish(request: Request, response: HttpResponseBase) -> HttpResponseBase:
     return render(response)
 
 
-@django_request.register(Request)
 def _django_request(request: Request) -> HttpRequest:
     return request._request
-
-
-@guard_for.register(Request)
-def guard(request: Request) -> Guard:
-    """How a DRF request's responses are finished and its errors answered."""
-    return Guard(finish=partial(finish, request), answer=error_response)
 
 
 def refuse_above_api_view(view: Any) -> None:
@@ -154,10 +147,6 @@ def refuse_above_api_view(view: Any) -> None:
     )
 
 
-PLACEMENT_CHECKS.append(refuse_above_api_view)
-
-
-@check_claimed_for.register(Response)
 def _claimed_after_authentication(response: Response, request: Any) -> Response:
     """Refuse a DRF view's response under a claim taken on Django's request, before DRF ran.
 
@@ -226,7 +215,7 @@ class IdempotentMixin:
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)  # type: ignore[misc]
-        _protect_handler(self, request, view_options(self), guard)
+        _protect_handler(self, request, view_options(self), guard_for)
 
 
 def _protect_handler(
@@ -355,9 +344,6 @@ def _unless_reached(
     )
 
 
-PLACEMENT_ADAPTERS.append(protect_after_authentication)
-
-
 for _attribute in _ATTRIBUTES:
     setattr(IdempotentMixin, _attribute, None)
 
@@ -424,20 +410,7 @@ def _check_attribute_names(cls: type) -> None:
             )
 
 
-# Which DRF handlers are protected, and with which options: one answer for
-# the middleware and the OpenAPI extension.
-
-
-def handler_options(view_class: type, handler_name: str) -> DeclaredOptions | None:
-    """How ``view_class``'s handler ``handler_name`` is protected, or ``None`` if it is not.
-
-    The mixin's options for an ``IdempotentMixin`` view; ``@idempotent``'s
-    for a handler it decorates, whether through ``method_decorator`` or
-    below ``@api_view``.
-    """
-    if issubclass(view_class, IdempotentMixin):
-        return view_class._idempotency_options
-    return _decorated_options(getattr(view_class, handler_name, None))
+# Which DRF handlers ``@idempotent`` protects, for view_protection below.
 
 
 def _decorated_options(func: Any, depth: int = 0) -> DeclaredOptions | None:
@@ -468,8 +441,8 @@ def _decorated_options(func: Any, depth: int = 0) -> DeclaredOptions | None:
 def decorated_options(view_class: type, name: str) -> DeclaredOptions | None:
     """The options ``@idempotent`` gave ``view_class``'s method ``name``, if it decorates it.
 
-    ``name`` is a handler or ``dispatch``; unlike :func:`handler_options`,
-    the mixin's own options are not the answer.
+    ``name`` is a handler or ``dispatch``; the mixin's own options are not
+    the answer.
     """
     return _decorated_options(getattr(view_class, name, None))
 
@@ -515,45 +488,65 @@ def handler_name(view: Any, method: str) -> str | None:
     return method.lower()
 
 
-# The middleware and DRF views: protected after DRF's authentication.
+# How DRF views are protected: DRF's answer to protection.view_protection.
 
 _FOR_MIDDLEWARE: weakref.WeakKeyDictionary[Any, tuple[bool, Any]] = weakref.WeakKeyDictionary()
 
 
-def protect_for_middleware(view: Any, method: str) -> Any:
-    """The DRF view the middleware calls in place of ``view``; ``None`` for a view not DRF's.
+def view_protection(view: Any, method: str, instance: Any = None) -> ViewProtection | None:
+    """How ``method`` of the DRF view function ``view`` is protected; ``None`` for a view not DRF's.
+
+    Its layers in the order of the run time: ``@idempotent`` on
+    ``dispatch`` protects the handler outside every other layer; the mixin
+    wraps the handler; ``@idempotent`` on the handler, or on a method DRF's
+    handler hands the request to (a generic view's ``create``), is
+    innermost. ``instance``, an instance of the view's class, gives the
+    mixin's options as read from it (``as_view()`` arguments, properties).
 
     DRF authenticates inside the view, after every middleware, so the
-    middleware cannot take the scope itself. A DRF view that protects its
-    ``method`` already (the mixin, ``@idempotent``) is called as it is;
-    one that does not is called as a subclass with ``IdempotentMixin`` in
-    front, built once, with the same ``as_view`` arguments: the mixin's
-    path, which claims the key after DRF's authentication, permissions and
-    throttling.
+    middleware cannot take the scope itself. A DRF view that protects
+    nothing itself is protected by the middleware as a subclass with
+    ``IdempotentMixin`` in front, built once, with the same ``as_view``
+    arguments: the mixin's path, which claims the key after DRF's
+    authentication, permissions and throttling.
     """
     view_class = getattr(view, "cls", None)
     if not (isinstance(view_class, type) and issubclass(view_class, APIView)):
         return None
+    exempt = is_exempt(view, method)
     name = handler_name(view, method)
     if name is None or not hasattr(view_class, name):
-        return view  # DRF answers 405 itself
+        return ViewProtection(exempt=exempt)  # DRF answers 405 itself
     # The handler and the methods it hands the request to (a generic view's
     # ``post`` calls ``create``): one of them decorated protects the view with
     # its own options, one of them exempt leaves it out.
     chain = handler_chain(view_class, name)
-    if any(getattr(getattr(view_class, each, None), EXEMPT_ATTRIBUTE, False) for each in chain):
-        return view
-    if any(handler_options(view_class, each) for each in chain):
-        return view
-    if decorated_options(view_class, "dispatch") is not None:
-        return view  # @idempotent on dispatch protects the handler, with its own options
+    exempt = exempt or any(
+        getattr(getattr(view_class, each, None), EXEMPT_ATTRIBUTE, False) for each in chain
+    )
+    layers = []
+    dispatch = decorated_options(view_class, "dispatch")
+    if dispatch is not None:
+        # Answers its errors as a decorator does, not through DRF's handler.
+        layers.append(Layer(dispatch, problem_details=True))
+    if issubclass(view_class, IdempotentMixin):
+        mixin = view_class._idempotency_options if instance is None else view_options(instance)
+        layers.append(Layer(mixin))
+    for handler in chain:
+        options = decorated_options(view_class, handler)
+        if options is not None:
+            layers.append(Layer(options))
+    if exempt or layers:
+        return ViewProtection(layers=tuple(layers), protects_itself=bool(layers), exempt=exempt)
     # A view that manages its own transactions runs in lease mode, as the
     # middleware runs a plain one.
     lease = idempotency_settings.database in getattr(view, "_non_atomic_requests", ())
     made = _FOR_MIDDLEWARE.get(view)
     if made is None or made[0] != lease:
         made = _FOR_MIDDLEWARE[view] = (lease, _with_mixin(view, view_class, lease))
-    return made[1]
+    return ViewProtection(
+        for_middleware=made[1], middleware_options=made[1].cls._idempotency_options
+    )
 
 
 def _with_mixin(view: Any, view_class: type, lease: bool) -> Any:
@@ -572,4 +565,19 @@ def _with_mixin(view: Any, view_class: type, lease: bool) -> Any:
     return protected.as_view(**initkwargs)  # type: ignore[attr-defined]
 
 
-VIEW_PROTECTORS.append(protect_for_middleware)
+#: Everything the package knows of DRF, handed to it in one piece.
+ADAPTER = Adapter(
+    name="Django REST framework",
+    request_class=Request,
+    django_request=_django_request,
+    finish=finish,
+    answer=error_response,
+    negotiated_format=lambda request: getattr(request, "accepted_media_type", None),
+    parsed_body=lambda request: getattr(request, "data", None),
+    response_class=Response,
+    check_claimed=_claimed_after_authentication,
+    check_placement=refuse_above_api_view,
+    adapt_placement=protect_after_authentication,
+    view_protection=view_protection,
+)
+register(ADAPTER)

@@ -3,9 +3,10 @@
 Imported by the app's ``ready()`` when ``drf_spectacular`` is installed: the
 subclass of :class:`~drf_spectacular.extensions.OpenApiViewExtension` below
 registers itself on import. Whether an operation is protected, and with
-which options, is asked of the same functions the run time uses
-(:mod:`django_idempotency.contrib.drf`, :meth:`DeclaredOptions.resolve`), layer by
-layer in the order a request meets them; each protected operation then
+which options, is asked of the function the run time asks
+(:func:`~django_idempotency.protection.view_protection`, then
+:meth:`DeclaredOptions.resolve`), layer by layer in the order a request
+meets them; each protected operation then
 documents the key header, the 400/409/422 answers and the replay header.
 The only module importing ``drf_spectacular``; see the OpenAPI page of the
 docs.
@@ -18,7 +19,6 @@ from datetime import timedelta
 from functools import cache, lru_cache
 from typing import Any
 
-from django.conf import settings
 from django.urls import URLResolver, get_resolver
 from drf_spectacular.drainage import isolate_view_method, warn
 from drf_spectacular.extensions import OpenApiViewExtension
@@ -29,19 +29,12 @@ from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from django_idempotency.adapters import Layer
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.contrib.drf import (
-    IdempotentMixin,
-    decorated_options,
-    handler_chain,
-    handler_name,
-    handler_options,
-    protect_for_middleware,
-    view_options,
-)
-from django_idempotency.marks import is_exempt
-from django_idempotency.middleware import IdempotencyMiddleware, _first_subclass
-from django_idempotency.options import DeclaredOptions, Options
+from django_idempotency.contrib.drf import IdempotentMixin, handler_name
+from django_idempotency.middleware import installed as middleware_installed
+from django_idempotency.options import Options
+from django_idempotency.protection import view_protection
 from django_idempotency.responses import PROBLEM_CONTENT_TYPE, TRANSIENT_STATUSES
 
 ERROR_COMPONENT = "IdempotencyError"
@@ -52,16 +45,6 @@ _CALLBACK = "_idempotency_schema_callback"
 
 
 # Which operations are protected, and how: the run time's answer.
-
-
-@dataclass(frozen=True)
-class Layer:
-    """One protection a request meets on its way to the handler."""
-
-    options: DeclaredOptions
-    #: ``@idempotent`` on ``dispatch`` answers its errors as problem
-    #: details, as a decorator does, not through DRF's exception handler.
-    problem_details: bool = False
 
 
 @dataclass(frozen=True)
@@ -79,34 +62,23 @@ class Protected:
 def layers(callback: Any, view: APIView, method: str, path_regex: str) -> list[Layer]:
     """What protects ``method`` of the view function ``callback``, outermost first.
 
-    The order of the run time: ``@idempotent`` on ``dispatch`` protects the
-    handler outside every other layer; the mixin (the view's own, or the
-    one ``IdempotencyMiddleware`` puts in front of a DRF view that protects
-    nothing itself) wraps the handler; ``@idempotent`` on the handler, or on a method DRF's handler
-    hands the request to (a generic view's ``create``), is innermost.
-    ``view`` is the instance being documented, whose ``as_view()``
+    The run time's answer (:func:`~django_idempotency.protection.view_protection`):
+    the view's own layers, or, for a view that protects nothing itself, the
+    one ``IdempotencyMiddleware`` puts in front of it when it protects this
+    operation. ``view`` is the instance being documented, whose ``as_view()``
     arguments and properties the mixin reads.
     """
-    view_class = callback.cls
-    name = handler_name(callback, method)
-    if name is None or not hasattr(view_class, name):
-        return []
-    found = []
-    dispatch = decorated_options(view_class, "dispatch")
-    if dispatch is not None:
-        found.append(Layer(dispatch, problem_details=True))
-    if isinstance(view, IdempotentMixin):
-        found.append(Layer(_instance_options(view)))
-    elif _middleware_protects(callback, method, path_regex):
-        made = protect_for_middleware(callback, method)
-        options = handler_options(made.cls, name) if made is not callback else None
-        if options is not None:
-            found.append(Layer(options))
-    for handler in handler_chain(view_class, name):
-        options = decorated_options(view_class, handler)
-        if options is not None:
-            found.append(Layer(options))
-    return found
+    try:
+        protected = view_protection(callback, method, instance=view)
+    except Exception as exc:
+        # A property that needs a real request: document the class's options.
+        warn(f"{type(view).__qualname__}: an idempotency option property raised {exc!r}.")
+        protected = view_protection(callback, method)
+    if protected.layers:
+        return list(protected.layers)
+    if protected.middleware_options is not None and _middleware_protects(method, path_regex):
+        return [Layer(protected.middleware_options)]
+    return []
 
 
 def protection(found: list[Layer], method: str) -> Protected | None:
@@ -130,26 +102,17 @@ def protection(found: list[Layer], method: str) -> Protected | None:
     )
 
 
-def _instance_options(view: IdempotentMixin) -> DeclaredOptions:
-    try:
-        return view_options(view)
-    except Exception as exc:
-        # A property that needs a real request: document the class's options.
-        warn(f"{type(view).__qualname__}: an idempotency option property raised {exc!r}.")
-        return view._idempotency_options
+def _middleware_protects(method: str, path_regex: str) -> bool:
+    """Whether ``IdempotencyMiddleware`` is installed and protects this method at this URL.
 
-
-def _middleware_protects(callback: Any, method: str, path_regex: str) -> bool:
-    """Whether ``IdempotencyMiddleware`` is installed and would protect this operation.
-
-    It protects every method in ``METHODS``, except on views marked
-    ``idempotency_exempt`` and on URLs under the admin's namespace.
+    It protects every method in ``METHODS``, except on URLs under the
+    admin's namespace (views marked ``idempotency_exempt`` are left out by
+    ``view_protection``).
     """
     conf = idempotency_settings
     return (
-        _first_subclass(IdempotencyMiddleware, settings.MIDDLEWARE) is not None
+        middleware_installed()
         and method in conf.methods
-        and not is_exempt(callback, method)
         and path_regex not in _admin_path_regexes(get_resolver())
     )
 
@@ -190,17 +153,11 @@ def _handlers(callback: Any) -> dict[str, str]:
 
 def _may_be_protected(callback: Any) -> bool:
     """Whether some operation of the view function may be protected (``layers`` decides)."""
-    view_class = callback.cls
     if not idempotency_settings.enabled:
         return False
-    if issubclass(view_class, IdempotentMixin):
+    if middleware_installed():
         return True
-    if _first_subclass(IdempotencyMiddleware, settings.MIDDLEWARE) is not None:
-        return True
-    names = ["dispatch"]
-    for name in _handlers(callback).values():
-        names += handler_chain(view_class, name)
-    return any(decorated_options(view_class, name) is not None for name in names)
+    return any(view_protection(callback, method).layers for method in _handlers(callback))
 
 
 def describe_duration(duration: timedelta) -> str:
