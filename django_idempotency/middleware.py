@@ -63,7 +63,8 @@ from django_idempotency.conf import idempotency_settings
 from django_idempotency.core import protect, protect_async, render, sent_key
 from django_idempotency.exceptions import IdempotencyError, InvalidIdempotencyKey
 from django_idempotency.marks import idempotency_exempt
-from django_idempotency.protection import middleware_options, view_protection
+from django_idempotency.options import DeclaredOptions
+from django_idempotency.protection import view_protection
 from django_idempotency.responses import aproblem, discard, problem
 
 __all__ = ["IdempotencyMiddleware", "idempotency_exempt"]
@@ -153,9 +154,10 @@ class IdempotencyMiddleware:
     def __call__(self, request: HttpRequest) -> Any:
         if self.async_mode:
             return self._call_async(request)
-        view = self._view_to_protect(request)
-        if view is None:
+        protecting = self._view_to_protect(request)
+        if protecting is None:
             return self.get_response(request)
+        view, options = protecting
 
         def handler() -> HttpResponseBase:
             try:
@@ -165,9 +167,7 @@ class IdempotencyMiddleware:
             return self._reached_view(request, response)
 
         try:
-            response = protect(
-                request, handler, middleware_options(view), sender=view, finish=_finish(request)
-            )
+            response = protect(request, handler, options, sender=view, finish=_finish(request))
         except (_NotReached, _NotRendered) as unfinished:
             return unfinished.response
         except IdempotencyError as error:
@@ -175,10 +175,11 @@ class IdempotencyMiddleware:
         return _unless_propagated(response)
 
     async def _call_async(self, request: HttpRequest) -> HttpResponseBase:
-        view = self._view_to_protect(request)
-        if view is None:
+        protecting = self._view_to_protect(request)
+        if protecting is None:
             response: HttpResponseBase = await self.get_response(request)
             return response
+        view, options = protecting
 
         async def handler() -> HttpResponseBase:
             try:
@@ -189,7 +190,7 @@ class IdempotencyMiddleware:
 
         try:
             response = await protect_async(
-                request, handler, middleware_options(view), sender=view, finish=_finish(request)
+                request, handler, options, sender=view, finish=_finish(request)
             )
         except (_NotReached, _NotRendered) as unfinished:
             return unfinished.response
@@ -265,8 +266,8 @@ class IdempotencyMiddleware:
         return response
 
     @staticmethod
-    def _view_to_protect(request: HttpRequest) -> Any:
-        """The view this middleware protects for this request, or ``None``.
+    def _view_to_protect(request: HttpRequest) -> tuple[Any, DeclaredOptions] | None:
+        """The view this middleware protects for this request, and its options, or ``None``.
 
         ``None`` too for a framework's view that protects itself: the
         version of it that does is left on the request for process_view.
@@ -285,11 +286,14 @@ class IdempotencyMiddleware:
         if "admin" in match.app_names:
             # An AdminSite's URLs: its forms cannot send a key.
             return None
-        protected = view_protection(view, method).for_middleware
-        if protected is not None and protected is not view:
+        by_middleware = view_protection(view, method).middleware
+        if by_middleware is None:
+            return None
+        protected, options = by_middleware()
+        if protected is not view:
             setattr(request, _CALL_INSTEAD, protected)
             return None
-        return protected
+        return view, options
 
 
 def _returned(request: HttpRequest) -> None:

@@ -9,6 +9,7 @@ time does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,15 +36,15 @@ class ViewProtection:
     protects_itself: bool = False
     #: Whether ``@idempotency_exempt`` leaves it out of the middleware.
     exempt: bool = False
-    #: What ``IdempotencyMiddleware`` protects for this request: ``None`` when
-    #: it leaves the view alone (it protects itself, is exempt, or has no
-    #: handler for the method); else the view itself, which the middleware
-    #: wraps, or a framework's version of it that protects itself once the
-    #: framework authenticated the caller, which the middleware calls in the
-    #: view's place.
-    for_middleware: Any = None
-    #: The options the middleware protects it with, when it does.
-    middleware_options: DeclaredOptions | None = None
+    #: How ``IdempotencyMiddleware`` protects the view: ``None`` when it
+    #: leaves it alone (it protects itself, is exempt, or has no handler
+    #: for the method); else a function that gives what the middleware
+    #: protects, and the options it protects it with. What it protects is
+    #: the view itself, which the middleware wraps, or a framework's version
+    #: of it that protects itself once the framework authenticated the
+    #: caller, which the middleware calls in the view's place; such a
+    #: version is made when first asked for, not by asking this.
+    middleware: Callable[[], tuple[Any, DeclaredOptions]] | None = None
 
 
 def view_protection(view: Any, method: str, *, instance: Any = None) -> ViewProtection:
@@ -64,7 +65,7 @@ def view_protection(view: Any, method: str, *, instance: Any = None) -> ViewProt
     protected = protects_itself(view, method)
     if exempt or protected:
         return ViewProtection(protects_itself=protected, exempt=exempt)
-    return ViewProtection(for_middleware=view, middleware_options=middleware_options(view))
+    return ViewProtection(middleware=lambda: (view, middleware_options(view)))
 
 
 def middleware_options(view: Any) -> DeclaredOptions:

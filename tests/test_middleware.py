@@ -377,17 +377,6 @@ class OwnTransactionsTests:
         assert replay["Idempotent-Replayed"] == "true"
         assert calls.value == 1
 
-    def test_opting_out_for_another_database_keeps_atomic_mode(self) -> None:
-        from django_idempotency.protection import middleware_options
-
-        def view(request: Any) -> HttpResponse:
-            return HttpResponse()
-
-        view._non_atomic_requests = {"other"}  # type: ignore[attr-defined]
-        assert "atomic" not in middleware_options(view).given
-        view._non_atomic_requests = {"default"}  # type: ignore[attr-defined]
-        assert middleware_options(view).given["atomic"] is False
-
 
 @pytest.mark.usefixtures("installed")
 class ViewRaisedTests:

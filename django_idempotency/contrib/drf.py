@@ -147,7 +147,7 @@ def refuse_above_api_view(view: Any) -> None:
     )
 
 
-def _claimed_after_authentication(response: Response, request: Any) -> Response:
+def _claimed_after_authentication(response: HttpResponseBase, request: Any) -> HttpResponseBase:
     """Refuse a DRF view's response under a claim taken on Django's request, before DRF ran.
 
     Only a layer that could not see the view was DRF's claims that way:
@@ -538,15 +538,18 @@ def view_protection(view: Any, method: str, instance: Any = None) -> ViewProtect
             layers.append(Layer(options))
     if exempt or layers:
         return ViewProtection(layers=tuple(layers), protects_itself=bool(layers), exempt=exempt)
+    return ViewProtection(middleware=partial(_for_middleware, view, view_class))
+
+
+def _for_middleware(view: Any, view_class: type) -> tuple[Any, DeclaredOptions]:
+    """The version of ``view`` the middleware calls in its place, and its options."""
     # A view that manages its own transactions runs in lease mode, as the
     # middleware runs a plain one.
     lease = idempotency_settings.database in getattr(view, "_non_atomic_requests", ())
     made = _FOR_MIDDLEWARE.get(view)
     if made is None or made[0] != lease:
         made = _FOR_MIDDLEWARE[view] = (lease, _with_mixin(view, view_class, lease))
-    return ViewProtection(
-        for_middleware=made[1], middleware_options=made[1].cls._idempotency_options
-    )
+    return made[1], made[1].cls._idempotency_options
 
 
 def _with_mixin(view: Any, view_class: type, lease: bool) -> Any:

@@ -76,8 +76,9 @@ def layers(callback: Any, view: APIView, method: str, path_regex: str) -> list[L
         protected = view_protection(callback, method)
     if protected.layers:
         return list(protected.layers)
-    if protected.middleware_options is not None and _middleware_protects(method, path_regex):
-        return [Layer(protected.middleware_options)]
+    if protected.middleware is not None and _middleware_protects(method, path_regex):
+        _, options = protected.middleware()
+        return [Layer(options)]
     return []
 
 
