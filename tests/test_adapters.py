@@ -102,3 +102,21 @@ def test_a_response_is_checked_only_by_the_adapter_of_its_class(registry):
     assert checked == [response]
     assert check_claimed_for(other, None) is other
     assert checked == [response]
+
+
+def test_celerys_control_flow_is_known_through_its_adapter_alone(registry):
+    from celery.exceptions import Ignore, SoftTimeLimitExceeded
+
+    from django_idempotency import engine, functions
+
+    ended = functions.VALUES.ended_on_purpose
+    assert functions.VALUES.ending(Ignore()) is engine.Ending.COMPLETED
+    assert functions.VALUES.ending(SoftTimeLimitExceeded()) is engine.Ending.UNKNOWN
+    with pytest.raises(Ignore):
+        functions.decode(ended)
+
+    registry.REGISTERED[:] = [each for each in registry.REGISTERED if each is not celery.ADAPTER]
+
+    assert functions.VALUES.ending(Ignore()) is engine.plain_ending(Ignore())
+    with pytest.raises(RuntimeError, match="install Celery"):
+        functions.decode(ended)
