@@ -8,8 +8,8 @@ memory up to ``FILE_UPLOAD_MAX_MEMORY_SIZE`` and moves to
 ``FILE_UPLOAD_TEMP_DIR`` past it (as Django does for uploads and for ASGI
 bodies), and that copy becomes the stream the view reads. Nothing else
 about the request changes: ``request.body``, ``request.POST``,
-``request.read()`` and DRF's ``request.data`` behave, limits and errors
-included, as they would have without a key.
+``request.read()`` and what a framework parses from the stream behave,
+limits and errors included, as they would have without a key.
 
 Every body is kept whole, whatever its media type: Django limits only
 ``request.body`` and ``request.POST`` (which still refuse a copy past
@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from functools import singledispatch
 from io import BytesIO
 from tempfile import SpooledTemporaryFile
 from typing import IO, Any
@@ -31,25 +30,32 @@ from typing import IO, Any
 from django.conf import settings
 from django.http import HttpRequest, HttpResponseBase, UnreadablePostError
 
+from django_idempotency import adapters
+
 CHUNK_SIZE = 64 * 1024
 
 
-@singledispatch
 def django_request(request: Any) -> HttpRequest:
-    """The Django request under a framework's own request object: here, the request itself.
+    """The Django request under a framework's own request object, or the request itself.
 
     The body, its copies and ``META`` belong to Django's request; a
-    framework that wraps it registers how to reach it (``drf.py`` does for
-    DRF's ``Request``), so that no module here needs to know the framework.
+    framework that wraps it says how to reach it in its adapter
+    (:mod:`django_idempotency.adapters`), so that no module here needs to
+    know the framework.
     """
-    return request
+    if isinstance(request, HttpRequest):
+        return request
+    adapter = adapters.for_request(request)
+    if adapter is None or adapter.django_request is None:
+        return request
+    return adapter.django_request(request)
 
 
 @contextmanager
 def readable_body(request: HttpRequest) -> Iterator[IO[bytes] | None]:
     """The whole body as a seekable stream at its start, or ``None`` if already consumed.
 
-    ``None`` means something (a middleware, DRF's parsers) read the raw
+    ``None`` means something (a middleware, a framework's parsers) read the raw
     stream before us without keeping it, so only its parsed result is left.
     On exit the view's stream is back at the start of the body.
     """
@@ -69,7 +75,7 @@ def readable_body(request: HttpRequest) -> Iterator[IO[bytes] | None]:
         stream = _spool(stream)
         _spools(request).append(stream)
         # Django reads the body through request._stream (read(), body, POST,
-        # the multipart parser, DRF's parsers all go through it).
+        # the multipart parser, a framework's parsers all go through it).
         request._stream = stream
     try:
         yield stream

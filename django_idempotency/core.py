@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from functools import lru_cache, singledispatch
+from functools import lru_cache, partial
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -22,7 +22,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponseBase
 from django.template.response import SimpleTemplateResponse
 
-from django_idempotency import engine
+from django_idempotency import adapters, engine
 from django_idempotency.asynchronous import run_async
 from django_idempotency.body import close_spools_with, django_request
 from django_idempotency.conf import idempotency_settings
@@ -200,16 +200,19 @@ def _call(
     )
 
 
-@singledispatch
 def check_claimed_for(response: HttpResponseBase, request: Any) -> HttpResponseBase:
     """``response``, once it is known that the claim on ``request`` may store it.
 
     Raises ``ImproperlyConfigured`` when the claim's scope cannot be right
     for a response of this kind. Any response may be stored here; a
-    framework that authenticates inside its views registers its responses
-    (``drf.py`` does DRF's): one made under a claim taken before the
-    framework authenticated the caller is refused.
+    framework that authenticates inside its views checks its own responses
+    in its adapter (DRF's refuses one made under a claim taken before DRF
+    authenticated the caller).
     """
+    for adapter in adapters.REGISTERED:
+        checked = adapter.response_class
+        if checked is not None and isinstance(response, checked) and adapter.check_claimed:
+            return adapter.check_claimed(response, request)
     return response
 
 
@@ -373,12 +376,17 @@ class Guard:
 PLAIN = Guard()
 
 
-@singledispatch
 def guard_for(request: HttpRequest) -> Guard:
-    """The guard for a kind of request: plain Django's here, DRF's registered by ``drf.py``.
+    """The guard for a request: plain Django's, or its framework's, from the framework's adapter.
 
     So the decorator needs to know no framework: a DRF ``Request`` (an
     ``@api_view`` under ``@idempotent``) finds DRF's rendering and
-    exception handling through the registration.
+    exception handling through DRF's adapter.
     """
-    return PLAIN
+    if isinstance(request, HttpRequest):
+        return PLAIN
+    adapter = adapters.for_request(request)
+    if adapter is None:
+        return PLAIN
+    finish = render if adapter.finish is None else partial(adapter.finish, request)
+    return Guard(finish=finish, answer=adapter.answer or problem_for)

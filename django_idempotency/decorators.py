@@ -10,22 +10,12 @@ from asgiref.sync import iscoroutinefunction
 from django.http import HttpRequest, HttpResponseBase
 from django.views import View
 
+from django_idempotency import adapters
 from django_idempotency.core import guard_for
 from django_idempotency.marks import PROTECTED_ATTRIBUTE
-from django_idempotency.options import DeclaredOptions, NonAtomicRequests, check_options
+from django_idempotency.options import NonAtomicRequests, check_options
 
 ViewFunc = TypeVar("ViewFunc", bound=Callable[..., HttpResponseBase])
-
-#: Checks of what ``@idempotent`` is put on, each raising ``ImproperlyConfigured``
-#: with the fix when it would take the scope before authentication ran.
-#: ``drf.py`` adds DRF's (``@idempotent`` above ``@api_view``).
-PLACEMENT_CHECKS: list[Callable[[Any], None]] = []
-#: Where wrapping what ``@idempotent`` is put on would take the scope before
-#: authentication, but protecting something it calls would not: each is
-#: given the decorated callable, its options and the wrapper, and returns
-#: the wrapper to use. ``drf.py`` adds DRF's: on a DRF view's ``dispatch``,
-#: the handler is protected once DRF has authenticated the caller.
-PLACEMENT_ADAPTERS: list[Callable[[Any, DeclaredOptions, Any], Any]] = []
 
 
 @overload
@@ -47,8 +37,11 @@ def idempotent(view: ViewFunc | None = None, /, **options: Any) -> Any:
     check_options(options)
 
     def decorate(view_func: ViewFunc) -> ViewFunc:
-        for check in PLACEMENT_CHECKS:
-            check(view_func)
+        # A framework that authenticates inside its views refuses what
+        # would take the scope before it ran (DRF: above @api_view).
+        for adapter in adapters.REGISTERED:
+            if adapter.check_placement is not None:
+                adapter.check_placement(view_func)
         view_options = check_options(options, view_func)
         wrapper: Any
         if _returns_coroutine(view_func):
@@ -65,8 +58,11 @@ def idempotent(view: ViewFunc | None = None, /, **options: Any) -> Any:
                 handler = partial(view_func, request, *args, **kwargs)
                 return guard_for(request).call(request, handler, view_options, view_func)
 
-        for adapt in PLACEMENT_ADAPTERS:
-            wrapper = adapt(view_func, view_options, wrapper)
+        # Or protects, in place of what it is put on, what that calls once
+        # the framework authenticated the caller (DRF: on dispatch, the handler).
+        for adapter in adapters.REGISTERED:
+            if adapter.adapt_placement is not None:
+                wrapper = adapter.adapt_placement(view_func, view_options, wrapper)
         # Read by IdempotencyMiddleware, so that a decorated view is protected once.
         setattr(wrapper, PROTECTED_ATTRIBUTE, True)
         marked: frozenset[str] = getattr(view_func, "_non_atomic_requests", frozenset())

@@ -1,7 +1,7 @@
 """Errors a protected request, function or task can end in, one class per outcome.
 
 Plain Django views answer them as RFC 9457 ``application/problem+json``;
-DRF views get the matching :mod:`django_idempotency.drf` exceptions so the
+DRF views get the matching :mod:`django_idempotency.contrib.drf` exceptions so the
 project's own exception handler renders them. Functions and tasks raise
 their own (:class:`CallInFlight`, :class:`ArgumentsMismatch`), which are no
 HTTP answers.

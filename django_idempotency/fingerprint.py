@@ -23,6 +23,7 @@ from django.http.request import RawPostDataException
 from django.utils.datastructures import MultiValueDict
 from django.utils.http import parse_header_parameters
 
+from django_idempotency import adapters
 from django_idempotency.body import (
     CHUNK_SIZE,
     body_size,
@@ -48,17 +49,23 @@ def request_fingerprint(request: HttpRequest) -> str:
     if query is not None:
         query_string = urlencode(sort_pairs(query))
     head = [http_request.method, http_request.path, query_string, media_type]
-    # DRF renders the response in the format content negotiation picked
-    # (the browsable API's HTML, JSON...): a retry asking for another format
-    # is another request, not a replay of the first one's bytes.
-    accepted_media_type = getattr(request, "accepted_media_type", None)
-    if accepted_media_type is not None:
-        head.append(accepted_media_type)
+    # A framework's own request (DRF's) is read through its adapter.
+    adapter = None if request is http_request else adapters.for_request(request)
+    # A framework may render the response in the format content negotiation
+    # picked (the browsable API's HTML, JSON...): a retry asking for another
+    # format is another request, not a replay of the first one's bytes.
+    if adapter is not None and adapter.negotiated_format is not None:
+        negotiated = adapter.negotiated_format(request)
+        if negotiated is not None:
+            head.append(negotiated)
     digest = hashlib.sha256(json.dumps(head).encode())
     digest.update(b"\n")
     with readable_body(http_request) as body:
         if body is None:
-            _update_with_parsed(digest, request, media_type)
+            parsed = None
+            if adapter is not None and adapter.parsed_body is not None:
+                parsed = adapter.parsed_body(request)
+            _update_with_parsed(digest, request, media_type, parsed)
         elif media_type == MULTIPART:
             _update_with_multipart(digest, http_request, body)
         else:
@@ -92,10 +99,11 @@ def _is_canonicalised(media_type: str) -> bool:
     return media_type in ("application/json", FORM) or media_type.endswith("+json")
 
 
-def _update_with_parsed(digest: Any, request: HttpRequest, media_type: str) -> None:
-    # The raw stream was read before us and not kept. DRF's parsed data is
-    # all that is left (a permission read request.data), or for a plain
-    # Django POST the form Django parsed (a middleware read request.POST).
+def _update_with_parsed(digest: Any, request: HttpRequest, media_type: str, data: Any) -> None:
+    # The raw stream was read before us and not kept. What a framework
+    # parsed, ``data``, is all that is left (a DRF permission read
+    # request.data), or for a plain Django POST the form Django parsed (a
+    # middleware read request.POST).
     if media_type == MULTIPART:
         try:
             fields, files = request.POST, request.FILES
@@ -104,7 +112,6 @@ def _update_with_parsed(digest: Any, request: HttpRequest, media_type: str) -> N
             fields, files = QueryDict(), MultiValueDict()
         _update_with_form_data(digest, fields, files)
         return
-    data = getattr(request, "data", None)
     if media_type == FORM and data is not None and hasattr(data, "lists"):
         # The form's own key field and CSRF token, as for a form read here.
         skipped = left_out(idempotency_settings.form_field)

@@ -20,6 +20,7 @@ from django.http import HttpRequest, QueryDict
 from django.utils.datastructures import MultiValueDict
 from django.utils.http import parse_header_parameters
 
+from django_idempotency import adapters
 from django_idempotency.body import body_size, django_request, readable_body
 from django_idempotency.exceptions import InvalidIdempotencyKey
 from django_idempotency.multipart import parse_digested
@@ -97,9 +98,12 @@ def _field_values(request: Any, field: str) -> list[str]:
 
 def _parsed_values(request: Any, http_request: HttpRequest, field: str) -> list[str]:
     # The stream was read before us and not kept: what was parsed from it
-    # (Django's request.POST, DRF's request.data) is all there is.
+    # (Django's request.POST, or what a framework's adapter says it parsed,
+    # DRF's request.data) is all there is.
     if request is not http_request:
-        data = getattr(request, "data", None)
+        adapter = adapters.for_request(request)
+        parsed = None if adapter is None else adapter.parsed_body
+        data = None if parsed is None else parsed(request)
     else:
         data = getattr(http_request, "_post", None)
     if data is None:

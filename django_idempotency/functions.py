@@ -5,7 +5,7 @@ tasks: the key comes from the function's arguments (a message id), the
 scope defaults to the function's dotted name, the fingerprint covers the
 arguments, and the stored "response" is the return value as JSON. It is
 the engine (:mod:`django_idempotency.engine`) with values instead of
-responses; :func:`django_idempotency.tasks.idempotent_task` is the same for
+responses; :func:`django_idempotency.contrib.celery.idempotent_task` is the same for
 Celery. See ``docs/messages.rst``.
 """
 
@@ -15,7 +15,6 @@ import functools
 import hashlib
 import inspect
 import json
-import sys
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -23,7 +22,7 @@ from typing import Any, TypeVar
 from asgiref.sync import iscoroutinefunction
 from django.core.serializers.json import DjangoJSONEncoder
 
-from django_idempotency import engine
+from django_idempotency import adapters, engine
 from django_idempotency.asynchronous import run_async
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import ArgumentsMismatch, CallInFlight, UnstorableResult
@@ -77,30 +76,31 @@ def decode(stored: StoredResponse) -> Any:
         # The first call did not return: it ended its task on purpose. A
         # later one ends the same way, so that what follows the call in its
         # caller, which never ran the first time, does not run now (a
-        # redelivered task, a second publish). Only Celery writes this record.
-        from celery.exceptions import Ignore
-
-        raise Ignore()
+        # redelivered task, a second publish). Only a task framework whose
+        # adapter says how its tasks end on purpose (Celery's) writes this record.
+        for adapter in adapters.REGISTERED:
+            if adapter.end_on_purpose is not None:
+                adapter.end_on_purpose()
+        raise RuntimeError(
+            "The first call with this key ended its task on purpose, and no task framework "
+            "that ends tasks so is loaded here: install Celery, as where the first call ran."
+        )
     return None if stored.body is None else json.loads(bytes(stored.body))
 
 
 def _ending(exc: BaseException) -> engine.Ending:
-    """How a body ended, Celery's control flow included.
+    """How a body ended, a task framework's control flow included.
 
-    A body may run inside a Celery task (a function the task calls, or the
-    task's own) and end it on purpose with Celery's ``Ignore``, which
-    ``self.replace(...)`` raises too: the body did what it meant to, so its
-    writes commit and the key is completed (SPEC §4.6). Celery's
-    ``SoftTimeLimitExceeded`` interrupts a body wherever it stands, as a
-    cancellation does: its effect is unknown. Celery is not imported for
-    this: one of its exceptions raised means Celery is loaded.
+    A body may run inside a task (a function the task calls, or the task's
+    own) and end it with the framework's control flow, which its adapter
+    knows (Celery's: ``Ignore``, completed on purpose; a soft time limit,
+    an effect unknown; see :mod:`django_idempotency.contrib.celery`).
     """
-    celery = sys.modules.get("celery.exceptions")
-    if celery is not None:
-        if isinstance(exc, celery.Ignore):
-            return engine.Ending.COMPLETED
-        if isinstance(exc, celery.SoftTimeLimitExceeded):
-            return engine.Ending.UNKNOWN
+    for adapter in adapters.REGISTERED:
+        if adapter.ending is not None:
+            ending = adapter.ending(exc)
+            if ending is not None:
+                return ending
     return engine.plain_ending(exc)
 
 

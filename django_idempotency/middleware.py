@@ -8,10 +8,13 @@ themselves (``@idempotent``), that opt out (``@idempotency_exempt``), and
 the admin, whose forms cannot send a key. ``docs/middleware.rst`` has the
 details.
 
-A framework that authenticates inside the view (DRF) registers a hook in
-:data:`VIEW_PROTECTORS`: its views are protected by the framework's own
-adapter, after its authentication, and the middleware calls that version
-of the view in place of the one the URL resolved to.
+Which views it protects, and how, it asks of
+:func:`~django_idempotency.protection.view_protection`, as the OpenAPI
+extension does. A framework that authenticates inside the view (DRF)
+answers there for its views, through its adapter: they are protected by
+the framework's own protection, after its authentication, and the
+middleware calls that version of the view in place of the one the URL
+resolved to.
 
 Three things Django does around a view shape what the middleware does:
 
@@ -50,18 +53,12 @@ from django.utils.module_loading import import_string
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.core import protect, protect_async, render, sent_key
 from django_idempotency.exceptions import IdempotencyError, InvalidIdempotencyKey
-from django_idempotency.marks import idempotency_exempt, is_exempt, protects_itself
+from django_idempotency.marks import idempotency_exempt
 from django_idempotency.options import DeclaredOptions
+from django_idempotency.protection import view_protection
 from django_idempotency.responses import aproblem, discard, problem
 
-__all__ = ["VIEW_PROTECTORS", "IdempotencyMiddleware", "idempotency_exempt"]
-
-#: Hooks of frameworks that authenticate inside their views. Each is called
-#: with a view and the request's method and returns ``None`` when the view
-#: is not the framework's, else the view to call in its place: one that
-#: protects itself after the framework's authentication (the view itself
-#: when it already does). ``drf.py`` adds DRF's.
-VIEW_PROTECTORS: list[Callable[[Any, str], Any]] = []
+__all__ = ["IdempotencyMiddleware", "idempotency_exempt"]
 
 # Set on the request by process_view: the request got past every other
 # middleware's checks (CSRF, login) and reached the view. Ours is the last
@@ -71,7 +68,7 @@ _REACHED_VIEW = "_idempotency_reached_view"
 # get_response returns is the one Django made of the exception.
 _VIEW_RAISED = "_idempotency_view_raised"
 # Set on the request by __call__: the view process_view calls in place of
-# the resolved one (a framework's own protection, see VIEW_PROTECTORS).
+# the resolved one (a framework's own protection, see view_protection).
 _CALL_INSTEAD = "_idempotency_call_instead"
 # Set on the request by process_template_response: the view returned a
 # response that Django renders after it.
@@ -133,34 +130,34 @@ class IdempotencyMiddleware:
     def __call__(self, request: HttpRequest) -> Any:
         if self.async_mode:
             return self._call_async(request)
-        view = self._view_to_protect(request)
-        if view is None:
+        protecting = self._view_to_protect(request)
+        if protecting is None:
             return self.get_response(request)
+        view, options = protecting
 
         def handler() -> HttpResponseBase:
             return self._reached_view(request, self.get_response(request))
 
         try:
-            return protect(
-                request, handler, _options_for(view), sender=view, finish=_finish(request)
-            )
+            return protect(request, handler, options, sender=view, finish=_finish(request))
         except (_NotReached, _NotRendered) as unfinished:
             return unfinished.response
         except IdempotencyError as error:
             return problem(error, request)
 
     async def _call_async(self, request: HttpRequest) -> HttpResponseBase:
-        view = self._view_to_protect(request)
-        if view is None:
+        protecting = self._view_to_protect(request)
+        if protecting is None:
             response: HttpResponseBase = await self.get_response(request)
             return response
+        view, options = protecting
 
         async def handler() -> HttpResponseBase:
             return self._reached_view(request, await self.get_response(request))
 
         try:
             return await protect_async(
-                request, handler, _options_for(view), sender=view, finish=_finish(request)
+                request, handler, options, sender=view, finish=_finish(request)
             )
         except (_NotReached, _NotRendered) as unfinished:
             return unfinished.response
@@ -233,8 +230,8 @@ class IdempotencyMiddleware:
         return response
 
     @staticmethod
-    def _view_to_protect(request: HttpRequest) -> Any:
-        """The view this middleware protects for this request, or ``None``.
+    def _view_to_protect(request: HttpRequest) -> tuple[Any, DeclaredOptions] | None:
+        """The view this middleware protects for this request, and its options, or ``None``.
 
         ``None`` too for a framework's view that protects itself: the
         version of it that does is left on the request for process_view.
@@ -250,18 +247,17 @@ class IdempotencyMiddleware:
         except Resolver404:
             return None
         view = match.func
-        if "admin" in match.app_names or is_exempt(view, method):
+        if "admin" in match.app_names:
             # An AdminSite's URLs: its forms cannot send a key.
             return None
-        for protector in VIEW_PROTECTORS:
-            protected = protector(view, method)
-            if protected is not None:
-                if protected is not view:
-                    setattr(request, _CALL_INSTEAD, protected)
-                return None
-        if protects_itself(view, method):
+        by_middleware = view_protection(view, method).middleware
+        if by_middleware is None:
             return None
-        return view
+        protected, options = by_middleware()
+        if protected is not view:
+            setattr(request, _CALL_INSTEAD, protected)
+            return None
+        return view, options
 
 
 def _returned(request: HttpRequest) -> None:
@@ -286,24 +282,6 @@ def _finish(request: HttpRequest) -> Callable[[HttpResponseBase], HttpResponseBa
         return render(response)
 
     return finish
-
-
-def _options_for(view: Any) -> DeclaredOptions:
-    """The options the middleware protects ``view`` with: the settings', adapted."""
-    if idempotency_settings.database in getattr(view, "_non_atomic_requests", ()):
-        # The view opted out of request transactions (a durable block, its own
-        # commits): wrapping it in ours would break it. Lease mode commits the
-        # claim first and runs the view outside any transaction.
-        return _LEASE_MODE
-    return _SETTINGS
-
-
-def _label(name: str) -> str:
-    return f"IdempotencyMiddleware's {name}"
-
-
-_SETTINGS = DeclaredOptions({}, _label)
-_LEASE_MODE = DeclaredOptions({"atomic": False}, _label)
 
 
 #: The system check that reports what :func:`misplaced` finds.
@@ -385,6 +363,11 @@ def _view_hook_after(ours: str, later: list[str]) -> tuple[str, str] | None:
             f"Move {ours!r} below {path!r}, best to the end of MIDDLEWARE. {why}",
         )
     return None
+
+
+def installed() -> bool:
+    """Whether ``IdempotencyMiddleware`` (or a subclass) is in ``MIDDLEWARE``."""
+    return _first_subclass(IdempotencyMiddleware, settings.MIDDLEWARE) is not None
 
 
 def listed_after() -> list[str]:

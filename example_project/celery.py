@@ -16,5 +16,6 @@ app = Celery("example_project")
 # Every CELERY_* Django setting configures the app (CELERY_BROKER_URL,
 # CELERY_BEAT_SCHEDULE, ...).
 app.config_from_object("django.conf:settings", namespace="CELERY")
-# Finds django_idempotency.tasks through INSTALLED_APPS.
+# Finds django_idempotency.tasks (which re-exports django_idempotency.contrib.celery)
+# through INSTALLED_APPS.
 app.autodiscover_tasks()

@@ -81,7 +81,7 @@ for url in ("/create/", "/create-async/", "/plain/"):
     )
     assert retry["Idempotent-Replayed"] == "true", url
 
-# Functions need no Celery either (only django_idempotency.tasks does).
+# Functions need no Celery either (only django_idempotency.contrib.celery does).
 from django_idempotency import idempotent_function  # noqa: E402
 
 runs = []

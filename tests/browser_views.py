@@ -23,7 +23,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from django_idempotency import idempotent
-from django_idempotency.drf import IdempotentMixin
+from django_idempotency.contrib.drf import IdempotentMixin
 from tests.models import Order
 
 #: The payment step's deliberate slowness, in seconds: what makes a double click two POSTs.

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from django_idempotency.django_tasks import idempotent_task
+from django_idempotency.contrib.django_tasks import idempotent_task
 from tests.models import Order
 
 #: Where the tasks record their runs; the worker tests set it.

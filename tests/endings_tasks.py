@@ -13,7 +13,7 @@ from typing import Any
 from celery import shared_task
 from celery.exceptions import Ignore, Reject
 
-from django_idempotency.tasks import idempotent_task
+from django_idempotency.contrib.celery import idempotent_task
 from tests.endings_effects import (
     HOLDING,
     control_dir,

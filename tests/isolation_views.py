@@ -51,7 +51,7 @@ from rest_framework.views import APIView
 from rest_framework.viewsets import ViewSet
 
 from django_idempotency import idempotent
-from django_idempotency.drf import IdempotentMixin
+from django_idempotency.contrib.drf import IdempotentMixin
 from tests.models import Order
 
 #: The API keys the views check themselves (``Authorization: Api-Key <key>``).

@@ -19,7 +19,7 @@ from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from django_idempotency import idempotency_exempt, idempotent
-from django_idempotency.drf import IdempotentMixin
+from django_idempotency.contrib.drf import IdempotentMixin
 from django_idempotency.models import IdempotencyKey
 from tests.models import Order
 from tests.views import _create_order, _unrenderable_order, calls

@@ -32,7 +32,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from django_idempotency import idempotent, store
-from django_idempotency.drf import IdempotentMixin
+from django_idempotency.contrib.drf import IdempotentMixin
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.recovery import Abandoned, hold
 from example_project.provider import client as provider

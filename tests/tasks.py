@@ -20,7 +20,7 @@ from celery.exceptions import Ignore
 from django.db import connection, connections
 
 from django_idempotency import idempotent_function
-from django_idempotency.tasks import idempotent_task
+from django_idempotency.contrib.celery import idempotent_task
 from tests.models import Order, RemoteCharge
 
 TASK_DIR_ENV = "IDEMPOTENCY_TEST_TASK_DIR"

@@ -23,7 +23,7 @@ import django_idempotency
 from django_idempotency import idempotent
 from django_idempotency.checks import check_settings
 from django_idempotency.conf import BY_NAME, DEFAULTS, SETTINGS, idempotency_settings
-from django_idempotency.drf import IdempotentMixin
+from django_idempotency.contrib.drf import IdempotentMixin
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.options import OPTION_NAMES
 from django_idempotency.scopes import session_scope, user_scope

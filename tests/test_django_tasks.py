@@ -41,7 +41,7 @@ IMMEDIATE = (
 @pytest.fixture
 def immediate_tasks(settings):
     settings.TASKS = {"default": {"BACKEND": IMMEDIATE}}
-    from django_idempotency import django_tasks
+    from django_idempotency.contrib import django_tasks
 
     return django_tasks
 
@@ -62,7 +62,16 @@ class PurgeTaskTests:
         task = immediate_tasks.purge_expired_keys
         expected = "django.tasks" if django.VERSION >= (6, 0) else "django_tasks"
         assert type(task).__module__.startswith(expected)
-        assert task.module_path == "django_idempotency.django_tasks.purge_expired_keys"
+        assert task.module_path == "django_idempotency.contrib.django_tasks.purge_expired_keys"
+
+    def test_a_purge_enqueued_under_the_path_before_contrib_finds_its_task(self, immediate_tasks):
+        # A backend that stores tasks (django-tasks-db) imports the path it
+        # stored when a worker runs it: the re-export keeps the old one working.
+        from django.utils.module_loading import import_string
+
+        old = import_string("django_idempotency.django_tasks.purge_expired_keys")
+
+        assert old is immediate_tasks.purge_expired_keys
 
     def test_enqueued_purge_takes_the_pace_of_the_purge(self, immediate_tasks):
         IdempotencyKeyFactory.create_batch(3, expired=True)
@@ -93,13 +102,17 @@ class PurgeTaskTests:
         assert IdempotencyKey.objects.count() == 1
 
 
-def test_without_a_tasks_framework_import_names_the_fix(monkeypatch):
+@pytest.mark.parametrize(
+    "module", ["django_idempotency.contrib.django_tasks", "django_idempotency.django_tasks"]
+)
+def test_without_a_tasks_framework_import_names_the_fix(monkeypatch, module):
     monkeypatch.setitem(sys.modules, "django.tasks", None)
     monkeypatch.setitem(sys.modules, "django_tasks", None)
+    monkeypatch.delitem(sys.modules, "django_idempotency.contrib.django_tasks", raising=False)
     monkeypatch.delitem(sys.modules, "django_idempotency.django_tasks", raising=False)
 
     with pytest.raises(ImproperlyConfigured, match=r"django-idempotency\[tasks\]"):
-        importlib.import_module("django_idempotency.django_tasks")
+        importlib.import_module(module)
 
 
 # Idempotent tasks.

@@ -31,8 +31,9 @@ from rest_framework.response import Response
 from rest_framework.test import APIClient
 from rest_framework.views import APIView, exception_handler
 
-from django_idempotency import drf, idempotent
-from django_idempotency.drf import IdempotentMixin
+from django_idempotency import idempotent
+from django_idempotency.contrib import drf
+from django_idempotency.contrib.drf import IdempotentMixin
 from django_idempotency.exceptions import DatabaseBusy
 from django_idempotency.info import IdempotencyInfo
 from django_idempotency.models import IdempotencyKey

@@ -95,34 +95,98 @@ def test_only_the_store_asks_the_backends():
     }
 
 
-def test_rest_framework_is_named_only_by_its_integrations_and_the_apps_wiring():
-    # DRF is an optional extra: the rest of the package must import without
-    # it. The app config imports the DRF integration when DRF is installed,
-    # so that it registers what it knows (how DRF requests are answered,
-    # which placements it refuses, how the middleware protects its views).
-    naming = {
-        module_name(path) for path in PACKAGE.rglob("*.py") if "rest_framework" in path.read_text()
+CONTRIB = "django_idempotency.contrib"
+
+#: Each optional framework, and the modules that may import it: its own
+#: module in ``contrib/``. drf-spectacular extends DRF, so its module
+#: imports both.
+FRAMEWORKS = {
+    "rest_framework": {f"{CONTRIB}.drf", f"{CONTRIB}.spectacular"},
+    "adrf": {f"{CONTRIB}.drf"},
+    "drf_spectacular": {f"{CONTRIB}.spectacular"},
+    "celery": {f"{CONTRIB}.celery"},
+    "kombu": {f"{CONTRIB}.celery"},
+    "django.tasks": {f"{CONTRIB}.django_tasks"},
+    "django_tasks": {f"{CONTRIB}.django_tasks"},
+}
+
+
+#: The paths the integrations had before they moved into ``contrib/``: each
+#: re-exports its public names, so that projects' imports keep working.
+REEXPORTED = {
+    "django_idempotency.drf": "django_idempotency.contrib.drf",
+    "django_idempotency.spectacular": "django_idempotency.contrib.spectacular",
+    "django_idempotency.tasks": "django_idempotency.contrib.celery",
+    "django_idempotency.django_tasks": "django_idempotency.contrib.django_tasks",
+}
+
+
+def frameworks_imported_by(path: Path) -> set[str]:
+    """The optional frameworks ``path`` imports, at its top or inside a function."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return {
+        framework
+        for framework in FRAMEWORKS
+        for name in names
+        if name == framework or name.startswith(framework + ".")
     }
 
-    assert naming <= {
-        "django_idempotency.apps",
-        "django_idempotency.drf",
-        "django_idempotency.spectacular",
+
+def test_each_framework_is_imported_only_by_its_contrib_module():
+    # The frameworks are optional extras: the rest of the package must
+    # import without them, and know nothing of them but what their modules
+    # hand it (an adapter, django_idempotency.adapters).
+    importing: dict[str, set[str]] = {framework: set() for framework in FRAMEWORKS}
+    for path in PACKAGE.rglob("*.py"):
+        for framework in frameworks_imported_by(path):
+            importing[framework].add(module_name(path))
+
+    for framework, allowed in FRAMEWORKS.items():
+        assert importing[framework] <= allowed, (framework, importing[framework] - allowed)
+    # Each integration imports its framework: the finder reads them.
+    for framework in ("rest_framework", "drf_spectacular", "celery", "django_tasks"):
+        assert importing[framework] == FRAMEWORKS[framework], framework
+
+
+def test_the_finder_sees_an_import_inside_a_function(tmp_path):
+    source = tmp_path / "late.py"
+    source.write_text("def f():\n    from celery.exceptions import Ignore\n    import kombu\n")
+
+    assert frameworks_imported_by(source) == {"celery", "kombu"}
+
+
+def test_contrib_is_imported_only_by_the_app_config_and_the_old_paths():
+    # The core never reaches up into an integration: an integration hands
+    # it what it knows when imported, which the app's ready() does for
+    # those that are installed, and the modules at the integrations' old
+    # paths re-export them.
+    graph = import_graph()
+    importing = {
+        name
+        for name, imported in graph.items()
+        if not name.startswith(CONTRIB) and any(each.startswith(CONTRIB) for each in imported)
     }
+
+    assert importing == {"django_idempotency.apps", *REEXPORTED}
 
 
 def test_only_the_drf_integration_reaches_the_django_request_inside_drfs():
     # The fingerprint and the body's copies need Django's request; under a
-    # DRF view they are handed DRF's. drf.py registers how to reach the
-    # one inside (body.django_request), so no other module knows DRF's
-    # private attribute.
+    # DRF view they are handed DRF's. DRF's adapter says how to reach the
+    # one inside (body.django_request asks it), so no other module knows
+    # DRF's private attribute.
     reaching = {
         module_name(path)
         for path in PACKAGE.rglob("*.py")
         if re.search(r"""\._request\b|["']_request["']""", path.read_text())
     }
 
-    assert reaching == {"django_idempotency.drf"}
+    assert reaching == {"django_idempotency.contrib.drf"}
 
 
 #: What a first request and its replay may run of the package: the adapter
@@ -229,3 +293,27 @@ def test_a_first_request_runs_no_more_package_frames_than_measured(client):
     assert "Idempotent-Replayed" not in response
     assert sum(frames.values()) <= FIRST_REQUEST_FRAMES, frames.most_common()
     assert len(frames) <= FIRST_REQUEST_MODULES, sorted(frames)
+
+
+@pytest.mark.parametrize(("old", "new"), sorted(REEXPORTED.items()))
+def test_an_integration_keeps_its_public_names_at_the_path_it_had(old, new):
+    import importlib
+
+    before = importlib.import_module(old)
+    now = importlib.import_module(new)
+
+    assert before.__all__
+    for name in before.__all__:
+        assert getattr(before, name) is getattr(now, name), name
+    # A re-export and nothing else: one import, of the module it names.
+    assert import_graph()[old] == {new}
+
+
+def test_the_old_paths_keep_what_the_specification_names():
+    from django_idempotency.drf import IdempotentMixin
+    from django_idempotency.tasks import idempotent_task, purge_expired_keys
+
+    assert IdempotentMixin.__module__ == "django_idempotency.contrib.drf"
+    assert idempotent_task.__module__ == "django_idempotency.contrib.celery"
+    # The name Celery knows the task by, which beat schedules give, never moves.
+    assert purge_expired_keys.name == "django_idempotency.tasks.purge_expired_keys"

@@ -376,17 +376,6 @@ class OwnTransactionsTests:
         assert replay["Idempotent-Replayed"] == "true"
         assert calls.value == 1
 
-    def test_opting_out_for_another_database_keeps_atomic_mode(self) -> None:
-        from django_idempotency.middleware import _options_for
-
-        def view(request: Any) -> HttpResponse:
-            return HttpResponse()
-
-        view._non_atomic_requests = {"other"}  # type: ignore[attr-defined]
-        assert "atomic" not in _options_for(view).given
-        view._non_atomic_requests = {"default"}  # type: ignore[attr-defined]
-        assert _options_for(view).given["atomic"] is False
-
 
 @pytest.mark.usefixtures("installed")
 class ViewRaisedTests:
@@ -586,7 +575,7 @@ class DrfViewTests:
         assert list(IdempotencyKey.objects.values_list("scope", flat=True)) == ["decorated-create"]
 
     def test_the_view_stays_as_it_is_elsewhere(self) -> None:
-        from django_idempotency.drf import IdempotentMixin
+        from django_idempotency.contrib.drf import IdempotentMixin
         from tests.drf_views import UnprotectedOrderAPIView
 
         assert not issubclass(UnprotectedOrderAPIView, IdempotentMixin)

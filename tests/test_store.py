@@ -315,7 +315,7 @@ class SqliteDatabaseBusyTests:
 
     @pytest.mark.parametrize("kind", ["function", "task"])
     def test_a_function_or_task_meeting_that_lock_is_in_flight_for_a_second(self, kind):
-        from django_idempotency.tasks import TASK_VALUES
+        from django_idempotency.contrib.celery import TASK_VALUES
 
         def run() -> object:  # its body never runs
             return functions.run_once(
@@ -409,7 +409,7 @@ class ClaimRetryTests:
     @pytest.mark.parametrize("atomic", [True, False])
     def test_a_task_claim_has_the_same_budget(self, monkeypatch, atomic):
         def run() -> object:
-            from django_idempotency.tasks import TASK_VALUES
+            from django_idempotency.contrib.celery import TASK_VALUES
 
             return functions.run_once(
                 scope="tests.charge",

@@ -31,10 +31,10 @@ from django.utils import timezone
 
 from django_idempotency import clock as database_clock
 from django_idempotency import signals
+from django_idempotency.contrib.celery import idempotent_task, purge_expired_keys
 from django_idempotency.exceptions import TaskArgumentsMismatch, TaskInFlight, UnstorableResult
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.purge import purge_expired
-from django_idempotency.tasks import idempotent_task, purge_expired_keys
 from tests.celery_worker import WorkerProcess, find_broker, new_worker, publishing_to
 from tests.factories import IdempotencyKeyFactory
 from tests.models import Order, RemoteCharge

@@ -30,7 +30,7 @@ from rest_framework.views import APIView
 
 from django_idempotency import idempotent, idempotent_function, webhooks
 from django_idempotency.checks import check_view_options
-from django_idempotency.drf import IdempotentMixin
+from django_idempotency.contrib.drf import IdempotentMixin
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.testing import assert_idempotent
 from tests import webhook_preset_views as views

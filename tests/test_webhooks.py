@@ -25,7 +25,7 @@ from rest_framework.views import APIView
 
 from django_idempotency import idempotent
 from django_idempotency.checks import check_settings, check_view_options
-from django_idempotency.drf import IdempotentMixin
+from django_idempotency.contrib.drf import IdempotentMixin
 from django_idempotency.models import IdempotencyKey
 from tests import webhook_views
 from tests.models import Order

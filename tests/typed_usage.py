@@ -10,8 +10,8 @@ from __future__ import annotations
 from django.http import HttpRequest, HttpResponse
 
 from django_idempotency import idempotency_exempt, idempotent, idempotent_function
-from django_idempotency.django_tasks import idempotent_task as idempotent_django_task
-from django_idempotency.tasks import idempotent_task
+from django_idempotency.contrib.celery import idempotent_task
+from django_idempotency.contrib.django_tasks import idempotent_task as idempotent_django_task
 
 
 @idempotent_function(key=lambda order_id: f"charge-{order_id}")

@@ -28,7 +28,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from django_idempotency import idempotent, webhooks
-from django_idempotency.drf import IdempotentMixin
+from django_idempotency.contrib.drf import IdempotentMixin
 from tests.models import Order, Publication
 
 STRIPE_SECRET = "whsec_stripe-tests-only"

@@ -20,7 +20,7 @@ from rest_framework.views import APIView
 
 from benchmarks.bench.models import BenchOrder
 from django_idempotency import idempotent
-from django_idempotency.drf import IdempotentMixin
+from django_idempotency.contrib.drf import IdempotentMixin
 
 #: The client's nonce for each request, stored with the row so that a storm
 #: can tell which of many duplicates actually ran the handler.

@@ -1,0 +1,126 @@
+"""What the package knows of a framework: one :class:`Adapter` each.
+
+Plain Django needs none. A framework hands the package one adapter, from
+its module in ``django_idempotency/contrib/``, with :func:`register`. One
+with a request of its own around Django's (Django REST framework's
+``Request``) says how to reach Django's request inside its own, how its
+responses are finished before they are stored, how an error of ours is
+answered, which placements of ``@idempotent`` it refuses or adapts, and
+how its views are protected; one that runs tasks (Celery) says which of
+its exceptions end a body on purpose. The rest of the package asks the
+adapters registered here and never imports a framework.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from django.http import HttpRequest, HttpResponseBase
+
+    from django_idempotency.exceptions import IdempotencyError
+    from django_idempotency.options import DeclaredOptions
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One protection a request meets on its way to a view's handler."""
+
+    options: DeclaredOptions
+    #: Whether its errors are answered as problem details, as a decorator's
+    #: are, rather than by the framework's own error handling.
+    problem_details: bool = False
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """How one framework's requests, responses, views and task bodies are protected.
+
+    Every field but ``name`` is optional: ``None`` means the framework
+    needs nothing there beyond what plain Django (or a plain function) gets.
+    """
+
+    #: The framework, for messages: ``"Django REST framework"``.
+    name: str
+    #: The framework's request class, which wraps Django's, and the Django
+    #: request inside one of them (its body, ``META``).
+    request_class: type | None = None
+    django_request: Callable[[Any], HttpRequest] | None = None
+    #: Turns a handler's response into the bytes that will be sent, before
+    #: they are stored: ``finish(request, response)``.
+    finish: Callable[[Any, HttpResponseBase], HttpResponseBase] | None = None
+    #: Answers one of our errors to one of its requests: ``answer(request, error)``.
+    answer: Callable[[Any, IdempotencyError], HttpResponseBase] | None = None
+    #: The format content negotiation picked for the response, which the
+    #: fingerprint counts (a retry asking for another format is another request).
+    negotiated_format: Callable[[Any], str | None] | None = None
+    #: What the framework parsed of the body, for a fingerprint whose raw
+    #: body was read before it and not kept.
+    parsed_body: Callable[[Any], Any] | None = None
+    #: The framework's response class, and the check that a response of it
+    #: may be stored under a claim taken on ``request``: it returns the
+    #: response or raises ``ImproperlyConfigured``.
+    response_class: type | None = None
+    check_claimed: Callable[[HttpResponseBase, Any], HttpResponseBase] | None = None
+    #: Raises ``ImproperlyConfigured``, with the fix, for what ``@idempotent``
+    #: must not be put on (a view it would see before the framework authenticates).
+    check_placement: Callable[[Any], None] | None = None
+    #: ``adapt_placement(decorated, options, wrapper)``: the wrapper
+    #: ``@idempotent`` returns for ``decorated``; ``wrapper`` where it has
+    #: nothing to change.
+    adapt_placement: Callable[[Any, DeclaredOptions, Any], Any] | None = None
+    #: ``view_protection(view, method, instance)``: how the framework
+    #: protects a view function's ``method``, as a
+    #: :class:`~django_idempotency.protection.ViewProtection`, or ``None``
+    #: for a view not of the framework.
+    view_protection: Callable[[Any, str, Any], Any] | None = None
+    #: How a body that raised ``exc`` ended (an ``engine.Ending``), when
+    #: ``exc`` is the framework's control flow (Celery's ``Ignore``:
+    #: completed on purpose); ``None`` for an exception it has no word on.
+    ending: Callable[[BaseException], Any] | None = None
+    #: Raises the framework's signal that a task ended on purpose, for a
+    #: duplicate of a body that ended so (Celery's ``Ignore``).
+    end_on_purpose: Callable[[], Any] | None = None
+
+
+#: The adapters, in the order they were registered.
+REGISTERED: list[Adapter] = []
+
+# Request classes seen, each to its adapter (None: plain Django's).
+_BY_CLASS: dict[type, Adapter | None] = {}
+
+
+def register(adapter: Adapter) -> None:
+    """Make ``adapter`` the package's knowledge of its framework.
+
+    Called once, by the framework's module in ``contrib/`` when it is
+    imported; an adapter registered again under the same name replaces
+    the first.
+    """
+    REGISTERED[:] = [each for each in REGISTERED if each.name != adapter.name]
+    REGISTERED.append(adapter)
+    _BY_CLASS.clear()
+
+
+def for_request(request: Any) -> Adapter | None:
+    """The adapter of the framework whose request ``request`` is, or ``None`` for Django's own.
+
+    A subclass of a framework's request class (adrf's ``Request``) is the framework's.
+    """
+    cls = type(request)
+    try:
+        return _BY_CLASS[cls]
+    except KeyError:
+        pass
+    found = next(
+        (
+            each
+            for each in REGISTERED
+            if each.request_class is not None and issubclass(cls, each.request_class)
+        ),
+        None,
+    )
+    _BY_CLASS[cls] = found
+    return found

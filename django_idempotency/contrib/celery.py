@@ -1,0 +1,268 @@
+"""Celery integration: the purge task, and idempotent tasks.
+
+This is the only module that needs Celery to import, so the app works without it.
+``django_idempotency.tasks`` re-exports it, so that Celery's autodiscovery
+(which imports each installed app's ``tasks`` module) registers the purge,
+under the task name it has always had.
+Schedule the purge hourly with ``CELERY_BEAT_SCHEDULE`` or django-celery-beat;
+see ``docs/tasks.rst`` for :func:`idempotent_task`.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from celery import current_task, shared_task
+from celery.app.task import Task
+from celery.exceptions import Ignore, SoftTimeLimitExceeded
+from celery.local import Proxy
+
+from django_idempotency import engine, functions
+from django_idempotency.adapters import Adapter, register
+from django_idempotency.conf import idempotency_settings
+from django_idempotency.exceptions import CallAbandoned, TaskArgumentsMismatch, TaskInFlight
+from django_idempotency.options import CallOptions
+from django_idempotency.purge import (
+    DEFAULT_BATCH_SECONDS,
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_PAUSE,
+    purge_expired,
+)
+from django_idempotency.store import StoredResponse
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+F = TypeVar("F", bound=Callable[..., Any])
+KeyFunction = Callable[..., str]
+
+# The name it has logged under since before the move to contrib/, which
+# projects' LOGGING configurations name.
+logger = logging.getLogger("django_idempotency.tasks")
+
+
+@shared_task(name="django_idempotency.tasks.purge_expired_keys")
+def purge_expired_keys(
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    database: str | None = None,
+    batch_seconds: float | None = DEFAULT_BATCH_SECONDS,
+    pause: float = DEFAULT_PAUSE,
+    rate: float | None = None,
+) -> int:
+    """Delete expired idempotency records; return how many were deleted.
+
+    ``database`` defaults to ``IDEMPOTENCY["DATABASE"]``. Running it on
+    several workers at once is safe: each record is deleted, and counted,
+    once. Idempotent tasks' records share the table and go with the rest.
+    ``batch_seconds``, ``pause`` and ``rate`` pace the purge beside the
+    requests using the database, as the command's options of those names
+    do (``batch_seconds=None, pause=0`` runs batches back to back); a value
+    out of range fails the task with a ``ValueError`` before anything is
+    deleted.
+    """
+    return purge_expired(
+        using=database, batch_size=batch_size, batch_seconds=batch_seconds, pause=pause, rate=rate
+    )
+
+
+def _ending(exc: BaseException) -> engine.Ending | None:
+    """How Celery's control flow ends a body, or ``None`` for another exception.
+
+    A body may run inside a Celery task (a function the task calls, or the
+    task's own) and end it on purpose with Celery's ``Ignore``, which
+    ``self.replace(...)`` raises too: the body did what it meant to, so its
+    writes commit and the key is completed (SPEC §4.6). Celery's
+    ``SoftTimeLimitExceeded`` interrupts a body wherever it stands, as a
+    cancellation does: its effect is unknown.
+    """
+    if isinstance(exc, Ignore):
+        return engine.Ending.COMPLETED
+    if isinstance(exc, SoftTimeLimitExceeded):
+        return engine.Ending.UNKNOWN
+    return None
+
+
+def _end_on_purpose() -> None:
+    raise Ignore()
+
+
+#: What the package knows of Celery, for every function and task body.
+ADAPTER = Adapter(name="Celery", ending=_ending, end_on_purpose=_end_on_purpose)
+register(ADAPTER)
+
+
+#: A task's value is kept as a function's is; its errors are Celery's to retry.
+TASK_VALUES = replace(
+    functions.VALUES,
+    in_flight=lambda retry_after: TaskInFlight(retry_after=retry_after),
+    mismatch=TaskArgumentsMismatch,
+)
+
+
+def _replacement_values(task_name: str) -> engine.Kind:
+    """:data:`TASK_VALUES` for a message after a replacement, keyed by ``key=``: it warns.
+
+    ``self.replace(self.si(...))`` with the same arguments gives the
+    replacement the key its first step completed on the way out: it is a
+    duplicate of that step and ends ignored, and the work stops there.
+    That is the contract (one effect per key), but silent, so it is said.
+    A record does not say which message ended it, so a redelivered step,
+    or a chain's later task (Celery counts the replacement on those too),
+    that meets its own ending is told the same, in words that fit both.
+    """
+
+    def decode(stored: StoredResponse) -> Any:
+        if stored.status_code == functions.ENDED_STATUS:
+            logger.warning(
+                "Task %r ends ignored: its key= names work that already ended on "
+                "purpose. For a redelivered message that is expected; but if the task "
+                "replaced itself with arguments that give the same key, the work stops "
+                "here: a task that replaces itself needs a key for each step (put the "
+                "step among its arguments).",
+                task_name,
+            )
+        return functions.decode(stored)
+
+    return replace(TASK_VALUES, decode=decode)
+
+
+def idempotent_task(
+    func: Callable[..., Any] | None = None,
+    /,
+    *,
+    key: KeyFunction | None = None,
+    recover: functions.Recover | None = None,
+    **options: Unpack[CallOptions],
+) -> Any:
+    """Run a Celery task's body once per key, and give duplicates its stored result.
+
+    Goes *below* ``@shared_task`` (or ``@app.task``), next to the function::
+
+        @shared_task(acks_late=True)
+        @idempotent_task(key=lambda order_id, **kwargs: f"charge-{order_id}")
+        def charge(order_id): ...
+
+    The key defaults to the task id, which a redelivered message keeps;
+    ``key`` is called with the task's own arguments (never the bound task)
+    so that two publishes of the same work are one effect. The scope is the
+    task's name. ``atomic``, ``ttl``, ``wait`` and ``lease`` default to the
+    settings of the same name. Inside the body,
+    ``task.request.idempotency`` (``self.request`` in a bound task) has the
+    key and ``derive(name)`` for downstream idempotency keys, and in lease
+    mode the attempt, the checkpoints and ``checkpoint()``/``heartbeat()``.
+    ``recover`` is an ``idempotent_function``'s: ``recover(abandoned)`` for
+    the claim of a run that died (``recovery.hold_call`` retries it later).
+    """
+    declared = functions.declare_task(key, **options)
+    functions.checked_recover(recover, "idempotent_task")
+
+    def decorate(function: F) -> F:
+        if issubclass(type(function), (Task, Proxy)):
+            raise TypeError(
+                "@idempotent_task must go below @shared_task / @app.task, directly above "
+                "the function: it wraps the task's body, not the task."
+            )
+        if not callable(function):
+            raise TypeError(f"@idempotent_task decorates a function, not {function!r}.")
+
+        @functools.wraps(function)
+        def body(*args: Any, **kwargs: Any) -> Any:
+            task = _running_task(body)
+            kind = TASK_VALUES
+            if task is None or not idempotency_settings.enabled:
+                # Called as a plain function, not as this task: nothing to protect.
+                return function(*args, **kwargs)
+            with_task = bool(args) and args[0] is task  # bind=True
+            own_args = args[1:] if with_task else args
+            if key is None:
+                if task.request.id is None:  # called directly, not as a message
+                    return function(*args, **kwargs)
+                task_key = _message_key(task.request)
+            else:
+                task_key = functions.checked_key(key(*own_args, **kwargs), f"task {task.name!r}")
+                if _nesting(task.request):
+                    kind = _replacement_values(task.name)
+            running = _running.get()
+            this_run = (task.name, task_key, task.request.id)
+            if this_run in running:
+                # Called directly from its own body, which holds the key: the
+                # call is part of that run (Celery lends it the running
+                # message's id), protected with it, not a run of its own.
+                task.request.idempotency = running[this_run]
+                return function(*args, **kwargs)
+
+            def run(info: Any) -> Any:
+                task.request.idempotency = info
+                inside = _running.set({**running, this_run: info})
+                try:
+                    return function(*args, **kwargs)
+                finally:
+                    _running.reset(inside)
+
+            try:
+                return functions.run_once(
+                    scope=task.name,
+                    key=task_key,
+                    arguments=functions.by_name(function, args, kwargs, skip_first=with_task),
+                    body=run,
+                    options=declared,
+                    sender=function,
+                    kind=kind,
+                    recover=recover,
+                )
+            except (TaskInFlight, CallAbandoned) as exc:
+                # Never run alongside the original: come back once it is done.
+                raise task.retry(countdown=exc.retry_after, exc=exc) from None
+
+        # Celery checks a publish's arguments against this signature.
+        body.__signature__ = inspect.signature(function)  # type: ignore[attr-defined]
+        return body  # type: ignore[return-value]
+
+    if func is not None:
+        return decorate(func)
+    return decorate
+
+
+#: The bodies running in this context, each inside its claim: (task name,
+#: key, task id) to the ``request.idempotency`` they run with.
+_running: ContextVar[dict[tuple[str, str, Any], Any]] = ContextVar(
+    "django_idempotency_running_tasks",
+    default={},  # noqa: B039 (never mutated)
+)
+
+
+def _message_key(request: Any) -> str:
+    """The default key: the message's task id, and how many times it was replaced.
+
+    ``self.replace(...)`` gives the replacement the replaced task's id, so
+    that its result is the one the caller waits for. The replaced body
+    completed its key on the way out (``Ignore``); the replacement is new
+    work, under the id and its place in the replacements. A redelivered
+    message keeps both, so it is still one effect.
+    """
+    nesting = _nesting(request)
+    return str(request.id) if not nesting else f"{request.id}:replaced:{nesting}"
+
+
+def _nesting(request: Any) -> int:
+    """How many times this message's task was replaced (Celery 5.3+), 0 for none."""
+    return request.get("replaced_task_nesting") or 0
+
+
+def _running_task(body: Callable[..., Any]) -> Any:
+    """The task whose body this is, if it is the one running now."""
+    task = current_task._get_current_object()
+    if task is None:
+        return None
+    # Celery's autoretry_for keeps the original run as _orig_run.
+    for name in ("_orig_run", "run"):
+        run = getattr(task, name, None)
+        if getattr(run, "__func__", run) is body:
+            return task
+    return None

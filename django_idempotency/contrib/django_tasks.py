@@ -1,0 +1,186 @@
+"""Django's Tasks framework: the purge as a task, and tasks whose effect runs once per key.
+
+``django.tasks`` is built into Django 6.0 and later; on Django 5.2 the
+``django-tasks`` backport (the ``tasks`` extra) provides the same API. This
+module imports whichever is there, so nothing else in the package needs
+either. Enqueue the purge from your scheduler of choice (see the purge page
+of the docs); :func:`idempotent_task` is described in ``docs/messages.rst``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from asgiref.sync import iscoroutinefunction
+from django.core.exceptions import ImproperlyConfigured
+
+try:
+    from django.tasks import Task, task
+except ImportError:  # Django 5.2: the backport
+    try:
+        from django_tasks import task  # type: ignore[no-redef,import-not-found,unused-ignore]
+        from django_tasks.base import (  # type: ignore[assignment,no-redef,import-not-found,unused-ignore]
+            Task,
+        )
+    except ImportError as exc:
+        raise ImproperlyConfigured(
+            "django_idempotency.contrib.django_tasks needs Django's Tasks framework: Django 6.0 "
+            "or later, or on Django 5.2 the backport: "
+            "pip install 'django-idempotency[tasks]'."
+        ) from exc
+
+from django_idempotency import functions
+from django_idempotency.asynchronous import run_async
+from django_idempotency.conf import idempotency_settings
+from django_idempotency.engine import plain_ending
+from django_idempotency.options import CALL_OPTION_NAMES, CallOptions
+from django_idempotency.purge import (
+    DEFAULT_BATCH_SECONDS,
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_PAUSE,
+    purge_expired,
+)
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+KeyFunction = Callable[..., str]
+
+
+#: A task's value is kept as a function's is; no other framework's control
+#: flow (Celery's ``Ignore``) means anything to this one: it is a failure.
+TASK_VALUES = replace(functions.VALUES, ending=plain_ending)
+
+
+class TaskOptions(CallOptions, total=False):
+    """A task's options: ours, and the framework's own that ``@task`` takes."""
+
+    priority: int
+    queue_name: str
+    backend: str
+
+
+@task
+def purge_expired_keys(
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    database: str | None = None,
+    batch_seconds: float | None = DEFAULT_BATCH_SECONDS,
+    pause: float = DEFAULT_PAUSE,
+    rate: float | None = None,
+) -> int:
+    """Delete expired idempotency records; return how many were deleted.
+
+    The same purge as the management command and the Celery task:
+    ``database`` defaults to ``IDEMPOTENCY["DATABASE"]``, several runs at
+    once are safe, and ``batch_seconds``, ``pause`` and ``rate`` pace it as
+    they do the Celery task.
+    """
+    return purge_expired(
+        using=database, batch_size=batch_size, batch_seconds=batch_seconds, pause=pause, rate=rate
+    )
+
+
+def idempotent_task(
+    function: Callable[..., Any] | None = None,
+    /,
+    *,
+    key: KeyFunction | None = None,
+    takes_context: bool = False,
+    recover: functions.Recover | None = None,
+    **options: Unpack[TaskOptions],
+) -> Any:
+    """Make a task of Django's Tasks framework whose body runs once per key.
+
+    Use it *in place of* ``@task``; it makes the task, with the
+    framework's own options (``priority``, ``queue_name``, ``backend``)::
+
+        @idempotent_task(key=lambda order_id: f"receipt-{order_id}")
+        def send_receipt(order_id): ...
+
+        send_receipt.enqueue(order_id=7)
+
+    The key defaults to the id of the task's result, which the framework
+    hands the task in its context: a backend that runs one result again
+    (after a worker died) runs its effect once. ``key`` is called with the
+    task's own arguments, so that two enqueues of the same work are one
+    effect. The scope is the function's dotted name. ``atomic``, ``ttl``,
+    ``wait`` and ``lease`` default to the settings of the same name; a
+    duplicate gets the first run's return value (JSON) as its own. With
+    ``takes_context=True`` the function receives the context first, as
+    under ``@task``. ``recover`` is an ``idempotent_function``'s:
+    ``recover(abandoned)`` for the claim of a run that died.
+    """
+    functions.checked_recover(recover, "django_tasks.idempotent_task")
+    ours: dict[str, Any] = {}
+    framework: dict[str, Any] = {}
+    for name, value in options.items():
+        (ours if name in CALL_OPTION_NAMES else framework)[name] = value
+    declared = functions.declare_task(key, **ours)
+
+    def decorate(func: Callable[..., Any]) -> Any:
+        if isinstance(func, Task):
+            raise TypeError(
+                "django_idempotency.contrib.django_tasks.idempotent_task makes the task itself: "
+                "use it in place of @task, not together with it."
+            )
+        scope = f"{func.__module__}.{func.__qualname__}"
+
+        def call_once(context: Any, args: Any, kwargs: Any, body: Callable[[], Any]) -> Any:
+            if not idempotency_settings.enabled:
+                return body()
+            if key is None:
+                task_key = str(context.task_result.id)
+            else:
+                task_key = functions.checked_key(key(*args, **kwargs), f"task {scope!r}")
+            given = (context, *args) if takes_context else args
+            return functions.run_once(
+                scope=scope,
+                key=task_key,
+                arguments=functions.by_name(func, given, kwargs, skip_first=takes_context),
+                body=lambda info: body(),
+                options=declared,
+                sender=func,
+                kind=TASK_VALUES,
+                recover=recover,
+            )
+
+        def own(context: Any, args: Any) -> tuple[Any, ...]:
+            return (context, *args) if takes_context else tuple(args)
+
+        run: Any
+        if iscoroutinefunction(func):
+
+            async def run(context: Any, *args: Any, **kwargs: Any) -> Any:
+                async def body() -> Any:
+                    return await func(*own(context, args), **kwargs)
+
+                return await run_async(
+                    lambda sync_body: call_once(context, args, kwargs, sync_body), body
+                )
+
+        else:
+
+            def run(context: Any, *args: Any, **kwargs: Any) -> Any:
+                return call_once(context, args, kwargs, lambda: func(*own(context, args), **kwargs))
+
+        functools.update_wrapper(run, func)
+        # The framework finds the task by the function's dotted name and
+        # checks that a task taking its context names it first.
+        run.__signature__ = _with_context(func, takes_context)
+        return task(run, takes_context=True, **framework)
+
+    if function is not None:
+        return decorate(function)
+    return decorate
+
+
+def _with_context(func: Callable[..., Any], takes_context: bool) -> inspect.Signature:
+    signature = inspect.signature(func)
+    if takes_context:
+        return signature
+    context = inspect.Parameter("context", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return signature.replace(parameters=[context, *signature.parameters.values()])
