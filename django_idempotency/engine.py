@@ -314,7 +314,7 @@ class Call:
                 "The body for idempotency key %s in scope %r ran, but its result cannot "
                 "be rendered or stored. The key is completed with a refusal that every "
                 "retry receives, so that the effect is not repeated; an operator can "
-                "release or delete it (manage.py idempotency_keys).",
+                "delete it (manage.py idempotency_keys delete).",
                 outcome="unstorable",
                 waited=False,
                 exc_info=True,

@@ -209,7 +209,7 @@ class ResultNotStored(IdempotencyError):
     """Lease mode: the first request with this key ran, but its response could not be kept.
 
     The key is completed with this answer, since the handler has acted: it
-    never runs again for the key unless an operator releases or deletes it.
+    never runs again for the key unless an operator deletes the record.
     """
 
     status = 500
@@ -218,8 +218,8 @@ class ResultNotStored(IdempotencyError):
     default_detail = (
         "The first request with this Idempotency-Key ran, but its response could not be "
         "rendered or stored, so it cannot be repeated. The request is not run again for "
-        "this key: use a new key for new work, or ask an operator to release the key "
-        "(manage.py idempotency_keys release)."
+        "this key: use a new key for new work, or ask an operator to delete its record "
+        "(manage.py idempotency_keys delete)."
     )
 
 

@@ -70,7 +70,7 @@ def decode(stored: StoredResponse) -> Any:
             "stored (not JSON, or the database refused it; the log says why), so later "
             "calls cannot be given it. The body does not run again for this key; return "
             "a JSON value small enough to store, such as an id, or ask an operator to "
-            "release the key (manage.py idempotency_keys release)."
+            "delete its record (manage.py idempotency_keys delete)."
         )
     if stored.status_code == ENDED_STATUS:
         # The first call did not return: it ended its task on purpose. A

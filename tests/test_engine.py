@@ -304,6 +304,16 @@ class RenderFailureTests:
         assert send("/lease/unrenderable/", KEY).status_code == 500
         assert calls.value == 2
 
+    def test_the_refusal_names_the_command_that_lets_it_run_again(self) -> None:
+        # A completed record has no claim to release: only delete frees its key.
+        send("/lease/unrenderable/", KEY)
+        detail = json.loads(send("/lease/unrenderable/", KEY).content)["detail"]
+        named = re.findall(r"manage\.py (idempotency_keys \w+)", detail)
+        assert named == ["idempotency_keys delete"], detail
+        call_command(*named[0].split(), "anonymous", KEY, stdout=StringIO())
+        assert send("/lease/unrenderable/", KEY).status_code == 500
+        assert calls.value == 2
+
     def test_atomic_template_that_fails_to_render_rolls_back_for_a_retry(self) -> None:
         # The failure rolls the handler's writes back with the claim: a retry may run.
         for _ in range(2):

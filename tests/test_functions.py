@@ -13,6 +13,7 @@ import asyncio
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -20,6 +21,7 @@ from collections import Counter
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from decimal import Decimal
+from io import StringIO
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from celery.exceptions import Ignore
 from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
 from django.db import connection, transaction
 from django.test import override_settings
 
@@ -346,6 +349,26 @@ class ContractTests:
         assert Order.objects.count() == 1
         record = IdempotencyKey.objects.get()
         assert (record.state, record.status_code) == (IdempotencyKey.State.COMPLETED, 507)
+
+    def test_lease_mode_refusal_names_the_command_that_lets_the_body_run_again(self):
+        # A completed record has no claim to release: only delete frees its key.
+        runs: list[str] = []
+
+        @idempotent_function(scope="test.charge", key=lambda key: key, atomic=False)
+        def charge(key: str) -> object:
+            runs.append(key)
+            return Decimal("9.99")
+
+        with pytest.raises(UnstorableResult):
+            charge("k")
+        with pytest.raises(UnstorableResult) as refused:
+            charge("k")
+        named = re.findall(r"manage\.py (idempotency_keys \w+)", str(refused.value))
+        assert named == ["idempotency_keys delete"], str(refused.value)
+        call_command(*named[0].split(), "test.charge", "k", stdout=StringIO())
+        with pytest.raises(UnstorableResult, match="cannot be stored as JSON"):
+            charge("k")
+        assert runs == ["k", "k"]
 
     @pytest.mark.skipif(
         connection.vendor == "sqlite", reason="SQLite: the claim is the caller's transaction's"
