@@ -30,10 +30,6 @@ class DjangoIdempotencyConfig(AppConfig):
             # placements it refuses, how its views are protected) before any
             # view module is decorated.
             import django_idempotency.contrib.drf
-        if find_spec("celery") is not None:
-            # Registers which of Celery's exceptions end a body on purpose,
-            # for functions and tasks alike, wherever Celery runs them.
-            import django_idempotency.contrib.celery
         if apps.is_installed("drf_spectacular"):
             # Importing it registers the schema extension: nothing else to configure.
             import django_idempotency.contrib.spectacular  # noqa: F401
