@@ -91,12 +91,16 @@ class Adapter:
 #: The adapters, in the order they were registered.
 REGISTERED: list[Adapter] = []
 
-#: Integrations registered when their framework is in use, never at
-#: start-up: a module the framework has loaded once it is in use (a body
-#: that raised one of Celery's exceptions has imported them), to the
-#: module in ``contrib/`` whose import registers its adapter. See :func:`in_use`.
+#: Integrations registered when their framework is in use: a module the
+#: framework has loaded once it is in use (a body that raised one of
+#: Celery's exceptions has imported them; a module defining a DRF view has
+#: imported DRF's views), to the module in ``contrib/`` whose import
+#: registers its adapter. See :func:`in_use`. Celery's is never imported at
+#: start-up; DRF's is imported by the app's ``ready()`` too, but a view may
+#: be decorated before that runs.
 DEFERRED: dict[str, str] = {
     "celery.exceptions": "django_idempotency.contrib.celery",
+    "rest_framework.views": "django_idempotency.contrib.drf",
 }
 
 # Request classes seen, each to its adapter (None: plain Django's).
@@ -118,8 +122,9 @@ def register(adapter: Adapter) -> None:
 def in_use(*, importing: bool = False) -> list[Adapter]:
     """:data:`REGISTERED`, once the deferred integrations of the frameworks in use are registered.
 
-    Asked where the package must know a framework that may not have been
-    imported at start-up (Celery's control flow ending a body), so that
+    Asked where the package must know a framework whose integration may
+    not have been imported yet (Celery's control flow ending a body; a view
+    decorated in an app's ``ready()`` that runs before this app's), so that
     nothing imports a framework a project does not use. ``importing=True`` also
     imports a deferred integration whose framework is installed but not yet
     loaded, for a record only that framework could have written.
