@@ -13,8 +13,11 @@ adapters registered here and never imports a framework.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
+from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -88,6 +91,18 @@ class Adapter:
 #: The adapters, in the order they were registered.
 REGISTERED: list[Adapter] = []
 
+#: Integrations registered when their framework is in use: a module the
+#: framework has loaded once it is in use (a body that raised one of
+#: Celery's exceptions has imported them; a module defining a DRF view has
+#: imported DRF's views), to the module in ``contrib/`` whose import
+#: registers its adapter. See :func:`in_use`. Celery's is never imported at
+#: start-up; DRF's is imported by the app's ``ready()`` too, but a view may
+#: be decorated before that runs.
+DEFERRED: dict[str, str] = {
+    "celery.exceptions": "django_idempotency.contrib.celery",
+    "rest_framework.views": "django_idempotency.contrib.drf",
+}
+
 # Request classes seen, each to its adapter (None: plain Django's).
 _BY_CLASS: dict[type, Adapter | None] = {}
 
@@ -102,6 +117,28 @@ def register(adapter: Adapter) -> None:
     REGISTERED[:] = [each for each in REGISTERED if each.name != adapter.name]
     REGISTERED.append(adapter)
     _BY_CLASS.clear()
+
+
+def in_use(*, importing: bool = False) -> list[Adapter]:
+    """:data:`REGISTERED`, once the deferred integrations of the frameworks in use are registered.
+
+    Asked where the package must know a framework whose integration may
+    not have been imported yet (Celery's control flow ending a body; a view
+    decorated in an app's ``ready()`` that runs before this app's), so that
+    nothing imports a framework a project does not use. ``importing=True`` also
+    imports a deferred integration whose framework is installed but not yet
+    loaded, for a record only that framework could have written.
+    """
+    for loaded, integration in DEFERRED.items():
+        if integration in sys.modules:
+            continue
+        if loaded in sys.modules:
+            import_module(integration)
+        elif importing:
+            # Not installed, or unimportable: there is nothing to register.
+            with suppress(ImportError):
+                import_module(integration)
+    return REGISTERED
 
 
 def for_request(request: Any) -> Adapter | None:

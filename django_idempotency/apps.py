@@ -27,13 +27,10 @@ class DjangoIdempotencyConfig(AppConfig):
         checks.register(check_view_options, checks.Tags.urls)
         if find_spec("rest_framework") is not None:
             # Registers DRF's adapter (how DRF requests are answered, which
-            # placements it refuses, how its views are protected) before any
-            # view module is decorated.
+            # placements it refuses, how its views are protected). A view
+            # decorated earlier, in the ready() of an app listed before this
+            # one, registered it already (adapters.in_use()).
             import django_idempotency.contrib.drf
-        if find_spec("celery") is not None:
-            # Registers which of Celery's exceptions end a body on purpose,
-            # for functions and tasks alike, wherever Celery runs them.
-            import django_idempotency.contrib.celery
         if apps.is_installed("drf_spectacular"):
             # Importing it registers the schema extension: nothing else to configure.
             import django_idempotency.contrib.spectacular  # noqa: F401

@@ -38,8 +38,10 @@ def idempotent(view: ViewFunc | None = None, /, **options: Any) -> Any:
 
     def decorate(view_func: ViewFunc) -> ViewFunc:
         # A framework that authenticates inside its views refuses what
-        # would take the scope before it ran (DRF: above @api_view).
-        for adapter in adapters.REGISTERED:
+        # would take the scope before it ran (DRF: above @api_view). Its
+        # adapter is registered here if the app's ready() has not run yet
+        # (an app listed before this one decorating views in its ready()).
+        for adapter in adapters.in_use():
             if adapter.check_placement is not None:
                 adapter.check_placement(view_func)
         view_options = check_options(options, view_func)

@@ -1,8 +1,9 @@
 """Re-exports :mod:`django_idempotency.contrib.django_tasks` (Django's Tasks framework).
 
 Kept so that ``from django_idempotency.django_tasks import idempotent_task``
-goes on working, and so that a purge enqueued under this module's path
-before the move still finds its task; new code imports from
+goes on working, and because the purge task is enqueued under this
+module's path, ``django_idempotency.django_tasks.purge_expired_keys``, as it
+was before the move: a worker imports it from here. New code imports from
 ``django_idempotency.contrib.django_tasks``.
 """
 

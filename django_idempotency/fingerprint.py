@@ -62,9 +62,12 @@ def request_fingerprint(request: HttpRequest) -> str:
     digest.update(b"\n")
     with readable_body(http_request) as body:
         if body is None:
-            parsed = None
             if adapter is not None and adapter.parsed_body is not None:
                 parsed = adapter.parsed_body(request)
+            else:
+                # A middleware that read the stream may have kept what it
+                # parsed as request.data (request.data = json.loads(request.read())).
+                parsed = getattr(request, "data", None)
             _update_with_parsed(digest, request, media_type, parsed)
         elif media_type == MULTIPART:
             _update_with_multipart(digest, http_request, body)
@@ -100,10 +103,10 @@ def _is_canonicalised(media_type: str) -> bool:
 
 
 def _update_with_parsed(digest: Any, request: HttpRequest, media_type: str, data: Any) -> None:
-    # The raw stream was read before us and not kept. What a framework
-    # parsed, ``data``, is all that is left (a DRF permission read
-    # request.data), or for a plain Django POST the form Django parsed (a
-    # middleware read request.POST).
+    # The raw stream was read before us and not kept. What was parsed,
+    # ``data``, is all that is left (a DRF permission read request.data; a
+    # middleware set request.data on a plain request), or for a multipart
+    # body the form Django parsed (a middleware read request.POST).
     if media_type == MULTIPART:
         try:
             fields, files = request.POST, request.FILES

@@ -78,7 +78,7 @@ def decode(stored: StoredResponse) -> Any:
         # caller, which never ran the first time, does not run now (a
         # redelivered task, a second publish). Only a task framework whose
         # adapter says how its tasks end on purpose (Celery's) writes this record.
-        for adapter in adapters.REGISTERED:
+        for adapter in adapters.in_use(importing=True):
             if adapter.end_on_purpose is not None:
                 adapter.end_on_purpose()
         raise RuntimeError(
@@ -96,7 +96,9 @@ def _ending(exc: BaseException) -> engine.Ending:
     knows (Celery's: ``Ignore``, completed on purpose; a soft time limit,
     an effect unknown; see :mod:`django_idempotency.contrib.celery`).
     """
-    for adapter in adapters.REGISTERED:
+    # Celery's adapter is registered here, not at start-up, once one of
+    # its exceptions has been raised (that is, once Celery is in use).
+    for adapter in adapters.in_use():
         if adapter.ending is not None:
             ending = adapter.ending(exc)
             if ending is not None:

@@ -16,6 +16,8 @@ urlpatterns = [
     path("ping/", async_views.ping),
     path("orders/publish/", async_views.create_order_and_publish),
     path("sync/plain/", middleware_views.create_order),
+    path("sync/from-data/", middleware_views.create_order_from_data),
+    path("sync/from-data-decorated/", middleware_views.create_order_from_data_decorated),
     path("sync/exempt/", middleware_views.create_order_exempt),
     path("sync/exempt-class/", middleware_views.ExemptOrderView.as_view()),
     path("sync/hidden-decorated/", middleware_views.hidden_decorated),

@@ -4,6 +4,7 @@ render, one that authenticates itself."""
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any
 
@@ -176,3 +177,26 @@ class ExceptionAsBadRequestMiddleware:
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse:
         return JsonResponse({"error": str(exception)}, status=400)
+
+
+class ParseJSONMiddleware:
+    """Reads a JSON body off the stream, keeping only what it parsed, as ``request.data``."""
+
+    def __init__(self, get_response: Any) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if request.content_type == "application/json":
+            request.data = json.loads(request.read())  # type: ignore[attr-defined]
+        return self.get_response(request)
+
+
+def create_order_from_data(request: HttpRequest) -> HttpResponse:
+    """Orders from the body ``ParseJSONMiddleware`` parsed: the stream itself is spent."""
+    calls.increment()
+    data = request.data  # type: ignore[attr-defined]
+    order = Order.objects.create(item=data["item"], quantity=data.get("quantity", 1))
+    return JsonResponse({"id": order.pk, "quantity": order.quantity}, status=201)
+
+
+create_order_from_data_decorated = idempotent(create_order_from_data)

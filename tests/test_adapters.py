@@ -120,3 +120,73 @@ def test_celerys_control_flow_is_known_through_its_adapter_alone(registry):
     assert functions.VALUES.ending(Ignore()) is engine.plain_ending(Ignore())
     with pytest.raises(RuntimeError, match="install Celery"):
         functions.decode(ended)
+
+
+EARLY_APP = """
+from django.apps import AppConfig
+from django.core.exceptions import ImproperlyConfigured
+
+
+class EarlyConfig(AppConfig):
+    name = "early_app"
+
+    def ready(self):
+        # Decorates a view before django_idempotency's ready() has run.
+        from rest_framework.decorators import api_view
+
+        from django_idempotency import idempotent
+
+        def create(request):
+            return None
+
+        try:
+            idempotent(api_view(["POST"])(create))
+        except ImproperlyConfigured as exc:
+            print("refused:", exc)
+        else:
+            print("accepted")
+"""
+
+EARLY_PROJECT = """
+import django
+from django.conf import settings
+settings.configure(
+    INSTALLED_APPS=[
+        "django.contrib.contenttypes",
+        "django.contrib.auth",
+        "rest_framework",
+        "early_app",
+        "django_idempotency",
+    ],
+    DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
+    USE_TZ=True,
+)
+django.setup()
+"""
+
+
+def test_a_view_decorated_before_the_apps_ready_still_meets_drfs_adapter(tmp_path):
+    # An app listed before django_idempotency decorates its views in its
+    # own ready(): DRF's placement check must already apply to them.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "early_app").mkdir()
+    (tmp_path / "early_app" / "__init__.py").write_text("")
+    (tmp_path / "early_app" / "apps.py").write_text(EARLY_APP)
+    path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+
+    result = subprocess.run(
+        [sys.executable, "-c", EARLY_PROJECT],
+        cwd=Path(__file__).resolve().parent.parent,
+        env={**os.environ, "PYTHONPATH": path},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert "refused:" in result.stdout, result.stdout
+    assert "@api_view" in result.stdout

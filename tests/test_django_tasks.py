@@ -62,16 +62,18 @@ class PurgeTaskTests:
         task = immediate_tasks.purge_expired_keys
         expected = "django.tasks" if django.VERSION >= (6, 0) else "django_tasks"
         assert type(task).__module__.startswith(expected)
-        assert task.module_path == "django_idempotency.contrib.django_tasks.purge_expired_keys"
 
-    def test_a_purge_enqueued_under_the_path_before_contrib_finds_its_task(self, immediate_tasks):
-        # A backend that stores tasks (django-tasks-db) imports the path it
-        # stored when a worker runs it: the re-export keeps the old one working.
+    def test_the_purge_is_enqueued_under_the_path_it_always_had(self, immediate_tasks):
+        # A backend that stores tasks (django-tasks-db) stores this path and
+        # the worker imports it: a web server and a worker a release apart
+        # (the worker not yet upgraded) must agree on it.
         from django.utils.module_loading import import_string
 
-        old = import_string("django_idempotency.django_tasks.purge_expired_keys")
+        task = immediate_tasks.purge_expired_keys
 
-        assert old is immediate_tasks.purge_expired_keys
+        assert task.module_path == "django_idempotency.django_tasks.purge_expired_keys"
+        assert import_string(task.module_path) is task
+        assert task.func.__qualname__ == "purge_expired_keys"
 
     def test_enqueued_purge_takes_the_pace_of_the_purge(self, immediate_tasks):
         IdempotencyKeyFactory.create_batch(3, expired=True)

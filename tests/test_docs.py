@@ -123,3 +123,60 @@ def test_the_development_status_is_beta():
     assert re.findall(r'"Development Status :: [^"]+"', pyproject) == [
         '"Development Status :: 4 - Beta"'
     ]
+
+
+#: Names 0.2.0's modules let projects import that this release removed,
+#: each of which the changelog's "Removed" section must name with its replacement.
+REMOVED_SINCE_0_2_0 = {
+    "django_idempotency.middleware": ["VIEW_PROTECTORS", "is_exempt", "protects_itself"],
+    "django_idempotency.decorators": ["PLACEMENT_CHECKS", "PLACEMENT_ADAPTERS"],
+    "django_idempotency.drf": [
+        "ATTRIBUTE_PREFIX",
+        "EXEMPT_ATTRIBUTE",
+        "OPTION_NAMES",
+        "decorated_options",
+        "error_response",
+        "finish",
+        "guard",
+        "handler_chain",
+        "handler_name",
+        "handler_options",
+        "protect_after_authentication",
+        "protect_for_middleware",
+        "refuse_above_api_view",
+        "view_options",
+    ],
+    "django_idempotency.spectacular": [
+        "ERROR_COMPONENT",
+        "PROBLEM_COMPONENT",
+        "PROBLEM_CONTENT_TYPE",
+        "TRANSIENT_STATUSES",
+        "IdempotentSchemaMixin",
+        "Layer",
+        "Protected",
+        "describe_duration",
+        "idempotent_schema_class",
+        "layers",
+        "project_doc",
+        "protection",
+    ],
+    "django_idempotency.tasks": ["TASK_VALUES", "TaskInFlight", "TaskArgumentsMismatch"],
+    "django_idempotency.django_tasks": ["TASK_VALUES", "CALL_OPTION_NAMES"],
+}
+
+
+@pytest.mark.parametrize("module", sorted(REMOVED_SINCE_0_2_0))
+def test_the_changelog_names_each_removed_name(module):
+    import importlib
+
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    unreleased = changelog.split("\n## ", 2)[1]
+    removed = re.search(r"^### Removed\n(.*?)(?=^### |\Z)", unreleased, re.M | re.S)
+    assert removed, "no Removed section in the Unreleased changes"
+    imported = importlib.import_module(module)
+
+    for name in REMOVED_SINCE_0_2_0[module]:
+        assert not hasattr(imported, name), f"{module}.{name} is still there"
+        # `name`, `module.name` or `name(arguments)`.
+        named = rf"`(?:[\w.]+\.)?{name}(?:\([^`]*\))?`"
+        assert re.search(named, removed.group(1)), f"{module}.{name} is not named"

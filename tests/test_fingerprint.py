@@ -194,6 +194,16 @@ class ParsedBodyTests:
         assert first == request_fingerprint(parsed('{"a":1}'))
         assert first != request_fingerprint(parsed('{"a": 2}'))
 
+    def test_plain_request_whose_stream_a_middleware_parsed_fingerprints_its_data(self):
+        # A middleware did request.data = json.loads(request.read()): only that is left.
+        def consumed(body: str) -> str:
+            request = factory.post("/o/", body, content_type="application/json")
+            request.data = json.loads(request.read())  # type: ignore[attr-defined]
+            return request_fingerprint(request)
+
+        assert consumed('{"amount": 10}') == consumed('{"amount":10.0}')
+        assert consumed('{"amount": 10}') != consumed('{"amount": 9999}')
+
 
 class CanonicalParsedTests:
     def test_numbers_compare_by_value_whatever_their_type(self):

@@ -163,8 +163,11 @@ def test_the_finder_sees_an_import_inside_a_function(tmp_path):
 def test_contrib_is_imported_only_by_the_app_config_and_the_old_paths():
     # The core never reaches up into an integration: an integration hands
     # it what it knows when imported, which the app's ready() does for
-    # those that are installed, and the modules at the integrations' old
-    # paths re-export them.
+    # DRF's and drf-spectacular's, and the modules at the integrations' old
+    # paths re-export them. The one other way in is adapters.DEFERRED, by
+    # name, for an integration registered once its framework is in use.
+    from django_idempotency import adapters
+
     graph = import_graph()
     importing = {
         name
@@ -173,6 +176,7 @@ def test_contrib_is_imported_only_by_the_app_config_and_the_old_paths():
     }
 
     assert importing == {"django_idempotency.apps", *REEXPORTED}
+    assert set(adapters.DEFERRED.values()) <= {f"{CONTRIB}.celery", f"{CONTRIB}.drf"}
 
 
 def test_only_the_drf_integration_reaches_the_django_request_inside_drfs():

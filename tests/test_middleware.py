@@ -25,7 +25,7 @@ from django_idempotency import idempotency_exempt
 from django_idempotency.middleware import IdempotencyMiddleware
 from django_idempotency.models import IdempotencyKey
 from tests import middleware_views
-from tests.clients import get, post
+from tests.clients import get, post, post_json
 from tests.models import Order
 from tests.test_asynchronous import ASYNC_METHOD_DECORATOR
 from tests.test_engine import assert_refused_as_not_stored
@@ -203,6 +203,34 @@ HIDDEN_WITH_OTHER_OPTIONS = [
     "/async/sync/hidden-drf-scoped/",
     "/async/sync/hidden-store/",
 ]
+
+
+PARSE_JSON_MIDDLEWARE = "tests.middleware_views.ParseJSONMiddleware"
+
+
+class ConsumedStreamTests:
+    """A middleware read the stream and kept only what it parsed, as ``request.data``."""
+
+    @pytest.mark.parametrize(
+        ("url", "chain"),
+        [
+            ("/async/sync/from-data/", [PARSE_JSON_MIDDLEWARE, MIDDLEWARE]),
+            ("/async/sync/from-data-decorated/", [PARSE_JSON_MIDDLEWARE]),
+        ],
+        ids=["middleware", "decorator"],
+    )
+    def test_a_reused_key_with_another_body_is_refused(self, settings, any_client, url, chain):
+        settings.MIDDLEWARE = [*settings.MIDDLEWARE, *chain]
+
+        first = post_json(any_client, url, {"item": "book", "quantity": 10})
+        replay = post_json(any_client, url, {"quantity": 10, "item": "book"})
+        other = post_json(any_client, url, {"item": "book", "quantity": 9999})
+
+        assert first.status_code == 201
+        assert replay.status_code == 201
+        assert replay["Idempotent-Replayed"] == "true"
+        assert other.status_code == 422
+        assert list(Order.objects.values_list("quantity", flat=True)) == [10]
 
 
 @pytest.mark.usefixtures("installed")

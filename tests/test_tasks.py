@@ -219,6 +219,107 @@ def test_example_project_runs_without_celery_installed():
     assert "celery_app None" in result.stdout
 
 
+#: A project without Celery in INSTALLED_APPS or its settings: the app alone.
+BARE_PROJECT = """
+import sys
+import django
+from django.conf import settings
+settings.configure(
+    INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "django_idempotency"],
+    DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
+    USE_TZ=True,
+)
+django.setup()
+from django.core.management import call_command
+call_command("check")
+"""
+
+#: Makes ``import celery`` find a namespace package (a ``celery/`` directory
+#: without ``__init__.py``), which has none of Celery's names.
+CELERY_AS_NAMESPACE = """
+import importlib.machinery, sys
+class NamespaceCelery:
+    def find_spec(self, name, path=None, target=None):
+        if name != "celery":
+            return None
+        spec = importlib.machinery.ModuleSpec("celery", None, is_package=True)
+        spec.submodule_search_locations = [{directory!r}]
+        return spec
+sys.meta_path.insert(0, NamespaceCelery())
+"""
+
+
+def _bare_project(code: str, prelude: str = "", **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", prelude + BARE_PROJECT + code],
+        cwd=REPO,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+LOADED = "print('loaded', sorted(m for m in ('celery', 'kombu', 'billiard') if m in sys.modules))\n"
+
+
+def test_start_up_does_not_import_celery():
+    # Celery is installed here, but a project that does not use it never pays for importing it.
+    result = _bare_project(LOADED)
+
+    assert result.returncode == 0, result.stderr
+    assert "loaded []" in result.stdout
+
+
+def test_start_up_works_with_a_celery_namespace_directory(tmp_path):
+    (tmp_path / "celery").mkdir()
+
+    result = _bare_project(LOADED, prelude=CELERY_AS_NAMESPACE.format(directory=str(tmp_path)))
+
+    assert result.returncode == 0, result.stderr
+    assert "System check identified no issues" in result.stdout
+
+
+def test_start_up_works_with_a_broken_celery_install(tmp_path):
+    (tmp_path / "celery").mkdir()
+    (tmp_path / "celery" / "__init__.py").write_text("raise ImportError('half uninstalled')\n")
+    path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+
+    result = _bare_project(LOADED, PYTHONPATH=path)
+
+    assert result.returncode == 0, result.stderr
+    assert "System check identified no issues" in result.stdout
+
+
+def test_celerys_control_flow_is_known_once_celery_is_in_use():
+    # Nothing imported Celery's integration: Celery's own exceptions, once
+    # raised, are enough for a body that ends with them to count as ended on purpose.
+    result = _bare_project(
+        "from django_idempotency import engine, functions\n"
+        "assert 'django_idempotency.contrib.celery' not in sys.modules\n"
+        "from celery.exceptions import Ignore, SoftTimeLimitExceeded\n"
+        "assert functions.VALUES.ending(Ignore()) is engine.Ending.COMPLETED\n"
+        "assert functions.VALUES.ending(SoftTimeLimitExceeded()) is engine.Ending.UNKNOWN\n"
+        "print('known')\n"
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert "known" in result.stdout
+
+
+def test_a_call_whose_first_ended_on_purpose_ends_so_where_celery_was_not_loaded():
+    result = _bare_project(
+        "from django_idempotency import functions\n"
+        "try:\n"
+        "    functions.decode(functions.VALUES.ended_on_purpose)\n"
+        "except BaseException as exc:\n"
+        "    print('raised', type(exc).__module__, type(exc).__name__)\n"
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert "raised celery.exceptions Ignore" in result.stdout
+
+
 STORM_KEYS = 100
 STORM_PUBLISHES = 10
 

@@ -64,7 +64,19 @@ class TaskOptions(CallOptions, total=False):
     backend: str
 
 
+def _enqueued_under_its_old_path(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Gives the purge the module of its path before ``contrib/``, which re-exports it.
+
+    The framework enqueues a task under its function's module and name, and
+    a worker imports that path to run it: keeping the path it has always
+    had lets a web server and a worker a release apart agree on it.
+    """
+    function.__module__ = "django_idempotency.django_tasks"
+    return function
+
+
 @task
+@_enqueued_under_its_old_path
 def purge_expired_keys(
     batch_size: int = DEFAULT_BATCH_SIZE,
     database: str | None = None,
