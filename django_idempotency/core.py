@@ -31,6 +31,7 @@ from django_idempotency.exceptions import (
     FingerprintMismatch,
     IdempotencyError,
     IdempotencyKeyRequired,
+    InvalidIdempotencyKey,
     RequestInFlight,
     ResultNotStored,
 )
@@ -147,7 +148,9 @@ async def protect_async(
     finish: Finish = render,
 ) -> HttpResponseBase:
     """:func:`protect` for a coroutine handler: the same rules, and it finishes when cancelled."""
-    if _protected_outside(request, options, sender) or not may_claim(request, options.resolve()):
+    if _protected_outside(request, options, sender) or not await _may_claim_async(
+        request, options.resolve()
+    ):
         # Nothing to claim: skip the hop to the request's thread.
         return await handler()
 
@@ -281,6 +284,18 @@ def may_claim(request: HttpRequest, options: Options) -> bool:
     return options.required or options.key is not None or sent_key(request) is not None
 
 
+async def _may_claim_async(request: HttpRequest, options: Options) -> bool:
+    """:func:`may_claim`, with a form's key read in a thread (:func:`read_form_key`)."""
+    if (
+        idempotency_settings.enabled
+        and request.method in options.methods
+        and not options.required
+        and options.key is None
+    ):
+        await read_form_key(request)
+    return may_claim(request, options)
+
+
 def sent_key(request: HttpRequest, options: Options | None = None) -> str | None:
     """What the view's ``key`` function reads from the request, else the key the client sent.
 
@@ -302,12 +317,57 @@ def sent_key(request: HttpRequest, options: Options | None = None) -> str | None
 def _form_key(request: HttpRequest, field: str) -> str | None:
     # Read once per request: the adapters ask whether there is a key
     # before they claim it.
+    key, refusal = _read_form_key(request, field)
+    if refusal is not None:
+        raise InvalidIdempotencyKey(refusal)
+    return key
+
+
+def _read_form_key(request: HttpRequest, field: str) -> tuple[str | None, str | None]:
+    """The form's key, or the reason it is refused, read from the body once per request."""
     http_request = django_request(request)
-    cached: tuple[str | None] | None = getattr(http_request, _FORM_KEY, None)
-    if cached is None:
-        cached = (form_key(request, field),)
-        setattr(http_request, _FORM_KEY, cached)
-    return cached[0]
+    read: tuple[str | None, str | None] | None = getattr(http_request, _FORM_KEY, None)
+    if read is None:
+        try:
+            read = (form_key(request, field), None)
+        except InvalidIdempotencyKey as error:
+            read = (None, error.detail)
+        setattr(http_request, _FORM_KEY, read)
+    return read
+
+
+async def read_form_key(request: HttpRequest) -> None:
+    """Read a form's key from the body in a thread, so that :func:`sent_key` finds it read.
+
+    For an async view: under ASGI the body is a temporary file, on disk
+    past ``FILE_UPLOAD_MAX_MEMORY_SIZE``, and a multipart body's files are
+    digested as they are parsed; neither belongs in the event loop. Does
+    nothing when the key would not come from the body (a header was sent,
+    no ``FORM_FIELD``, no form) or was read already.
+    """
+    field = idempotency_settings.form_field
+    if field is None or not _key_in_body(request) or hasattr(django_request(request), _FORM_KEY):
+        return
+    await sync_to_async(_read_form_key, thread_sensitive=True)(request, field)
+
+
+def may_send_key(request: HttpRequest) -> bool:
+    """Whether the request may have sent a key, from its headers alone.
+
+    The header, or a form that may hold the ``FORM_FIELD``: the body is
+    not looked at.
+    """
+    return _meta_name(idempotency_settings.header) in request.META or _key_in_body(request)
+
+
+def _key_in_body(request: HttpRequest) -> bool:
+    """Whether a key would be read from the body: no header, a ``FORM_FIELD``, a form."""
+    conf = idempotency_settings
+    return (
+        conf.form_field is not None
+        and _meta_name(conf.header) not in request.META
+        and is_form(request)
+    )
 
 
 _FORM_KEY = "_idempotency_form_key"

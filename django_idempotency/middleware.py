@@ -51,7 +51,14 @@ from django.urls import Resolver404, resolve
 from django.utils.module_loading import import_string
 
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.core import protect, protect_async, render, sent_key
+from django_idempotency.core import (
+    may_send_key,
+    protect,
+    protect_async,
+    read_form_key,
+    render,
+    sent_key,
+)
 from django_idempotency.exceptions import IdempotencyError, InvalidIdempotencyKey
 from django_idempotency.marks import idempotency_exempt
 from django_idempotency.options import DeclaredOptions
@@ -130,7 +137,8 @@ class IdempotencyMiddleware:
     def __call__(self, request: HttpRequest) -> Any:
         if self.async_mode:
             return self._call_async(request)
-        protecting = self._view_to_protect(request)
+        protection = _protection(request)
+        protecting = None if protection is None else _chosen(request, protection)
         if protecting is None:
             return self.get_response(request)
         view, options = protecting
@@ -146,7 +154,12 @@ class IdempotencyMiddleware:
             return problem(error, request)
 
     async def _call_async(self, request: HttpRequest) -> HttpResponseBase:
-        protecting = self._view_to_protect(request)
+        protection = _protection(request)
+        protecting = None
+        if protection is not None:
+            if not idempotency_settings.required:
+                await read_form_key(request)
+            protecting = _chosen(request, protection)
         if protecting is None:
             response: HttpResponseBase = await self.get_response(request)
             return response
@@ -229,35 +242,55 @@ class IdempotencyMiddleware:
             return discard(response)
         return response
 
-    @staticmethod
-    def _view_to_protect(request: HttpRequest) -> tuple[Any, DeclaredOptions] | None:
-        """The view this middleware protects for this request, and its options, or ``None``.
 
-        ``None`` too for a framework's view that protects itself: the
-        version of it that does is left on the request for process_view.
-        """
-        conf = idempotency_settings
-        method = request.method or ""
-        if not conf.enabled or method not in conf.methods:
-            return None
-        if not conf.required and not _has_key(request):
-            return None
-        try:
-            match = resolve(request.path_info, urlconf=getattr(request, "urlconf", None))
-        except Resolver404:
-            return None
-        view = match.func
-        if "admin" in match.app_names:
-            # An AdminSite's URLs: its forms cannot send a key.
-            return None
-        by_middleware = view_protection(view, method).middleware
-        if by_middleware is None:
-            return None
-        protected, options = by_middleware()
-        if protected is not view:
-            setattr(request, _CALL_INSTEAD, protected)
-            return None
-        return view, options
+#: What :func:`view_protection` gives for a view the middleware protects.
+_Protects = Callable[[], tuple[Any, DeclaredOptions]]
+
+
+def _protection(request: HttpRequest) -> tuple[Any, _Protects] | None:
+    """The view ``request`` resolves to, and how the middleware protects it if a key is sent.
+
+    ``None`` for a view it leaves alone: exempt, the admin's, one that
+    protects itself. Decided before the body is looked at for a form's
+    key: the body of a request the middleware will not protect is the
+    view's alone, for its own upload handlers and its own reading, as it
+    arrives. Without a header, and with no form that could carry the key,
+    a request cannot be protected, and the URL is not resolved.
+    """
+    conf = idempotency_settings
+    method = request.method or ""
+    if not conf.enabled or method not in conf.methods:
+        return None
+    if not conf.required and not may_send_key(request):
+        return None
+    try:
+        match = resolve(request.path_info, urlconf=getattr(request, "urlconf", None))
+    except Resolver404:
+        return None
+    if "admin" in match.app_names:
+        # An AdminSite's URLs: its forms cannot send a key.
+        return None
+    by_middleware = view_protection(match.func, method).middleware
+    return None if by_middleware is None else (match.func, by_middleware)
+
+
+def _chosen(
+    request: HttpRequest, protection: tuple[Any, _Protects]
+) -> tuple[Any, DeclaredOptions] | None:
+    """The view the middleware protects for ``request``, and its options, or ``None``.
+
+    ``None`` for a request without a key (unless ``REQUIRED``), and for a
+    framework's view that protects itself: the version of it that does is
+    left on the request for process_view.
+    """
+    if not idempotency_settings.required and not _has_key(request):
+        return None
+    view, by_middleware = protection
+    protected, options = by_middleware()
+    if protected is not view:
+        setattr(request, _CALL_INSTEAD, protected)
+        return None
+    return view, options
 
 
 def _returned(request: HttpRequest) -> None:
