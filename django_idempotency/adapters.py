@@ -130,9 +130,10 @@ def in_use(*, importing: bool = False) -> list[Adapter]:
     loaded, for a record only that framework could have written.
     """
     for loaded, integration in DEFERRED.items():
-        if integration in sys.modules:
-            continue
-        if loaded in sys.modules:
+        if loaded in sys.modules or integration in sys.modules:
+            # Even when the integration is in sys.modules: a module is there
+            # before its code has run (and registered its adapter), and
+            # import_module waits for another thread still importing it.
             import_module(integration)
         elif importing:
             # Not installed, or unimportable: there is nothing to register.
