@@ -10,7 +10,9 @@ A record is ``completed``, or in progress; an in-progress record is
   checkpoints, so the next retry takes it over at once.
 
 While a lease is held, ``expires_at`` is where it ends (``locked_until``
-too), so one indexed column decides. Each state is written three ways,
+too), so one indexed column decides. (The purge keeps a record in progress
+past its ``expires_at``, until its ``retained_until``: see
+:mod:`django_idempotency.purge`. That decides no state.) Each state is written three ways,
 for the three places that ask: Python, for a record read together with the
 database's clock (the store's claim); an ORM ``Q``, evaluated by the
 statement that filters (the operators' commands and the admin); and SQL,

@@ -10,10 +10,18 @@ other: where the database can, a batch skips rows another purge (or a claim
 taking over an expired key) has locked, and each row is counted by the one
 ``DELETE`` that removed it.
 
+A record is purged once it expired (:func:`purgeable`); a lease-mode
+claim left in progress (released by its owner, or abandoned when its lease
+ran out) carries its attempt and checkpoints to the retry that takes it
+over, so it is kept until its ``retained_until`` too: its claim plus the
+key's TTL, as long as a completed key would be kept.
+
 A purge also yields to the requests that share the database with it (see
 :class:`Pace`): each batch is sized to stay under a target time, the purge
 rests between batches in proportion to how long each took, and it may be
-held to a number of rows per second.
+held to a number of rows per second. So it runs outside any transaction:
+every batch commits on its own, and no rest holds a caller's transaction
+open.
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ from typing import Any, NamedTuple
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Q
+from django.db.transaction import TransactionManagementError
 from django.utils.connection import ConnectionDoesNotExist
 
 from django_idempotency import clock, store
@@ -153,6 +163,20 @@ class Pace:
 #: The purge as it was before it yielded: fixed batches, back to back.
 UNPACED = Pace(batch_seconds=None, pause=0.0)
 
+_IN_PROGRESS = str(IdempotencyKey.State.IN_PROGRESS)
+
+
+def purgeable(cutoff: datetime) -> Q:
+    """The records a purge with ``cutoff`` deletes, as an ORM ``Q``.
+
+    Expired by then, and unless still in progress, retained past then: a
+    lease-mode claim left in progress keeps its progress (its attempt and
+    checkpoints) for the retry until ``retained_until``, however its lease
+    ended. :func:`_purgeable_sql` is the same condition for the batches'
+    statements (``tests/test_purge_progress.py`` checks that they agree).
+    """
+    return Q(expires_at__lte=cutoff) & ~Q(state=_IN_PROGRESS, retained_until__gt=cutoff)
+
 
 def purge_expired(
     using: str | None = None,
@@ -177,8 +201,17 @@ def purge_expired(
     ``pause`` and ``rate`` say how the purge yields to requests meanwhile
     (see :class:`Pace`).
 
+    A record still in progress (a lease-mode claim released by its owner,
+    or abandoned) is kept until its ``retained_until`` as well, so that the
+    retry that takes it over resumes from its checkpoints.
+
     A value out of range raises :class:`ValueError` naming the fix, before
-    anything is deleted.
+    anything is deleted; so does a call inside a transaction
+    (:class:`~django.db.TransactionManagementError`; a dry run is allowed):
+    every batch commits on its own and the purge rests between them, which
+    inside a caller's transaction would hold it, and every row deleted so
+    far, for the whole purge. Run it outside, or from
+    ``transaction.on_commit``.
     An unknown database alias, and a missing table, raise
     :class:`~django.core.exceptions.ImproperlyConfigured` (the latter saying
     to run ``migrate``); a lock wait that ran out (the database is
@@ -198,11 +231,31 @@ def purge_expired(
         # A scheduled task meets this as the command does: as configuration
         # to fix, not as an error of Django's connection handler.
         raise ImproperlyConfigured(f"Unknown database {using!r}: {exc}") from exc
+    if not dry_run and _in_a_transaction(connection):
+        raise TransactionManagementError(
+            f"purge_expired() cannot run inside a transaction on database {using!r}: each "
+            "batch commits on its own and the purge rests between batches, which would hold "
+            "the transaction, and every row deleted so far, open for the whole purge. Call it "
+            "outside transaction.atomic() (or with autocommit on), for example from "
+            "transaction.on_commit(), or pass dry_run=True to only count."
+        )
     with store.explained(using):
         cutoff = clock.read(connection) if now is None else now
         if dry_run:
-            return IdempotencyKey.objects.using(using).filter(expires_at__lte=cutoff).count()
+            return IdempotencyKey.objects.using(using).filter(purgeable(cutoff)).count()
         return _purge(connection, cutoff, batch_size, pace, progress)
+
+
+def _in_a_transaction(connection: BaseDatabaseWrapper) -> bool:
+    """Whether ``connection`` is inside a transaction the purge's batches cannot commit.
+
+    The one Django's ``TestCase`` wraps each test in is tolerated, so that
+    the purge stays testable there (its batches commit with the test's).
+    """
+    if connection.in_atomic_block:
+        blocks = connection.atomic_blocks
+        return not all(getattr(block, "_from_testcase", False) for block in blocks)
+    return not connection.get_autocommit()
 
 
 def _purge(
@@ -224,9 +277,10 @@ def _purge(
         passed = batch.passed
         if progress is not None and batch.removed:
             progress(deleted)
-        # A short batch means nothing more expired is left that this purge
-        # could lock; rows another purge holds are that purge's to delete.
-        if batch.found < size:
+        # Each statement deletes every row it chose, so a short batch means
+        # nothing more purgeable is left that this purge could lock; rows
+        # another purge holds are that purge's to delete.
+        if batch.removed < size:
             return deleted
         rest = pace.rest(batch.removed, seconds)
         if rest > 0:
@@ -235,9 +289,8 @@ def _purge(
 
 
 class Batch(NamedTuple):
-    """What one batch did: rows it chose, rows it deleted, how far it got."""
+    """What one batch did: the rows it deleted, and how far it got."""
 
-    found: int
     removed: int
     #: The latest expiry deleted, where the next batch starts (PostgreSQL).
     passed: datetime | None = None
@@ -274,11 +327,32 @@ def _with_deadlock_retry(
 def _names(connection: BaseDatabaseWrapper) -> tuple[str, str, str]:
     quote = connection.ops.quote_name
     meta = IdempotencyKey._meta
+    return quote(meta.db_table), quote(meta.pk.column), _column(connection, "expires_at")
+
+
+def _column(connection: BaseDatabaseWrapper, name: str) -> str:
+    field = IdempotencyKey._meta.get_field(name)
+    return connection.ops.quote_name(str(field.column))  # type: ignore[union-attr]
+
+
+def _purgeable_sql(connection: BaseDatabaseWrapper) -> str:
+    """:func:`purgeable` as SQL, for the batches: two parameters, the cutoff twice.
+
+    The expiry comes first, so each backend walks the ``expires_at`` index
+    and only reads the other columns of the rows it finds there: a claim
+    still retained is stepped over, and left for a later run.
+    """
+    expires, state = _column(connection, "expires_at"), _column(connection, "state")
+    retained = _column(connection, "retained_until")
     return (
-        quote(meta.db_table),
-        quote(meta.pk.column),
-        quote(next(str(f.column) for f in meta.concrete_fields if f.name == "expires_at")),
+        f"{expires} <= %s AND ({state} <> '{_IN_PROGRESS}' "
+        f"OR {retained} IS NULL OR {retained} <= %s)"
     )
+
+
+def _cutoff(connection: BaseDatabaseWrapper, cutoff: datetime) -> list[Any]:
+    """The parameters of :func:`_purgeable_sql`."""
+    return [connection.ops.adapt_datetimefield_value(cutoff)] * 2
 
 
 def _delete_batch_postgresql(
@@ -301,7 +375,7 @@ def _delete_batch_postgresql(
     table, pk, expires = _names(connection)
     since = "" if passed is None else f" AND {expires} >= %s"
     batch = (
-        f"SELECT {pk} FROM {table} WHERE {expires} <= %s{since} "
+        f"SELECT {pk} FROM {table} WHERE {_purgeable_sql(connection)}{since} "
         f"ORDER BY {expires} LIMIT %s FOR UPDATE SKIP LOCKED"
     )
     # With "IN (subquery)" the planner hash-joins the batch against a
@@ -312,14 +386,13 @@ def _delete_batch_postgresql(
         f"RETURNING {expires}) SELECT count(*), max({expires}) FROM gone"
     )
     adapt = connection.ops.adapt_datetimefield_value
-    params: list[Any] = [adapt(cutoff), *([] if passed is None else [adapt(passed)]), batch_size]
+    since_params = [] if passed is None else [adapt(passed)]
+    params: list[Any] = [*_cutoff(connection, cutoff), *since_params, batch_size]
     # Under autocommit the one statement is its own transaction.
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         removed, last = cursor.fetchone()
-    # The statement does not say how many rows it chose, only how many it
-    # deleted; here the two are the same rows.
-    return Batch(removed, removed, last if last is not None else passed)
+    return Batch(removed, last if last is not None else passed)
 
 
 def _delete_batch_subquery(
@@ -334,15 +407,14 @@ def _delete_batch_subquery(
     the index's beginning at no cost.
     """
     table, pk, expires = _names(connection)
-    batch = f"SELECT {pk} FROM {table} WHERE {expires} <= %s ORDER BY {expires} LIMIT %s"
+    batch = (
+        f"SELECT {pk} FROM {table} WHERE {_purgeable_sql(connection)} ORDER BY {expires} LIMIT %s"
+    )
     sql = f"DELETE FROM {table} WHERE {pk} IN ({batch})"
-    params = [connection.ops.adapt_datetimefield_value(cutoff), batch_size]
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(sql, [*_cutoff(connection, cutoff), batch_size])
         removed = cursor.rowcount
-    # The statement does not say how many rows it chose, only how many it
-    # deleted; on SQLite the two are the same rows.
-    return Batch(removed, removed)
+    return Batch(removed)
 
 
 def _delete_batch_mysql(
@@ -360,11 +432,11 @@ def _delete_batch_mysql(
     table, _pk, expires = _names(connection)
     with connection.cursor() as cursor:
         cursor.execute(
-            f"DELETE FROM {table} WHERE {expires} <= %s ORDER BY {expires} LIMIT %s",
-            [connection.ops.adapt_datetimefield_value(cutoff), batch_size],
+            f"DELETE FROM {table} WHERE {_purgeable_sql(connection)} ORDER BY {expires} LIMIT %s",
+            [*_cutoff(connection, cutoff), batch_size],
         )
         removed = cursor.rowcount
-    return Batch(removed, removed)
+    return Batch(removed)
 
 
 _DELETE_BATCH: dict[str, DeleteBatch] = {

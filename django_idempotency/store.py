@@ -254,7 +254,8 @@ def release(
 
     ``keep_progress`` keeps a claim that has checkpoints, with its attempt,
     as free to take at once (its token cleared, its lease over), so that
-    the retry resumes from them instead of starting again; with
+    the retry resumes from them instead of starting again (the purge keeps
+    it until its ``retained_until``, its claim plus the key's TTL); with
     ``checkpoints``, those in place of the ones recorded (some of which
     rolled back with the writes they recorded).
     """
@@ -293,6 +294,7 @@ def take_over(using: str, abandoned: Record, new: NewClaim) -> Claim | None:
     params = [new.owner_token, abandoned.attempt + 1, clock.seconds(connection, new.expires_in)]
     if leased:
         params.append(clock.seconds(connection, new.lease))
+    params.append(clock.seconds(connection, new.retained_for))
     if not _write(connection, sql, [*params, abandoned.id, abandoned.owner_token]):
         return None
     return Claim(abandoned.id, attempt=abandoned.attempt + 1, checkpoints=abandoned.checkpoints)
@@ -308,6 +310,7 @@ def _take_over_sql(connection: BaseDatabaseWrapper, leased: bool) -> str:
         created_at=clock.now_sql(connection),
         expires_at=later,
         locked_until=later if leased else "NULL",
+        retained_until=later,
     )
 
 

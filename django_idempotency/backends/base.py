@@ -150,6 +150,9 @@ class NewClaim:
     expires_in: timedelta
     #: Lease mode: from the claim until its lease runs out (``expires_in`` too).
     lease: timedelta | None = None
+    #: Lease mode: from the claim until the purge may delete it while it is
+    #: still in progress (the key's TTL), however its lease ended.
+    retained_for: timedelta | None = None
 
     @classmethod
     def of(
@@ -162,8 +165,10 @@ class NewClaim:
     ) -> NewClaim:
         """The claim of ``info``'s key: for ``ttl``, or held for ``lease``.
 
-        A held lease expires with the lease, so that one index answers both
-        "may this be taken over?" and "may this be purged?".
+        A held lease expires with the lease, so that one index answers
+        "may this be taken over?"; it is retained for ``ttl``, so that a
+        claim left in progress keeps its progress for the retry as long as
+        a completed key would be kept.
         """
         return cls(
             scope=info.scope,
@@ -172,6 +177,7 @@ class NewClaim:
             owner_token=token,
             expires_in=lease or ttl,
             lease=lease,
+            retained_for=ttl if lease else None,
         )
 
 
@@ -203,6 +209,7 @@ CLAIM_FIELDS = [
     "created_at",
     "expires_at",
     "locked_until",
+    "retained_until",
 ]
 RESPONSE_FIELDS = ["status_code", "response_headers", "response_body"]
 
@@ -213,7 +220,7 @@ def claim_values(connection: BaseDatabaseWrapper) -> str:
     The parameters are ``insert_params``; its times are the database's clock.
     """
     later = clock.later_sql(connection)
-    return ", ".join(["%s"] * 5 + [clock.now_sql(connection), later, later, "1"])
+    return ", ".join(["%s"] * 5 + [clock.now_sql(connection), later, later, later, "1"])
 
 
 def insert_claim_into(connection: BaseDatabaseWrapper) -> str:
@@ -330,6 +337,7 @@ def insert_params(connection: BaseDatabaseWrapper, new: NewClaim) -> list[Any]:
         new.owner_token,
         clock.seconds(connection, new.expires_in),
         clock.seconds(connection, new.lease),
+        clock.seconds(connection, new.retained_for),
     ]
 
 
@@ -379,7 +387,7 @@ def takeover_assignments(connection: BaseDatabaseWrapper, *, from_excluded: bool
     columns = column_names()
     claim = [quote(columns[field]) for field in CLAIM_FIELDS[2:]]
     later = clock.later_sql(connection)
-    given = ["%s"] * 3 + [clock.now_sql(connection), later, later]
+    given = ["%s"] * 3 + [clock.now_sql(connection), later, later, later]
     values = [
         f"{name} = EXCLUDED.{name}" if from_excluded else f"{name} = {value}"
         for name, value in zip(claim, given, strict=True)
