@@ -134,6 +134,10 @@ class KeptForTheRetryTests:
         call_command("idempotency_keys", "list", "--abandoned", stdout=out, stderr=StringIO())
         assert "in progress, attempt 1, abandoned, charged" in out.getvalue()
         assert steps_run() == ["charge"]
+        record = IdempotencyKey.objects.get()
+        shown = StringIO()
+        call_command("idempotency_keys", "show", record.scope, "order-1", stdout=shown)
+        assert f"kept until:   {record.retained_until.isoformat()}" in shown.getvalue()
 
     def test_the_claim_is_purged_once_the_ttl_from_its_claim_has_passed(self, client, moved):
         died(client)
