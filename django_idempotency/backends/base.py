@@ -337,7 +337,8 @@ def insert_params(connection: BaseDatabaseWrapper, new: NewClaim) -> list[Any]:
         new.owner_token,
         clock.seconds(connection, new.expires_in),
         clock.seconds(connection, new.lease),
-        clock.seconds(connection, new.retained_for),
+        # Atomic mode retains nothing: no frame for it on the hot path.
+        None if new.retained_for is None else clock.seconds(connection, new.retained_for),
     ]
 
 
