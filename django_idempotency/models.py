@@ -43,7 +43,8 @@ class IdempotencyKey(models.Model):
     # While a lease is held this equals locked_until, so one indexed column
     # answers "may this key be taken over?"; it is also where the purge walks.
     expires_at = models.DateTimeField(_("expires at"))
-    # Lease mode: the claim plus the key's TTL. A claim left in progress
+    # Lease mode: the end of the lease (as the claim, a takeover, a renewal
+    # or a release last wrote it) plus the key's TTL. A claim left in progress
     # (released, or abandoned by an owner that died) carries its progress
     # to the retry, so the purge keeps it until then even once its lease
     # (expires_at) is over; NULL in atomic mode, which leaves no claim behind.

@@ -13,8 +13,9 @@ taking over an expired key) has locked, and each row is counted by the one
 A record is purged once it expired (:func:`purgeable`); a lease-mode
 claim left in progress (released by its owner, or abandoned when its lease
 ran out) carries its attempt and checkpoints to the retry that takes it
-over, so it is kept until its ``retained_until`` too: its claim plus the
-key's TTL, as long as a completed key would be kept.
+over, so it is kept until its ``retained_until`` too: the key's TTL past
+the end of its lease (as the claim, a takeover, a renewal or a release
+last set it).
 
 A purge also yields to the requests that share the database with it (see
 :class:`Pace`): each batch is sized to stay under a target time, the purge

@@ -4,9 +4,10 @@ A lease-mode claim whose owner released it (the handler failed after a
 checkpoint) or abandoned it (the process died; its lease ran out) carries
 its attempt and checkpoints to the retry that takes it over. Its
 ``expires_at`` is where its lease ended, which decides the takeover; the
-purge keeps it until ``retained_until`` too, its claim plus the key's TTL,
-so that a step recorded as done never runs twice because a purge ran
-between the crash and the retry. In process, on every backend, with the
+purge keeps it until ``retained_until`` too, the key's TTL past the end of
+its lease (as each claim, takeover, renewal and release left it), so that
+a step recorded as done never runs twice because a purge ran between the
+crash and the retry. In process, on every backend, with the
 database's clock moved forward as ``test_recovery.py`` moves it.
 """
 
@@ -139,18 +140,18 @@ class KeptForTheRetryTests:
         call_command("idempotency_keys", "show", record.scope, "order-1", stdout=shown)
         assert f"kept until:   {record.retained_until.isoformat()}" in shown.getvalue()
 
-    def test_the_claim_is_purged_once_the_ttl_from_its_claim_has_passed(self, client, moved):
+    def test_the_claim_is_purged_once_the_ttl_past_its_lease_has_passed(self, client, moved):
         died(client)
         claim = IdempotencyKey.objects.get()
         ttl = idempotency_settings.ttl
         assert claim.retained_until is not None
-        # Written by the database's clock at the claim, as the key's TTL from then.
-        assert claim.retained_until - claim.created_at == ttl
+        # Written by the database's clock, the key's TTL past the lease's end.
+        assert claim.retained_until - claim.expires_at == ttl
 
-        moved(ttl - timedelta(seconds=1))
+        moved(claim.expires_at - claim.created_at + ttl - timedelta(seconds=1))
         assert purge_expired(dry_run=True) == 0
         assert purge_expired() == 0
-        moved(ttl)
+        moved(claim.expires_at - claim.created_at + ttl + timedelta(seconds=1))
         assert purge_expired(dry_run=True) == 1
         assert purge_expired() == 1
 
@@ -165,8 +166,10 @@ class KeptForTheRetryTests:
 
         claim = IdempotencyKey.objects.get()
         assert (claim.attempt, set(claim.checkpoints)) == (2, {"charged", "shipped"})
-        assert claim.retained_until - claim.created_at == idempotency_settings.ttl
-        moved(idempotency_settings.ttl)  # past the first claim's retention, not the second's
+        assert claim.retained_until - claim.expires_at == idempotency_settings.ttl
+        # Past the first claim's retention (its lease's end, 2 s, plus the TTL),
+        # not the second's (its lease ended at 3 s + 2 s).
+        moved(LEASE + idempotency_settings.ttl + timedelta(seconds=1))
 
         assert purge_expired() == 0
         assert pay(client).json()["resumed"] == ["charged", "shipped"]
@@ -185,7 +188,82 @@ class KeptForTheRetryTests:
         moved(PAST_THE_LEASE)
 
         assert purge_expired() == 0
-        moved(timedelta(seconds=601))
+        moved(timedelta(seconds=2 + 600 - 1))
+        assert purge_expired() == 0
+        moved(timedelta(seconds=2 + 600 + 1))
+        assert purge_expired() == 1
+
+    def test_a_ttl_shorter_than_the_lease_keeps_the_claim_past_its_lease(self, moved):
+        with pytest.raises(SystemExit):
+            short_lived("o-1", die=True)
+        moved(timedelta(seconds=31))  # past the lease (30 s) and a TTL (10 s) from the claim
+
+        assert purge_expired() == 0
+        moved(timedelta(seconds=41))
+        assert purge_expired() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+class RenewedTests:
+    """A lease renewed past its first end moves the retention too (TTL 10 s, lease 30 s)."""
+
+    @pytest.fixture(autouse=True)
+    def runs_long(self, moved) -> None:
+        # The handler's heartbeat comes 100 s after its claim: past the first
+        # lease and the retention it was claimed with.
+        recovery_views.before_heartbeat.append(lambda: moved(timedelta(seconds=100)))
+
+    def test_a_heartbeat_then_a_failure_keeps_the_claim_for_the_ttl_from_the_release(
+        self, client, moved
+    ):
+        recovery_views.fail_after.add("charged")
+        with pytest.raises(RuntimeError):
+            pay(client, "/recovery/renewed/")
+        recovery_views.before_heartbeat.clear()
+        claim = IdempotencyKey.objects.get()
+        assert claim.retained_until - claim.expires_at == timedelta(seconds=10)
+
+        moved(timedelta(seconds=100 + 9))
+        assert purge_expired() == 0
+        retry = pay(client, "/recovery/renewed/")
+        assert (retry.status_code, retry.json()["resumed"]) == (201, ["charged"])
+        assert steps_run() == ["charge"]
+
+    def test_a_heartbeat_then_a_failure_is_purged_after_the_ttl_from_the_release(
+        self, client, moved
+    ):
+        recovery_views.fail_after.add("charged")
+        with pytest.raises(RuntimeError):
+            pay(client, "/recovery/renewed/")
+
+        moved(timedelta(seconds=100 + 11))
+        assert purge_expired() == 1
+
+    def test_a_heartbeat_then_death_keeps_the_claim_for_the_ttl_past_the_renewed_lease(
+        self, client, moved
+    ):
+        recovery_views.die_after.add("charged")
+        with pytest.raises(SystemExit):
+            pay(client, "/recovery/renewed/")
+        recovery_views.before_heartbeat.clear()
+        claim = IdempotencyKey.objects.get()
+        assert claim.retained_until - claim.expires_at == timedelta(seconds=10)
+
+        moved(timedelta(seconds=100 + 30 + 9))  # the renewed lease ran out 9 s ago
+        assert purge_expired() == 0
+        retry = pay(client, "/recovery/renewed/")
+        assert retry.status_code == 201, retry.content
+        assert (retry.json()["attempt"], retry.json()["resumed"]) == (2, ["charged"])
+        assert steps_run() == ["charge"]
+
+    def test_a_heartbeat_then_death_is_purged_after_the_ttl_past_the_renewed_lease(
+        self, client, moved
+    ):
+        recovery_views.die_after.add("charged")
+        with pytest.raises(SystemExit):
+            pay(client, "/recovery/renewed/")
+
+        moved(timedelta(seconds=100 + 30 + 11))
         assert purge_expired() == 1
 
 
@@ -193,6 +271,15 @@ class KeptForTheRetryTests:
     key=lambda order, die: order, scope="purge-progress", atomic=False, lease=2, ttl=600
 )
 def shipped(order: str, die: bool) -> str:
+    if die:
+        raise SystemExit("killed")
+    return order
+
+
+@idempotent_function(
+    key=lambda order, die: order, scope="purge-short-ttl", atomic=False, lease=30, ttl=10
+)
+def short_lived(order: str, die: bool) -> str:
     if die:
         raise SystemExit("killed")
     return order

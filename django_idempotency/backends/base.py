@@ -151,7 +151,7 @@ class NewClaim:
     #: Lease mode: from the claim until its lease runs out (``expires_in`` too).
     lease: timedelta | None = None
     #: Lease mode: from the claim until the purge may delete it while it is
-    #: still in progress (the key's TTL), however its lease ended.
+    #: still in progress: the end of its lease plus the key's TTL.
     retained_for: timedelta | None = None
 
     @classmethod
@@ -166,9 +166,9 @@ class NewClaim:
         """The claim of ``info``'s key: for ``ttl``, or held for ``lease``.
 
         A held lease expires with the lease, so that one index answers
-        "may this be taken over?"; it is retained for ``ttl``, so that a
-        claim left in progress keeps its progress for the retry as long as
-        a completed key would be kept.
+        "may this be taken over?"; it is retained until ``ttl`` past the
+        end of its lease (each renewal and a release move that end), so
+        that a claim left in progress keeps its progress for the retry.
         """
         return cls(
             scope=info.scope,
@@ -177,7 +177,7 @@ class NewClaim:
             owner_token=token,
             expires_in=lease or ttl,
             lease=lease,
-            retained_for=ttl if lease else None,
+            retained_for=lease + ttl if lease else None,
         )
 
 
