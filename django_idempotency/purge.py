@@ -266,7 +266,7 @@ def _purge(
     pace: Pace,
     progress: Progress | None,
 ) -> int:
-    delete_batch = _DELETE_BATCH.get(connection.vendor, _delete_batch_subquery)
+    delete_batch = _delete_batch(connection)
     deleted = 0
     size = pace.first_size(batch_size)
     passed: datetime | None = None
@@ -293,11 +293,12 @@ class Batch(NamedTuple):
     """What one batch did: the rows it deleted, and how far it got."""
 
     removed: int
-    #: The latest expiry deleted, where the next batch starts (PostgreSQL).
-    passed: datetime | None = None
+    #: The latest expiry deleted (or a boundary no purgeable row before it
+    #: was left), where the next batch starts; as the database returned it.
+    passed: Any = None
 
 
-DeleteBatch = Callable[[BaseDatabaseWrapper, datetime, int, "datetime | None"], Batch]
+DeleteBatch = Callable[[BaseDatabaseWrapper, datetime, int, Any], Batch]
 
 
 def _with_deadlock_retry(
@@ -305,7 +306,7 @@ def _with_deadlock_retry(
     delete_batch: DeleteBatch,
     cutoff: datetime,
     batch_size: int,
-    passed: datetime | None,
+    passed: Any,
 ) -> Batch:
     """Run one batch again if the database chose it as a deadlock victim.
 
@@ -357,7 +358,7 @@ def _cutoff(connection: BaseDatabaseWrapper, cutoff: datetime) -> list[Any]:
 
 
 def _delete_batch_postgresql(
-    connection: BaseDatabaseWrapper, cutoff: datetime, batch_size: int, passed: datetime | None
+    connection: BaseDatabaseWrapper, cutoff: datetime, batch_size: int, passed: Any
 ) -> Batch:
     """PostgreSQL: choose and delete one batch in a single statement, from where the last ended.
 
@@ -396,51 +397,102 @@ def _delete_batch_postgresql(
     return Batch(removed, last if last is not None else passed)
 
 
-def _delete_batch_subquery(
-    connection: BaseDatabaseWrapper, cutoff: datetime, batch_size: int, passed: datetime | None
+def _since(connection: BaseDatabaseWrapper, passed: Any) -> tuple[str, list[Any]]:
+    """From where the last batch ended (``>=``: rows sharing its expiry may remain)."""
+    if passed is None:
+        return "", []
+    return f" AND {_names(connection)[2]} >= %s", [passed]
+
+
+def _delete_batch_returning(
+    connection: BaseDatabaseWrapper, cutoff: datetime, batch_size: int, passed: Any
 ) -> Batch:
-    """SQLite (and any other backend): choose and delete one batch in a single statement.
+    """MariaDB, SQLite 3.35+: delete one batch from where the last ended, learning where it ends.
 
     One statement is one transaction under autocommit, with no round trip
     carrying the keys; ``ORDER BY expires_at`` keeps the planner on the
-    index. SQLite serialises writers anyway, finds ``IN`` rows by rowid, and
-    removes a deleted row's index entry with it, so each batch starts from
-    the index's beginning at no cost.
+    index. Each batch starts at the latest expiry the one before deleted,
+    which ``RETURNING`` gives: a batch that walked the index from its start
+    stepped over every claim the purge keeps (still retained) ahead of the
+    rows it deletes, each batch again. The expiries come back as the
+    database stores them and go back in as they came.
+
+    MariaDB deletes with ``DELETE ... ORDER BY expires_at LIMIT`` (see
+    :func:`_delete_batch_bounded` for why not by keys); SQLite, which has no
+    ``LIMIT`` on ``DELETE`` by default, by the keys of a subquery, finding
+    ``IN`` rows by rowid (it serialises writers anyway).
     """
     table, pk, expires = _names(connection)
-    batch = (
-        f"SELECT {pk} FROM {table} WHERE {_purgeable_sql(connection)} ORDER BY {expires} LIMIT %s"
-    )
-    sql = f"DELETE FROM {table} WHERE {pk} IN ({batch})"
+    since, since_params = _since(connection, passed)
+    where = f"{_purgeable_sql(connection)}{since}"
+    if connection.vendor == "mysql":
+        sql = f"DELETE FROM {table} WHERE {where} ORDER BY {expires} LIMIT %s RETURNING {expires}"
+    else:
+        batch = f"SELECT {pk} FROM {table} WHERE {where} ORDER BY {expires} LIMIT %s"
+        sql = f"DELETE FROM {table} WHERE {pk} IN ({batch}) RETURNING {expires}"
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*_cutoff(connection, cutoff), batch_size])
-        removed = cursor.rowcount
-    return Batch(removed)
+        cursor.execute(sql, [*_cutoff(connection, cutoff), *since_params, batch_size])
+        gone = [row[0] for row in cursor.fetchall()]
+    return Batch(len(gone), max(gone) if gone else passed)
 
 
-def _delete_batch_mysql(
-    connection: BaseDatabaseWrapper, cutoff: datetime, batch_size: int, passed: datetime | None
+def _delete_batch_bounded(
+    connection: BaseDatabaseWrapper, cutoff: datetime, batch_size: int, passed: Any
 ) -> Batch:
-    """MySQL/MariaDB: one ``DELETE ... ORDER BY expires_at LIMIT`` per batch.
+    """MySQL (no ``DELETE ... RETURNING``), older SQLite, any other backend: read, then delete.
 
-    ``SKIP LOCKED`` exists only on ``SELECT`` here (MariaDB 10.6+, MySQL 8),
-    and a locked ``SELECT`` followed by ``DELETE ... WHERE id IN (...)``
-    deadlocked between concurrent purges on MariaDB 10.11 while the
-    optimizer is free to scan the table for a long ``IN`` list. Walking the
-    ``expires_at`` index in order, every purge locks rows in the same order,
-    so concurrent purges queue for at most one batch instead of deadlocking.
+    Where the batch will end is read first, without a lock: the expiry of
+    the ``batch_size``-th purgeable row from where the last batch ended (or
+    none, when fewer are left). The batch then deletes, in ``expires_at``
+    order, at most ``batch_size`` purgeable rows between the two. Every
+    purgeable row before that boundary is among them, and rows sharing it
+    that the limit left are where the next batch starts (``>=``); none past
+    the cutoff is ever deleted (the condition holds it too). So no batch
+    steps over the claims the purge keeps ahead of it again.
+
+    ``SKIP LOCKED`` exists only on ``SELECT`` on MySQL/MariaDB, and a locked
+    ``SELECT`` followed by ``DELETE ... WHERE id IN (...)`` deadlocked
+    between concurrent purges on MariaDB 10.11 while the optimizer is free
+    to scan the table for a long ``IN`` list. Walking the ``expires_at``
+    index in order, every purge locks rows in the same order, so concurrent
+    purges queue for at most one batch instead of deadlocking; a batch that
+    found rows gone behind such a wait ends this purge early, and the purge
+    that deleted them carries on.
     """
-    table, _pk, expires = _names(connection)
+    table, pk, expires = _names(connection)
+    since, since_params = _since(connection, passed)
+    where = f"{_purgeable_sql(connection)}{since}"
+    params = [*_cutoff(connection, cutoff), *since_params]
     with connection.cursor() as cursor:
         cursor.execute(
-            f"DELETE FROM {table} WHERE {_purgeable_sql(connection)} ORDER BY {expires} LIMIT %s",
-            [*_cutoff(connection, cutoff), batch_size],
+            f"SELECT {expires} FROM {table} WHERE {where} ORDER BY {expires} LIMIT 1 OFFSET %s",
+            [*params, batch_size - 1],
         )
+        row = cursor.fetchone()
+        boundary = None if row is None else row[0]
+        if boundary is not None:
+            where = f"{where} AND {expires} <= %s"
+            params.append(boundary)
+        if connection.vendor == "mysql":
+            sql = f"DELETE FROM {table} WHERE {where} ORDER BY {expires} LIMIT %s"
+        else:
+            batch = f"SELECT {pk} FROM {table} WHERE {where} ORDER BY {expires} LIMIT %s"
+            sql = f"DELETE FROM {table} WHERE {pk} IN ({batch})"
+        cursor.execute(sql, [*params, batch_size])
         removed = cursor.rowcount
-    return Batch(removed)
+    return Batch(removed, passed if boundary is None else boundary)
 
 
-_DELETE_BATCH: dict[str, DeleteBatch] = {
-    "postgresql": _delete_batch_postgresql,
-    "mysql": _delete_batch_mysql,
-}
+_DELETE_BATCH: dict[str, DeleteBatch] = {"postgresql": _delete_batch_postgresql}
+
+
+def _delete_batch(connection: BaseDatabaseWrapper) -> DeleteBatch:
+    """The batch for ``connection``'s database."""
+    if connection.vendor in _DELETE_BATCH:
+        return _DELETE_BATCH[connection.vendor]
+    if connection.vendor == "mysql":
+        mariadb = getattr(connection, "mysql_is_mariadb", False)
+        return _delete_batch_returning if mariadb else _delete_batch_bounded
+    if connection.vendor == "sqlite" and connection.Database.sqlite_version_info >= (3, 35):
+        return _delete_batch_returning
+    return _delete_batch_bounded

@@ -383,3 +383,71 @@ def test_a_purge_with_autocommit_off_is_refused_before_it_deletes():
         transaction.set_autocommit(True)
 
     assert purge_expired() == 1
+
+
+@pytest.fixture(params=["chosen", "bounded"])
+def batches(request, monkeypatch) -> list[Any]:
+    """Where each batch of a purge started; each backend's own batch, or the read-then-delete one.
+
+    ``bounded`` is MySQL's (which has no ``DELETE ... RETURNING``), run on
+    every backend here.
+    """
+    chosen = purge._delete_batch
+    started: list[Any] = []
+
+    def recorded(connection: Any) -> Any:
+        delete_batch = (
+            purge._delete_batch_bounded if request.param == "bounded" else chosen(connection)
+        )
+
+        def batch(connection: Any, cutoff: Any, size: int, passed: Any) -> purge.Batch:
+            started.append(passed)
+            return delete_batch(connection, cutoff, size, passed)
+
+        return batch
+
+    monkeypatch.setattr(purge, "_delete_batch", recorded)
+    return started
+
+
+@pytest.mark.django_db
+class KeptClaimsAheadTests:
+    """Claims the purge keeps at the head of the ``expires_at`` index, and many small batches."""
+
+    def test_every_purgeable_row_goes_the_kept_stay_and_no_batch_starts_over(self, batches):
+        now = database_clock.read(connection)
+        minute = timedelta(minutes=1)
+
+        def claim(expiry: timedelta, retention: timedelta) -> int:
+            return IdempotencyKeyFactory(
+                lease_expired=True, expires_at=now + expiry, retained_until=now + retention
+            ).pk
+
+        # Kept: expired claims still retained, ahead of everything on the index,
+        # and two among the purgeable rows, sharing an expiry with some.
+        kept = {claim(-minute * (60 + n), minute * 60) for n in range(5)}
+        kept |= {claim(-minute * 30, minute * 60), claim(-minute * 20, minute)}
+        # Purgeable: expiries shared by three rows each (ties across batches of
+        # two), completed records and claims past their retention, the last at
+        # the cutoff itself.
+        gone = set()
+        for n in range(12):
+            expiry = -minute * (30 - 5 * (n // 3)) if n < 11 else timedelta(0)
+            if n % 2:
+                gone.add(claim(expiry, -minute))
+            else:
+                gone.add(IdempotencyKeyFactory(expires_at=now + expiry).pk)
+        live = {
+            IdempotencyKeyFactory(expires_at=now + timedelta(microseconds=1)).pk,
+            IdempotencyKeyFactory(in_flight=True).pk,
+        }
+
+        deleted = purge_expired(batch_size=2, now=now, batch_seconds=None, pause=0)
+
+        assert deleted == len(gone)
+        assert set(IdempotencyKey.objects.values_list("pk", flat=True)) == kept | live
+        # Six full batches and the short one that ends the purge; each after the
+        # first starts where the one before ended, past the kept claims ahead.
+        assert len(batches) == 7
+        assert batches[0] is None
+        assert None not in batches[1:]
