@@ -28,6 +28,7 @@ open.
 from __future__ import annotations
 
 import math
+import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -493,6 +494,6 @@ def _delete_batch(connection: BaseDatabaseWrapper) -> DeleteBatch:
     if connection.vendor == "mysql":
         mariadb = getattr(connection, "mysql_is_mariadb", False)
         return _delete_batch_returning if mariadb else _delete_batch_bounded
-    if connection.vendor == "sqlite" and connection.Database.sqlite_version_info >= (3, 35):
+    if connection.vendor == "sqlite" and sqlite3.sqlite_version_info >= (3, 35):
         return _delete_batch_returning
     return _delete_batch_bounded
