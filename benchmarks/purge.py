@@ -181,7 +181,7 @@ def delete_batch_before(connection: Any, cutoff: Any, batch_size: int, passed: A
     with connection.cursor() as cursor:
         cursor.execute(sql, [cutoff, batch_size])
         removed = cursor.rowcount
-    return purge_module.Batch(removed, removed)
+    return purge_module.Batch(removed)
 
 
 @dataclass

@@ -56,7 +56,7 @@ _LARGEST_ID = 2**63 - 1
 
 
 class ExpiryFilter(admin.SimpleListFilter):
-    """Expired records are ignored by claims and wait for the purge."""
+    """Expired records are ignored by claims; the purge deletes them once no longer retained."""
 
     title = _("expiry")
     parameter_name = "expiry"

@@ -379,6 +379,7 @@ class Call:
                 owner_token=owned.token,
                 checkpoints=checkpoints,
                 lease=self.options.lease,
+                ttl=self.options.ttl,
             ),
             at_once=True,
         )
@@ -640,6 +641,7 @@ class Call:
                     owned.token,
                     keep_progress=keep,
                     checkpoints=checkpoints,
+                    ttl=self.options.ttl,
                 )
             )
         except Error:

@@ -11,7 +11,10 @@ A record is ``completed``, or in progress; an in-progress record is
 
 While a lease is held, ``expires_at`` is where it ends (``locked_until``
 too), so one indexed column decides, as it decides whether a record has
-expired (:func:`expired`). Each state, and expiry, is written three ways,
+expired (:func:`expired`). (The purge keeps a record in progress past its
+``expires_at``, until its ``retained_until``: see
+:mod:`django_idempotency.purge`. That decides no state.) Each state, and
+expiry, is written three ways,
 for the three places that ask: Python, for a record read together with the
 database's clock (the store's claim); an ORM ``Q``, evaluated by the
 statement that filters (the operators' commands and the admin); and SQL,

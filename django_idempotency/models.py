@@ -41,8 +41,14 @@ class IdempotencyKey(models.Model):
     attempt = models.PositiveIntegerField(_("attempt"), default=1)
     checkpoints = models.JSONField(_("checkpoints"), null=True, blank=True)
     # While a lease is held this equals locked_until, so one indexed column
-    # answers both "may this key be taken over?" and "may this row be purged?".
+    # answers "may this key be taken over?"; it is also where the purge walks.
     expires_at = models.DateTimeField(_("expires at"))
+    # Lease mode: the end of the lease (as the claim, a takeover, a renewal
+    # or a release last wrote it) plus the key's TTL. A claim left in progress
+    # (released, or abandoned by an owner that died) carries its progress
+    # to the retry, so the purge keeps it until then even once its lease
+    # (expires_at) is over; NULL in atomic mode, which leaves no claim behind.
+    retained_until = models.DateTimeField(_("retained until"), null=True, blank=True)
 
     class Meta:
         verbose_name = _("idempotency key")

@@ -10,15 +10,25 @@ other: where the database can, a batch skips rows another purge (or a claim
 taking over an expired key) has locked, and each row is counted by the one
 ``DELETE`` that removed it.
 
+A record is purged once it expired (:func:`purgeable`); a lease-mode
+claim left in progress (released by its owner, or abandoned when its lease
+ran out) carries its attempt and checkpoints to the retry that takes it
+over, so it is kept until its ``retained_until`` too: the key's TTL past
+the end of its lease (as the claim, a takeover, a renewal or a release
+last set it).
+
 A purge also yields to the requests that share the database with it (see
 :class:`Pace`): each batch is sized to stay under a target time, the purge
 rests between batches in proportion to how long each took, and it may be
-held to a number of rows per second.
+held to a number of rows per second. So it runs outside any transaction:
+every batch commits on its own, and no rest holds a caller's transaction
+open.
 """
 
 from __future__ import annotations
 
 import math
+import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +38,8 @@ from typing import Any, NamedTuple
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Q
+from django.db.transaction import TransactionManagementError
 from django.utils.connection import ConnectionDoesNotExist
 
 from django_idempotency import clock, store
@@ -153,6 +165,20 @@ class Pace:
 #: The purge as it was before it yielded: fixed batches, back to back.
 UNPACED = Pace(batch_seconds=None, pause=0.0)
 
+_IN_PROGRESS = str(IdempotencyKey.State.IN_PROGRESS)
+
+
+def purgeable(cutoff: datetime) -> Q:
+    """The records a purge with ``cutoff`` deletes, as an ORM ``Q``.
+
+    Expired by then, and unless still in progress, retained past then: a
+    lease-mode claim left in progress keeps its progress (its attempt and
+    checkpoints) for the retry until ``retained_until``, however its lease
+    ended. :func:`_purgeable_sql` is the same condition for the batches'
+    statements (``tests/test_purge_progress.py`` checks that they agree).
+    """
+    return Q(expires_at__lte=cutoff) & ~Q(state=_IN_PROGRESS, retained_until__gt=cutoff)
+
 
 def purge_expired(
     using: str | None = None,
@@ -177,8 +203,17 @@ def purge_expired(
     ``pause`` and ``rate`` say how the purge yields to requests meanwhile
     (see :class:`Pace`).
 
+    A record still in progress (a lease-mode claim released by its owner,
+    or abandoned) is kept until its ``retained_until`` as well, so that the
+    retry that takes it over resumes from its checkpoints.
+
     A value out of range raises :class:`ValueError` naming the fix, before
-    anything is deleted.
+    anything is deleted; so does a call inside a transaction
+    (:class:`~django.db.TransactionManagementError`; a dry run is allowed):
+    every batch commits on its own and the purge rests between them, which
+    inside a caller's transaction would hold it, and every row deleted so
+    far, for the whole purge. Run it outside, or from
+    ``transaction.on_commit``.
     An unknown database alias, and a missing table, raise
     :class:`~django.core.exceptions.ImproperlyConfigured` (the latter saying
     to run ``migrate``); a lock wait that ran out (the database is
@@ -198,11 +233,31 @@ def purge_expired(
         # A scheduled task meets this as the command does: as configuration
         # to fix, not as an error of Django's connection handler.
         raise ImproperlyConfigured(f"Unknown database {using!r}: {exc}") from exc
+    if not dry_run and _in_a_transaction(connection):
+        raise TransactionManagementError(
+            f"purge_expired() cannot run inside a transaction on database {using!r}: each "
+            "batch commits on its own and the purge rests between batches, which would hold "
+            "the transaction, and every row deleted so far, open for the whole purge. Call it "
+            "outside transaction.atomic() (or with autocommit on), for example from "
+            "transaction.on_commit(), or pass dry_run=True to only count."
+        )
     with store.explained(using):
         cutoff = clock.read(connection) if now is None else now
         if dry_run:
-            return IdempotencyKey.objects.using(using).filter(expires_at__lte=cutoff).count()
+            return IdempotencyKey.objects.using(using).filter(purgeable(cutoff)).count()
         return _purge(connection, cutoff, batch_size, pace, progress)
+
+
+def _in_a_transaction(connection: BaseDatabaseWrapper) -> bool:
+    """Whether ``connection`` is inside a transaction the purge's batches cannot commit.
+
+    The one Django's ``TestCase`` wraps each test in is tolerated, so that
+    the purge stays testable there (its batches commit with the test's).
+    """
+    if connection.in_atomic_block:
+        blocks = connection.atomic_blocks
+        return not all(getattr(block, "_from_testcase", False) for block in blocks)
+    return not connection.get_autocommit()
 
 
 def _purge(
@@ -212,7 +267,7 @@ def _purge(
     pace: Pace,
     progress: Progress | None,
 ) -> int:
-    delete_batch = _DELETE_BATCH.get(connection.vendor, _delete_batch_subquery)
+    delete_batch = _delete_batch(connection)
     deleted = 0
     size = pace.first_size(batch_size)
     passed: datetime | None = None
@@ -224,9 +279,10 @@ def _purge(
         passed = batch.passed
         if progress is not None and batch.removed:
             progress(deleted)
-        # A short batch means nothing more expired is left that this purge
-        # could lock; rows another purge holds are that purge's to delete.
-        if batch.found < size:
+        # Each statement deletes every row it chose, so a short batch means
+        # nothing more purgeable is left that this purge could lock; rows
+        # another purge holds are that purge's to delete.
+        if batch.removed < size:
             return deleted
         rest = pace.rest(batch.removed, seconds)
         if rest > 0:
@@ -235,15 +291,15 @@ def _purge(
 
 
 class Batch(NamedTuple):
-    """What one batch did: rows it chose, rows it deleted, how far it got."""
+    """What one batch did: the rows it deleted, and how far it got."""
 
-    found: int
     removed: int
-    #: The latest expiry deleted, where the next batch starts (PostgreSQL).
-    passed: datetime | None = None
+    #: The latest expiry deleted (or a boundary no purgeable row before it
+    #: was left), where the next batch starts; as the database returned it.
+    passed: Any = None
 
 
-DeleteBatch = Callable[[BaseDatabaseWrapper, datetime, int, "datetime | None"], Batch]
+DeleteBatch = Callable[[BaseDatabaseWrapper, datetime, int, Any], Batch]
 
 
 def _with_deadlock_retry(
@@ -251,7 +307,7 @@ def _with_deadlock_retry(
     delete_batch: DeleteBatch,
     cutoff: datetime,
     batch_size: int,
-    passed: datetime | None,
+    passed: Any,
 ) -> Batch:
     """Run one batch again if the database chose it as a deadlock victim.
 
@@ -274,15 +330,36 @@ def _with_deadlock_retry(
 def _names(connection: BaseDatabaseWrapper) -> tuple[str, str, str]:
     quote = connection.ops.quote_name
     meta = IdempotencyKey._meta
+    return quote(meta.db_table), quote(meta.pk.column), _column(connection, "expires_at")
+
+
+def _column(connection: BaseDatabaseWrapper, name: str) -> str:
+    field = IdempotencyKey._meta.get_field(name)
+    return connection.ops.quote_name(str(field.column))  # type: ignore[union-attr]
+
+
+def _purgeable_sql(connection: BaseDatabaseWrapper) -> str:
+    """:func:`purgeable` as SQL, for the batches: two parameters, the cutoff twice.
+
+    The expiry comes first, so each backend walks the ``expires_at`` index
+    and only reads the other columns of the rows it finds there: a claim
+    still retained is stepped over, and left for a later run.
+    """
+    expires, state = _column(connection, "expires_at"), _column(connection, "state")
+    retained = _column(connection, "retained_until")
     return (
-        quote(meta.db_table),
-        quote(meta.pk.column),
-        quote(next(str(f.column) for f in meta.concrete_fields if f.name == "expires_at")),
+        f"{expires} <= %s AND ({state} <> '{_IN_PROGRESS}' "
+        f"OR {retained} IS NULL OR {retained} <= %s)"
     )
 
 
+def _cutoff(connection: BaseDatabaseWrapper, cutoff: datetime) -> list[Any]:
+    """The parameters of :func:`_purgeable_sql`."""
+    return [connection.ops.adapt_datetimefield_value(cutoff)] * 2
+
+
 def _delete_batch_postgresql(
-    connection: BaseDatabaseWrapper, cutoff: datetime, batch_size: int, passed: datetime | None
+    connection: BaseDatabaseWrapper, cutoff: datetime, batch_size: int, passed: Any
 ) -> Batch:
     """PostgreSQL: choose and delete one batch in a single statement, from where the last ended.
 
@@ -301,7 +378,7 @@ def _delete_batch_postgresql(
     table, pk, expires = _names(connection)
     since = "" if passed is None else f" AND {expires} >= %s"
     batch = (
-        f"SELECT {pk} FROM {table} WHERE {expires} <= %s{since} "
+        f"SELECT {pk} FROM {table} WHERE {_purgeable_sql(connection)}{since} "
         f"ORDER BY {expires} LIMIT %s FOR UPDATE SKIP LOCKED"
     )
     # With "IN (subquery)" the planner hash-joins the batch against a
@@ -312,62 +389,111 @@ def _delete_batch_postgresql(
         f"RETURNING {expires}) SELECT count(*), max({expires}) FROM gone"
     )
     adapt = connection.ops.adapt_datetimefield_value
-    params: list[Any] = [adapt(cutoff), *([] if passed is None else [adapt(passed)]), batch_size]
+    since_params = [] if passed is None else [adapt(passed)]
+    params: list[Any] = [*_cutoff(connection, cutoff), *since_params, batch_size]
     # Under autocommit the one statement is its own transaction.
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         removed, last = cursor.fetchone()
-    # The statement does not say how many rows it chose, only how many it
-    # deleted; here the two are the same rows.
-    return Batch(removed, removed, last if last is not None else passed)
+    return Batch(removed, last if last is not None else passed)
 
 
-def _delete_batch_subquery(
-    connection: BaseDatabaseWrapper, cutoff: datetime, batch_size: int, passed: datetime | None
+def _since(connection: BaseDatabaseWrapper, passed: Any) -> tuple[str, list[Any]]:
+    """From where the last batch ended (``>=``: rows sharing its expiry may remain)."""
+    if passed is None:
+        return "", []
+    return f" AND {_names(connection)[2]} >= %s", [passed]
+
+
+def _delete_batch_returning(
+    connection: BaseDatabaseWrapper, cutoff: datetime, batch_size: int, passed: Any
 ) -> Batch:
-    """SQLite (and any other backend): choose and delete one batch in a single statement.
+    """MariaDB, SQLite 3.35+: delete one batch from where the last ended, learning where it ends.
 
     One statement is one transaction under autocommit, with no round trip
     carrying the keys; ``ORDER BY expires_at`` keeps the planner on the
-    index. SQLite serialises writers anyway, finds ``IN`` rows by rowid, and
-    removes a deleted row's index entry with it, so each batch starts from
-    the index's beginning at no cost.
+    index. Each batch starts at the latest expiry the one before deleted,
+    which ``RETURNING`` gives: a batch that walked the index from its start
+    stepped over every claim the purge keeps (still retained) ahead of the
+    rows it deletes, each batch again. The expiries come back as the
+    database stores them and go back in as they came.
+
+    MariaDB deletes with ``DELETE ... ORDER BY expires_at LIMIT`` (see
+    :func:`_delete_batch_bounded` for why not by keys); SQLite, which has no
+    ``LIMIT`` on ``DELETE`` by default, by the keys of a subquery, finding
+    ``IN`` rows by rowid (it serialises writers anyway).
     """
     table, pk, expires = _names(connection)
-    batch = f"SELECT {pk} FROM {table} WHERE {expires} <= %s ORDER BY {expires} LIMIT %s"
-    sql = f"DELETE FROM {table} WHERE {pk} IN ({batch})"
-    params = [connection.ops.adapt_datetimefield_value(cutoff), batch_size]
+    since, since_params = _since(connection, passed)
+    where = f"{_purgeable_sql(connection)}{since}"
+    if connection.vendor == "mysql":
+        sql = f"DELETE FROM {table} WHERE {where} ORDER BY {expires} LIMIT %s RETURNING {expires}"
+    else:
+        batch = f"SELECT {pk} FROM {table} WHERE {where} ORDER BY {expires} LIMIT %s"
+        sql = f"DELETE FROM {table} WHERE {pk} IN ({batch}) RETURNING {expires}"
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        removed = cursor.rowcount
-    # The statement does not say how many rows it chose, only how many it
-    # deleted; on SQLite the two are the same rows.
-    return Batch(removed, removed)
+        cursor.execute(sql, [*_cutoff(connection, cutoff), *since_params, batch_size])
+        gone = [row[0] for row in cursor.fetchall()]
+    return Batch(len(gone), max(gone) if gone else passed)
 
 
-def _delete_batch_mysql(
-    connection: BaseDatabaseWrapper, cutoff: datetime, batch_size: int, passed: datetime | None
+def _delete_batch_bounded(
+    connection: BaseDatabaseWrapper, cutoff: datetime, batch_size: int, passed: Any
 ) -> Batch:
-    """MySQL/MariaDB: one ``DELETE ... ORDER BY expires_at LIMIT`` per batch.
+    """MySQL (no ``DELETE ... RETURNING``), older SQLite, any other backend: read, then delete.
 
-    ``SKIP LOCKED`` exists only on ``SELECT`` here (MariaDB 10.6+, MySQL 8),
-    and a locked ``SELECT`` followed by ``DELETE ... WHERE id IN (...)``
-    deadlocked between concurrent purges on MariaDB 10.11 while the
-    optimizer is free to scan the table for a long ``IN`` list. Walking the
-    ``expires_at`` index in order, every purge locks rows in the same order,
-    so concurrent purges queue for at most one batch instead of deadlocking.
+    Where the batch will end is read first, without a lock: the expiry of
+    the ``batch_size``-th purgeable row from where the last batch ended (or
+    none, when fewer are left). The batch then deletes, in ``expires_at``
+    order, at most ``batch_size`` purgeable rows between the two. Every
+    purgeable row before that boundary is among them, and rows sharing it
+    that the limit left are where the next batch starts (``>=``); none past
+    the cutoff is ever deleted (the condition holds it too). So no batch
+    steps over the claims the purge keeps ahead of it again.
+
+    ``SKIP LOCKED`` exists only on ``SELECT`` on MySQL/MariaDB, and a locked
+    ``SELECT`` followed by ``DELETE ... WHERE id IN (...)`` deadlocked
+    between concurrent purges on MariaDB 10.11 while the optimizer is free
+    to scan the table for a long ``IN`` list. Walking the ``expires_at``
+    index in order, every purge locks rows in the same order, so concurrent
+    purges queue for at most one batch instead of deadlocking; a batch that
+    found rows gone behind such a wait ends this purge early, and the purge
+    that deleted them carries on.
     """
-    table, _pk, expires = _names(connection)
+    table, pk, expires = _names(connection)
+    since, since_params = _since(connection, passed)
+    where = f"{_purgeable_sql(connection)}{since}"
+    params = [*_cutoff(connection, cutoff), *since_params]
     with connection.cursor() as cursor:
         cursor.execute(
-            f"DELETE FROM {table} WHERE {expires} <= %s ORDER BY {expires} LIMIT %s",
-            [connection.ops.adapt_datetimefield_value(cutoff), batch_size],
+            f"SELECT {expires} FROM {table} WHERE {where} ORDER BY {expires} LIMIT 1 OFFSET %s",
+            [*params, batch_size - 1],
         )
+        row = cursor.fetchone()
+        boundary = None if row is None else row[0]
+        if boundary is not None:
+            where = f"{where} AND {expires} <= %s"
+            params.append(boundary)
+        if connection.vendor == "mysql":
+            sql = f"DELETE FROM {table} WHERE {where} ORDER BY {expires} LIMIT %s"
+        else:
+            batch = f"SELECT {pk} FROM {table} WHERE {where} ORDER BY {expires} LIMIT %s"
+            sql = f"DELETE FROM {table} WHERE {pk} IN ({batch})"
+        cursor.execute(sql, [*params, batch_size])
         removed = cursor.rowcount
-    return Batch(removed, removed)
+    return Batch(removed, passed if boundary is None else boundary)
 
 
-_DELETE_BATCH: dict[str, DeleteBatch] = {
-    "postgresql": _delete_batch_postgresql,
-    "mysql": _delete_batch_mysql,
-}
+_DELETE_BATCH: dict[str, DeleteBatch] = {"postgresql": _delete_batch_postgresql}
+
+
+def _delete_batch(connection: BaseDatabaseWrapper) -> DeleteBatch:
+    """The batch for ``connection``'s database."""
+    if connection.vendor in _DELETE_BATCH:
+        return _DELETE_BATCH[connection.vendor]
+    if connection.vendor == "mysql":
+        mariadb = getattr(connection, "mysql_is_mariadb", False)
+        return _delete_batch_returning if mariadb else _delete_batch_bounded
+    if connection.vendor == "sqlite" and sqlite3.sqlite_version_info >= (3, 35):
+        return _delete_batch_returning
+    return _delete_batch_bounded

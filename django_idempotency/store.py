@@ -250,6 +250,7 @@ def release(
     *,
     keep_progress: bool = False,
     checkpoints: dict[str, Any] | None = None,
+    ttl: timedelta | None = None,
 ) -> bool:
     """Give an in-progress claim back so a retry can run; only its owner may.
 
@@ -257,17 +258,21 @@ def release(
     as free to take at once (its token cleared, its lease over), so that
     the retry resumes from them instead of starting again; with
     ``checkpoints``, those in place of the ones recorded (some of which
-    rolled back with the writes they recorded).
+    rolled back with the writes they recorded). With ``ttl`` (the key's),
+    the purge keeps it until ``ttl`` from now, the end of its lease, by
+    the database's clock (``retained_until``).
     """
     connection = connections[using]
     if keep_progress:
-        corrected = checkpoints is not None
+        corrected, retained = checkpoints is not None, ttl is not None
         sql = cached_sql(
             connection,
-            ("release keeping progress", corrected),
-            lambda c: _release_keeping_progress_sql(c, corrected),
+            ("release keeping progress", corrected, retained),
+            lambda c: _release_keeping_progress_sql(c, corrected, retained),
         )
         params = [CHECKPOINTS_FIELD.get_db_prep_save(checkpoints, connection)] if corrected else []
+        if retained:
+            params.append(clock.seconds(connection, ttl))
         return _write(connection, sql, [*params, record_id, owner_token])
     sql = cached_sql(connection, "release", lambda c: delete_sql(c, OWNER))
     return _write(connection, sql, [record_id, owner_token])
@@ -300,17 +305,21 @@ def release_on_behalf(using: str, record_id: int, owner_token: str, *, unless_he
 def _release_keeping_progress_sql(
     connection: BaseDatabaseWrapper,
     corrected: bool,
+    retained: bool = False,
     *,
     counted: bool = False,
     unless_held: bool = False,
 ) -> str:
     """Give a claim back, its lease over and its token cleared: the next retry takes it at once.
 
-    ``corrected`` sets its checkpoints from a parameter; ``counted`` adds
-    one to its attempt; ``unless_held`` leaves a held lease alone.
+    ``corrected`` sets its checkpoints from a parameter; ``retained`` its
+    ``retained_until`` from a parameter (seconds from now); ``counted``
+    adds one to its attempt; ``unless_held`` leaves a held lease alone.
     """
     now = clock.now_sql(connection)
     assigned = {"checkpoints": "%s"} if corrected else {}
+    if retained:
+        assigned["retained_until"] = clock.later_sql(connection)
     if counted:
         assigned["attempt"] = f"{connection.ops.quote_name(column_names()['attempt'])} + 1"
     sql = update_sql(
@@ -332,6 +341,7 @@ def take_over(using: str, abandoned: Record, new: NewClaim) -> Claim | None:
     params = [new.owner_token, abandoned.attempt + 1, clock.seconds(connection, new.expires_in)]
     if leased:
         params.append(clock.seconds(connection, new.lease))
+    params.append(clock.seconds(connection, new.retained_for))
     if not _write(connection, sql, [*params, abandoned.id, abandoned.owner_token]):
         return None
     return Claim(abandoned.id, attempt=abandoned.attempt + 1, checkpoints=abandoned.checkpoints)
@@ -347,6 +357,7 @@ def _take_over_sql(connection: BaseDatabaseWrapper, leased: bool) -> str:
         created_at=clock.now_sql(connection),
         expires_at=later,
         locked_until=later if leased else "NULL",
+        retained_until=later,
     )
 
 
@@ -389,24 +400,31 @@ def record_progress(
     owner_token: str | None,
     checkpoints: dict[str, Any] | None = None,
     lease: timedelta | None = None,
+    ttl: timedelta | None = None,
 ) -> bool:
     """Write an in-progress claim's checkpoints, and renew its lease for ``lease``.
 
-    ``False`` when the claim is no longer this owner's (its lease was taken
-    over, or it was released). Atomic mode passes no token: the claim is
-    its own transaction's.
+    With ``ttl`` (the key's) too, the purge keeps the claim until ``ttl``
+    past the renewed lease's end (``retained_until``), so that a handler
+    that outlives its first lease and then fails or dies still leaves its
+    progress to the retry. ``False`` when the claim is no longer this
+    owner's (its lease was taken over, or it was released). Atomic mode
+    passes no token: the claim is its own transaction's.
     """
     if checkpoints is None and lease is None:
         raise ValueError("record_progress() needs checkpoints, a lease, or both.")
     connection = connections[using]
     fence = OWN_TRANSACTION if owner_token is None else OWNER
-    shape = (fence, checkpoints is not None, lease is not None)
+    retained = lease is not None and ttl is not None
+    shape = (fence, checkpoints is not None, lease is not None, retained)
     sql = cached_sql(connection, ("progress", *shape), lambda c: _progress_sql(c, *shape))
     params: list[Any] = []
     if checkpoints is not None:
         params.append(CHECKPOINTS_FIELD.get_db_prep_save(checkpoints, connection))
     if lease is not None:
         params += [clock.seconds(connection, lease)] * 2
+    if lease is not None and ttl is not None:
+        params.append(clock.seconds(connection, lease + ttl))
     params.append(record_id)
     if fence == OWNER:
         params.append(owner_token)
@@ -414,12 +432,14 @@ def record_progress(
 
 
 def _progress_sql(
-    connection: BaseDatabaseWrapper, fence: str, checkpoints: bool, renewed: bool
+    connection: BaseDatabaseWrapper, fence: str, checkpoints: bool, renewed: bool, retained: bool
 ) -> str:
     assigned = {"checkpoints": "%s"} if checkpoints else {}
     if renewed:
         later = clock.later_sql(connection)
         assigned.update(locked_until=later, expires_at=later)
+    if retained:
+        assigned["retained_until"] = clock.later_sql(connection)
     return update_sql(connection, fence, **assigned)
 
 

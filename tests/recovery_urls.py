@@ -13,4 +13,5 @@ urlpatterns = [
     path("pay/atomic/", recovery_views.pay_atomic),
     path("pay/taken-over/", recovery_views.pay_taken_over),
     path("beat/", recovery_views.beat),
+    path("renewed/", recovery_views.renewed),
 ]

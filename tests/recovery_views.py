@@ -18,6 +18,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,8 @@ die_after: set[str] = set()
 fail_after: set[str] = set()
 #: Policy calls, in process: the abandoned claims they were asked about.
 asked: list[Abandoned] = []
+#: Called by :func:`renewed` between its checkpoint and its heartbeat, in process.
+before_heartbeat: list[Callable[[], None]] = []
 _lock = threading.Lock()
 HOLD_LIMIT = 60.0
 
@@ -53,6 +56,7 @@ def reset() -> None:
     die_after.clear()
     fail_after.clear()
     asked.clear()
+    before_heartbeat.clear()
 
 
 def _control(key: str) -> Path | None:
@@ -194,3 +198,22 @@ def beat(request: HttpRequest) -> HttpResponse:
         info.heartbeat()
     _ran(info.key, "end")
     return JsonResponse({"attempt": info.attempt}, status=201)
+
+
+@csrf_exempt
+@idempotent(atomic=False, lease=30, ttl=10)
+def renewed(request: HttpRequest) -> HttpResponse:
+    """Charges, checkpoints, renews its lease (TTL shorter than it), then ``_after`` decides.
+
+    ``before_heartbeat`` runs between the checkpoint and the heartbeat, for
+    a test to move the database's clock past the first lease.
+    """
+    info = request.idempotency  # type: ignore[attr-defined]
+    if "charged" not in info.checkpoints:
+        _ran(info.key, "charge")
+        info.checkpoint("charged", {"charge": 1})
+    for hook in before_heartbeat:
+        hook()
+    info.heartbeat()
+    _after(request, info.key, "charged")
+    return JsonResponse({"attempt": info.attempt, "resumed": sorted(info.checkpoints)}, status=201)

@@ -107,7 +107,8 @@ def statements_alone(request: HttpRequest) -> JsonResponse:
         expires_in = clock.seconds(connection, ttl)
         new = ["anonymous", key, "f" * 64, "in_progress", "", expires_in]
         with connection.cursor() as cursor:
-            cursor.execute(claim, [lock_timeout, *new, None])
+            # Atomic mode: no lease, and nothing retained past one.
+            cursor.execute(claim, [lock_timeout, *new, None, None])
             record_id = cursor.fetchone()[0]
         response = _json(write_order(request, "alone"))
         stored = ["completed", response.status_code, _HEADERS, response.content]

@@ -148,6 +148,9 @@ class NewClaim:
     expires_in: timedelta
     #: Lease mode: from the claim until its lease runs out (``expires_in`` too).
     lease: timedelta | None = None
+    #: Lease mode: from the claim until the purge may delete it while it is
+    #: still in progress: the end of its lease plus the key's TTL.
+    retained_for: timedelta | None = None
 
     @classmethod
     def of(
@@ -160,8 +163,10 @@ class NewClaim:
     ) -> NewClaim:
         """The claim of ``info``'s key: for ``ttl``, or held for ``lease``.
 
-        A held lease expires with the lease, so that one index answers both
-        "may this be taken over?" and "may this be purged?".
+        A held lease expires with the lease, so that one index answers
+        "may this be taken over?"; it is retained until ``ttl`` past the
+        end of its lease (each renewal and a release move that end), so
+        that a claim left in progress keeps its progress for the retry.
         """
         return cls(
             scope=info.scope,
@@ -170,6 +175,7 @@ class NewClaim:
             owner_token=token,
             expires_in=lease or ttl,
             lease=lease,
+            retained_for=lease + ttl if lease else None,
         )
 
 
@@ -201,6 +207,7 @@ CLAIM_FIELDS = [
     "created_at",
     "expires_at",
     "locked_until",
+    "retained_until",
 ]
 RESPONSE_FIELDS = ["status_code", "response_headers", "response_body"]
 
@@ -211,7 +218,7 @@ def claim_values(connection: BaseDatabaseWrapper) -> str:
     The parameters are ``insert_params``; its times are the database's clock.
     """
     later = clock.later_sql(connection)
-    return ", ".join(["%s"] * 5 + [clock.now_sql(connection), later, later, "1"])
+    return ", ".join(["%s"] * 5 + [clock.now_sql(connection), later, later, later, "1"])
 
 
 def insert_claim_into(connection: BaseDatabaseWrapper) -> str:
@@ -328,6 +335,8 @@ def insert_params(connection: BaseDatabaseWrapper, new: NewClaim) -> list[Any]:
         new.owner_token,
         clock.seconds(connection, new.expires_in),
         clock.seconds(connection, new.lease),
+        # Atomic mode retains nothing: no frame for it on the hot path.
+        None if new.retained_for is None else clock.seconds(connection, new.retained_for),
     ]
 
 
@@ -377,7 +386,7 @@ def takeover_assignments(connection: BaseDatabaseWrapper, *, from_excluded: bool
     columns = column_names()
     claim = [quote(columns[field]) for field in CLAIM_FIELDS[2:]]
     later = clock.later_sql(connection)
-    given = ["%s"] * 3 + [clock.now_sql(connection), later, later]
+    given = ["%s"] * 3 + [clock.now_sql(connection), later, later, later]
     values = [
         f"{name} = EXCLUDED.{name}" if from_excluded else f"{name} = {value}"
         for name, value in zip(claim, given, strict=True)

@@ -338,6 +338,15 @@ class Purger(_Thread):
             self.events.put(("gate", report))
 
 
+def _purgeable(record: dict[str, Any], cutoff: datetime) -> bool:
+    """Whether a purge with ``cutoff`` may delete ``record`` (as it was before the purge)."""
+    if record["expires_at"] > cutoff:
+        return False
+    retained = record["retained_until"]
+    in_progress = record["state"] == IdempotencyKey.State.IN_PROGRESS
+    return not in_progress or retained is None or retained <= cutoff
+
+
 def _since(moment: datetime) -> str:
     return f"{int((moment - START).total_seconds())}s"
 
@@ -765,7 +774,14 @@ class World:
         records = {
             r["id"]: r
             for r in IdempotencyKey.objects.values(
-                "id", "scope", "fingerprint", "state", "owner_token", "expires_at", "response_body"
+                "id",
+                "scope",
+                "fingerprint",
+                "state",
+                "owner_token",
+                "expires_at",
+                "retained_until",
+                "response_body",
             )
         }
         for record in records.values():
@@ -780,11 +796,13 @@ class World:
                 or owner.spec.fingerprint != record["fingerprint"]
             ):
                 self.violate(f"record {record['scope']} stores {bytes(body)!r}, no original of it")
-        # A record is deleted only by its owner's release or by a purge after it expired.
+        # A record is deleted only by its owner's release or by a purge after it
+        # expired, and a claim in progress (its progress for the retry) only
+        # once it is no longer retained either.
         for record_id, before in self.records.items():
             if record_id in records:
                 continue
-            if self.purge_cutoff is not None and before["expires_at"] <= self.purge_cutoff:
+            if self.purge_cutoff is not None and _purgeable(before, self.purge_cutoff):
                 continue
             if before["state"] == IdempotencyKey.State.IN_PROGRESS and any(
                 a.releasing and a.token == before["owner_token"] for a in self.actors

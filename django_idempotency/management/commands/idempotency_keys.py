@@ -144,6 +144,9 @@ class Command(BaseCommand):
             f"attempt:      {record.attempt}",
             f"checkpoints:  {json.dumps(record.checkpoints or {}, sort_keys=True)}",
         ]
+        if record.state == State.IN_PROGRESS and record.retained_until is not None:
+            # Past its lease, the purge keeps it for the retry until then.
+            lines.append(f"kept until:   {record.retained_until.isoformat()}")
         if record.state == State.COMPLETED:
             body = record.response_body
             size = "not stored" if body is None else f"{len(body)} bytes"

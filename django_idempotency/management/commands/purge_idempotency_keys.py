@@ -10,7 +10,6 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
-from django.utils.connection import ConnectionDoesNotExist
 
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.purge import (
@@ -163,8 +162,6 @@ class Command(BaseCommand):
                 rate=options["rate"],
                 progress=report,
             )
-        except ConnectionDoesNotExist as exc:
-            raise CommandError(f"Unknown database {using!r}: {exc}") from exc
         except ImproperlyConfigured as exc:
             raise CommandError(str(exc)) from exc
         except Busy as exc:
