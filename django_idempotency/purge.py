@@ -398,6 +398,17 @@ def _delete_batch_postgresql(
     return Batch(removed, last if last is not None else passed)
 
 
+def _expiry_as_stored(connection: BaseDatabaseWrapper, expires: str) -> str:
+    """``expires_at`` as a batch reads it back to start the next batch from.
+
+    SQLite stores it as text of its own format (``STRFTIME``'s milliseconds)
+    and compares text: read back as a ``datetime`` and sent again, it would
+    be written another way (microseconds, or none) and compare unequal to
+    itself, so it is read as the text it is.
+    """
+    return f"CAST({expires} AS TEXT)" if connection.vendor == "sqlite" else expires
+
+
 def _since(connection: BaseDatabaseWrapper, passed: Any) -> tuple[str, list[Any]]:
     """From where the last batch ended (``>=``: rows sharing its expiry may remain)."""
     if passed is None:
@@ -416,7 +427,8 @@ def _delete_batch_returning(
     which ``RETURNING`` gives: a batch that walked the index from its start
     stepped over every claim the purge keeps (still retained) ahead of the
     rows it deletes, each batch again. The expiries come back as the
-    database stores them and go back in as they came.
+    database stores them and go back in as they came
+    (:func:`_expiry_as_stored`).
 
     MariaDB deletes with ``DELETE ... ORDER BY expires_at LIMIT`` (see
     :func:`_delete_batch_bounded` for why not by keys); SQLite, which has no
@@ -426,11 +438,12 @@ def _delete_batch_returning(
     table, pk, expires = _names(connection)
     since, since_params = _since(connection, passed)
     where = f"{_purgeable_sql(connection)}{since}"
+    returned = _expiry_as_stored(connection, expires)
     if connection.vendor == "mysql":
-        sql = f"DELETE FROM {table} WHERE {where} ORDER BY {expires} LIMIT %s RETURNING {expires}"
+        sql = f"DELETE FROM {table} WHERE {where} ORDER BY {expires} LIMIT %s RETURNING {returned}"
     else:
         batch = f"SELECT {pk} FROM {table} WHERE {where} ORDER BY {expires} LIMIT %s"
-        sql = f"DELETE FROM {table} WHERE {pk} IN ({batch}) RETURNING {expires}"
+        sql = f"DELETE FROM {table} WHERE {pk} IN ({batch}) RETURNING {returned}"
     with connection.cursor() as cursor:
         cursor.execute(sql, [*_cutoff(connection, cutoff), *since_params, batch_size])
         gone = [row[0] for row in cursor.fetchall()]
@@ -466,7 +479,8 @@ def _delete_batch_bounded(
     params = [*_cutoff(connection, cutoff), *since_params]
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT {expires} FROM {table} WHERE {where} ORDER BY {expires} LIMIT 1 OFFSET %s",
+            f"SELECT {_expiry_as_stored(connection, expires)} FROM {table} WHERE {where} "
+            f"ORDER BY {expires} LIMIT 1 OFFSET %s",
             [*params, batch_size - 1],
         )
         row = cursor.fetchone()

@@ -481,3 +481,32 @@ class KeptClaimsAheadTests:
         assert len(batches) == 7
         assert batches[0] is None
         assert None not in batches[1:]
+
+
+@idempotent_function(key=lambda order: order, scope="tied expiries", atomic=False, ttl=60)
+def ship(order: str) -> str:
+    return order
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("whole_second", [False, True], ids=["milliseconds", "whole-second"])
+def test_expiries_the_database_wrote_and_shares_all_go_in_one_run(batches, whole_second):
+    """Ties across batches, each expiry written by the database's own clock expression.
+
+    On SQLite that is text of its own format, which a batch must send back
+    as it is to start the next one from it (a whole second included).
+    """
+    now = database_clock.read(connection)
+    if whole_second:
+        now = now.replace(microsecond=0)
+    database_clock.pin(now)
+    try:
+        for n in range(5):
+            ship(f"order {n}")
+    finally:
+        database_clock.pin(None)
+
+    later = now + timedelta(minutes=5)
+    deleted = purge_expired(batch_size=2, now=later, batch_seconds=None, pause=0)
+
+    assert (deleted, IdempotencyKey.objects.count()) == (5, 0)
