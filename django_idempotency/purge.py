@@ -175,7 +175,8 @@ def purgeable(cutoff: datetime) -> Q:
     lease-mode claim left in progress keeps its progress (its attempt and
     checkpoints) for the retry until ``retained_until``, however its lease
     ended. :func:`_purgeable_sql` is the same condition for the batches'
-    statements (``tests/test_purge_progress.py`` checks that they agree).
+    statements and the dry run's count (``tests/test_purge_progress.py``
+    checks that they agree).
     """
     return Q(expires_at__lte=cutoff) & ~Q(state=_IN_PROGRESS, retained_until__gt=cutoff)
 
@@ -244,8 +245,19 @@ def purge_expired(
     with store.explained(using):
         cutoff = clock.read(connection) if now is None else now
         if dry_run:
-            return IdempotencyKey.objects.using(using).filter(purgeable(cutoff)).count()
+            return _count(connection, cutoff)
         return _purge(connection, cutoff, batch_size, pace, progress)
+
+
+def _count(connection: BaseDatabaseWrapper, cutoff: datetime) -> int:
+    """What a purge with ``cutoff`` would delete: the batches' own condition, counted."""
+    table = _names(connection)[0]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT COUNT(*) FROM {table} WHERE {_purgeable_sql(connection)}",
+            _cutoff(connection, cutoff),
+        )
+        return int(cursor.fetchone()[0])
 
 
 def _in_a_transaction(connection: BaseDatabaseWrapper) -> bool:
@@ -355,7 +367,14 @@ def _purgeable_sql(connection: BaseDatabaseWrapper) -> str:
 
 def _cutoff(connection: BaseDatabaseWrapper, cutoff: datetime) -> list[Any]:
     """The parameters of :func:`_purgeable_sql`."""
-    return [connection.ops.adapt_datetimefield_value(cutoff)] * 2
+    value = connection.ops.adapt_datetimefield_value(cutoff)
+    if connection.vendor == "sqlite":
+        # SQLite compares the text it stores, STRFTIME's milliseconds
+        # ("... 10:21:01.000"); Django's text of a whole second has no
+        # fraction ("... 10:21:01"), which sorts before it.
+        whole, _, fraction = str(value).partition(".")
+        value = f"{whole}.{(fraction + '000')[:3]}"
+    return [value] * 2
 
 
 def _delete_batch_postgresql(

@@ -510,3 +510,18 @@ def test_expiries_the_database_wrote_and_shares_all_go_in_one_run(batches, whole
     deleted = purge_expired(batch_size=2, now=later, batch_seconds=None, pause=0)
 
     assert (deleted, IdempotencyKey.objects.count()) == (5, 0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_record_expiring_at_a_whole_second_cutoff_is_purged():
+    """The cutoff compares as the database's own expiries do, a whole second included."""
+    now = database_clock.read(connection).replace(microsecond=0)
+    database_clock.pin(now)
+    try:
+        ship("order at a whole second")
+    finally:
+        database_clock.pin(None)
+    expiry = IdempotencyKey.objects.get().expires_at
+
+    assert purge_expired(now=expiry, dry_run=True) == 1
+    assert purge_expired(now=expiry, batch_seconds=None, pause=0) == 1
