@@ -1,7 +1,8 @@
-"""Re-exports :mod:`django_idempotency.contrib.drf`, where the DRF integration lives.
+"""The DRF integration's public names, where the contract puts them.
 
-Kept so that ``from django_idempotency.drf import IdempotentMixin`` goes on
-working; new code imports from ``django_idempotency.contrib.drf``.
+``from django_idempotency.drf import IdempotentMixin`` is the documented
+import; the integration itself lives in :mod:`django_idempotency.contrib.drf`,
+the only module that imports DRF.
 """
 
 from __future__ import annotations

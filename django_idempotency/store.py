@@ -282,7 +282,8 @@ def release_on_behalf(using: str, record_id: int, owner_token: str, *, unless_he
     """An operator's release: the claim given back for its owner, keeping its progress.
 
     The statement of the owner's own release keeping progress
-    (:func:`release`), fenced by the token the operator read: a claim taken
+    (:func:`release`), except that it leaves ``retained_until`` as the
+    owner last wrote it, fenced by the token the operator read: a claim taken
     over, released or completed since is left alone (``False``). An owned
     claim's release counts as its owner's attempt, since the retry's
     takeover of a claim given back does not (SPEC counts takeovers): that

@@ -9,7 +9,7 @@ from pathlib import Path
 from celery import shared_task
 from django.conf import settings
 
-from django_idempotency.contrib.celery import idempotent_task
+from django_idempotency.tasks import idempotent_task
 from example_project.shop.models import Order, Receipt
 
 

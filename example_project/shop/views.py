@@ -17,7 +17,7 @@ from rest_framework import permissions, viewsets
 from rest_framework.authentication import TokenAuthentication
 
 from django_idempotency import idempotent, webhooks
-from django_idempotency.contrib.drf import IdempotentMixin
+from django_idempotency.drf import IdempotentMixin
 from example_project.provider import client as provider
 from example_project.shop.models import Booking, Order, Payment, Receipt
 from example_project.shop.serializers import BookingSerializer
