@@ -368,12 +368,12 @@ def _purgeable_sql(connection: BaseDatabaseWrapper) -> str:
 def _cutoff(connection: BaseDatabaseWrapper, cutoff: datetime) -> list[Any]:
     """The parameters of :func:`_purgeable_sql`."""
     value = connection.ops.adapt_datetimefield_value(cutoff)
-    if connection.vendor == "sqlite":
-        # SQLite compares the text it stores, STRFTIME's milliseconds
-        # ("... 10:21:01.000"); Django's text of a whole second has no
-        # fraction ("... 10:21:01"), which sorts before it.
-        whole, _, fraction = str(value).partition(".")
-        value = f"{whole}.{(fraction + '000')[:3]}"
+    if connection.vendor == "sqlite" and "." not in str(value):
+        # SQLite compares text: Django's text of a whole second has no
+        # fraction ("... 10:21:01"), which sorts before the stored
+        # "... 10:21:01.000" of STRFTIME's milliseconds. Six zeros sort
+        # after both that and Django's own "... 10:21:01".
+        value = f"{value}.000000"
     return [value] * 2
 
 

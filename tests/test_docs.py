@@ -68,7 +68,7 @@ class InstallationPageTests:
         extra = re.search(r"^celery = (\[.*\])$", pyproject, re.MULTILINE)
         # What the page says of the extra is what the extra is: Celery, no broker client.
         assert extra and ast.literal_eval(extra[1]) == ["celery>=5.3"]
-        assert ":func:`~django_idempotency.contrib.celery.idempotent_task`" in self.page
+        assert ":func:`~django_idempotency.tasks.idempotent_task`" in self.page
         assert "without a broker client" in self.page
         assert '"celery[redis]"' in self.page
 
