@@ -357,7 +357,10 @@ def may_send_key(request: HttpRequest) -> bool:
     The header, or a form that may hold the ``FORM_FIELD``: the body is
     not looked at.
     """
-    return _meta_name(idempotency_settings.header) in request.META or _key_in_body(request)
+    conf = idempotency_settings
+    if _meta_name(conf.header) in request.META:
+        return True
+    return conf.form_field is not None and is_form(request)
 
 
 def _key_in_body(request: HttpRequest) -> bool:

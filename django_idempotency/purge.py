@@ -162,9 +162,6 @@ class Pace:
         return rest
 
 
-#: The purge as it was before it yielded: fixed batches, back to back.
-UNPACED = Pace(batch_seconds=None, pause=0.0)
-
 _IN_PROGRESS = str(IdempotencyKey.State.IN_PROGRESS)
 
 
