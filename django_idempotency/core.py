@@ -82,10 +82,8 @@ def _check_policy_answer(policy: Callable[..., Any], answer: Any) -> None:
         )
 
 
-def _text(what: str, value: Any, source: Any) -> str:
-    """A scope or fingerprint function's value, refused with the fix unless it is a string."""
-    if isinstance(value, str):
-        return value
+def _refuse_text(what: str, value: Any, source: Any) -> None:
+    """Refuse, with the fix, a scope or fingerprint function's value that is not a string."""
     raise TypeError(
         f"The {what} function {source!r} returned {type(value).__name__}, not a string. "
         f"A {what} function takes the request and returns a str."
@@ -165,17 +163,21 @@ async def protect_async(
 def _call(
     request: HttpRequest, declared: DeclaredOptions, sender: Any, finish: Finish
 ) -> engine.Call | None:
-    """The engine's call for this request, or ``None`` when it is not protected."""
+    """The engine's call for this request, or ``None`` when it is not protected.
+
+    Not protected: disabled, a method the view does not protect, or no key
+    and none required (:func:`may_claim`, asked here with the key read once).
+    """
     if _protected_outside(request, declared, sender):
         return None
     options = declared.resolve()
-    if not may_claim(request, options):
-        return None
     conf = idempotency_settings
+    if not conf.enabled or request.method not in options.methods:
+        return None
     raw_key = sent_key(request, options)
     if raw_key is None:
         if not options.required:
-            return None  # the view's key function found none: as without the header
+            return None  # no key sent, or the view's key function found none
         raise IdempotencyKeyRequired(_missing_key(request, options))
     if options.key is None and _meta_name(conf.header) in request.META:
         key = parse_key(raw_key, conf.key_max_length, conf.key_min_length)
@@ -183,15 +185,33 @@ def _call(
         # What a function read from the request, or a form's field, has no
         # header syntax to parse.
         key = check_key(raw_key, conf.key_max_length, conf.key_min_length)
-    info = IdempotencyInfo(
-        key=key,
-        scope=fit_key_column(_text("scope", options.scope(request), options.scope)),
-        fingerprint=_fit_fingerprint(
-            _text("fingerprint", options.fingerprint(request), options.fingerprint)
-        ),
-    )
+    scope = options.scope(request)
+    if not isinstance(scope, str):
+        _refuse_text("scope", scope, options.scope)
+    fingerprint = options.fingerprint(request)
+    if not isinstance(fingerprint, str):
+        _refuse_text("fingerprint", fingerprint, options.fingerprint)
+    if len(fingerprint) > FINGERPRINT_COLUMN_LENGTH:
+        # The column holds a SHA-256 hex digest; a custom function may return
+        # anything, so longer values are digested rather than truncated.
+        fingerprint = hashlib.sha256(fingerprint.encode()).hexdigest()
+    info = IdempotencyInfo(key=key, scope=fit_key_column(scope), fingerprint=fingerprint)
     request.idempotency = info  # type: ignore[attr-defined]
     setattr(request, _PROTECTED_WITH, (options, request))
+
+    def finished(response: HttpResponseBase) -> HttpResponseBase:
+        # check_claimed_for, then finish, in one frame on the common path.
+        for adapter in adapters.REGISTERED:
+            checked = adapter.response_class
+            if checked is not None and isinstance(response, checked) and adapter.check_claimed:
+                response = adapter.check_claimed(response, request)
+                break
+        if finish is not render:
+            return finish(response)
+        if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
+            response.render()
+        return response
+
     return engine.Call(
         info,
         options,
@@ -199,7 +219,8 @@ def _call(
         sender,
         request,
         recover=options.recover,
-        finish=lambda response: finish(check_claimed_for(response, request)),
+        finish=finished,
+        using=conf.database,
     )
 
 
@@ -399,14 +420,6 @@ def _missing_key(request: HttpRequest, options: Options) -> str:
 @lru_cache(maxsize=16)
 def _meta_name(header: str) -> str:
     return "HTTP_" + header.upper().replace("-", "_")
-
-
-def _fit_fingerprint(fingerprint: str) -> str:
-    # The column holds a SHA-256 hex digest; a custom function may return
-    # anything, so longer values are digested rather than truncated.
-    if len(fingerprint) <= FINGERPRINT_COLUMN_LENGTH:
-        return fingerprint
-    return hashlib.sha256(fingerprint.encode()).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from django.db import Error, connections, transaction
+from django.db import DatabaseError, Error, connections, transaction
 from django.dispatch import Signal
 
 from django_idempotency import lease_cleanup, observability, replay_cache, signals, store
@@ -89,9 +89,9 @@ class Kind:
     without_body: Callable[[StoredResponse], StoredResponse] = lambda stored: replace(
         stored, body=None
     )
-    #: What the first call returns: its own result (a view's response), or
-    #: what a duplicate would get (a function's JSON value).
-    fresh: Callable[[Any, StoredResponse], Any] = lambda result, stored: result
+    #: What the first call returns: what a duplicate would get (a function's
+    #: JSON value); ``None``: its own result (a view's response).
+    fresh: Callable[[Any, StoredResponse], Any] | None = None
     #: Refuses, with an error that names the fix, what a recovery policy
     #: returned that is neither ``None`` nor what the kind stores.
     check_answer: Callable[[Callable[..., Any], Any], None] = lambda policy, answer: None
@@ -169,32 +169,56 @@ class Call:
             # A retry of finished work is answered from one indexed read,
             # without a transaction. Inside the caller's transaction the read
             # would change what that transaction sees, so the claim decides.
-            with self._claim_errors():
+            try:
                 completed = store.find_completed(
                     self.using, self.info.scope, self.info.key, wait=self.options.wait
                 )
+            except store.Busy as busy:
+                raise self._busy(busy) from busy
             if completed is not None:
                 return self._answer_duplicate(completed)
-        if self.options.atomic:
-            # Nested in a transaction of the caller's, a deadlock loses that
-            # transaction too and the claim cannot start over.
-            return store.retrying(
-                lambda: self._atomic(body), self._gave_up, in_transaction=in_transaction
-            )
-        return self._leased(body)
+        atomic = self.options.atomic
+        lease = None if atomic else LeaseConnection.for_alias(self.using)
+        token = "" if lease is None else secrets.token_hex(16)
+        # The one place a claim starts over: after a deadlock, a transaction
+        # the database aborted for another (a lost certification on Galera),
+        # or a record seen as it was before a purge or a takeover. Nested in
+        # a transaction of the caller's, a deadlock loses that transaction
+        # too, and the claim cannot start over.
+        for _ in range(store.CLAIM_ATTEMPTS):
+            try:
+                if lease is None:
+                    return self._atomic(body)
+                claim = self._lease_claim(lease, token)
+            except store.Retry as retry:
+                if retry.transaction_lost and in_transaction and atomic:
+                    break
+                continue
+            except store.Busy as busy:
+                raise self._busy(busy) from busy
+            except DatabaseError as exc:
+                if not atomic or not store.lost_race(self.using, exc):
+                    raise
+                if in_transaction:
+                    break
+                continue
+            return self._leased(body, lease, token, claim)
+        raise self._gave_up()
 
     # Atomic mode: claim, body and stored result in one transaction.
 
     def _atomic(self, body: Callable[[], Any]) -> Any:
+        """One attempt: claim, body and stored result commit together, or none of them does.
+
+        Raises :class:`store.Retry` (or a MySQL/MariaDB deadlock, at any
+        statement up to ``COMMIT``) when the attempt must start over, and
+        :class:`store.Busy` when the wait for an in-flight original ran out;
+        :meth:`run` answers both once the transaction has rolled back.
+        """
         finished_by: BaseException | None = None
-        # The claim's errors are answered outside the transaction, once it
-        # has rolled back; only the store's claim raises them. A transaction
-        # the database aborted for another (a deadlock, a lost certification
-        # on Galera), at any statement up to COMMIT, starts over as a claim.
-        with store.lost_race(self.using), self._claim_errors(), ExitStack() as block:
-            with store.claiming(self.using, self.options.wait):
-                block.enter_context(transaction.atomic(using=self.using))
-                claim = store.claim(self.using, self._new_claim(), self.options.wait)
+        using = self.using
+        with ExitStack() as block:
+            claim = store.claim(using, self._new_claim(), self.options.wait, opening=block)
             if claim.existing is not None:
                 return self._answer_duplicate(claim.existing)
 
@@ -203,43 +227,49 @@ class Call:
                 if checkpoints is None:
                     return True
                 return store.record_progress(
-                    self.using, claim.record_id, owner_token=None, checkpoints=checkpoints
+                    using, claim.record_id, owner_token=None, checkpoints=checkpoints
                 )
 
+            progress = self.info.progress
+            progress.attempt, progress.checkpoints = claim.attempt, dict(claim.checkpoints)
+            progress.write = write
             try:
-                with self._progress(claim, write):
-                    self._send(signals.key_claimed)
-                    result = self.finish(body())
+                self._send(signals.key_claimed)
+                result = self.finish(body())
             except BaseException as exc:
                 # Anything but "done on purpose" leaves the block by raising:
                 # the claim rolls back with the body's writes.
                 if self.kind.ending(exc) is not Ending.COMPLETED:
                     raise
                 finished_by, result = exc, None
+            finally:
+                progress.write = None
             ended = self.kind.ended_on_purpose
-            stored = self._encode(result) if finished_by is None else ended
+            if finished_by is not None:
+                stored = ended
+            elif self.options.store is None:
+                stored = self.kind.encode(result)
+            else:
+                stored = self._encode(result)
             if stored is None:
                 # Not stored: undo the claim with the body's writes, answer as it did.
-                transaction.set_rollback(True, using=self.using)
+                transaction.set_rollback(True, using=using)
                 return result
             # The claim set its expiry at TTL; it is kept while the body took
             # under 1% of TTL (the update then leaves every indexed column as
             # it was, so PostgreSQL can make it a heap-only update). A slower
             # body (or a short TTL) would otherwise commit a record already
             # expired, or soon to be, and a retry could run it again.
-            grace = self.options.ttl / 100
-            store.complete(
-                self.using,
-                claim.record_id,
-                stored,
-                owner_token=None,
-                ttl=self.options.ttl,
-                grace=grace,
-            )
-            self._stored(stored, self.options.ttl - grace)
+            ttl = self.options.ttl
+            grace = ttl / 100
+            store.complete(using, claim.record_id, stored, owner_token=None, ttl=ttl, grace=grace)
+            self._send(signals.response_stored)
+            if idempotency_settings.replay_cache is not None:
+                self._cache_after_commit(stored, ttl - grace)
         if finished_by is not None:
             raise finished_by
-        return self.kind.fresh(result, stored)
+        fresh = self.kind.fresh
+        return result if fresh is None else fresh(result, stored)
 
     def _encode(self, result: Any) -> StoredResponse | None:
         """What is kept of ``result``, or ``None``: the kind's rule, narrowed by ``store``.
@@ -261,10 +291,9 @@ class Call:
 
     # Lease mode: the claim commits first, the body runs outside our transaction.
 
-    def _leased(self, body: Callable[[], Any]) -> Any:
-        lease = LeaseConnection.for_alias(self.using)
-        token = secrets.token_hex(16)
-        claim = store.retrying(lambda: self._lease_claim(lease, token), self._gave_up)
+    def _leased(
+        self, body: Callable[[], Any], lease: LeaseConnection, token: str, claim: store.Claim
+    ) -> Any:
         record = claim.existing
         if record is None:
             return self._run_leased(body, _Owned(lease, claim.record_id, token), claim)
@@ -274,15 +303,12 @@ class Call:
 
     def _lease_claim(self, lease: LeaseConnection, token: str) -> store.Claim:
         new = self._new_claim(token, self.options.lease)
-        with (
-            self._claim_errors(),
-            lease.statements(),
-            store.claiming(self.using, self.options.wait),
-            transaction.atomic(using=self.using),
-        ):
+        with lease.statements(), ExitStack() as block:
             # With a recovery policy, an abandoned claim is left for it to decide.
             take_over = self.recover is None
-            return store.claim(self.using, new, self.options.wait, take_over_abandoned=take_over)
+            return store.claim(
+                self.using, new, self.options.wait, take_over_abandoned=take_over, opening=block
+            )
 
     def _run_leased(
         self, body: Callable[[], Any], owned: _Owned, claim: store.Claim, *, counted: bool = False
@@ -326,7 +352,7 @@ class Call:
             return result
         if self._complete_lease(owned, stored) and claim.attempt > 1:
             observability.record_recovery("completed", self.sender)
-        return self.kind.fresh(result, stored)
+        return result if self.kind.fresh is None else self.kind.fresh(result, stored)
 
     def _refuse(self, owned: _Owned) -> None:
         """Complete the key with the kind's refusal, committed at once.
@@ -503,7 +529,7 @@ class Call:
         self._send(signals.claim_recovered)
         self._stored(stored, ttl)
         observability.record_recovery("completed", self.sender)
-        return self.kind.fresh(answer, stored)
+        return answer if self.kind.fresh is None else self.kind.fresh(answer, stored)
 
     def _end_lease_on(self, exc: BaseException, owned: _Owned) -> None:
         ending = self.kind.ending(exc)
@@ -675,26 +701,21 @@ class Call:
     def _new_claim(self, token: str = "", lease: timedelta | None = None) -> store.NewClaim:
         return store.NewClaim.of(self.info, ttl=self.options.ttl, token=token, lease=lease)
 
-    @contextmanager
-    def _claim_errors(self) -> Iterator[None]:
-        """Answer what the database said while claiming: the wait ran out, or SQLite is busy."""
-        try:
-            yield
-        except store.DatabaseLocked as locked:
-            # SQLite has one write lock for the whole database: its holder
-            # may be a request for any key (docs/backends.rst, "SQLite").
-            self._send(signals.wait_timed_out)
-            self._send(signals.request_conflict)
-            self._log(
-                logging.INFO,
-                "Database busy; answering 409 to idempotency key %s in scope %r",
-                outcome="database_busy",
-            )
-            busy_error = self.kind.database_busy
-            raise (self.kind.in_flight(1) if busy_error is None else busy_error()) from locked
-        except store.Busy as busy:
-            self._send(signals.wait_timed_out)
-            raise self._conflict(retry_after=1) from busy
+    def _busy(self, busy: store.Busy) -> IdempotencyError:
+        """The answer when the wait for the key ran out, or SQLite stayed busy."""
+        self._send(signals.wait_timed_out)
+        if not isinstance(busy, store.DatabaseLocked):
+            return self._conflict(retry_after=1)
+        # SQLite has one write lock for the whole database: its holder may be
+        # a request for any key (docs/backends.rst, "SQLite").
+        self._send(signals.request_conflict)
+        self._log(
+            logging.INFO,
+            "Database busy; answering 409 to idempotency key %s in scope %r",
+            outcome="database_busy",
+        )
+        busy_error = self.kind.database_busy
+        return self.kind.in_flight(1) if busy_error is None else busy_error()
 
     def _answer_duplicate(self, record: store.Record) -> Any:
         if record.fingerprint != self.info.fingerprint:

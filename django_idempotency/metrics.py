@@ -127,14 +127,8 @@ def add(metric: Metric, view: str) -> None:
     """Add one to ``metric`` for ``view``; nothing without ``opentelemetry-api``."""
     if _api is None:
         return
-    _get_counters()[metric.name].add(1, {VIEW_ATTRIBUTE: view})
-
-
-def _get_counters() -> dict[str, Any]:
-    counters = _counters
-    if counters is not None:
-        return counters
-    return _create_counters()
+    counters = _counters if _counters is not None else _create_counters()
+    counters[metric.name].add(1, {VIEW_ATTRIBUTE: view})
 
 
 def _create_counters() -> dict[str, Any]:

@@ -123,9 +123,12 @@ def record(
             outcome,
             extra=fields,
         )
-    _set_span_attributes(outcome, waited, info.attempt)
+    if _trace is not None:
+        _set_span_attributes(outcome, waited, info)
     if metrics.enabled:
-        _count(outcome, view_name(sender))
+        counted = _COUNTED.get(outcome)
+        if counted is not None:
+            metrics.add(counted, view_name(sender))
     if not signal.has_listeners(sender):
         return
     # Receivers are the project's code (metrics, audit) running inside the
@@ -145,9 +148,7 @@ def record(
             )
 
 
-def _set_span_attributes(outcome: str, started: float | None, attempt: int) -> None:
-    if _trace is None:
-        return
+def _set_span_attributes(outcome: str, started: float | None, info: IdempotencyInfo) -> None:
     span = _trace.get_current_span()
     if not span.is_recording():
         return
@@ -156,7 +157,7 @@ def _set_span_attributes(outcome: str, started: float | None, attempt: int) -> N
     # ends with the final one (claimed, then stored).
     span.set_attribute("idempotency.outcome", outcome)
     span.set_attribute("idempotency.replayed", outcome == "replayed")
-    span.set_attribute("idempotency.attempt", attempt)
+    span.set_attribute("idempotency.attempt", info.progress.attempt)
     if waited is not None:
         span.set_attribute("idempotency.waited_ms", waited)
 
@@ -165,14 +166,6 @@ def cache_looked_up(sender: Any, *, hit: bool) -> None:
     """Count a replay-cache lookup for the view or task ``sender``: a hit or a miss."""
     if metrics.enabled:
         metrics.add(metrics.CACHE_HITS if hit else metrics.CACHE_MISSES, view_name(sender))
-
-
-def _count(outcome: str, view: str) -> None:
-    if not metrics.enabled:
-        return
-    counted = _COUNTED.get(outcome)
-    if counted is not None:
-        metrics.add(counted, view)
 
 
 def record_recovery(step: Literal["started", "completed"], sender: Any) -> None:

@@ -14,12 +14,12 @@ loop here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency import clock, leases
@@ -71,30 +71,6 @@ State = IdempotencyKey.State
 CLAIM_ATTEMPTS = 3
 
 
-T = TypeVar("T")
-
-
-def retrying(
-    attempt: Callable[[], T], gave_up: Callable[[], Exception], *, in_transaction: bool = False
-) -> T:
-    """Run ``attempt`` (a claim in a transaction or savepoint of its own) until it is not retried.
-
-    The one place a claim starts over: after a deadlock, or after it saw a
-    record as it was before a purge or a takeover. ``in_transaction`` says
-    the attempt runs inside a transaction it did not open (the request's):
-    a deadlock has then rolled that transaction back too, and starting over
-    is not possible. When no attempt got through, raises what ``gave_up``
-    returns: the caller's "in flight, retry later".
-    """
-    for _ in range(CLAIM_ATTEMPTS):
-        try:
-            return attempt()
-        except Retry as retry:
-            if retry.transaction_lost and in_transaction:
-                break
-    raise gave_up()
-
-
 def reads_before_claiming(using: str) -> bool:
     """Whether a retry of finished work is looked for before the claim, outside a transaction.
 
@@ -118,20 +94,43 @@ def find_completed(using: str, scope: str, key: str, *, wait: float) -> Record |
     run outside a transaction. SQLite's reader waits for a writer's commit
     at most ``wait`` seconds, as a claim would.
     """
-    with claiming(using, wait):
-        record = read_record(connections[using], scope, key)
+    connection = connections[using]
+    backend = BY_VENDOR.get(connection.vendor, STANDARD)
+    if backend.waits_at_begin:
+        backend.prepare(connection, wait)
+    try:
+        record = read_record(connection, scope, key)
+    except DatabaseError as exc:
+        _raise_meaning(backend, exc)
+        raise
+    finally:
+        if backend.waits_at_begin:
+            backend.restore(connection)
     if record is None or not record.completed or record.expired:
         return None
     return record
 
 
-def claim(using: str, new: NewClaim, wait: float, *, take_over_abandoned: bool = True) -> Claim:
+def claim(
+    using: str,
+    new: NewClaim,
+    wait: float,
+    *,
+    take_over_abandoned: bool = True,
+    opening: ExitStack | None = None,
+) -> Claim:
     """Claim the key, or find the live record that holds it.
 
-    Must run inside ``transaction.atomic(using=using)``. A live record that
-    is returned is committed and changes only when it expires (or, in
-    lease mode, when its owner completes or releases it), so it is read
-    without holding a lock: a replay writes nothing.
+    Runs inside ``transaction.atomic(using=using)``: the caller's, or, with
+    ``opening``, one this function enters on that stack, so that the claim's
+    transaction stays open for the body. SQLite waits at ``BEGIN IMMEDIATE``,
+    before the claim's statement: its busy timeout is set first and put back
+    as soon as the claim ends (the body's statements then wait as long as the
+    connection was configured to), and an error at ``BEGIN`` means what it
+    would mean in the claim. A live record that is returned is committed and
+    changes only when it expires (or, in lease mode, when its owner
+    completes or releases it), so it is read without holding a lock: a
+    replay writes nothing.
 
     An expired record is taken over in the same statement, except, with
     ``take_over_abandoned=False``, an abandoned claim (in progress, its
@@ -140,15 +139,21 @@ def claim(using: str, new: NewClaim, wait: float, *, take_over_abandoned: bool =
     taken over from the same request carries its attempt and checkpoints.
 
     Raises :class:`Busy` when the wait for an in-flight original runs out,
-    :class:`Retry` when the claim must start over (see :func:`retrying`),
+    :class:`Retry` when the claim must start over (the caller's retry loop),
     and :class:`~django.core.exceptions.ImproperlyConfigured` when the table
     is missing.
     """
     connection = connections[using]
     backend = BY_VENDOR.get(connection.vendor, STANDARD)
+    if backend.waits_at_begin:
+        backend.prepare(connection, wait)
     try:
-        with explained(using):
-            found = _claim(backend, connection, new, wait, take_over_abandoned)
+        if opening is not None:
+            opening.enter_context(transaction.atomic(using=using))
+        found = _claim(backend, connection, new, wait, take_over_abandoned)
+    except DatabaseError as exc:
+        _raise_meaning(backend, exc)
+        raise
     finally:
         if backend.waits_at_begin:
             backend.restore(connection)
@@ -175,30 +180,6 @@ def _claim(
         # Seen as it was before another request took it over.
         return None
     return Claim(claimed.id, claimed)
-
-
-@contextmanager
-def claiming(using: str, wait: float) -> Iterator[None]:
-    """Around a claim and the transaction it opens: bound the wait, explain the errors.
-
-    SQLite waits at ``BEGIN IMMEDIATE``, before :func:`claim` runs, so its
-    busy timeout is set first and put back as soon as the block ends (the
-    view's own statements then wait as long as the connection was
-    configured to); an error at ``BEGIN`` means what it would mean in the
-    claim (:func:`explained`).
-    """
-    connection = connections[using]
-    backend = BY_VENDOR.get(connection.vendor, STANDARD)
-    if not backend.waits_at_begin:
-        with explained(using):
-            yield
-        return
-    backend.prepare(connection, wait)
-    try:
-        with explained(using):
-            yield
-    finally:
-        backend.restore(connection)
 
 
 def complete(
@@ -471,31 +452,26 @@ def _write(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> bool
         return cursor.rowcount == 1
 
 
-@contextmanager
-def lost_race(using: str) -> Iterator[None]:
-    """Around a whole atomic-mode attempt: a MySQL/MariaDB 1213 in it is a :class:`Retry`.
+def lost_race(using: str, exc: DatabaseError) -> bool:
+    """Whether ``exc``, anywhere in an atomic-mode attempt, means: start the claim over.
 
-    The server has rolled the transaction back, whichever statement got
-    the error: a deadlock in the handler's statements or the stored
-    response, or, on a Galera cluster, a write set that lost certification
-    to another node's (reported by that statement or by ``COMMIT``).
-    Nothing of the attempt committed, so it starts over as a new claim:
-    a key another node completed is then replayed (the claim waits until
-    this node has applied it), and a key still new runs again.
+    A MySQL/MariaDB 1213: the server has rolled the transaction back,
+    whichever statement got the error: a deadlock in the handler's
+    statements or the stored response, or, on a Galera cluster, a write
+    set that lost certification to another node's (reported by that
+    statement or by ``COMMIT``). Nothing of the attempt committed, so it
+    starts over as a new claim: a key another node completed is then
+    replayed (the claim waits until this node has applied it), and a key
+    still new runs again.
     """
-    try:
-        yield
-    except Retry:
-        raise
-    except DatabaseError as exc:
-        if connections[using].vendor != "mysql" or errno(exc) != ER_LOCK_DEADLOCK:
-            raise
-        if _other_transaction_open(using):
-            # The 1213 may be another alias's, whose transaction the server
-            # rolled back behind Django's back: starting over would let the
-            # caller commit the rest of it. Its caller's atomic must see it.
-            raise
-        raise Retry(str(exc)) from exc
+    if isinstance(exc, Retry) or connections[using].vendor != "mysql":
+        return False
+    if errno(exc) != ER_LOCK_DEADLOCK:
+        return False
+    # The 1213 may be another alias's, whose transaction the server rolled
+    # back behind Django's back: starting over would let the caller commit
+    # the rest of it. Its caller's atomic must see it.
+    return not _other_transaction_open(using)
 
 
 def _other_transaction_open(using: str) -> bool:
@@ -508,7 +484,7 @@ def _other_transaction_open(using: str) -> bool:
 
 @contextmanager
 def explained(using: str) -> Iterator[None]:
-    """Raise what a database error on the key table means, where it is known.
+    """Raise what a database error on the key table means, where it is known (:func:`claim`).
 
     A lock wait that ran out becomes :class:`Busy` (:class:`DatabaseLocked`
     on SQLite), a deadlock :class:`Retry`, a missing table
@@ -518,11 +494,15 @@ def explained(using: str) -> Iterator[None]:
     """
     try:
         yield
-    except (Busy, Retry):
-        raise
     except DatabaseError as exc:
-        vendor = connections[using].vendor
-        meaning = BY_VENDOR.get(vendor, STANDARD).meaning(exc)
-        if meaning is None:
-            raise
+        _raise_meaning(BY_VENDOR.get(connections[using].vendor, STANDARD), exc)
+        raise
+
+
+def _raise_meaning(backend: Backend, exc: DatabaseError) -> None:
+    """Raise what ``exc`` means on the key table (see :func:`explained`); return if nothing."""
+    if isinstance(exc, (Busy, Retry)):
+        return
+    meaning = backend.meaning(exc)
+    if meaning is not None:
         raise meaning from exc
