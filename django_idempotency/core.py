@@ -168,7 +168,7 @@ def _call(
     Not protected: disabled, a method the view does not protect, or no key
     and none required (:func:`may_claim`, asked here with the key read once).
     """
-    if _protected_outside(request, declared, sender):
+    if hasattr(request, _PROTECTED_WITH) and _protected_outside(request, declared, sender):
         return None
     options = declared.resolve()
     conf = idempotency_settings

@@ -11,7 +11,7 @@ from django.http import HttpRequest, HttpResponseBase
 from django.views import View
 
 from django_idempotency import adapters
-from django_idempotency.core import guard_for
+from django_idempotency.core import PLAIN, guard_for
 from django_idempotency.marks import PROTECTED_ATTRIBUTE
 from django_idempotency.options import NonAtomicRequests, check_options
 
@@ -58,7 +58,8 @@ def idempotent(view: ViewFunc | None = None, /, **options: Any) -> Any:
             @wraps(view_func)
             def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
                 handler = partial(view_func, request, *args, **kwargs)
-                return guard_for(request).call(request, handler, view_options, view_func)
+                guard = PLAIN if isinstance(request, HttpRequest) else guard_for(request)
+                return guard.call(request, handler, view_options, view_func)
 
         # Or protects, in place of what it is put on, what that calls once
         # the framework authenticated the caller (DRF: on dispatch, the handler).

@@ -218,7 +218,8 @@ class Call:
         finished_by: BaseException | None = None
         using = self.using
         with ExitStack() as block:
-            claim = store.claim(using, self._new_claim(), self.options.wait, opening=block)
+            new = store.NewClaim.of(self.info, ttl=self.options.ttl, token="", lease=None)
+            claim = store.claim(using, new, self.options.wait, opening=block)
             if claim.existing is not None:
                 return self._answer_duplicate(claim.existing)
 
@@ -234,7 +235,10 @@ class Call:
             progress.attempt, progress.checkpoints = claim.attempt, dict(claim.checkpoints)
             progress.write = write
             try:
-                self._send(signals.key_claimed)
+                # observability.record, not _send: the hot path's one frame less.
+                observability.record(
+                    signals.key_claimed, self.sender, self.request, self.info, self.started
+                )
                 result = self.finish(body())
             except BaseException as exc:
                 # Anything but "done on purpose" leaves the block by raising:
@@ -263,9 +267,12 @@ class Call:
             ttl = self.options.ttl
             grace = ttl / 100
             store.complete(using, claim.record_id, stored, owner_token=None, ttl=ttl, grace=grace)
-            self._send(signals.response_stored)
-            if idempotency_settings.replay_cache is not None:
-                self._cache_after_commit(stored, ttl - grace)
+            observability.record(
+                signals.response_stored, self.sender, self.request, self.info, self.started
+            )
+            cache_alias = idempotency_settings.replay_cache
+            if cache_alias is not None:
+                self._cache_after_commit(cache_alias, stored, ttl - grace)
         if finished_by is not None:
             raise finished_by
         fresh = self.kind.fresh
@@ -727,9 +734,14 @@ class Call:
             )
             raise self.kind.mismatch()
         if record.response is not None:
-            self._send(signals.response_replayed)
-            # A replay from the database refills a cache that lost the entry.
-            self._cache_after_commit(record.response, record.expires_at - record.seen_at)
+            observability.record(
+                signals.response_replayed, self.sender, self.request, self.info, self.started
+            )
+            cache_alias = idempotency_settings.replay_cache
+            if cache_alias is not None:
+                # A replay from the database refills a cache that lost the entry.
+                lifetime = record.expires_at - record.seen_at
+                self._cache_after_commit(cache_alias, record.response, lifetime)
             return self.kind.decode(record.response)
         # In progress: a lease-mode original still inside its lease. Come back
         # after about as long as it has run so far (a short request is soon
@@ -753,17 +765,16 @@ class Call:
 
     def _stored(self, stored: StoredResponse, lifetime: timedelta) -> None:
         self._send(signals.response_stored)
-        self._cache_after_commit(stored, lifetime)
+        cache_alias = idempotency_settings.replay_cache
+        if cache_alias is not None:
+            self._cache_after_commit(cache_alias, stored, lifetime)
 
-    def _cache_after_commit(self, stored: StoredResponse, lifetime: timedelta) -> None:
+    def _cache_after_commit(self, alias: str, stored: StoredResponse, lifetime: timedelta) -> None:
         """Cache a stored answer for no longer than ``lifetime``, the rest of its record's life.
 
         A duration by the database's clock, not an instant: the cache's own
         timeout ends the entry, whatever the app hosts' clocks say.
         """
-        alias = idempotency_settings.replay_cache
-        if alias is None:
-            return
         info, using = self.info, self.using
         # Immediately when nothing is left to commit, else once the record's
         # transaction has committed: a result that rolls back is never cached.

@@ -124,7 +124,9 @@ def record(
             extra=fields,
         )
     if _trace is not None:
-        _set_span_attributes(outcome, waited, info)
+        span = _trace.get_current_span()
+        if span.is_recording():
+            _set_span_attributes(span, outcome, waited, info)
     if metrics.enabled:
         counted = _COUNTED.get(outcome)
         if counted is not None:
@@ -148,10 +150,9 @@ def record(
             )
 
 
-def _set_span_attributes(outcome: str, started: float | None, info: IdempotencyInfo) -> None:
-    span = _trace.get_current_span()
-    if not span.is_recording():
-        return
+def _set_span_attributes(
+    span: Any, outcome: str, started: float | None, info: IdempotencyInfo
+) -> None:
     waited = None if started is None else waited_ms(started)
     # Later outcomes of the same request overwrite earlier ones, so the span
     # ends with the final one (claimed, then stored).
