@@ -20,6 +20,7 @@ from typing import Any
 from asgiref.sync import iscoroutinefunction
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponseBase
+from django.template.response import SimpleTemplateResponse
 from django.views import View
 from rest_framework import exceptions, generics, mixins, status
 from rest_framework.request import Request
@@ -29,7 +30,7 @@ from rest_framework.views import APIView
 from django_idempotency import exceptions as core_exceptions
 from django_idempotency.adapters import Adapter, Layer, register
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.core import Guard, guard_for, may_claim, render
+from django_idempotency.core import Guard, guard_for, may_claim
 from django_idempotency.decorators import dispatched_view
 from django_idempotency.marks import EXEMPT_ATTRIBUTE, is_exempt
 from django_idempotency.options import OPTION_NAMES, DeclaredOptions, NonAtomicRequests
@@ -112,7 +113,9 @@ def finish(request: Request, response: HttpResponseBase) -> HttpResponseBase:
     """
     if isinstance(response, Response) and not response.is_rendered:
         response = request.parser_context["view"].finalize_response(request, response)
-    return render(response)
+    if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
+        response.render()  # as core.render does, without its frame
+    return response
 
 
 def _django_request(request: Request) -> HttpRequest:
@@ -355,7 +358,10 @@ def view_options(view: IdempotentMixin) -> DeclaredOptions:
     property is read from the instance and checked now, as each request does.
     """
     options = view._idempotency_options
-    dynamic = _properties(type(view))
+    cls = type(view)
+    dynamic = _PROPERTIES.get(cls)
+    if dynamic is None:
+        dynamic = _PROPERTIES[cls] = _properties(cls)
     if dynamic:
         given = {name: getattr(view, name) for name in _ATTRIBUTES}
         given = {name: given[name] for name in [*dynamic, *vars(view)] if name in given}
@@ -363,8 +369,13 @@ def view_options(view: IdempotentMixin) -> DeclaredOptions:
     return options
 
 
-def _properties(cls: type) -> list[str]:
-    return [name for name in _ATTRIBUTES if isinstance(getattr(cls, name), property)]
+#: What :func:`_properties` found, by view class: looked up once per class.
+_PROPERTIES: dict[type, tuple[str, ...]] = {}
+
+
+def _properties(cls: type) -> tuple[str, ...]:
+    """The options ``cls`` gives as properties, read per request."""
+    return tuple(name for name in _ATTRIBUTES if isinstance(getattr(cls, name), property))
 
 
 def _class_options(cls: type, given: dict[str, Any]) -> DeclaredOptions:
