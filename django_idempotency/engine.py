@@ -310,7 +310,9 @@ class Call:
 
     def _lease_claim(self, lease: LeaseConnection, token: str) -> store.Claim:
         new = self._new_claim(token, self.options.lease)
-        with lease.statements(), ExitStack() as block:
+        # explained() around the claim's transaction: its COMMIT too, where a
+        # Galera cluster reports a lost certification, is a claim to start over.
+        with lease.statements(), store.explained(self.using), ExitStack() as block:
             # With a recovery policy, an abandoned claim is left for it to decide.
             take_over = self.recover is None
             return store.claim(
