@@ -116,12 +116,14 @@ class _Recorded:
     """A lease-mode checkpoint: the names it set, and whether its transaction committed.
 
     ``committed`` is appended to when the transaction the checkpoint was
-    recorded in commits (at once outside one); a block that rolls back
-    leaves it empty.
+    recorded in commits (at once outside one) by ``marker``, the on-commit
+    callback that does it; a block that rolls back leaves it empty, and
+    Django drops the marker with the block.
     """
 
     added: dict[str, Any]
     committed: list[bool]
+    marker: Callable[[], None] | None = None
 
 
 @dataclass
@@ -434,7 +436,9 @@ class Call:
         if a transaction is still open then, when the request ends
         (:meth:`_settle_progress`), so a retry does not skip lost writes.
         """
-        before = self.info.progress.checkpoints
+        # Against those in force: a step run again after its block rolled
+        # back may record what it recorded then (SQLite reuses the ids).
+        before = self._checkpoints_in_force()
         if self._progress_at_start is None:
             self._progress_at_start = dict(before)
         added = {
@@ -442,18 +446,43 @@ class Call:
             for name, value in checkpoints.items()
             if name not in before or before[name] != value
         }
-        recorded = _Recorded(added, committed=[])
-        self._progress_log.append(recorded)
+        committed: list[bool] = []
         if not connections[self.using].in_atomic_block:
             # Committed (or in a transaction the caller runs by hand, on the
             # same connection as the checkpoint, which goes with it).
-            recorded.committed.append(True)
+            self._progress_log.append(_Recorded(added, [True]))
             return
+
+        def marker() -> None:
+            committed.append(True)
+
+        self._progress_log.append(_Recorded(added, committed, marker))
         # Dropped, never called, if the block it is registered in rolls back.
-        transaction.on_commit(lambda: recorded.committed.append(True), using=self.using)
+        transaction.on_commit(marker, using=self.using)
         if not self._put_back_at_request_end:
             self._put_back_at_request_end = True
             self._put_back_progress_at_request_end(owned)
+
+    def _checkpoints_in_force(self) -> dict[str, Any]:
+        """The checkpoints whose blocks did not roll back: committed, or still open.
+
+        What ``request.idempotency.checkpoints`` shows while the body runs,
+        and what its next checkpoint builds on. A block that rolled back
+        took the writes its checkpoints record with it, so a body that runs
+        that block again must not skip them. Django drops a rolled-back
+        block's on-commit callbacks: a checkpoint whose marker has neither
+        run nor is still waiting rolled back.
+        """
+        log = self._progress_log
+        if all(recorded.committed for recorded in log):
+            return self.info.progress.checkpoints
+        # (savepoint ids, callback, robust), as Django keeps them.
+        waiting = {id(entry[1]) for entry in connections[self.using].run_on_commit}
+        in_force = dict(self._progress_at_start or {})
+        for recorded in log:
+            if recorded.committed or id(recorded.marker) in waiting:
+                in_force.update(recorded.added)
+        return in_force
 
     def _settle_progress(self) -> dict[str, Any] | None:
         """The checkpoints whose transactions committed, once they all ended; ``None`` if all did.
@@ -698,10 +727,14 @@ class Call:
 
     @contextmanager
     def _progress(self, claim: store.Claim, write: ProgressWriter) -> Iterator[None]:
-        """While the body runs, ``request.idempotency`` records its progress through ``write``."""
+        """While the body runs, ``request.idempotency`` records its progress through ``write``.
+
+        Lease mode: its checkpoints are those in force (:meth:`_checkpoints_in_force`).
+        """
         progress = self.info.progress
         progress.attempt, progress.checkpoints = claim.attempt, dict(claim.checkpoints)
         progress.write = write
+        progress.in_force = self._checkpoints_in_force
         try:
             yield
         finally:

@@ -30,6 +30,13 @@ class Progress:
     attempt: int = 1
     checkpoints: dict[str, Any] = field(default_factory=dict)
     write: ProgressWriter | None = None
+    #: Lease mode: the checkpoints in force, without those recorded in a
+    #: block that rolled back since; ``None``: ``checkpoints`` as recorded.
+    in_force: Callable[[], dict[str, Any]] | None = None
+
+    def current(self) -> dict[str, Any]:
+        """The checkpoints a retry inside this call may skip (see ``in_force``)."""
+        return self.checkpoints if self.in_force is None else self.in_force()
 
 
 # Enough of the fingerprint to tell two requests apart in a log line.
@@ -73,7 +80,7 @@ class IdempotencyInfo:
     @property
     def checkpoints(self) -> dict[str, Any]:
         """What earlier owners of this key and this request recorded as done, name to data."""
-        return dict(self.progress.checkpoints)
+        return dict(self.progress.current())
 
     def checkpoint(self, name: str, data: Any = None) -> None:
         """Record that the step ``name`` finished, with JSON-serialisable ``data``.
@@ -95,7 +102,7 @@ class IdempotencyInfo:
             raise TypeError(
                 f"The data of checkpoint {name!r} must be JSON-serialisable: {exc}"
             ) from exc
-        checkpoints = {**self.progress.checkpoints, name: value}
+        checkpoints = {**self.progress.current(), name: value}
         self._write(checkpoints)
         self.progress.checkpoints = checkpoints
 

@@ -778,6 +778,70 @@ class CheckpointBlocksTests:
         assert IdempotencyKey.objects.get().checkpoints == {"b": b}
 
 
+    def run_again_in_the_call(self) -> dict[str, int]:
+        """Step a in a block that fails once and is run again, skipping it if checkpointed."""
+        from django_idempotency.functions import run_once
+        from django_idempotency.options import DeclaredOptions
+
+        failures = [RuntimeError("the block failed after step a")]
+
+        def body(info: IdempotencyInfo) -> dict[str, int]:
+            while True:
+                try:
+                    with transaction.atomic():
+                        if "a" not in info.checkpoints:
+                            info.checkpoint("a", Order.objects.create(item="a").pk)
+                        if failures:
+                            raise failures.pop()
+                    return info.checkpoints
+                except RuntimeError:
+                    continue
+
+        options = DeclaredOptions({"atomic": False}, lambda name: name)
+        return run_once(
+            scope="test.steps", key="k", arguments={}, body=body, options=options, sender=body
+        )
+
+    def test_a_block_run_again_in_the_same_call_redoes_the_step_that_rolled_back(self) -> None:
+        steps = self.run_again_in_the_call()
+
+        [a] = Order.objects.filter(item="a").values_list("pk", flat=True)
+        assert steps == {"a": a}
+        assert IdempotencyKey.objects.get().state == State.COMPLETED
+
+    def test_inside_an_outer_transaction_too(self) -> None:
+        with transaction.atomic():
+            steps = self.run_again_in_the_call()
+
+        [a] = Order.objects.filter(item="a").values_list("pk", flat=True)
+        assert steps == {"a": a}
+        assert IdempotencyKey.objects.get().state == State.COMPLETED
+
+    def test_a_checkpoint_in_an_inner_block_that_committed_stays_until_the_outer_rolls_back(
+        self,
+    ) -> None:
+        from django_idempotency.functions import run_once
+        from django_idempotency.options import DeclaredOptions
+
+        seen: list[set[str]] = []
+
+        def body(info: IdempotencyInfo) -> None:
+            with contextlib.suppress(RuntimeError), transaction.atomic():
+                with transaction.atomic():
+                    info.checkpoint("a", Order.objects.create(item="a").pk)
+                seen.append(set(info.checkpoints))  # its block committed, into the outer one
+                raise RuntimeError("the outer block rolled back")
+            seen.append(set(info.checkpoints))
+            info.checkpoint("b")
+            seen.append(set(info.checkpoints))
+
+        options = DeclaredOptions({"atomic": False}, lambda name: name)
+        run_once(scope="test.steps", key="k", arguments={}, body=body, options=options, sender=body)
+
+        assert seen == [{"a"}, set(), {"b"}]
+        assert not Order.objects.exists()
+
+
 @pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB's deadlock error 1213")
 class DeadlockTests:
     """A deadlock in the handler's own statements rolls the attempt back, and it starts over."""
