@@ -46,7 +46,19 @@ def user_scope(request: HttpRequest) -> str:
     (an API key in another header, in the query string or in the body) are
     not seen: use a scope function of your own for them.
     """
-    return _user(request) or _session(request) or _anonymous(request)
+    # One call for the common cases: a user, or a caller with no session
+    # and no credentials.
+    user = getattr(request, "user", None)
+    if user is not None and user.is_authenticated:
+        return f"user:{user.pk}"
+    session = getattr(request, "session", None)
+    if session is not None and session.session_key is not None:
+        scope = _session(request)
+        if scope is not None:
+            return scope
+    if not request.headers.get("Authorization"):
+        return ANONYMOUS
+    return _anonymous(request)
 
 
 def session_scope(request: HttpRequest) -> str:
@@ -55,13 +67,6 @@ def session_scope(request: HttpRequest) -> str:
     Kept for the settings that name it.
     """
     return user_scope(request)
-
-
-def _user(request: HttpRequest) -> str | None:
-    user = getattr(request, "user", None)
-    if user is not None and user.is_authenticated:
-        return f"user:{user.pk}"
-    return None
 
 
 def _session(request: HttpRequest) -> str | None:
