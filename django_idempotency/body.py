@@ -79,7 +79,7 @@ def body_stream(request: HttpRequest) -> IO[bytes] | None:
         seekable = getattr(stream, "seekable", None)
         if seekable and seekable() and stream.tell() == 0:
             return stream
-    spool: IO[bytes] = SpooledTemporaryFile(  # noqa: SIM115 (closed with the request)
+    spool: Any = SpooledTemporaryFile(  # noqa: SIM115 (closed with the request)
         max_size=settings.FILE_UPLOAD_MAX_MEMORY_SIZE,
         mode="w+b",
         dir=settings.FILE_UPLOAD_TEMP_DIR,
