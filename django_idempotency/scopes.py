@@ -56,9 +56,15 @@ def user_scope(request: HttpRequest) -> str:
         scope = _session(request)
         if scope is not None:
             return scope
-    if not request.headers.get("Authorization"):
+    if isinstance(request, HttpRequest) and "headers" not in request.__dict__:
+        # What request.headers would hold, without building a mapping of
+        # every header for one of them (servers send META's names in capitals).
+        credentials = request.META.get("HTTP_AUTHORIZATION")
+    else:
+        credentials = request.headers.get("Authorization")
+    if not credentials:
         return ANONYMOUS
-    return _anonymous(request)
+    return _anonymous(credentials)
 
 
 def session_scope(request: HttpRequest) -> str:
@@ -82,15 +88,12 @@ def _session(request: HttpRequest) -> str | None:
     return "session:" + hashlib.sha256(key.encode()).hexdigest()
 
 
-def _anonymous(request: HttpRequest) -> str:
-    """``anonymous``, narrowed by the request's ``Authorization`` header if it has one.
+def _anonymous(credentials: str) -> str:
+    """``anonymous``, narrowed by the request's ``Authorization`` header.
 
     Only a digest of the header is kept, never its value, and a keyed one
     (HMAC with ``SECRET_KEY``): a Basic header holds a password, which a
     plain hash in the scope column would expose to a guessing attack.
     """
-    credentials = request.headers.get("Authorization")
-    if not credentials:
-        return ANONYMOUS
     digest = salted_hmac(_CREDENTIAL_SALT, credentials, algorithm="sha256").hexdigest()
     return f"{ANONYMOUS}|credential:{digest[:CREDENTIAL_DIGEST_LENGTH]}"
