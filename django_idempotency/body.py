@@ -21,8 +21,7 @@ does (``docs/fingerprint.rst``).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from functools import partial
 from io import BytesIO
 from tempfile import SpooledTemporaryFile
@@ -116,17 +115,6 @@ def body_stream(request: HttpRequest) -> IO[bytes] | None:
     # the multipart parser, a framework's parsers all go through it).
     request._stream = spool
     return spool
-
-
-@contextmanager
-def readable_body(request: HttpRequest) -> Iterator[IO[bytes] | None]:
-    """:func:`body_stream` as a context: on exit the view's stream is back at its start."""
-    stream = body_stream(request)
-    try:
-        yield stream
-    finally:
-        if stream is not None:
-            stream.seek(0)
 
 
 def body_size(body: IO[bytes]) -> int:
