@@ -21,8 +21,8 @@ does (``docs/fingerprint.rst``).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from functools import partial
 from io import BytesIO
 from tempfile import SpooledTemporaryFile
 from typing import IO, Any
@@ -51,36 +51,70 @@ def django_request(request: Any) -> HttpRequest:
     return adapter.django_request(request)
 
 
-@contextmanager
-def readable_body(request: HttpRequest) -> Iterator[IO[bytes] | None]:
+def body_stream(request: HttpRequest) -> IO[bytes] | None:
     """The whole body as a seekable stream at its start, or ``None`` if already consumed.
 
     ``None`` means something (a middleware, a framework's parsers) read the raw
     stream before us without keeping it, so only its parsed result is left.
-    On exit the view's stream is back at the start of the body.
+    The caller seeks the stream back to 0 once done, so that the view finds
+    it at the start of the body. One function for the common case (a body
+    not read yet, copied once): it runs for every protected request.
     """
     if hasattr(request, "_body"):
         # Read before us with request.body: the bytes are kept.
-        yield BytesIO(request._body)
-        return
+        return BytesIO(request._body)
     if getattr(request, "_read_started", False):
-        yield None
-        return
+        return None
     stream: Any = getattr(request, "_stream", None)
     if stream is None:
         # A bare HttpRequest built by hand has no body at all.
-        yield BytesIO()
-        return
-    if not _rewindable(stream):
-        stream = _spool(stream)
-        _spools(request).append(stream)
-        # Django reads the body through request._stream (read(), body, POST,
-        # the multipart parser, a framework's parsers all go through it).
-        request._stream = stream
+        return BytesIO()
+    # Under ASGI the body already is a spooled temporary file at its start.
+    if isinstance(stream, SpooledTemporaryFile):
+        # Python 3.10's can seek, but has no seekable().
+        if stream.tell() == 0:
+            return stream
+    else:
+        seekable = getattr(stream, "seekable", None)
+        if seekable and seekable() and stream.tell() == 0:
+            return stream
+    spool: Any = SpooledTemporaryFile(  # noqa: SIM115 (closed with the request)
+        max_size=settings.FILE_UPLOAD_MAX_MEMORY_SIZE,
+        mode="w+b",
+        dir=settings.FILE_UPLOAD_TEMP_DIR,
+    )
     try:
-        yield stream
-    finally:
-        stream.seek(0)
+        while True:
+            try:
+                chunk = stream.read(CHUNK_SIZE)
+            except OSError as error:
+                # What request.read() raises when the client goes away mid-body.
+                raise UnreadablePostError(*error.args) from error
+            if not chunk:
+                break
+            spool.write(chunk)
+    except BaseException:
+        spool.close()
+        raise
+    spool.seek(0)
+    spools: list[IO[bytes]] | None = getattr(request, _SPOOLS, None)
+    if spools is None:
+        setattr(request, _SPOOLS, [spool])
+    else:
+        spools.append(spool)
+    # Closed with the request too: an error after the view may replace the
+    # response the copy was handed to (close_spools_with).
+    callbacks: list[Callable[[], None]] | None = getattr(request, _ON_CLOSE, None)
+    if callbacks is None:
+        # _called_on_close, inline: a body is copied once per request.
+        callbacks = [request.close]
+        setattr(request, _ON_CLOSE, callbacks)
+        request.close = partial(_run_all, callbacks)  # type: ignore[method-assign]
+    callbacks.append(spool.close)
+    # Django reads the body through request._stream (read(), body, POST,
+    # the multipart parser, a framework's parsers all go through it).
+    request._stream = spool
+    return spool
 
 
 def body_size(body: IO[bytes]) -> int:
@@ -91,22 +125,6 @@ def body_size(body: IO[bytes]) -> int:
 
 
 _SPOOLS = "_idempotency_spools"
-
-
-def _spools(request: HttpRequest) -> list[IO[bytes]]:
-    spools: list[IO[bytes]] | None = getattr(request, _SPOOLS, None)
-    if spools is None:
-        spools = []
-        setattr(request, _SPOOLS, spools)
-        when_closed(request, lambda: _close_all(spools))
-    return spools
-
-
-def _close_all(spools: list[IO[bytes]]) -> None:
-    for spool in spools:
-        spool.close()
-
-
 _ON_CLOSE = "_idempotency_on_close"
 
 
@@ -128,27 +146,24 @@ def when_closed(request: HttpRequest, callback: Callable[[], None]) -> None:
 
 def _called_on_close(request: HttpRequest) -> list[Callable[[], None]]:
     """A list of callbacks that ``request.close`` calls from now on, after its own work."""
-    callbacks: list[Callable[[], None]] = []
+    # Its own close first, then each callback: one call, no wrapper of ours.
+    callbacks: list[Callable[[], None]] = [request.close]
     setattr(request, _ON_CLOSE, callbacks)
-    close_request = request.close
-
-    def close() -> None:
-        try:
-            close_request()
-        finally:
-            _run_all(list(callbacks))
-
-    request.close = close  # type: ignore[method-assign]
+    request.close = partial(_run_all, callbacks)  # type: ignore[method-assign]
     return callbacks
 
 
 def _run_all(callbacks: list[Callable[[], None]]) -> None:
-    if not callbacks:
-        return
-    try:
-        callbacks[0]()
-    finally:
-        _run_all(callbacks[1:])
+    """Call each callback, also when one before it raised; the last error raised propagates."""
+    # One registered while they run is called at the next close only.
+    pending = callbacks[:]
+    for index, callback in enumerate(pending):
+        try:
+            callback()
+        except BaseException:
+            # The rest run while this error is handled, as in a finally.
+            _run_all(pending[index + 1 :])
+            raise
 
 
 def close_spools_with(request: Any, response: HttpResponseBase | None) -> None:
@@ -157,8 +172,8 @@ def close_spools_with(request: Any, response: HttpResponseBase | None) -> None:
     The copy is the view's stream until then; the server closes the
     response once it is sent, as Django closes the request's uploads.
     """
-    http_request = django_request(request)
-    spools: list[IO[bytes]] = getattr(http_request, _SPOOLS, None) or []
+    http_request = request if isinstance(request, HttpRequest) else django_request(request)
+    spools: list[IO[bytes]] | None = getattr(http_request, _SPOOLS, None)
     if not spools:
         return
     setattr(http_request, _SPOOLS, [])
@@ -166,46 +181,6 @@ def close_spools_with(request: Any, response: HttpResponseBase | None) -> None:
         for spool in spools:
             spool.close()
     else:
-        response._resource_closers.extend(spool.close for spool in spools)  # type: ignore[attr-defined]
-
-
-def is_seekable(stream: Any) -> bool:
-    """Whether ``stream`` can seek.
-
-    Python 3.10's ``SpooledTemporaryFile`` can, but has no ``seekable()``.
-    """
-    if isinstance(stream, SpooledTemporaryFile):
-        return True
-    seekable = getattr(stream, "seekable", None)
-    return bool(seekable and seekable())
-
-
-def _rewindable(stream: Any) -> bool:
-    # Under ASGI the body already is a spooled temporary file at its start.
-    return is_seekable(stream) and stream.tell() == 0
-
-
-def _spool(stream: Any) -> IO[bytes]:
-    """Copy the body into a temporary file, in memory up to ``FILE_UPLOAD_MAX_MEMORY_SIZE``."""
-    spool: IO[bytes] = SpooledTemporaryFile(  # noqa: SIM115 (it outlives this function)
-        max_size=settings.FILE_UPLOAD_MAX_MEMORY_SIZE,
-        mode="w+b",
-        dir=settings.FILE_UPLOAD_TEMP_DIR,
-    )
-    try:
-        while chunk := _read(stream, CHUNK_SIZE):
-            spool.write(chunk)
-    except BaseException:
-        spool.close()
-        raise
-    spool.seek(0)
-    return spool
-
-
-def _read(stream: Any, size: int) -> bytes:
-    try:
-        chunk: bytes = stream.read(size)
-    except OSError as error:
-        # What request.read() raises when the client goes away mid-body.
-        raise UnreadablePostError(*error.args) from error
-    return chunk
+        closers = response._resource_closers  # type: ignore[attr-defined]
+        for spool in spools:
+            closers.append(spool.close)

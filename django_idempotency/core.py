@@ -38,7 +38,7 @@ from django_idempotency.exceptions import (
 from django_idempotency.fields import FINGERPRINT_COLUMN_LENGTH, fit_key_column
 from django_idempotency.forms import form_key, is_form
 from django_idempotency.info import IdempotencyInfo
-from django_idempotency.keys import check_key, parse_key
+from django_idempotency.keys import PLAIN_KEY, check_key, parse_key
 from django_idempotency.options import DeclaredOptions, Options
 from django_idempotency.pages import prefers_html
 from django_idempotency.responses import capture, is_storable, problem, problem_for, replay
@@ -180,7 +180,11 @@ def _call(
             return None  # no key sent, or the view's key function found none
         raise IdempotencyKeyRequired(_missing_key(request, options))
     if options.key is None and _meta_name(conf.header) in request.META:
-        key = parse_key(raw_key, conf.key_max_length, conf.key_min_length)
+        max_length, min_length = conf.key_max_length, conf.key_min_length
+        if min_length <= len(raw_key) <= max_length and PLAIN_KEY.match(raw_key):
+            key = raw_key  # parse_key's common case, without the call: a valid bare key
+        else:
+            key = parse_key(raw_key, max_length, min_length)
     else:
         # What a function read from the request, or a form's field, has no
         # header syntax to parse.

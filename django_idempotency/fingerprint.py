@@ -12,7 +12,9 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from decimal import Decimal
+from json.encoder import encode_basestring_ascii
 from operator import itemgetter
+from os import SEEK_END
 from typing import IO, Any
 from urllib.parse import parse_qsl, urlencode
 
@@ -24,13 +26,7 @@ from django.utils.datastructures import MultiValueDict
 from django.utils.http import parse_header_parameters
 
 from django_idempotency import adapters
-from django_idempotency.body import (
-    CHUNK_SIZE,
-    body_size,
-    django_request,
-    is_seekable,
-    readable_body,
-)
+from django_idempotency.body import CHUNK_SIZE, body_stream, django_request
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.forms import FORM, MULTIPART, left_out, parsed_multipart
 from django_idempotency.multipart import DigestedFile
@@ -41,13 +37,14 @@ def request_fingerprint(request: HttpRequest) -> str:
 
     The rules are described in ``docs/fingerprint.rst``.
     """
-    http_request = django_request(request)
+    http_request = request if isinstance(request, HttpRequest) else django_request(request)
     media_type, _ = parse_header_parameters(http_request.META.get("CONTENT_TYPE", ""))
     media_type = media_type.lower()
     query_string = http_request.META.get("QUERY_STRING", "")
-    query = _form_pairs(query_string.encode())
-    if query is not None:
-        query_string = urlencode(sort_pairs(query))
+    if query_string:  # an empty one stays empty
+        query = _form_pairs(query_string.encode())
+        if query is not None:
+            query_string = urlencode(sorted(query, key=_NAME))
     head = [http_request.method, http_request.path, query_string, media_type]
     # A framework's own request (DRF's) is read through its adapter.
     adapter = None if request is http_request else adapters.for_request(request)
@@ -60,36 +57,52 @@ def request_fingerprint(request: HttpRequest) -> str:
             head.append(negotiated)
     digest = hashlib.sha256(json.dumps(head).encode())
     digest.update(b"\n")
-    with readable_body(http_request) as body:
-        if body is None:
-            if adapter is not None and adapter.parsed_body is not None:
-                parsed = adapter.parsed_body(request)
-            else:
-                # A middleware that read the stream may have kept what it
-                # parsed as request.data (request.data = json.loads(request.read())).
-                parsed = getattr(request, "data", None)
-            _update_with_parsed(digest, request, media_type, parsed)
-        elif media_type == MULTIPART:
-            _update_with_multipart(digest, http_request, body)
+    body = body_stream(http_request)
+    if body is None:
+        if adapter is not None and adapter.parsed_body is not None:
+            parsed = adapter.parsed_body(request)
         else:
-            _update_with_body(digest, media_type, body)
+            # A middleware that read the stream may have kept what it
+            # parsed as request.data (request.data = json.loads(request.read())).
+            parsed = getattr(request, "data", None)
+        _update_with_parsed(digest, request, media_type, parsed)
+        return digest.hexdigest()
+    try:
+        if media_type == MULTIPART:
+            _update_with_multipart(digest, http_request, body)
+        elif media_type in _CANONICALISED or media_type.endswith("+json"):
+            limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+            within = limit is None or body.seek(0, SEEK_END) <= limit
+            body.seek(0)
+            if not within:
+                _update_with_bytes(digest, body)
+            elif media_type == FORM:
+                digest.update(canonical_body(media_type, body.read()))
+            else:
+                # canonical_body's JSON, inline: every JSON body comes here.
+                data = body.read()
+                try:
+                    text = data.decode(json.detect_encoding(data), "surrogatepass")
+                    digest.update(b"json:" + _dump(_JSON.decode(text)).encode())
+                except (ValueError, RecursionError):
+                    digest.update(b"bytes:" + data)  # not JSON, or nested too deep
+        else:
+            _update_with_bytes(digest, body)
+    finally:
+        # Where the view will start reading.
+        body.seek(0)
     return digest.hexdigest()
+
+
+_NAME = itemgetter(0)
 
 
 def sort_pairs(pairs: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
     """Order by name only: the order of a name's values is meaning (``name=a&name=b``)."""
-    return sorted(pairs, key=itemgetter(0))
+    return sorted(pairs, key=_NAME)
 
 
-def _update_with_body(digest: Any, media_type: str, body: IO[bytes]) -> None:
-    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-    if (
-        _is_canonicalised(media_type)
-        and is_seekable(body)
-        and (limit is None or body_size(body) <= limit)
-    ):
-        digest.update(canonical_body(media_type, body.read()))
-        return
+def _update_with_bytes(digest: Any, body: IO[bytes]) -> None:
     # Bytes, streamed: a body past the limit is one Django would not load
     # into memory either (the view can only stream it), so it is hashed as
     # it is rather than parsed.
@@ -98,8 +111,8 @@ def _update_with_body(digest: Any, media_type: str, body: IO[bytes]) -> None:
         digest.update(chunk)
 
 
-def _is_canonicalised(media_type: str) -> bool:
-    return media_type in ("application/json", FORM) or media_type.endswith("+json")
+#: The media types read as their meaning (with any ``+json``), within Django's limit.
+_CANONICALISED = frozenset({"application/json", FORM})
 
 
 def _update_with_parsed(digest: Any, request: HttpRequest, media_type: str, data: Any) -> None:
@@ -198,7 +211,7 @@ def canonical_body(media_type: str, body: bytes) -> bytes:
         if pairs is not None:
             skipped = left_out(idempotency_settings.form_field)
             kept = [(name, value) for name, value in pairs if name not in skipped]
-            return b"form:" + urlencode(sort_pairs(kept)).encode()
+            return b"form:" + urlencode(sorted(kept, key=_NAME)).encode()
     return b"bytes:" + body
 
 
@@ -222,12 +235,11 @@ def _form_pairs(body: bytes) -> list[tuple[str, str]] | None:
 def canonical_json(body: bytes) -> str | None:
     """Sorted keys, no whitespace, numbers by value; ``None`` if not valid JSON."""
     try:
-        value = json.loads(
-            body,
-            parse_float=Decimal,
-            parse_int=Decimal,
-            parse_constant=_reject_constant,
-        )
+        if isinstance(body, (bytes, bytearray)):
+            # What json.loads does with bytes, without a new decoder per call.
+            value = _JSON.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
+        else:
+            value = json.loads(body, **_JSON_OPTIONS)
         return _dump(value)
     except (ValueError, RecursionError):
         # Not JSON (or too deeply nested to be worth canonicalising): the
@@ -239,12 +251,39 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+_JSON_OPTIONS: dict[str, Any] = {
+    "parse_float": Decimal,
+    "parse_int": Decimal,
+    "parse_constant": _reject_constant,
+}
+_JSON = json.JSONDecoder(**_JSON_OPTIONS)
+#: What ``json.dumps`` gives a string: ASCII, escaped.
+_STRING = encode_basestring_ascii
+
+
 def _dump(value: Any) -> str:
+    # One call per object or array: strings and numbers inside are written
+    # in the loop, as json.dumps and _number would write them.
     if isinstance(value, dict):
-        items = sorted(value.items())
-        return "{" + ",".join(json.dumps(k) + ":" + _dump(v) for k, v in items) + "}"
+        parts = []
+        for name, item in sorted(value.items()):
+            if isinstance(item, str):
+                parts.append(_STRING(name) + ":" + _STRING(item))
+            elif isinstance(item, Decimal):
+                parts.append(_STRING(name) + ":" + _number(item))
+            else:
+                parts.append(_STRING(name) + ":" + _dump(item))
+        return "{" + ",".join(parts) + "}"
     if isinstance(value, list):
-        return "[" + ",".join(_dump(item) for item in value) + "]"
+        parts = []
+        for item in value:
+            if isinstance(item, str):
+                parts.append(_STRING(item))
+            elif isinstance(item, Decimal):
+                parts.append(_number(item))
+            else:
+                parts.append(_dump(item))
+        return "[" + ",".join(parts) + "]"
     if isinstance(value, Decimal):
         return _number(value)
     return json.dumps(value)  # str, bool, None
@@ -269,7 +308,7 @@ def _update_with_multipart(digest: Any, request: HttpRequest, body: IO[bytes]) -
     if parsed is None:
         # Malformed, or past Django's field limits: the view decides what to
         # answer; the fingerprint takes the bytes as they are.
-        _update_with_body(digest, "", body)
+        _update_with_bytes(digest, body)
         return
     _update_with_form_data(digest, *parsed)
 

@@ -21,7 +21,7 @@ from django.utils.datastructures import MultiValueDict
 from django.utils.http import parse_header_parameters
 
 from django_idempotency import adapters
-from django_idempotency.body import body_size, django_request, readable_body
+from django_idempotency.body import body_size, body_stream, django_request
 from django_idempotency.exceptions import InvalidIdempotencyKey
 from django_idempotency.multipart import parse_digested
 
@@ -76,9 +76,10 @@ def parsed_multipart(
 def _field_values(request: Any, field: str) -> list[str]:
     http_request = django_request(request)
     media_type, _ = parse_header_parameters(http_request.META.get("CONTENT_TYPE", ""))
-    with readable_body(http_request) as body:
-        if body is None:
-            return _parsed_values(request, http_request, field)
+    body = body_stream(http_request)
+    if body is None:
+        return _parsed_values(request, http_request, field)
+    try:
         if media_type.lower() == MULTIPART:
             parsed = parsed_multipart(http_request, body)
             return [] if parsed is None else parsed[0].getlist(field)
@@ -94,6 +95,8 @@ def _field_values(request: Any, field: str) -> list[str]:
         except ValueError:  # too many fields, or not UTF-8: the view answers that
             return []
         return [value for name, value in pairs if name == field]
+    finally:
+        body.seek(0)  # where the view will start reading
 
 
 def _parsed_values(request: Any, http_request: HttpRequest, field: str) -> list[str]:

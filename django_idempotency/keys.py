@@ -27,6 +27,8 @@ _VISIBLE_ASCII = re.compile(r"^[\x21-\x7e]+\Z")
 # An sf-string: printable ASCII (space included) with \" and \\ escapes.
 _SF_STRING = re.compile(r'^"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"\Z')
 _SF_ESCAPE = re.compile(r'\\(["\\])')
+#: A key sent bare that needs no parsing: visible ASCII, no comma, no quote first.
+PLAIN_KEY = re.compile(r"[\x21\x23-\x2b\x2d-\x7e][\x21-\x2b\x2d-\x7e]*\Z")
 # One list member as servers join them: an sf-string, or anything up to the next comma.
 _MEMBER = r'(?:"(?:[^"\\]|\\.)*"|[^",]*)'
 _LIST = re.compile(rf"^{_MEMBER}(?:[ \t]*,[ \t]*{_MEMBER})+\Z")
@@ -41,6 +43,8 @@ _SEVERAL_KEYS = (
 
 def parse_key(value: str, max_length: int, min_length: int = 1) -> str:
     """Return the key a header value denotes, or raise ``InvalidIdempotencyKey``."""
+    if min_length <= len(value) <= max_length and PLAIN_KEY.match(value):
+        return value  # a valid key, sent bare: the common case, in one call
     if value.startswith('"'):
         match = _SF_STRING.match(value)
         if match is None:

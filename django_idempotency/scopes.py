@@ -46,7 +46,25 @@ def user_scope(request: HttpRequest) -> str:
     (an API key in another header, in the query string or in the body) are
     not seen: use a scope function of your own for them.
     """
-    return _user(request) or _session(request) or _anonymous(request)
+    # One call for the common cases: a user, or a caller with no session
+    # and no credentials.
+    user = getattr(request, "user", None)
+    if user is not None and user.is_authenticated:
+        return f"user:{user.pk}"
+    session = getattr(request, "session", None)
+    if session is not None and session.session_key is not None:
+        scope = _session(request)
+        if scope is not None:
+            return scope
+    if isinstance(request, HttpRequest) and "headers" not in request.__dict__:
+        # What request.headers would hold, without building a mapping of
+        # every header for one of them (servers send META's names in capitals).
+        credentials = request.META.get("HTTP_AUTHORIZATION")
+    else:
+        credentials = request.headers.get("Authorization")
+    if not credentials:
+        return ANONYMOUS
+    return _anonymous(credentials)
 
 
 def session_scope(request: HttpRequest) -> str:
@@ -55,13 +73,6 @@ def session_scope(request: HttpRequest) -> str:
     Kept for the settings that name it.
     """
     return user_scope(request)
-
-
-def _user(request: HttpRequest) -> str | None:
-    user = getattr(request, "user", None)
-    if user is not None and user.is_authenticated:
-        return f"user:{user.pk}"
-    return None
 
 
 def _session(request: HttpRequest) -> str | None:
@@ -77,15 +88,12 @@ def _session(request: HttpRequest) -> str | None:
     return "session:" + hashlib.sha256(key.encode()).hexdigest()
 
 
-def _anonymous(request: HttpRequest) -> str:
-    """``anonymous``, narrowed by the request's ``Authorization`` header if it has one.
+def _anonymous(credentials: str) -> str:
+    """``anonymous``, narrowed by the request's ``Authorization`` header.
 
     Only a digest of the header is kept, never its value, and a keyed one
     (HMAC with ``SECRET_KEY``): a Basic header holds a password, which a
     plain hash in the scope column would expose to a guessing attack.
     """
-    credentials = request.headers.get("Authorization")
-    if not credentials:
-        return ANONYMOUS
     digest = salted_hmac(_CREDENTIAL_SALT, credentials, algorithm="sha256").hexdigest()
     return f"{ANONYMOUS}|credential:{digest[:CREDENTIAL_DIGEST_LENGTH]}"
