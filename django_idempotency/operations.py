@@ -84,8 +84,18 @@ def abandoned(now: Any = None) -> Q:
     return leases.q(leases.ABANDONED, now)
 
 
+def is_refusal(record: IdempotencyKey) -> bool:
+    """Completed with a refusal: the body returned, but its result could not be kept.
+
+    A view's ``500`` of type ``result-not-stored``, a function's or task's
+    ``507`` (``UnstorableResult``): the one kind of completed record that
+    :func:`release` lets run again.
+    """
+    return store.is_refusal(record.state, record.status_code)
+
+
 def release(record: IdempotencyKey, *, force: bool = False) -> bool:
-    """Let the next retry of an in-progress claim take it over at once.
+    """Let the next retry of an in-progress claim, or of a refusal, take it over at once.
 
     The record is kept, with its attempt and checkpoints, so that the retry
     resumes where its owners got to (``request.idempotency.checkpoints``);
@@ -95,13 +105,33 @@ def release(record: IdempotencyKey, *, force: bool = False) -> bool:
     owner renewing its lease (or a retry taking it over) while the command
     runs keeps it. That statement is the owner's own release keeping its
     progress (:func:`django_idempotency.store.release_on_behalf`).
+
+    A refusal (:func:`is_refusal`) is released the same way: its body has
+    returned, so no owner can still be running and no lease is refused. Its
+    answer is dropped, from the replay cache too, and the next retry runs
+    the body again, resuming from its checkpoints
+    (:func:`django_idempotency.store.release_refusal`). ``False`` if it
+    was deleted, taken over or changed since it was read.
     """
     using = record._state.db or idempotency_settings.database
+    if is_refusal(record):
+        return _release_refusal(using, record)
     if store.release_on_behalf(using, record.pk, record.owner_token, unless_held=not force):
         return True
     if not force:
         _refuse_if_held(using, record)
     return False
+
+
+def _release_refusal(using: str, record: IdempotencyKey) -> bool:
+    if not store.release_refusal(using, record.pk, record.owner_token):
+        return False
+    # The cache holds the refusal until its expiry: a retry would get it
+    # there, not from the record that now lets it run.
+    alias = idempotency_settings.replay_cache
+    if alias is not None:
+        replay_cache.evict(alias, record.scope, record.key, using)
+    return True
 
 
 def delete(record: IdempotencyKey, *, force: bool = False) -> bool:

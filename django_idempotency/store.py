@@ -32,6 +32,8 @@ from django_idempotency.backends.base import (
     OWN_TRANSACTION,
     OWNER,
     OWNER_OR_RELEASED,
+    REFUSAL_STATUS,
+    REFUSED,
     STATE_COMPLETED,
     Backend,
     Busy,
@@ -308,6 +310,50 @@ def _release_keeping_progress_sql(
         connection, OWNER, **assigned, owner_token="''", locked_until=now, expires_at=now
     )
     return f"{sql} AND NOT {leases.sql(leases.HELD, connection)}" if unless_held else sql
+
+
+def is_refusal(state: str, status_code: int | None) -> bool:
+    """Whether a record is a refusal: completed with a result that could not be kept (SPEC 4.6)."""
+    return state == STATE_COMPLETED and status_code is not None and status_code >= REFUSAL_STATUS
+
+
+def release_refusal(using: str, record_id: int, owner_token: str) -> bool:
+    """An operator's release of a refusal: the next retry runs the body again, resuming.
+
+    The record becomes what :func:`release_on_behalf` leaves of an owned
+    claim: in progress, its token cleared and its lease over, so that the
+    next retry takes it over at once as the next attempt, with the
+    checkpoints its owner recorded; its stored refusal is gone. The purge
+    keeps it at least as long as it would have kept the refusal
+    (``retained_until`` becomes the later of its own and the refusal's
+    expiry). Fenced by the refusal as read, by its id and owner's token:
+    one deleted, taken over, or no longer a refusal since is left alone
+    (``False``).
+    """
+    connection = connections[using]
+    sql = cached_sql(connection, "release refusal", _release_refusal_sql)
+    return _write(connection, sql, [record_id, owner_token])
+
+
+def _release_refusal_sql(connection: BaseDatabaseWrapper) -> str:
+    quote = connection.ops.quote_name
+    columns = column_names()
+    retained, expires = quote(columns["retained_until"]), quote(columns["expires_at"])
+    now = clock.now_sql(connection)
+    return update_sql(
+        connection,
+        REFUSED,
+        # First: MySQL assigns left to right, and here still reads the refusal's expiry.
+        retained_until=f"CASE WHEN {retained} > {expires} THEN {retained} ELSE {expires} END",
+        state=f"'{State.IN_PROGRESS}'",
+        status_code="NULL",
+        response_headers="NULL",
+        response_body="NULL",
+        attempt=f"{quote(columns['attempt'])} + 1",
+        owner_token="''",
+        locked_until=now,
+        expires_at=now,
+    )
 
 
 def take_over(using: str, abandoned: Record, new: NewClaim) -> Claim | None:

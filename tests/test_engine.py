@@ -298,14 +298,38 @@ class RenderFailureTests:
         assert calls.value == 1
         assert IdempotencyKey.objects.get().state == State.COMPLETED
 
-    def test_an_operator_release_lets_it_run_again(self) -> None:
+    def test_an_operator_delete_lets_it_run_again(self) -> None:
         send("/lease/unrenderable/", KEY)
         call_command("idempotency_keys", "delete", "anonymous", KEY, stdout=StringIO())
         assert send("/lease/unrenderable/", KEY).status_code == 500
         assert calls.value == 2
 
+    def test_an_operator_release_runs_it_again_resuming_from_its_checkpoints(self) -> None:
+        url = "/lease/unrenderable/until-resumed/"
+        assert send(url, KEY).status_code == 500
+        assert_refused_as_not_stored(send(url, KEY))
+        out = StringIO()
+
+        call_command("idempotency_keys", "release", "anonymous", KEY, stdout=out)
+
+        assert "Released the refusal (500, its result was not stored)" in out.getvalue()
+        assert "runs its handler again as attempt 2, resuming from its checkpoints (charged)" in (
+            out.getvalue()
+        )
+        resumed = send(url, KEY)
+        assert resumed.status_code == 201
+        assert "Idempotent-Replayed" not in resumed
+        charged = Order.objects.get(item="charged")
+        assert json.loads(resumed.content) == {"order": charged.pk, "attempt": 2}
+        replay = send(url, KEY)
+        assert (replay.status_code, replay["Idempotent-Replayed"]) == (201, "true")
+        assert replay.content == resumed.content
+        assert calls.value == 2
+        record = IdempotencyKey.objects.get()
+        assert (record.state, record.status_code, record.attempt) == (State.COMPLETED, 201, 2)
+
     def test_the_refusal_names_the_command_that_lets_it_run_again(self) -> None:
-        # A completed record has no claim to release: only delete frees its key.
+        # Delete frees a refused key, whatever its handler recorded; release resumes it.
         send("/lease/unrenderable/", KEY)
         detail = json.loads(send("/lease/unrenderable/", KEY).content)["detail"]
         named = re.findall(r"manage\.py (idempotency_keys \w+)", detail)

@@ -350,8 +350,36 @@ class ContractTests:
         record = IdempotencyKey.objects.get()
         assert (record.state, record.status_code) == (IdempotencyKey.State.COMPLETED, 507)
 
+    def test_lease_mode_refusal_released_by_an_operator_runs_the_body_again(self):
+        runs: list[str] = []
+
+        @idempotent_function(scope="test.charge", key=lambda key: key, atomic=False)
+        def charge(key: str) -> object:
+            runs.append(key)
+            return Decimal("9.99") if len(runs) == 1 else "9.99"
+
+        with pytest.raises(UnstorableResult, match="cannot be stored as JSON"):
+            charge("k")
+        with pytest.raises(UnstorableResult, match="its value could not be stored"):
+            charge("k")
+        out = StringIO()
+
+        call_command("idempotency_keys", "release", "test.charge", "k", stdout=out)
+
+        assert "Released the refusal (507, its result was not stored)" in out.getvalue()
+        assert "runs its handler again as attempt 2" in out.getvalue()
+        assert charge("k") == "9.99"
+        assert charge("k") == "9.99"
+        assert runs == ["k", "k"]
+        record = IdempotencyKey.objects.get()
+        assert (record.state, record.status_code, record.attempt) == (
+            IdempotencyKey.State.COMPLETED,
+            200,
+            2,
+        )
+
     def test_lease_mode_refusal_names_the_command_that_lets_the_body_run_again(self):
-        # A completed record has no claim to release: only delete frees its key.
+        # Delete frees a refused key, whatever its body recorded; release resumes it.
         runs: list[str] = []
 
         @idempotent_function(scope="test.charge", key=lambda key: key, atomic=False)

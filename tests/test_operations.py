@@ -16,7 +16,9 @@ from django_idempotency import clock, operations, store
 from django_idempotency.backends.base import read_record
 from django_idempotency.fields import fit_key_column
 from django_idempotency.keys import mask_key
+from django_idempotency.management.commands.idempotency_keys import Command
 from django_idempotency.models import IdempotencyKey
+from django_idempotency.purge import purge_expired
 from tests.factories import IdempotencyKeyFactory
 from tests.polling import in_background, wait_until
 
@@ -172,11 +174,128 @@ class ReleaseTests:
         run("release", "user:4", "live-key", "--force")
         assert IdempotencyKey.objects.get(pk=record.pk).owner_token == ""
 
-    def test_a_completed_record_is_not_released(self):
-        IdempotencyKeyFactory(scope="user:4", key="done-key")
+    @pytest.mark.parametrize("status", [200, 201, 204, 400, 422])
+    def test_a_completed_record_is_not_released(self, status):
+        # A stored result: its handler finished, and its retries get it.
+        record = IdempotencyKeyFactory(
+            scope="user:4", key="done-key", status_code=status, owner_token="a" * 32
+        )
 
-        with pytest.raises(CommandError, match="is completed"):
+        with pytest.raises(CommandError, match="is completed: there is no claim to release"):
             run("release", "user:4", "done-key")
+        kept = IdempotencyKey.objects.get(pk=record.pk)
+        assert (kept.state, kept.status_code, kept.expires_at) == (
+            State.COMPLETED,
+            status,
+            record.expires_at,
+        )
+
+
+def refusal(**fields) -> IdempotencyKey:
+    """A lease-mode key completed with a refusal (SPEC 4.6): the body ran, its result was lost."""
+    values = {
+        "scope": "user:5",
+        "key": "refused-key",
+        "status_code": 500,
+        "response_headers": [["Content-Type", "application/problem+json"]],
+        "response_body": b'{"type": "result-not-stored"}',
+        "owner_token": "a" * 32,
+        "checkpoints": {"charged": {"charge": "ch_1"}},
+        "attempt": 1,
+        "retained_until": timezone.now() + timedelta(hours=1),
+        **fields,
+    }
+    record = IdempotencyKeyFactory(**values)
+    return IdempotencyKey.objects.get(pk=record.pk)  # as the database stored it
+
+
+class ReleaseRefusalTests:
+    """``release`` of a refusal: the next retry runs the body again, from its checkpoints."""
+
+    @pytest.mark.parametrize("status", [500, 507])
+    def test_a_refusal_becomes_a_released_claim(self, status):
+        read = refusal(status_code=status, attempt=2)
+
+        out, _ = run("release", "user:5", "refused-key")
+
+        assert out == (
+            f"Released the refusal ({status}, its result was not stored) of idempotency key "
+            f"{mask_key('refused-key')} in scope 'user:5': the next retry runs its handler "
+            "again as attempt 3, resuming from its checkpoints (charged).\n"
+        )
+        released = IdempotencyKey.objects.get(pk=read.pk)
+        assert (released.state, released.owner_token, released.attempt) == (
+            State.IN_PROGRESS,
+            "",
+            3,
+        )
+        assert (released.status_code, released.response_headers, released.response_body) == (
+            None,
+            None,
+            None,
+        )
+        assert released.checkpoints == {"charged": {"charge": "ch_1"}}
+        assert released.expires_at == released.locked_until
+        assert released.expires_at <= clock.read(connection)
+        assert released.created_at == read.created_at
+        # What the next retry finds: a claim given back, taken over at once.
+        found = read_record(connection, "user:5", "refused-key")
+        assert found is not None
+        assert (found.completed, found.owner_token, found.expired) == (False, "", True)
+
+    @pytest.mark.parametrize(
+        ("retained", "kept_until"),
+        [
+            (timedelta(hours=1), "expires_at"),  # the refusal outlives its claim's retention
+            (timedelta(hours=30), "retained_until"),
+            (None, "expires_at"),
+        ],
+    )
+    def test_the_purge_keeps_it_at_least_as_long_as_the_refusal(self, retained, kept_until):
+        read = refusal(retained_until=None if retained is None else timezone.now() + retained)
+
+        run("release", "user:5", "refused-key")
+
+        released = IdempotencyKey.objects.get(pk=read.pk)
+        assert released.retained_until == getattr(read, kept_until)
+        cutoff = released.retained_until
+        assert purge_expired(dry_run=True) == 0
+        assert purge_expired(dry_run=True, now=cutoff - timedelta(seconds=1)) == 0
+        assert purge_expired(dry_run=True, now=cutoff) == 1
+
+    @pytest.mark.parametrize(
+        "change",
+        [
+            "deleted",
+            "taken over after it expired",
+            "completed anew with a stored result",
+            "refused again for another owner",
+        ],
+    )
+    def test_a_refusal_changed_since_it_was_read_is_left_alone(self, monkeypatch, change):
+        read = refusal()
+        found, as_changed = Command._find, []
+
+        def find_then_change(command, options):
+            record = found(command, options)
+            rows = IdempotencyKey.objects.filter(pk=read.pk)
+            if change == "deleted":
+                rows.delete()
+            elif change == "taken over after it expired":
+                rows.update(state=State.IN_PROGRESS, owner_token="b" * 32, status_code=None)
+            elif change == "completed anew with a stored result":
+                rows.update(owner_token="b" * 32, status_code=201)
+            else:
+                rows.update(owner_token="b" * 32)
+            as_changed.extend(IdempotencyKey.objects.values())
+            return record
+
+        monkeypatch.setattr(Command, "_find", find_then_change)
+
+        with pytest.raises(CommandError, match="The record changed meanwhile"):
+            run("release", "user:5", "refused-key")
+
+        assert list(IdempotencyKey.objects.values()) == as_changed
 
 
 @pytest.mark.parametrize("force", [False, True])

@@ -25,7 +25,7 @@ from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.cache import caches
 from django.core.management import call_command
 from django.db import connection, connections
-from django.test import override_settings
+from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
 from django.urls import include, path
 
@@ -304,6 +304,22 @@ def test_a_key_deleted_by_the_command_is_never_replayed_from_the_cache(client):
         assert _cached("replay", "deleted-key") is None
         retry = post(client, "/orders/", "deleted-key")
     assert_ran_again(retry)
+
+
+def test_a_refusal_released_by_the_command_is_never_replayed_from_the_cache():
+    url, client = "/lease/unrenderable/until-resumed/", Client(raise_request_exception=False)
+    with _settings("replay"):
+        assert post(client, url, "refused-key").status_code == 500
+        refused = post(client, url, "refused-key")
+        assert (refused.status_code, refused["Idempotent-Replayed"]) == (500, "true")
+        assert _cached("replay", "refused-key") is not None
+        call_command("idempotency_keys", "release", "anonymous", "refused-key", stdout=StringIO())
+        assert _cached("replay", "refused-key") is None
+        with CaptureQueriesContext(connection) as retry:
+            resumed = post(client, url, "refused-key")
+    assert statements(retry)  # from the database, which let it run
+    assert_ran_again(resumed)
+    assert json.loads(resumed.content)["attempt"] == 2
 
 
 def test_a_cache_that_fails_to_evict_is_logged_and_the_delete_stands(client, caplog):

@@ -21,6 +21,7 @@ urlpatterns = [
     path("lease/large/", views.lease_large_response),
     path("lease/unrenderable/", views.lease_unrenderable),
     path("lease/unrenderable/class-based/", views.LeaseUnrenderableView.as_view()),
+    path("lease/unrenderable/until-resumed/", views.lease_unrenderable_until_resumed),
     path("orders/unrenderable/", views.atomic_unrenderable),
     path("binary/", views.binary_response),
     path("large/", views.large_response),

@@ -371,6 +371,25 @@ def atomic_unrenderable(request: HttpRequest) -> TemplateResponse:
     return _unrenderable_order(request)
 
 
+@idempotent(atomic=False)
+def lease_unrenderable_until_resumed(request: HttpRequest) -> TemplateResponse:
+    """Charges once (checkpointed), then answers with a template that fails to render.
+
+    A run that resumes from the charge's checkpoint (after an operator
+    released the refusal) renders: it answers with the charge and its attempt.
+    """
+    calls.increment()
+    info = request.idempotency  # type: ignore[attr-defined]
+    resumed = "charged" in info.checkpoints
+    if not resumed:
+        order = Order.objects.create(item="charged")
+        info.checkpoint("charged", {"id": order.pk})
+    text = '{"order": {{ order }}, "attempt": {{ attempt }}}' if resumed else "{% url 'none' %}"
+    context = {"order": info.checkpoints["charged"]["id"], "attempt": info.attempt}
+    template = engines["django"].from_string(text)
+    return TemplateResponse(request, template, context, status=201)
+
+
 class LeaseUnrenderableView(View):
     """:func:`lease_unrenderable` as a class-based view, which ATOMIC_REQUESTS still wraps."""
 

@@ -269,19 +269,29 @@ OWNER = "owner"
 ABANDONED = "abandoned"
 #: This owner's, or released by it (its token cleared): its checkpoints.
 OWNER_OR_RELEASED = "owner or released"
+#: Not a claim: a completed record holding a refusal (SPEC 4.6, a result
+#: that could not be kept), still its owner's (that token), as an operator
+#: read it. An operator's release of the refusal is its one statement.
+REFUSED = "refused"
+#: The lowest status of a refusal: a view's ``500`` ``result-not-stored``, a
+#: function's ``507``. No result the contract stores is a ``5xx``.
+REFUSAL_STATUS = 500
 
 
 def fenced(connection: BaseDatabaseWrapper, fence: str) -> str:
-    """The ``WHERE`` clause of a write to one in-progress claim, behind ``fence``."""
+    """The ``WHERE`` clause of a write to one in-progress claim (or refusal), behind ``fence``."""
     quote = connection.ops.quote_name
     columns = column_names()
     token = quote(columns["owner_token"])
+    state = State.COMPLETED if fence == REFUSED else State.IN_PROGRESS
     where = [
         f"{quote(IdempotencyKey._meta.pk.column)} = %s",
-        f"{quote(columns['state'])} = '{State.IN_PROGRESS}'",
+        f"{quote(columns['state'])} = '{state}'",
     ]
-    if fence in (OWNER, ABANDONED):
+    if fence in (OWNER, ABANDONED, REFUSED):
         where.append(f"{token} = %s")
+    if fence == REFUSED:
+        where.append(f"{quote(columns['status_code'])} >= {REFUSAL_STATUS}")
     if fence == ABANDONED:
         where.append(leases.sql(leases.ABANDONED, connection))
     if fence == OWNER_OR_RELEASED:

@@ -61,7 +61,11 @@ class Command(BaseCommand):
         listing.add_argument("--show-keys", action="store_true", help="Keys in clear.")
         for name, text in [
             ("show", "Show one record, its checkpoints included."),
-            ("release", "Let the next retry take an in-progress claim over, resuming it."),
+            (
+                "release",
+                "Let the next retry take an in-progress claim (or a refused result) over, "
+                "resuming it.",
+            ),
             ("delete", "Delete one record: the next request with its key runs anew."),
         ]:
             action = actions.add_parser(name, help=text)
@@ -158,6 +162,9 @@ class Command(BaseCommand):
         self.stdout.write("\n".join(lines))
 
     def _release(self, record: IdempotencyKey, force: bool) -> None:
+        if operations.is_refusal(record):
+            self._release_refusal(record)
+            return
         if record.state != State.IN_PROGRESS:
             raise CommandError(
                 f"Idempotency key {mask_key(record.key)} in scope {record.scope!r} is "
@@ -171,6 +178,20 @@ class Command(BaseCommand):
         self.stdout.write(
             f"Released idempotency key {mask_key(record.key)} in scope {record.scope!r}: "
             f"the next retry takes it over as attempt {attempt}, resuming from "
+            f"its checkpoints ({', '.join(record.checkpoints or {}) or 'none'})."
+        )
+
+    def _release_refusal(self, record: IdempotencyKey) -> None:
+        """A refusal's release: its body ran, so no lease can still be live to refuse."""
+        if not operations.release(record):
+            raise CommandError(
+                "The record changed meanwhile (deleted, taken over, or no longer the "
+                "refusal that was read): show it again."
+            )
+        self.stdout.write(
+            f"Released the refusal ({record.status_code}, its result was not stored) of "
+            f"idempotency key {mask_key(record.key)} in scope {record.scope!r}: the next "
+            f"retry runs its handler again as attempt {record.attempt + 1}, resuming from "
             f"its checkpoints ({', '.join(record.checkpoints or {}) or 'none'})."
         )
 
