@@ -377,13 +377,20 @@ class Call:
         itself is the caller's transaction's and goes with it either way.
         """
         stored, ttl = self.kind.unstorable(), self.options.ttl
-        try:
-            completed = owned.connection.run(
-                lambda: store.complete(
-                    self.using, owned.record_id, stored, owner_token=owned.token, ttl=ttl
-                ),
-                at_once=True,
+        # The refusal keeps the checkpoints for an operator's release, which
+        # resumes from them: not those of blocks that rolled back. Inside the
+        # caller's transaction they are put back when the request ends.
+        surviving = None if connections[self.using].in_atomic_block else self._settle_progress()
+
+        def refuse() -> bool:
+            if surviving is not None:
+                store.restore_progress(self.using, owned.record_id, owned.token, surviving)
+            return store.complete(
+                self.using, owned.record_id, stored, owner_token=owned.token, ttl=ttl
             )
+
+        try:
+            completed = owned.connection.run(refuse, at_once=True)
         except Error:
             if owned.connection.shares_request_transaction():
                 return  # the claim rolls back with the caller's transaction

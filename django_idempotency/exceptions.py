@@ -209,7 +209,8 @@ class ResultNotStored(IdempotencyError):
     """Lease mode: the first request with this key ran, but its response could not be kept.
 
     The key is completed with this answer, since the handler has acted: it
-    never runs again for the key unless an operator deletes the record.
+    never runs again for the key unless an operator releases the record
+    (resuming from its checkpoints) or deletes it.
     """
 
     status = 500

@@ -474,21 +474,26 @@ def _progress_sql(
 def restore_progress(
     using: str, record_id: int, owner_token: str, checkpoints: dict[str, Any]
 ) -> bool:
-    """Put an in-progress claim's checkpoints back to ``checkpoints``.
+    """Put a claim's checkpoints back to ``checkpoints``.
 
     For checkpoints recorded in a transaction that then rolled back: the
     writes they record are gone, so a retry must not skip them. Fenced by
     the token of the owner that recorded them (or the cleared token of its
-    release), so a new owner's own progress is never touched.
+    release), so a new owner's own progress is never touched; or the
+    owner's refusal (its result could not be kept), whose checkpoints an
+    operator's release resumes from.
     """
     connection = connections[using]
-    sql = cached_sql(
-        connection,
-        "restore progress",
-        lambda c: update_sql(c, OWNER_OR_RELEASED, checkpoints="%s"),
-    )
     value = CHECKPOINTS_FIELD.get_db_prep_save(checkpoints or None, connection)
-    return _write(connection, sql, [value, record_id, owner_token])
+    for fence in (OWNER_OR_RELEASED, REFUSED):
+        sql = cached_sql(
+            connection,
+            ("restore progress", fence),
+            lambda c, fence=fence: update_sql(c, fence, checkpoints="%s"),
+        )
+        if _write(connection, sql, [value, record_id, owner_token]):
+            return True
+    return False
 
 
 def _write(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> bool:

@@ -328,6 +328,28 @@ class RenderFailureTests:
         record = IdempotencyKey.objects.get()
         assert (record.state, record.status_code, record.attempt) == (State.COMPLETED, 201, 2)
 
+    @pytest.mark.skipif(
+        connection.vendor == "sqlite", reason="SQLite: the claim is the request's transaction's"
+    )
+    def test_a_release_resumes_only_from_checkpoints_whose_writes_committed(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # ATOMIC_REQUESTS: the charge's order rolls back with the request, while
+        # its checkpoint and the refusal committed on the lease's connection.
+        monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", True)
+        url = "/lease/unrenderable/until-resumed/class-based/"
+        assert send(url, KEY).status_code == 500
+        assert not Order.objects.exists()
+        assert IdempotencyKey.objects.get().checkpoints is None
+
+        call_command("idempotency_keys", "release", "anonymous", KEY, stdout=StringIO())
+        # Not resumed from a charge that is gone (a 201 naming a missing order):
+        # charged again, refused again, and rolled back with the request again.
+        assert send(url, KEY).status_code == 500
+        assert calls.value == 2
+        assert not Order.objects.exists()
+        assert IdempotencyKey.objects.get().checkpoints is None
+
     def test_the_refusal_names_the_command_that_lets_it_run_again(self) -> None:
         # Delete frees a refused key, whatever its handler recorded; release resumes it.
         send("/lease/unrenderable/", KEY)
@@ -800,7 +822,6 @@ class CheckpointBlocksTests:
             )
         [b] = Order.objects.values_list("pk", flat=True)
         assert IdempotencyKey.objects.get().checkpoints == {"b": b}
-
 
     def run_again_in_the_call(self) -> dict[str, int]:
         """Step a in a block that fails once and is run again, skipping it if checkpointed."""

@@ -263,6 +263,15 @@ class ReleaseRefusalTests:
         assert purge_expired(dry_run=True, now=cutoff - timedelta(seconds=1)) == 0
         assert purge_expired(dry_run=True, now=cutoff) == 1
 
+    @pytest.mark.parametrize("status", [200, 201, 422])
+    def test_the_statement_leaves_a_stored_result_of_the_same_owner_alone(self, status):
+        # The status in the fence itself: same record, same token, not a refusal.
+        read = refusal(status_code=status)
+
+        assert not store.release_refusal(connection.alias, read.pk, read.owner_token)
+
+        assert IdempotencyKey.objects.get(pk=read.pk).state == State.COMPLETED
+
     @pytest.mark.parametrize(
         "change",
         [

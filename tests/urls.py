@@ -22,6 +22,10 @@ urlpatterns = [
     path("lease/unrenderable/", views.lease_unrenderable),
     path("lease/unrenderable/class-based/", views.LeaseUnrenderableView.as_view()),
     path("lease/unrenderable/until-resumed/", views.lease_unrenderable_until_resumed),
+    path(
+        "lease/unrenderable/until-resumed/class-based/",
+        views.LeaseUnrenderableUntilResumedView.as_view(),
+    ),
     path("orders/unrenderable/", views.atomic_unrenderable),
     path("binary/", views.binary_response),
     path("large/", views.large_response),

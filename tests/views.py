@@ -378,6 +378,18 @@ def lease_unrenderable_until_resumed(request: HttpRequest) -> TemplateResponse:
     A run that resumes from the charge's checkpoint (after an operator
     released the refusal) renders: it answers with the charge and its attempt.
     """
+    return _unrenderable_until_resumed(request)
+
+
+class LeaseUnrenderableUntilResumedView(View):
+    """:func:`lease_unrenderable_until_resumed` as a class-based view: ATOMIC_REQUESTS wraps it."""
+
+    @method_decorator(idempotent(atomic=False))
+    def post(self, request: HttpRequest) -> TemplateResponse:
+        return _unrenderable_until_resumed(request)
+
+
+def _unrenderable_until_resumed(request: HttpRequest) -> TemplateResponse:
     calls.increment()
     info = request.idempotency  # type: ignore[attr-defined]
     resumed = "charged" in info.checkpoints
