@@ -154,6 +154,7 @@ class Call:
     _progress_at_start: dict[str, Any] | None = field(default=None, init=False)
     _progress_log: list[_Recorded] = field(default_factory=list, init=False)
     _put_back_at_request_end: bool = field(default=False, init=False)
+    _progress_narrowed: bool = field(default=False, init=False)
 
     def run(self, body: Callable[[], T]) -> T:
         """Run ``body`` unless its key is already done; return its result or the stored one."""
@@ -498,7 +499,9 @@ class Call:
         later call finds nothing left to settle.
         """
         log, self._progress_log = self._progress_log, []
-        if all(recorded.committed for recorded in log):
+        narrowed, self._progress_narrowed = self._progress_narrowed, False
+        # Narrowed: the record holds fewer than those that committed since.
+        if not log or (all(recorded.committed for recorded in log) and not narrowed):
             return None
         surviving = dict(self._progress_at_start or {})
         for recorded in log:
@@ -698,6 +701,9 @@ class Call:
         transactions committed (see :meth:`_note_progress`).
         """
         lease = owned.connection
+        if lease.own and connections[self.using].in_atomic_block:
+            self._release_once_the_caller_ends(owned)
+            return
         checkpoints: dict[str, Any] | None = None
         if not connections[self.using].in_atomic_block:
             # Every transaction this attempt checkpointed in has ended: what
@@ -729,6 +735,47 @@ class Call:
             return
         if released:
             self._send(signals.claim_released)
+
+    def _release_once_the_caller_ends(self, owned: _Owned) -> None:
+        """Give the key back when the caller's transaction ends, not before.
+
+        The body's writes, and so what its checkpoints record, commit or roll
+        back with the caller's transaction (an outer ``atomic``,
+        ``ATOMIC_REQUESTS``), which is still open. Given back now, a retry
+        (a concurrent one, or one inside that same transaction) would resume
+        from checkpoints that may yet roll back, or run again what may yet
+        commit. So the claim stays this call's, with its lease, and keeps for
+        now only the checkpoints already committed, which hold whatever that
+        transaction does. It is released when the transaction commits, or
+        when the request ends after it rolled back; outside a request its
+        lease runs out, and the retry that takes it over resumes from those.
+        """
+        committed = dict(self._progress_at_start or {})
+        for recorded in self._progress_log:
+            if recorded.committed:
+                committed.update(recorded.added)
+        if committed != self.info.progress.checkpoints:
+            self._progress_narrowed = True
+            try:
+                owned.connection.run(
+                    lambda: store.record_progress(
+                        self.using, owned.record_id, owner_token=owned.token, checkpoints=committed
+                    ),
+                    at_once=True,
+                )
+            except Error:
+                self._log(
+                    logging.ERROR,
+                    "Could not set aside the checkpoints of idempotency key %s in scope %r "
+                    "recorded in a transaction that is still open.",
+                    exc_info=True,
+                )
+
+        def release() -> None:
+            self._release(owned)
+
+        transaction.on_commit(release, using=self.using)
+        lease_cleanup.release_unless_committed(self.using, release, self.request)
 
     # What both modes share: the claim, a duplicate's answer, the stored result.
 

@@ -887,6 +887,71 @@ class CheckpointBlocksTests:
         assert not Order.objects.exists()
 
 
+@pytest.mark.skipif(
+    connection.vendor == "sqlite", reason="SQLite: the claim is the caller's transaction's"
+)
+class GivenBackOnceTheCallerEndsTests:
+    """Lease mode inside a caller's transaction (a worker's ``atomic``): a failed call's key
+    is given back only once that transaction ends, with the checkpoints it committed.
+
+    Given back at once, a retry (in that transaction, or a concurrent one) would
+    run the step again while its first writes may still commit, or skip it
+    while they may still roll back.
+    """
+
+    def call(self, *, fail: bool) -> dict[str, int]:
+        from django_idempotency.functions import run_once
+        from django_idempotency.options import DeclaredOptions
+
+        def body(info: IdempotencyInfo) -> dict[str, int]:
+            if "a" not in info.checkpoints:
+                info.checkpoint("a", Order.objects.create(item="a").pk)
+            if fail:
+                raise RuntimeError("failed after step a")
+            return info.checkpoints
+
+        options = DeclaredOptions({"atomic": False}, lambda name: name)
+        return run_once(
+            scope="test.steps", key="k", arguments={}, body=body, options=options, sender=body
+        )
+
+    def test_a_retry_in_the_same_transaction_is_in_flight_and_the_commit_releases_it(
+        self,
+    ) -> None:
+        from django_idempotency.exceptions import CallInFlight
+
+        with transaction.atomic():
+            with pytest.raises(RuntimeError, match="after step a"):
+                self.call(fail=True)
+            with pytest.raises(CallInFlight):
+                self.call(fail=False)
+            record = IdempotencyKey.objects.get()
+            assert (record.state, bool(record.owner_token)) == (State.IN_PROGRESS, True)
+
+        [a] = Order.objects.values_list("pk", flat=True)
+        record = IdempotencyKey.objects.get()
+        assert (record.owner_token, record.checkpoints) == ("", {"a": a})
+        assert self.call(fail=False) == {"a": a}
+        assert Order.objects.count() == 1
+
+    def test_rolled_back_the_key_is_held_without_the_step_and_the_takeover_runs_it(self) -> None:
+        from django_idempotency.exceptions import CallInFlight
+
+        with contextlib.suppress(RuntimeError), transaction.atomic():
+            self.call(fail=True)
+
+        assert not Order.objects.exists()
+        record = IdempotencyKey.objects.get()
+        assert (record.state, bool(record.owner_token)) == (State.IN_PROGRESS, True)
+        assert not record.checkpoints  # step a's, which rolled back, is set aside
+        with pytest.raises(CallInFlight):
+            self.call(fail=False)
+        with database_clock.shifted(timedelta(hours=1)):  # past the lease
+            steps = self.call(fail=False)
+        [a] = Order.objects.values_list("pk", flat=True)
+        assert steps == {"a": a}
+
+
 @pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB's deadlock error 1213")
 class DeadlockTests:
     """A deadlock in the handler's own statements rolls the attempt back, and it starts over."""
