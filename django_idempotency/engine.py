@@ -750,32 +750,57 @@ class Call:
         when the request ends after it rolled back; outside a request its
         lease runs out, and the retry that takes it over resumes from those.
         """
-        committed = dict(self._progress_at_start or {})
-        for recorded in self._progress_log:
-            if recorded.committed:
-                committed.update(recorded.added)
-        if committed != self.info.progress.checkpoints:
-            self._progress_narrowed = True
-            try:
-                owned.connection.run(
-                    lambda: store.record_progress(
-                        self.using, owned.record_id, owner_token=owned.token, checkpoints=committed
-                    ),
-                    at_once=True,
-                )
-            except Error:
-                self._log(
-                    logging.ERROR,
-                    "Could not set aside the checkpoints of idempotency key %s in scope %r "
-                    "recorded in a transaction that is still open.",
-                    exc_info=True,
-                )
+        if self._progress_log:  # else the record holds what this attempt started from
+            self._set_aside_open_progress(owned)
 
         def release() -> None:
             self._release(owned)
 
-        transaction.on_commit(release, using=self.using)
+        connection = connections[self.using]
+        # Kept when a savepoint around the call rolls back but the transaction
+        # commits (Django drops what on_commit() registered in it): the claim
+        # is given back then too, its record holding what committed.
+        # (savepoint ids, callback, robust), as Django keeps them.
+        connection.run_on_commit.append((set(), release, True))  # type: ignore[arg-type]
         lease_cleanup.release_unless_committed(self.using, release, self.request)
+
+    def _set_aside_open_progress(self, owned: _Owned) -> None:
+        """Leave the checkpoints of the caller's open transaction to that transaction.
+
+        On the lease's connection, at once, the record keeps only those that
+        committed already; in the caller's transaction it gets back all that
+        are in force, which so commit with the writes they record, or roll
+        back with them. Whatever then happens (a commit, a rollback, a crash
+        in between), the record holds what committed, and the key held
+        meanwhile gives a retry nothing to skip or redo wrongly.
+        """
+        in_force = self._checkpoints_in_force()
+        committed = dict(self._progress_at_start or {})
+        for recorded in self._progress_log:
+            if recorded.committed:
+                committed.update(recorded.added)
+        if committed == in_force:
+            return
+        self._progress_narrowed = True
+
+        def write(checkpoints: dict[str, Any]) -> bool:
+            return store.record_progress(
+                self.using, owned.record_id, owner_token=owned.token, checkpoints=checkpoints
+            )
+
+        try:
+            owned.connection.run(lambda: write(committed), at_once=True)
+            if not connections[self.using].needs_rollback:
+                # A savepoint of its own: a failure leaves the caller's transaction usable.
+                with transaction.atomic(using=self.using):
+                    write(in_force)
+        except Error:
+            self._log(
+                logging.ERROR,
+                "Could not set aside the checkpoints of idempotency key %s in scope %r "
+                "recorded in a transaction that is still open.",
+                exc_info=True,
+            )
 
     # What both modes share: the claim, a duplicate's answer, the stored result.
 

@@ -899,7 +899,7 @@ class GivenBackOnceTheCallerEndsTests:
     while they may still roll back.
     """
 
-    def call(self, *, fail: bool) -> dict[str, int]:
+    def call(self, *, fail: bool, wait: float = 5) -> dict[str, int]:
         from django_idempotency.functions import run_once
         from django_idempotency.options import DeclaredOptions
 
@@ -910,7 +910,7 @@ class GivenBackOnceTheCallerEndsTests:
                 raise RuntimeError("failed after step a")
             return info.checkpoints
 
-        options = DeclaredOptions({"atomic": False}, lambda name: name)
+        options = DeclaredOptions({"atomic": False, "wait": wait}, lambda name: name)
         return run_once(
             scope="test.steps", key="k", arguments={}, body=body, options=options, sender=body
         )
@@ -924,7 +924,8 @@ class GivenBackOnceTheCallerEndsTests:
             with pytest.raises(RuntimeError, match="after step a"):
                 self.call(fail=True)
             with pytest.raises(CallInFlight):
-                self.call(fail=False)
+                # Its claim waits on the record this transaction holds, then gives up.
+                self.call(fail=False, wait=0.5)
             record = IdempotencyKey.objects.get()
             assert (record.state, bool(record.owner_token)) == (State.IN_PROGRESS, True)
 
@@ -932,6 +933,51 @@ class GivenBackOnceTheCallerEndsTests:
         record = IdempotencyKey.objects.get()
         assert (record.owner_token, record.checkpoints) == ("", {"a": a})
         assert self.call(fail=False) == {"a": a}
+        assert Order.objects.count() == 1
+
+    def test_a_resumed_call_that_fails_before_a_checkpoint_keeps_what_it_resumed_from(
+        self,
+    ) -> None:
+        with pytest.raises(RuntimeError, match="after step a"):
+            self.call(fail=True)  # no transaction around it: step a commits
+        [a] = Order.objects.values_list("pk", flat=True)
+
+        with transaction.atomic(), pytest.raises(RuntimeError, match="after step a"):
+            self.call(fail=True)  # resumed after step a, and failed again
+
+        record = IdempotencyKey.objects.get()
+        assert (record.owner_token, record.checkpoints) == ("", {"a": a})
+        assert self.call(fail=False) == {"a": a}
+        assert Order.objects.count() == 1
+
+    def test_a_savepoint_around_the_call_rolled_back_in_a_committed_transaction(self) -> None:
+        with transaction.atomic(), contextlib.suppress(RuntimeError), transaction.atomic():
+            self.call(fail=True)
+
+        assert not Order.objects.exists()
+        assert not IdempotencyKey.objects.filter(owner_token__gt="").exists()  # given back
+        steps = self.call(fail=False)
+        [a] = Order.objects.values_list("pk", flat=True)
+        assert steps == {"a": a}
+
+    def test_committed_without_the_release_the_takeover_resumes_from_what_committed(
+        self,
+    ) -> None:
+        # A commit hook of the project's that raises first: Django runs none
+        # after it, the release included (as a crash right after COMMIT would).
+        def failing_hook() -> None:
+            raise LookupError("the project's commit hook failed")
+
+        with pytest.raises(LookupError), transaction.atomic():
+            transaction.on_commit(failing_hook)
+            with pytest.raises(RuntimeError, match="after step a"):
+                self.call(fail=True)
+
+        [a] = Order.objects.values_list("pk", flat=True)
+        record = IdempotencyKey.objects.get()
+        assert (bool(record.owner_token), record.checkpoints) == (True, {"a": a})
+        with database_clock.shifted(timedelta(hours=1)):  # past the lease
+            assert self.call(fail=False) == {"a": a}
         assert Order.objects.count() == 1
 
     def test_rolled_back_the_key_is_held_without_the_step_and_the_takeover_runs_it(self) -> None:
