@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
+from operator import methodcaller
 from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -134,7 +135,7 @@ def _sqlite_seconds(duration: timedelta) -> str:
 #: for a statement's several: PostgreSQL's and MySQL's are C calls, no frame.
 SECONDS: defaultdict[str, Callable[[timedelta], Any]] = defaultdict(
     lambda: _sqlite_seconds,
-    {"postgresql": timedelta.total_seconds, "mysql": _MICROSECOND.__rfloordiv__},
+    {"postgresql": timedelta.total_seconds, "mysql": methodcaller("__floordiv__", _MICROSECOND)},
 )
 
 

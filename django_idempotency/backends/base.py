@@ -9,9 +9,10 @@ only caller: it decides, they say how to ask.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from types import MappingProxyType
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -183,11 +184,13 @@ class NewClaim:
         return new
 
 
-_COLUMNS = {field.name: str(field.column) for field in IdempotencyKey._meta.concrete_fields}
+_COLUMNS = MappingProxyType(
+    {field.name: str(field.column) for field in IdempotencyKey._meta.concrete_fields}
+)
 
 
-def column_names() -> dict[str, str]:
-    """Each field's column (not to be changed: it is shared)."""
+def column_names() -> Mapping[str, str]:
+    """Each field's column, read once."""
     return _COLUMNS
 
 
