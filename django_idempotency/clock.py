@@ -15,10 +15,12 @@ reads that instant, as the server's clock would show it) or shifts it
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections import defaultdict
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
+from operator import methodcaller
 from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -31,6 +33,9 @@ _SQLITE_FORMAT = "'%%Y-%%m-%%d %%H:%%M:%%f'"
 _pinned: datetime | None = None
 #: What a test added to the database's clock.
 _offset = timedelta(0)
+#: Caches of SQL that has the clock in it: emptied whenever a test moves
+#: the clock, so that a cache hit needs no look at the clock.
+_sql_caches: list[dict[Any, str]] = []
 
 
 def is_pinned() -> bool:
@@ -38,10 +43,23 @@ def is_pinned() -> bool:
     return _pinned is not None or bool(_offset)
 
 
+def sql_cache() -> dict[Any, str]:
+    """A cache of SQL with :func:`now_sql` in it, forgotten whenever a test moves the clock."""
+    cache: dict[Any, str] = {}
+    _sql_caches.append(cache)
+    return cache
+
+
+def _forget_sql() -> None:
+    for cache in _sql_caches:
+        cache.clear()
+
+
 def pin(when: datetime | None) -> None:
     """Tests: pin the clock at ``when`` until pinned again; ``None`` gives it back."""
     global _pinned
     _pinned = when
+    _forget_sql()
 
 
 @contextmanager
@@ -59,6 +77,7 @@ def shift(offset: timedelta) -> None:
     """Tests: the database's clock plus ``offset`` until shifted again (``timedelta(0)``)."""
     global _offset
     _offset = offset
+    _forget_sql()
 
 
 def now_sql(connection: BaseDatabaseWrapper) -> str:
@@ -91,6 +110,11 @@ def later_sql(connection: BaseDatabaseWrapper) -> str:
     return f"STRFTIME({_SQLITE_FORMAT}, {_sqlite_time()}, %s)"
 
 
+_MICROSECOND = timedelta(microseconds=1)
+#: SQLite's modifier of a time value, from a number of seconds.
+_SQLITE_SECONDS = "{:+.6f} seconds".format
+
+
 def seconds(connection: BaseDatabaseWrapper, duration: timedelta | None) -> Any:
     """The parameter of :func:`later_sql` for ``duration`` (``None``: NULL)."""
     if duration is None:
@@ -99,8 +123,20 @@ def seconds(connection: BaseDatabaseWrapper, duration: timedelta | None) -> Any:
     if vendor == "postgresql":
         return duration.total_seconds()
     if vendor == "mysql":
-        return duration // timedelta(microseconds=1)
-    return f"{duration.total_seconds():+.6f} seconds"
+        return duration // _MICROSECOND
+    return _SQLITE_SECONDS(duration.total_seconds())
+
+
+def _sqlite_seconds(duration: timedelta) -> str:
+    return _SQLITE_SECONDS(duration.total_seconds())
+
+
+#: :func:`seconds` of a duration (not ``None``) by vendor (``SECONDS[vendor]``),
+#: for a statement's several: PostgreSQL's and MySQL's are C calls, no frame.
+SECONDS: defaultdict[str, Callable[[timedelta], Any]] = defaultdict(
+    lambda: _sqlite_seconds,
+    {"postgresql": timedelta.total_seconds, "mysql": methodcaller("__floordiv__", _MICROSECOND)},
+)
 
 
 def read(connection: BaseDatabaseWrapper) -> datetime:

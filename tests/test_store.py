@@ -21,7 +21,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import RequestFactory
 from django.utils import timezone
 
-from django_idempotency import functions, idempotent, store
+from django_idempotency import clock, functions, idempotent, store
 from django_idempotency.backends import base, postgresql
 from django_idempotency.exceptions import CallInFlight, DatabaseBusy, TaskInFlight
 from django_idempotency.models import IdempotencyKey
@@ -431,3 +431,51 @@ class ClaimRetryTests:
             run()
         record_gone_for(monkeypatch, store.CLAIM_ATTEMPTS - 1)
         assert run() == "charged"
+
+
+class StatementTests:
+    """The statements' SQL and conversions, built once per vendor, read as the ORM does."""
+
+    def test_a_read_record_holds_what_the_orm_reads(self):
+        made = IdempotencyKeyFactory(checkpoints={"charged": {"id": 7}}, attempt=2)
+        orm = IdempotencyKey.objects.get(pk=made.pk)
+
+        record = base.read_record(connection, orm.scope, orm.key)
+
+        assert record is not None and record.response is not None
+        assert (record.id, record.fingerprint, record.owner_token) == (
+            orm.pk,
+            orm.fingerprint,
+            orm.owner_token,
+        )
+        assert (record.created_at, record.expires_at) == (orm.created_at, orm.expires_at)
+        assert record.created_at.tzinfo is not None and record.seen_at.tzinfo is not None
+        assert record.response.status_code == orm.status_code
+        assert record.response.headers == orm.response_headers
+        assert bytes(record.response.body or b"") == bytes(orm.response_body)
+        assert (record.attempt, record.checkpoints) == (2, {"charged": {"id": 7}})
+
+    def test_a_cached_statement_reads_the_clock_a_test_moved(self):
+        record = IdempotencyKeyFactory()
+        real = base.read_record(connection, record.scope, record.key)
+        assert real is not None
+        when = real.seen_at - timedelta(days=3)
+
+        clock.pin(when)
+        try:
+            pinned = base.read_record(connection, record.scope, record.key)
+        finally:
+            clock.pin(None)
+        again = base.read_record(connection, record.scope, record.key)
+
+        assert pinned is not None and again is not None
+        assert abs(pinned.seen_at - when) < timedelta(milliseconds=1)
+        assert again.seen_at >= real.seen_at
+
+    @pytest.mark.parametrize(
+        "duration",
+        [timedelta(hours=1), -timedelta(seconds=1), timedelta(microseconds=1), timedelta(days=1)],
+    )
+    def test_a_durations_parameter_is_the_same_by_either_route(self, duration):
+        by_vendor = clock.SECONDS[connection.vendor](duration)
+        assert by_vendor == clock.seconds(connection, duration)

@@ -9,9 +9,10 @@ only caller: it decides, they say how to ask.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from types import MappingProxyType
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -168,7 +169,10 @@ class NewClaim:
         end of its lease (each renewal and a release move that end), so
         that a claim left in progress keeps its progress for the retry.
         """
-        return cls(
+        new = object.__new__(cls)
+        # What the generated __init__ sets, without its frame: every request
+        # makes one.
+        new.__dict__.update(
             scope=info.scope,
             key=info.key,
             fingerprint=info.fingerprint,
@@ -177,24 +181,33 @@ class NewClaim:
             lease=lease,
             retained_for=lease + ttl if lease else None,
         )
+        return new
 
 
-def column_names() -> dict[str, str]:
-    return {field.name: str(field.column) for field in IdempotencyKey._meta.concrete_fields}
+_COLUMNS = MappingProxyType(
+    {field.name: str(field.column) for field in IdempotencyKey._meta.concrete_fields}
+)
 
 
-#: Each statement's SQL, built once per (vendor, statement) rather than per
-#: request: see "Performance" in docs/backends.rst.
-_SQL: dict[tuple[str, Any], str] = {}
+def column_names() -> Mapping[str, str]:
+    """Each field's column, read once."""
+    return _COLUMNS
+
+
+#: Each statement's SQL by (vendor, name), built once rather than per request
+#: (see "Performance" in docs/backends.rst): a request's own statements look
+#: here first, without a call. A test that moves the clock empties it, and
+#: nothing built meanwhile is kept.
+STATEMENTS: dict[Any, str] = clock.sql_cache()
 
 
 def cached_sql(connection: BaseDatabaseWrapper, name: Any, build: Callable[..., str]) -> str:
-    if clock.is_pinned():
-        return build(connection)  # a test's clock, which moves
-    cache_key = (connection.vendor, name)
-    sql = _SQL.get(cache_key)
+    """The SQL of statement ``name``, from ``STATEMENTS`` or else built and kept there."""
+    sql = STATEMENTS.get((connection.vendor, name))
     if sql is None:
-        sql = _SQL[cache_key] = build(connection)
+        sql = build(connection)
+        if not clock.is_pinned():  # a test's clock, which moves
+            STATEMENTS[(connection.vendor, name)] = sql
     return sql
 
 
@@ -336,17 +349,22 @@ def missing_table() -> ImproperlyConfigured:
     )
 
 
+STATE_IN_PROGRESS = str(State.IN_PROGRESS)
+
+
 def insert_params(connection: BaseDatabaseWrapper, new: NewClaim) -> list[Any]:
+    seconds = clock.SECONDS[connection.vendor]
+    # Atomic mode holds no lease and retains nothing: no call for those.
+    lease, retained_for = new.lease, new.retained_for
     return [
         new.scope,
         new.key,
         new.fingerprint,
-        str(State.IN_PROGRESS),
+        STATE_IN_PROGRESS,
         new.owner_token,
-        clock.seconds(connection, new.expires_in),
-        clock.seconds(connection, new.lease),
-        # Atomic mode retains nothing: no frame for it on the hot path.
-        None if new.retained_for is None else clock.seconds(connection, new.retained_for),
+        seconds(new.expires_in),
+        None if lease is None else seconds(lease),
+        None if retained_for is None else seconds(retained_for),
     ]
 
 
@@ -358,8 +376,9 @@ def claim_upsert(
     SQLite serialises writers on the whole database, so the wait happened
     at ``BEGIN`` (or at this statement) under the busy timeout.
     """
-    sql = cached_sql(
-        connection, ("claim", take_over_abandoned), lambda c: upsert_sql(c, take_over_abandoned)
+    name = ("claim", take_over_abandoned)
+    sql = STATEMENTS.get((connection.vendor, name)) or cached_sql(
+        connection, name, lambda c: upsert_sql(c, take_over_abandoned)
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, insert_params(connection, new))
@@ -456,11 +475,12 @@ PROGRESS = ["attempt", "checkpoints"]
 
 def claimed(connection: BaseDatabaseWrapper, row: Any) -> Claim:
     """The claim of ``row``: the record id, then its attempt and checkpoints."""
-    converted = record_expressions(connection)[-len(PROGRESS) :]
-    attempt, checkpoints = (
-        convert(value, column, connection) for value, column in zip(row[1:], converted, strict=True)
-    )
-    return Claim(int(row[0]), attempt=int(attempt), checkpoints=checkpoints or {})
+    values = list(row)
+    converters = _CONVERTERS.get(connection.vendor) or row_converters(connection)
+    for index, expression, converter in converters[1]:
+        values[index] = converter(values[index], expression, connection)
+    record_id, attempt, checkpoints = values
+    return Claim(int(record_id), attempt=int(attempt), checkpoints=checkpoints or {})
 
 
 #: What the claim and the reads return about a live record, in this order.
@@ -482,69 +502,86 @@ RECORD_COLUMNS = [
 def record_of(connection: BaseDatabaseWrapper, row: Any) -> Record:
     """A row of ``RECORD_COLUMNS`` and the database's clock, as the ORM would convert it.
 
-    Converted without building a model. The columns past the state and the
-    response are named as the record's fields.
+    Converted without building a model, and only the columns whose
+    driver's value the ORM converts.
     """
-    expressions = record_expressions(connection)
-    values = {
-        name: convert(value, column, connection)
-        for name, value, column in zip(RECORD_COLUMNS, row[:-1], expressions, strict=True)
-    }
-    # The clock, converted as the expiry (a datetime column) is.
-    expiry = expressions[RECORD_COLUMNS.index("expires_at")]
-    values["seen_at"] = convert(row[-1], expiry, connection)
-    completed = values.pop("state") == STATE_COMPLETED
-    response = StoredResponse(
-        values.pop("status_code") or 200,
-        values.pop("response_headers") or [],
-        values.pop("response_body"),
+    values = list(row)
+    converters = _CONVERTERS.get(connection.vendor) or row_converters(connection)
+    for index, expression, converter in converters[0]:
+        values[index] = converter(values[index], expression, connection)
+    (
+        record_id,
+        fingerprint,
+        state,
+        status_code,
+        headers,
+        body,
+        owner_token,
+        locked_until,
+        created_at,
+        expires_at,
+        attempt,
+        checkpoints,
+        seen_at,
+    ) = values
+    completed = state == STATE_COMPLETED
+    return Record(
+        id=int(record_id),
+        fingerprint=fingerprint,
+        completed=completed,
+        response=StoredResponse(status_code or 200, headers or [], body) if completed else None,
+        owner_token=owner_token,
+        locked_until=locked_until,
+        created_at=created_at,
+        expires_at=expires_at,
+        seen_at=seen_at,
+        attempt=int(attempt),
+        checkpoints=checkpoints or {},
     )
-    values.update(
-        id=int(values["id"]),
-        attempt=int(values["attempt"]),
-        checkpoints=values["checkpoints"] or {},
-    )
-    return Record(completed=completed, response=response if completed else None, **values)
 
 
-_EXPRESSIONS: dict[str, list[tuple[Col, list[Any]]]] = {}
+#: Per vendor, the ORM's converters of a row of ``RECORD_COLUMNS`` and the
+#: clock, then of a claim's row (:func:`claimed`): (position, column, converter)
+#: in the order the ORM applies them, for the columns that have any.
+_CONVERTERS: dict[str, tuple[list[tuple[int, Col, Any]], list[tuple[int, Col, Any]]]] = {}
 
 
-def record_expressions(connection: BaseDatabaseWrapper) -> list[tuple[Col, list[Any]]]:
-    """Each record column with the converters the ORM applies to it on this backend."""
-    found = _EXPRESSIONS.get(connection.vendor)
-    if found is None:
-        found = []
-        for name in RECORD_COLUMNS:
-            field = IdempotencyKey._meta.get_field(name)
-            assert isinstance(field, Field)
-            column = Col(IdempotencyKey._meta.db_table, field)
-            converters = connection.ops.get_db_converters(column)
-            converters += field.get_db_converters(connection)
-            found.append((column, converters))
-        _EXPRESSIONS[connection.vendor] = found
+def row_converters(connection: BaseDatabaseWrapper) -> tuple[list[Any], list[Any]]:
+    """Build this vendor's entry of ``_CONVERTERS``."""
+    record: list[tuple[int, Col, Any]] = []
+    # The clock, last, is converted as the expiry (a datetime column) is.
+    for index, name in enumerate([*RECORD_COLUMNS, "expires_at"]):
+        field = IdempotencyKey._meta.get_field(name)
+        assert isinstance(field, Field)
+        column = Col(IdempotencyKey._meta.db_table, field)
+        converters = connection.ops.get_db_converters(column)
+        converters += field.get_db_converters(connection)
+        for converter in converters:
+            record.append((index, column, converter))
+    # A claim's row is the id, then the record's last columns (its progress).
+    first = len(RECORD_COLUMNS) - len(PROGRESS)
+    progress: list[tuple[int, Col, Any]] = []
+    for index, column, converter in record:
+        if first <= index < len(RECORD_COLUMNS):
+            progress.append((index - first + 1, column, converter))
+    found = _CONVERTERS[connection.vendor] = (record, progress)
     return found
-
-
-def convert(value: Any, column: tuple[Col, list[Any]], connection: BaseDatabaseWrapper) -> Any:
-    expression, converters = column
-    for converter in converters:
-        value = converter(value, expression, connection)
-    return value
 
 
 def record_select_sql(connection: BaseDatabaseWrapper, *, lock: str = "") -> str:
     quote = connection.ops.quote_name
     columns = column_names()
+    names = ", ".join([quote(columns[name]) for name in RECORD_COLUMNS])
     return (
-        f"SELECT {', '.join(quote(columns[name]) for name in RECORD_COLUMNS)}, "
-        f"{clock.now_sql(connection)} FROM {quote(IdempotencyKey._meta.db_table)} "
+        f"SELECT {names}, {clock.now_sql(connection)} FROM {quote(IdempotencyKey._meta.db_table)} "
         f"WHERE {quote(columns['scope'])} = %s AND {quote(columns['key'])} = %s{lock}"
     )
 
 
 def read_record(connection: BaseDatabaseWrapper, scope: str, key: str) -> Record | None:
-    sql = cached_sql(connection, "read", record_select_sql)
+    sql = STATEMENTS.get((connection.vendor, "read")) or cached_sql(
+        connection, "read", record_select_sql
+    )
     with connection.cursor() as cursor:
         cursor.execute(sql, [scope, key])
         row = cursor.fetchone()

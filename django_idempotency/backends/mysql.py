@@ -17,13 +17,13 @@ from django_idempotency.backends.base import (
     BUSY,
     MISSING,
     RETRY,
+    STATEMENTS,
     Backend,
     Claim,
     Connection,
     Found,
     IdempotencyKey,
     NewClaim,
-    Record,
     cached_sql,
     claim_values,
     claimed,
@@ -47,7 +47,37 @@ class MySQL(Backend):
     codes = {ER_LOCK_WAIT_TIMEOUT: BUSY, ER_LOCK_DEADLOCK: RETRY, ER_NO_SUCH_TABLE: MISSING}
 
     def claim(self, connection: Connection, new: NewClaim, wait: float, take_over: bool) -> Found:
-        return claim_or_find(connection, new, wait, take_over)
+        """Insert; on a duplicate, read under a shared lock.
+
+        A failed INSERT rolls back only itself in InnoDB, so no savepoint is
+        needed around it. The duplicate read uses a shared lock, not FOR
+        UPDATE: the failed INSERT already holds a shared lock on the row, and
+        many duplicates upgrading it to exclusive at once would deadlock.
+        """
+        prefix = wait_prefix(connection, wait)
+        vendor = connection.vendor
+        sql = STATEMENTS.get((vendor, "claim")) or cached_sql(connection, "claim", insert_sql)
+        with connection.cursor() as cursor:
+            try:
+                cursor.execute(prefix + sql, insert_params(connection, new))
+                return Claim(int(cursor.lastrowid))
+            except IntegrityError as exc:
+                if exc.__cause__ is None or exc.__cause__.args[0] != ER_DUP_ENTRY:
+                    raise
+        sql = STATEMENTS.get((vendor, "shared read")) or cached_sql(
+            connection, "shared read", shared_read_sql
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(prefix + sql, [new.scope, new.key])
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        record = record_of(connection, row)
+        if not record.expired:
+            return record
+        if not take_over and record.abandoned():
+            return record  # for the recovery policy to decide on
+        return _take_over(connection, record.id, new, prefix)
 
 
 def wait_prefix(connection: BaseDatabaseWrapper, wait: float) -> str:
@@ -57,7 +87,9 @@ def wait_prefix(connection: BaseDatabaseWrapper, wait: float) -> str:
     what the cluster committed before it (see :func:`galera_sync_wait`).
     """
     if getattr(connection, "mysql_is_mariadb", False):
-        sync_wait = galera_sync_wait(connection)
+        sync_wait = getattr(connection, "_idempotency_sync_wait", None)
+        if sync_wait is None:
+            sync_wait = galera_sync_wait(connection)
         causal = f", wsrep_sync_wait={sync_wait}" if sync_wait else ""
         return f"SET STATEMENT innodb_lock_wait_timeout={math.ceil(wait)}{causal} FOR "
     seconds = max(1, math.ceil(wait))
@@ -99,42 +131,6 @@ def galera_sync_wait(connection: BaseDatabaseWrapper) -> int:
             found = int(variables.get("wsrep_sync_wait") or 0) | _WSREP_SYNC_INSERT
         connection._idempotency_sync_wait = found  # type: ignore[attr-defined]
     return found
-
-
-def claim_or_find(
-    connection: BaseDatabaseWrapper, new: NewClaim, wait: float, take_over_abandoned: bool
-) -> Claim | Record | None:
-    """MySQL/MariaDB: insert; on a duplicate, read under a shared lock.
-
-    A failed INSERT rolls back only itself in InnoDB, so no savepoint is
-    needed around it. The duplicate read uses a shared lock, not FOR UPDATE:
-    the failed INSERT already holds a shared lock on the row, and many
-    duplicates upgrading it to exclusive at once would deadlock.
-    """
-    prefix = wait_prefix(connection, wait)
-    with connection.cursor() as cursor:
-        try:
-            cursor.execute(
-                prefix + cached_sql(connection, "claim", insert_sql),
-                insert_params(connection, new),
-            )
-            return Claim(int(cursor.lastrowid))
-        except IntegrityError as exc:
-            if exc.__cause__ is None or exc.__cause__.args[0] != ER_DUP_ENTRY:
-                raise
-    with connection.cursor() as cursor:
-        cursor.execute(
-            prefix + cached_sql(connection, "shared read", shared_read_sql), [new.scope, new.key]
-        )
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    record = record_of(connection, row)
-    if not record.expired:
-        return record
-    if not take_over_abandoned and record.abandoned():
-        return record  # for the recovery policy to decide on
-    return _take_over(connection, record.id, new, prefix)
 
 
 def insert_sql(connection: BaseDatabaseWrapper) -> str:

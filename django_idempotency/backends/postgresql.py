@@ -20,6 +20,7 @@ from django_idempotency.backends.base import (
     PROGRESS,
     RECORD_COLUMNS,
     RETRY,
+    STATEMENTS,
     Backend,
     Claim,
     Connection,
@@ -80,7 +81,9 @@ def claim_new(connection: BaseDatabaseWrapper, new: NewClaim, wait: float) -> Cl
     an uncommitted original is bounded here too, and ``lock_timeout`` is
     put back by the same statement either way.
     """
-    sql = cached_sql(connection, "insert", insert_sql)
+    sql = STATEMENTS.get((connection.vendor, "insert")) or cached_sql(
+        connection, "insert", insert_sql
+    )
     params = [lock_timeout(wait), *insert_params(connection, new)]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)

@@ -25,7 +25,8 @@ class SQLite(Backend):
         statements wait as long as the connection was configured to.
         """
         connection.ensure_connection()
-        own = _own_timeout(connection)
+        # The busy timeout, in ms, that Django opened the connection with.
+        own = round(connection.settings_dict.get("OPTIONS", {}).get("timeout", 5.0) * 1000)
         target = max(1, round(wait * 1000))
         if target != own:
             _set_busy_timeout(connection, target)
@@ -46,11 +47,6 @@ class SQLite(Backend):
                 "The SQLite database is locked: another connection holds its one write lock."
             )
         return missing_table() if "no such table" in message else None
-
-
-def _own_timeout(connection: BaseDatabaseWrapper) -> int:
-    """The busy timeout, in ms, that Django opened the connection with."""
-    return round(connection.settings_dict.get("OPTIONS", {}).get("timeout", 5.0) * 1000)
 
 
 def _set_busy_timeout(connection: BaseDatabaseWrapper, milliseconds: int) -> None:
