@@ -35,6 +35,7 @@ from django_idempotency.backends.base import (
     REFUSAL_STATUS,
     REFUSED,
     STATE_COMPLETED,
+    STATEMENTS,
     Backend,
     Busy,
     Claim,
@@ -201,11 +202,11 @@ def complete(
     and PostgreSQL can make it a heap-only (HOT) update on the same page.
     """
     connection = connections[using]
+    vendor = connection.vendor
     with_grace, with_token = grace is not None, owner_token is not None
-    sql = cached_sql(
-        connection,
-        ("complete", with_grace, with_token),
-        lambda c: complete_sql(c, with_grace=with_grace, with_token=with_token),
+    name = ("complete", with_grace, with_token)
+    sql = STATEMENTS.get((vendor, name)) or cached_sql(
+        connection, name, lambda c: complete_sql(c, with_grace=with_grace, with_token=with_token)
     )
     # The fields' own conversions (jsonb on PostgreSQL, bytes on each driver),
     # without building and compiling an ORM query per request.
@@ -215,9 +216,10 @@ def complete(
         HEADERS_FIELD.get_db_prep_save(response.headers, connection),
         BODY_FIELD.get_db_prep_save(response.body, connection),
     ]
+    seconds = clock.SECONDS[vendor]  # a C call where the driver takes a number
     if grace is not None:
-        params.append(clock.seconds(connection, -grace))
-    params.append(clock.seconds(connection, ttl))
+        params.append(seconds(-grace))
+    params.append(seconds(ttl))
     params.append(record_id)
     if owner_token is not None:
         params.append(owner_token)
