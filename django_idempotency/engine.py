@@ -154,7 +154,6 @@ class Call:
     _progress_at_start: dict[str, Any] | None = field(default=None, init=False)
     _progress_log: list[_Recorded] = field(default_factory=list, init=False)
     _put_back_at_request_end: bool = field(default=False, init=False)
-    _progress_narrowed: bool = field(default=False, init=False)
 
     def run(self, body: Callable[[], T]) -> T:
         """Run ``body`` unless its key is already done; return its result or the stored one."""
@@ -499,9 +498,7 @@ class Call:
         later call finds nothing left to settle.
         """
         log, self._progress_log = self._progress_log, []
-        narrowed, self._progress_narrowed = self._progress_narrowed, False
-        # Narrowed: the record holds fewer than those that committed since.
-        if not log or (all(recorded.committed for recorded in log) and not narrowed):
+        if all(recorded.committed for recorded in log):
             return None
         surviving = dict(self._progress_at_start or {})
         for recorded in log:
@@ -701,9 +698,6 @@ class Call:
         transactions committed (see :meth:`_note_progress`).
         """
         lease = owned.connection
-        if lease.own and connections[self.using].in_atomic_block:
-            self._release_once_the_caller_ends(owned)
-            return
         checkpoints: dict[str, Any] | None = None
         if not connections[self.using].in_atomic_block:
             # Every transaction this attempt checkpointed in has ended: what
@@ -735,72 +729,6 @@ class Call:
             return
         if released:
             self._send(signals.claim_released)
-
-    def _release_once_the_caller_ends(self, owned: _Owned) -> None:
-        """Give the key back when the caller's transaction ends, not before.
-
-        The body's writes, and so what its checkpoints record, commit or roll
-        back with the caller's transaction (an outer ``atomic``,
-        ``ATOMIC_REQUESTS``), which is still open. Given back now, a retry
-        (a concurrent one, or one inside that same transaction) would resume
-        from checkpoints that may yet roll back, or run again what may yet
-        commit. So the claim stays this call's, with its lease, and keeps for
-        now only the checkpoints already committed, which hold whatever that
-        transaction does. It is released when the transaction commits, or
-        when the request ends after it rolled back; outside a request its
-        lease runs out, and the retry that takes it over resumes from those.
-        """
-        if self._progress_log:  # else the record holds what this attempt started from
-            self._set_aside_open_progress(owned)
-
-        def release() -> None:
-            self._release(owned)
-
-        connection = connections[self.using]
-        # Kept when a savepoint around the call rolls back but the transaction
-        # commits (Django drops what on_commit() registered in it): the claim
-        # is given back then too, its record holding what committed.
-        # (savepoint ids, callback, robust), as Django keeps them.
-        connection.run_on_commit.append((set(), release, True))  # type: ignore[arg-type]
-        lease_cleanup.release_unless_committed(self.using, release, self.request)
-
-    def _set_aside_open_progress(self, owned: _Owned) -> None:
-        """Leave the checkpoints of the caller's open transaction to that transaction.
-
-        On the lease's connection, at once, the record keeps only those that
-        committed already; in the caller's transaction it gets back all that
-        are in force, which so commit with the writes they record, or roll
-        back with them. Whatever then happens (a commit, a rollback, a crash
-        in between), the record holds what committed, and the key held
-        meanwhile gives a retry nothing to skip or redo wrongly.
-        """
-        in_force = self._checkpoints_in_force()
-        committed = dict(self._progress_at_start or {})
-        for recorded in self._progress_log:
-            if recorded.committed:
-                committed.update(recorded.added)
-        if committed == in_force:
-            return
-        self._progress_narrowed = True
-
-        def write(checkpoints: dict[str, Any]) -> bool:
-            return store.record_progress(
-                self.using, owned.record_id, owner_token=owned.token, checkpoints=checkpoints
-            )
-
-        try:
-            owned.connection.run(lambda: write(committed), at_once=True)
-            if not connections[self.using].needs_rollback:
-                # A savepoint of its own: a failure leaves the caller's transaction usable.
-                with transaction.atomic(using=self.using):
-                    write(in_force)
-        except Error:
-            self._log(
-                logging.ERROR,
-                "Could not set aside the checkpoints of idempotency key %s in scope %r "
-                "recorded in a transaction that is still open.",
-                exc_info=True,
-            )
 
     # What both modes share: the claim, a duplicate's answer, the stored result.
 

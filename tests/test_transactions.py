@@ -467,10 +467,11 @@ def test_a_checkpoint_rolls_back_with_the_request_on_a_server(
     key, body = f"checkpointed-{atomic_requests_server.name}", {"item": "book"}
     assert http_post(url, body, key).status_code == 500
     assert not Order.objects.exists()
-    # Released when the server closes the failed request, just after sending
-    # it: with no checkpoint left (its order rolled back), as a claim without any.
+    # Put back when the server closes the failed request, just after sending it.
     wait_until(
-        lambda: not IdempotencyKey.objects.exists(), "the claim's release, with no progress", 10
+        lambda: IdempotencyKey.objects.get().checkpoints in (None, {}),
+        "the rolled-back checkpoint to be discarded",
+        10,
     )
     retry = http_post(url, body, key)
     assert retry.status_code == 201, (retry.status_code, retry.content)
