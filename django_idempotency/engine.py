@@ -22,6 +22,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from django.db import DatabaseError, Error, connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.dispatch import Signal
 
 from django_idempotency import lease_cleanup, observability, replay_cache, signals, store
@@ -167,13 +168,17 @@ class Call:
         connection = connections[self.using]
         # The caller's transaction: atomic(), or autocommit turned off by hand.
         in_transaction = connection.in_atomic_block or not connection.get_autocommit()
-        if not in_transaction and store.reads_before_claiming(self.using):
+        if not in_transaction and store.reads_before_claiming(self.using, connection):
             # A retry of finished work is answered from one indexed read,
             # without a transaction. Inside the caller's transaction the read
             # would change what that transaction sees, so the claim decides.
             try:
                 completed = store.find_completed(
-                    self.using, self.info.scope, self.info.key, wait=self.options.wait
+                    self.using,
+                    self.info.scope,
+                    self.info.key,
+                    wait=self.options.wait,
+                    connection=connection,
                 )
             except store.Busy as busy:
                 raise self._busy(busy) from busy
@@ -190,7 +195,7 @@ class Call:
         for _ in range(store.CLAIM_ATTEMPTS):
             try:
                 if lease is None:
-                    return self._atomic(body)
+                    return self._atomic(body, connection)
                 claim = self._lease_claim(lease, token)
             except store.Retry as retry:
                 if retry.transaction_lost and in_transaction and atomic:
@@ -209,7 +214,7 @@ class Call:
 
     # Atomic mode: claim, body and stored result in one transaction.
 
-    def _atomic(self, body: Callable[[], Any]) -> Any:
+    def _atomic(self, body: Callable[[], Any], connection: BaseDatabaseWrapper) -> Any:
         """One attempt: claim, body and stored result commit together, or none of them does.
 
         Raises :class:`store.Retry` (or a MySQL/MariaDB deadlock, at any
@@ -221,7 +226,7 @@ class Call:
         using = self.using
         with ExitStack() as block:
             new = store.NewClaim.of(self.info, ttl=self.options.ttl, token="", lease=None)
-            claim = store.claim(using, new, self.options.wait, opening=block)
+            claim = store.claim(using, new, self.options.wait, opening=block, connection=connection)
             if claim.existing is not None:
                 return self._answer_duplicate(claim.existing)
 
@@ -268,7 +273,15 @@ class Call:
             # expired, or soon to be, and a retry could run it again.
             ttl = self.options.ttl
             grace = ttl / 100
-            store.complete(using, claim.record_id, stored, owner_token=None, ttl=ttl, grace=grace)
+            store.complete(
+                using,
+                claim.record_id,
+                stored,
+                owner_token=None,
+                ttl=ttl,
+                grace=grace,
+                connection=connection,
+            )
             observability.record(
                 signals.response_stored, self.sender, self.request, self.info, self.started
             )
