@@ -358,10 +358,7 @@ def view_options(view: IdempotentMixin) -> DeclaredOptions:
     property is read from the instance and checked now, as each request does.
     """
     options = view._idempotency_options
-    cls = type(view)
-    dynamic = _PROPERTIES.get(cls)
-    if dynamic is None:
-        dynamic = _PROPERTIES[cls] = _properties(cls)
+    dynamic = _properties(type(view))
     if dynamic:
         given = {name: getattr(view, name) for name in _ATTRIBUTES}
         given = {name: given[name] for name in [*dynamic, *vars(view)] if name in given}
@@ -369,13 +366,13 @@ def view_options(view: IdempotentMixin) -> DeclaredOptions:
     return options
 
 
-#: What :func:`_properties` found, by view class: looked up once per class.
-_PROPERTIES: dict[type, tuple[str, ...]] = {}
-
-
-def _properties(cls: type) -> tuple[str, ...]:
-    """The options ``cls`` gives as properties, read per request."""
-    return tuple(name for name in _ATTRIBUTES if isinstance(getattr(cls, name), property))
+def _properties(cls: type) -> list[str]:
+    """The options ``cls`` gives as properties, read per request (a class may be patched)."""
+    found = []
+    for name in _ATTRIBUTES:  # a loop, not a comprehension: one frame less
+        if isinstance(getattr(cls, name), property):
+            found.append(name)
+    return found
 
 
 def _class_options(cls: type, given: dict[str, Any]) -> DeclaredOptions:
