@@ -23,3 +23,18 @@ settings.load_profile("project")
 def reset_calls():
     calls.reset()
     yield calls
+
+
+@pytest.fixture(autouse=True)
+def no_request_cycle_left_open():
+    """End a request cycle a test left open, so the next test does not run inside it.
+
+    A view that raises ``SystemExit`` (a test standing in for a killed
+    process) leaves Django's test client without sending ``request_finished``:
+    a later test's lease-mode function would then wait for the end of a
+    request that never comes, which no server does.
+    """
+    from django_idempotency import lease_cleanup
+
+    yield
+    lease_cleanup._pending.set(None)
