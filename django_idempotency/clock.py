@@ -107,35 +107,26 @@ def later_sql(connection: BaseDatabaseWrapper) -> str:
         return f"({now_sql(connection)} + CAST(%s AS double precision) * INTERVAL '1 second')"
     if vendor == "mysql":
         return f"({now_sql(connection)} + INTERVAL %s MICROSECOND)"
-    return f"STRFTIME({_SQLITE_FORMAT}, {_sqlite_time()}, %s)"
+    # A number of seconds, made SQLite's modifier in SQL: NULL || text is NULL.
+    return f"STRFTIME({_SQLITE_FORMAT}, {_sqlite_time()}, %s || ' seconds')"
 
 
 _MICROSECOND = timedelta(microseconds=1)
-#: SQLite's modifier of a time value, from a number of seconds.
-_SQLITE_SECONDS = "{:+.6f} seconds".format
 
 
 def seconds(connection: BaseDatabaseWrapper, duration: timedelta | None) -> Any:
     """The parameter of :func:`later_sql` for ``duration`` (``None``: NULL)."""
     if duration is None:
         return None
-    vendor = connection.vendor
-    if vendor == "postgresql":
-        return duration.total_seconds()
-    if vendor == "mysql":
-        return duration // _MICROSECOND
-    return _SQLITE_SECONDS(duration.total_seconds())
-
-
-def _sqlite_seconds(duration: timedelta) -> str:
-    return _SQLITE_SECONDS(duration.total_seconds())
+    return SECONDS[connection.vendor](duration)
 
 
 #: :func:`seconds` of a duration (not ``None``) by vendor (``SECONDS[vendor]``),
-#: for a statement's several: PostgreSQL's and MySQL's are C calls, no frame.
+#: for a statement's several: C calls, no frame. MySQL's INTERVAL takes whole
+#: microseconds; PostgreSQL and SQLite take a number of seconds.
 SECONDS: defaultdict[str, Callable[[timedelta], Any]] = defaultdict(
-    lambda: _sqlite_seconds,
-    {"postgresql": timedelta.total_seconds, "mysql": methodcaller("__floordiv__", _MICROSECOND)},
+    lambda: timedelta.total_seconds,
+    {"mysql": methodcaller("__floordiv__", _MICROSECOND)},
 )
 
 
