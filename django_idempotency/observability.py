@@ -3,27 +3,163 @@
 :mod:`django_idempotency.core` calls :func:`record` once per outcome. This
 module turns that into the signal, a ``DEBUG`` log record with structured
 fields, and, when ``opentelemetry-api`` is installed, attributes on the
-current span and a counter (:mod:`django_idempotency.metrics`), so the
-protocol code carries one line per outcome instead of four. The replay
+current span and a counter (below), so the protocol code carries one
+line per outcome instead of four. The replay
 cache reports its lookups with :func:`cache_looked_up`, and recovery of
 abandoned claims its steps with :func:`record_recovery`. See the
 observability page of the docs.
+
+The counters go through the OpenTelemetry metrics API. Without
+``opentelemetry-api`` nothing is counted, and the import is tried once,
+when this module loads, never per request. They are created on first use
+from the global meter provider, or from the one given to
+:func:`use_meter_provider`. Created before the project sets its provider,
+they are the API's proxies, which start counting into the real provider
+once it is set, so the order in which the project and this package start
+up does not matter. Every counter carries one attribute,
+:data:`VIEW_ATTRIBUTE`, never a key or a scope: those are unbounded, and a
+key is a bearer token.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from django.dispatch import Signal
 from django.http import HttpRequest
 
-from django_idempotency import metrics, signals
+from django_idempotency import __version__, signals
 from django_idempotency.info import IdempotencyInfo
 from django_idempotency.keys import mask_key
 
 logger = logging.getLogger(__name__)
+
+#: The attribute naming the view (``module.qualname``) or task on every counter.
+VIEW_ATTRIBUTE = "idempotency.view"
+#: The instrumentation scope the counters are created under.
+METER_NAME = "django_idempotency"
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One counter: its OpenTelemetry name, unit and description."""
+
+    name: str
+    unit: str
+    description: str
+
+
+CLAIMS = Metric(
+    "idempotency.claims",
+    "{claim}",
+    "Keys claimed: requests whose handler runs under the key. Counts attempts: "
+    "a claim rolled back (atomic) or released (lease) is claimed again by its retry.",
+)
+REPLAYS = Metric(
+    "idempotency.replays",
+    "{replay}",
+    "Duplicates answered with the stored response, from the database or the replay cache.",
+)
+MISMATCHES = Metric(
+    "idempotency.mismatches",
+    "{request}",
+    "Keys reused with a different request (another fingerprint), answered 422.",
+)
+CONFLICTS = Metric(
+    "idempotency.conflicts",
+    "{request}",
+    "Duplicates that arrived while the original was in progress, answered 409.",
+)
+CACHE_HITS = Metric(
+    "idempotency.cache.hits",
+    "{lookup}",
+    "Replay cache lookups that found the completed response.",
+)
+CACHE_MISSES = Metric(
+    "idempotency.cache.misses",
+    "{lookup}",
+    "Replay cache lookups that fell through to the database (no entry, "
+    "another fingerprint, an expired entry or a failing cache).",
+)
+RECOVERIES_STARTED = Metric(
+    "idempotency.recoveries.started",
+    "{recovery}",
+    "Abandoned claims (a lease that ran out) a request began to recover.",
+)
+RECOVERIES_COMPLETED = Metric(
+    "idempotency.recoveries.completed",
+    "{recovery}",
+    "Recoveries of abandoned claims that ended with the key completed.",
+)
+
+METRICS = (
+    CLAIMS,
+    REPLAYS,
+    MISMATCHES,
+    CONFLICTS,
+    CACHE_HITS,
+    CACHE_MISSES,
+    RECOVERIES_STARTED,
+    RECOVERIES_COMPLETED,
+)
+
+
+def _load_metrics_api() -> Any:
+    try:
+        from opentelemetry import metrics
+    except ImportError:
+        return None
+    return metrics
+
+
+_api = _load_metrics_api()
+#: Whether anything is counted at all: ``opentelemetry-api`` is installed.
+enabled = _api is not None
+
+_lock = threading.Lock()
+_provider: Any = None
+_counters: dict[str, Any] | None = None  # by metric name
+
+
+def use_meter_provider(provider: Any) -> None:
+    """Count through ``provider`` from now on; ``None`` goes back to the global one.
+
+    OpenTelemetry lets a process set its global meter provider once, so a
+    test suite that wants to read the counters (with the SDK's
+    ``InMemoryMetricReader``) gives its own provider here and takes it back
+    afterwards, leaving the global one to the application.
+    """
+    global _provider, _counters
+    with _lock:
+        _provider = provider
+        _counters = None
+
+
+def add(metric: Metric, view: str) -> None:
+    """Add one to ``metric`` for ``view``; nothing without ``opentelemetry-api``."""
+    if _api is None:
+        return
+    (_counters or _create_counters())[metric.name].add(1, {VIEW_ATTRIBUTE: view})
+
+
+def _create_counters() -> dict[str, Any]:
+    global _counters
+    with _lock:
+        # Another thread may have created them while this one waited.
+        if _counters is None:
+            meter = _api.get_meter(METER_NAME, __version__, meter_provider=_provider)
+            _counters = {
+                metric.name: meter.create_counter(
+                    metric.name, unit=metric.unit, description=metric.description
+                )
+                for metric in METRICS
+            }
+        return _counters
+
 
 #: The ``outcome`` field of log records and the ``idempotency.outcome`` span
 #: attribute, by signal.
@@ -41,11 +177,11 @@ OUTCOMES: dict[Signal, str] = {
 }
 
 #: The counter each outcome adds to; the others are not counted.
-_COUNTED: dict[str, metrics.Metric] = {
-    "claimed": metrics.CLAIMS,
-    "replayed": metrics.REPLAYS,
-    "mismatch": metrics.MISMATCHES,
-    "conflict": metrics.CONFLICTS,
+_COUNTED: dict[str, Metric] = {
+    "claimed": CLAIMS,
+    "replayed": REPLAYS,
+    "mismatch": MISMATCHES,
+    "conflict": CONFLICTS,
 }
 
 # Outcomes decided while claiming the key: their ``waited_ms`` is the time the
@@ -127,10 +263,12 @@ def record(
         span = _trace.get_current_span()
         if span.is_recording():
             _set_span_attributes(span, outcome, waited, info)
-    if metrics.enabled:
+    if _api is not None:
         counted = _COUNTED.get(outcome)
         if counted is not None:
-            metrics.add(counted, view_name(sender))
+            (_counters or _create_counters())[counted.name].add(
+                1, {VIEW_ATTRIBUTE: view_name(sender)}
+            )
     if not signal.has_listeners(sender):
         return
     # Receivers are the project's code (metrics, audit) running inside the
@@ -165,8 +303,8 @@ def _set_span_attributes(
 
 def cache_looked_up(sender: Any, *, hit: bool) -> None:
     """Count a replay-cache lookup for the view or task ``sender``: a hit or a miss."""
-    if metrics.enabled:
-        metrics.add(metrics.CACHE_HITS if hit else metrics.CACHE_MISSES, view_name(sender))
+    if _api is not None:
+        add(CACHE_HITS if hit else CACHE_MISSES, view_name(sender))
 
 
 def record_recovery(step: Literal["started", "completed"], sender: Any) -> None:
@@ -177,5 +315,4 @@ def record_recovery(step: Literal["started", "completed"], sender: Any) -> None:
     ``completed`` when that recovery ended with the key completed, by the
     policy's response or by the handler run again.
     """
-    counted = metrics.RECOVERIES_STARTED if step == "started" else metrics.RECOVERIES_COMPLETED
-    metrics.add(counted, view_name(sender))
+    add(RECOVERIES_STARTED if step == "started" else RECOVERIES_COMPLETED, view_name(sender))

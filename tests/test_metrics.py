@@ -254,14 +254,15 @@ def test_without_opentelemetry_nothing_is_imported_per_request(client, monkeypat
         return real_import(name, *args, **kwargs)
 
     try:
-        importlib.reload(metrics)
-        assert not metrics.enabled
+        importlib.reload(observability)
+        assert not observability.enabled
         monkeypatch.setattr(builtins, "__import__", recording_import)
         first = post(client)
         retry = post(client)
         observability.record_recovery("started", views.create_order)
     finally:
         monkeypatch.undo()
+        importlib.reload(observability)
         importlib.reload(metrics)
 
     assert first.status_code == 201
