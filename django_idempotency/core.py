@@ -35,13 +35,14 @@ from django_idempotency.exceptions import (
     RequestInFlight,
     ResultNotStored,
 )
-from django_idempotency.fields import FINGERPRINT_COLUMN_LENGTH, fit_key_column
+from django_idempotency.fields import FINGERPRINT_COLUMN_LENGTH
 from django_idempotency.forms import form_key, is_form
 from django_idempotency.info import IdempotencyInfo
 from django_idempotency.keys import PLAIN_KEY, check_key, parse_key
 from django_idempotency.options import DeclaredOptions, Options
 from django_idempotency.pages import prefers_html
 from django_idempotency.responses import capture, is_storable, problem, problem_for, replay
+from django_idempotency.scopes import fit_key_column
 from django_idempotency.store import StoredResponse
 
 Handler = Callable[[], HttpResponseBase]

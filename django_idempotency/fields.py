@@ -1,8 +1,11 @@
-"""The key table's column types, and the widths that code fitting values into them reads."""
+"""The key table's column types, and the widths that code fitting values into them reads.
+
+A value too long for the scope or key column is fitted by
+:func:`django_idempotency.scopes.fit_key_column`.
+"""
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 from django.db import models
@@ -13,23 +16,6 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 KEY_COLUMN_LENGTH = 255
 #: Width of the fingerprint column: a SHA-256 hex digest.
 FINGERPRINT_COLUMN_LENGTH = 64
-
-
-DIGEST_PREFIX = "sha256:"
-
-
-def fit_key_column(value: str) -> str:
-    """``value``, or its digest when the scope or key column cannot hold it.
-
-    A digest keeps a long value (a tenant name, a JWT subject, a task's
-    name) exact and unique, where truncating it would let two collide. A
-    value that looks like a digest is digested too, so that no value can
-    be stored as another's: a scope of a tenant's own choosing that spells
-    another scope's digest gets a digest of its own.
-    """
-    if len(value) <= KEY_COLUMN_LENGTH and not value.startswith(DIGEST_PREFIX):
-        return value
-    return DIGEST_PREFIX + hashlib.sha256(value.encode()).hexdigest()
 
 
 class ExactCharField(models.CharField):

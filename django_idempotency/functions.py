@@ -26,10 +26,10 @@ from django_idempotency import adapters, engine
 from django_idempotency.asynchronous import run_async
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import ArgumentsMismatch, CallInFlight, UnstorableResult
-from django_idempotency.fields import fit_key_column
 from django_idempotency.fingerprint import canonical_json
 from django_idempotency.info import IdempotencyInfo
 from django_idempotency.options import CALL_OPTION_NAMES, DeclaredOptions
+from django_idempotency.scopes import fit_key_column
 from django_idempotency.store import StoredResponse
 
 F = TypeVar("F", bound=Callable[..., Any])

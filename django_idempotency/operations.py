@@ -17,9 +17,9 @@ from django.db.models import Q, QuerySet
 from django_idempotency import clock, leases, replay_cache, store
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import InvalidIdempotencyKey
-from django_idempotency.fields import DIGEST_PREFIX, fit_key_column
 from django_idempotency.keys import parse_key
 from django_idempotency.models import IdempotencyKey
+from django_idempotency.scopes import DIGEST_PREFIX, fit_key_column
 
 
 class LeaseStillHeld(Exception):

@@ -21,7 +21,11 @@ import hashlib
 from django.http import HttpRequest
 from django.utils.crypto import salted_hmac
 
+from django_idempotency.fields import KEY_COLUMN_LENGTH
+
 ANONYMOUS = "anonymous"
+#: What a fitted value starts with when it is a digest (:func:`fit_key_column`).
+DIGEST_PREFIX = "sha256:"
 #: The hex digits of the ``Authorization`` header's digest kept in the scope.
 CREDENTIAL_DIGEST_LENGTH = 32
 # The middleware introduced these scopes; the same salt keeps its records
@@ -97,3 +101,17 @@ def _anonymous(credentials: str) -> str:
     """
     digest = salted_hmac(_CREDENTIAL_SALT, credentials, algorithm="sha256").hexdigest()
     return f"{ANONYMOUS}|credential:{digest[:CREDENTIAL_DIGEST_LENGTH]}"
+
+
+def fit_key_column(value: str) -> str:
+    """``value``, or its digest when the scope or key column cannot hold it.
+
+    A digest keeps a long value (a tenant name, a JWT subject, a task's
+    name) exact and unique, where truncating it would let two collide. A
+    value that looks like a digest is digested too, so that no value can
+    be stored as another's: a scope of a tenant's own choosing that spells
+    another scope's digest gets a digest of its own.
+    """
+    if len(value) <= KEY_COLUMN_LENGTH and not value.startswith(DIGEST_PREFIX):
+        return value
+    return DIGEST_PREFIX + hashlib.sha256(value.encode()).hexdigest()

@@ -19,9 +19,9 @@ from django.utils import timezone
 from django_idempotency import admin as admin_module
 from django_idempotency.admin import RELEASE_CONFIRMATION_TEMPLATE, SEEN_LEASE_INPUTS
 from django_idempotency.clock import DatabaseNow
-from django_idempotency.fields import fit_key_column
 from django_idempotency.keys import mask_key
 from django_idempotency.models import IdempotencyKey
+from django_idempotency.scopes import fit_key_column
 from tests import admin_leases
 from tests.admin_leases import HeldCall
 from tests.factories import IdempotencyKeyFactory

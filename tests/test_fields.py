@@ -5,12 +5,9 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from django_idempotency.fields import (
-    FINGERPRINT_COLUMN_LENGTH,
-    KEY_COLUMN_LENGTH,
-    fit_key_column,
-)
+from django_idempotency.fields import FINGERPRINT_COLUMN_LENGTH, KEY_COLUMN_LENGTH
 from django_idempotency.models import IdempotencyKey
+from django_idempotency.scopes import fit_key_column
 
 
 def test_the_model_declares_its_columns_with_these_widths():

@@ -14,11 +14,11 @@ from django.utils import timezone
 
 from django_idempotency import clock, operations, store
 from django_idempotency.backends.base import read_record
-from django_idempotency.fields import fit_key_column
 from django_idempotency.keys import mask_key
 from django_idempotency.management.commands.idempotency_keys import Command
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.purge import purge_expired
+from django_idempotency.scopes import fit_key_column
 from tests.factories import IdempotencyKeyFactory
 from tests.polling import in_background, wait_until
 
