@@ -34,7 +34,7 @@ def no_request_cycle_left_open():
     a later test's lease-mode function would then wait for the end of a
     request that never comes, which no server does.
     """
-    from django_idempotency import lease_cleanup
+    from django_idempotency import engine
 
     yield
-    lease_cleanup._pending.set(None)
+    engine._pending.set(None)
