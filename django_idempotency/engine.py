@@ -177,11 +177,7 @@ class Call:
             # would change what that transaction sees, so the claim decides.
             try:
                 completed = store.find_completed(
-                    self.using,
-                    self.info.scope,
-                    self.info.key,
-                    wait=self.options.wait,
-                    connection=connection,
+                    self.using, self.info.scope, self.info.key, connection=connection
                 )
             except store.Busy as busy:
                 raise self._busy(busy) from busy

@@ -93,31 +93,24 @@ def find_completed(
     scope: str,
     key: str,
     *,
-    wait: float,
     connection: BaseDatabaseWrapper | None = None,
 ) -> Record | None:
     """The key's completed, live record, read in one indexed statement; ``None`` if there is none.
 
-    A replay's answer without a transaction: a completed record is
-    committed and stays as it is until it expires, so reading it outside
-    one gives what a claim would find. Anything else (no record, one in
-    progress, one expired) is left to :func:`claim`, which decides. Must
-    run outside a transaction. SQLite's reader waits for a writer's commit
-    at most ``wait`` seconds, as a claim would.
+    A replay's answer without a transaction, on the backends that read
+    before claiming (:func:`reads_before_claiming`; none of them waits at
+    ``BEGIN`` as SQLite does): a completed record is committed and stays as
+    it is until it expires, so reading it outside one gives what a claim
+    would find. Anything else (no record, one in progress, one expired) is
+    left to :func:`claim`, which decides. Must run outside a transaction.
     """
     if connection is None:
         connection = connections[using]
-    backend = BY_VENDOR.get(connection.vendor, STANDARD)
-    if backend.waits_at_begin:
-        backend.prepare(connection, wait)
     try:
         record = read_record(connection, scope, key)
     except DatabaseError as exc:
-        _raise_meaning(backend, exc)
+        _raise_meaning(BY_VENDOR.get(connection.vendor, STANDARD), exc)
         raise
-    finally:
-        if backend.waits_at_begin:
-            backend.restore(connection)
     if record is None or not record.completed or record.expired:
         return None
     return record

@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -281,22 +280,6 @@ class SqliteBusyTimeoutTests:
 
         assert answer.status_code == 409
         assert waited < self.own_timeout() / 2000  # WAIT, not the connection's timeout
-
-    def test_the_replay_lookup_waits_for_an_exclusive_lock_no_longer_than_wait(self):
-        # A reader is kept out only by a writer's exclusive lock (its commit).
-        holder = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
-        try:
-            holder.execute("BEGIN EXCLUSIVE")
-            started = time.monotonic()
-            with pytest.raises(store.DatabaseLocked):
-                store.find_completed("default", "s", "k", wait=0.2)
-            waited = time.monotonic() - started
-        finally:
-            holder.rollback()
-            holder.close()
-
-        assert waited < self.own_timeout() / 2000  # WAIT, not the connection's timeout
-        assert self.busy_timeout() == self.own_timeout()
 
 
 @only_sqlite
