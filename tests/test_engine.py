@@ -887,6 +887,117 @@ class CheckpointBlocksTests:
         assert not Order.objects.exists()
 
 
+class ProjectHookFailed(Exception):
+    """Raised at commit by an on-commit hook of the project's."""
+
+
+class CommitHookBeforeTheCheckpointTests:
+    """Lease mode: a project's on-commit hook registered before a checkpoint, raising at commit.
+
+    Django runs a transaction's on-commit hooks in order and stops at the
+    first that raises (unless it was registered ``robust=True``), so the
+    callback that tells the package the checkpoint's block committed never
+    runs, and the package cannot tell that commit from a rollback. A
+    documented limit (docs/recovery.rst, "commit hooks that raise"): the
+    committed step is taken for rolled back, and done again; these tests
+    hold the package to what the page says. Its advice, a robust hook,
+    keeps the step done once.
+    """
+
+    def hook(self, robust: bool) -> None:
+        def fail() -> None:
+            raise ProjectHookFailed("a project's on-commit hook failed")
+
+        transaction.on_commit(fail, robust=robust)
+
+    def run(self, body: Any) -> dict[str, int]:
+        from django_idempotency.functions import run_once
+        from django_idempotency.options import DeclaredOptions
+
+        options = DeclaredOptions({"atomic": False}, lambda name: name)
+        return run_once(
+            scope="test.hooks", key="k", arguments={}, body=body, options=options, sender=body
+        )
+
+    def run_the_block_twice(self, robust: bool, after: bool = False) -> dict[str, int]:
+        """Step a's block, run again after its commit raised; a is skipped if checkpointed.
+
+        The hook is registered before step a's checkpoint, or ``after`` it.
+        """
+
+        def body(info: IdempotencyInfo) -> dict[str, int]:
+            for _ in range(2):
+                with contextlib.suppress(ProjectHookFailed), transaction.atomic():
+                    if not after:
+                        self.hook(robust)
+                    if "a" not in info.checkpoints:
+                        info.checkpoint("a", Order.objects.create(item="a").pk)
+                    if after:
+                        self.hook(robust)
+            return info.checkpoints
+
+        return self.run(body)
+
+    def test_limit_in_the_call_a_committed_step_is_hidden_and_done_again(self) -> None:
+        steps = self.run_the_block_twice(robust=False)
+
+        # Both blocks committed, each with its order, and neither checkpoint
+        # is shown: the body did step a twice.
+        assert Order.objects.filter(item="a").count() == 2
+        assert steps == {}
+
+    def test_a_robust_hook_keeps_the_committed_step_in_the_call(self) -> None:
+        steps = self.run_the_block_twice(robust=True)
+
+        [a] = Order.objects.filter(item="a").values_list("pk", flat=True)
+        assert steps == {"a": a}
+
+    def test_a_hook_registered_after_the_checkpoint_changes_nothing(self) -> None:
+        steps = self.run_the_block_twice(robust=False, after=True)
+
+        [a] = Order.objects.filter(item="a").values_list("pk", flat=True)
+        assert steps == {"a": a}
+
+    def fail_after_the_step_then_retry(self, robust: bool) -> tuple[dict[str, Any], dict[str, int]]:
+        """Step a in a block, then a failure that gives the claim back; the retry's steps.
+
+        Returns the checkpoints the given-back claim kept, and the retry's.
+        """
+        failing = [RuntimeError("the body failed after step a")]
+
+        def body(info: IdempotencyInfo) -> dict[str, int]:
+            if "a" not in info.checkpoints:
+                with contextlib.suppress(ProjectHookFailed), transaction.atomic():
+                    self.hook(robust)
+                    info.checkpoint("a", Order.objects.create(item="a").pk)
+            if failing:
+                raise failing.pop()
+            return info.checkpoints
+
+        with pytest.raises(RuntimeError, match="failed after step a"):
+            self.run(body)
+        # Given back: kept with its checkpoints, or deleted if none is left.
+        record = IdempotencyKey.objects.filter(scope="test.hooks").first()
+        kept = {} if record is None else dict(record.checkpoints)
+        assert record is None or (record.state, record.owner_token) == (State.IN_PROGRESS, "")
+        return kept, self.run(body)
+
+    def test_limit_after_a_release_a_committed_step_is_dropped_and_done_again(self) -> None:
+        kept, steps = self.fail_after_the_step_then_retry(robust=False)
+
+        # The first block committed its order, but the given-back claim
+        # kept no checkpoint for it: the retry did step a again.
+        assert Order.objects.filter(item="a").count() == 2
+        assert kept == {}
+        assert steps == {}  # the retry's block met the same hook
+
+    def test_a_robust_hook_keeps_the_committed_step_after_a_release(self) -> None:
+        kept, steps = self.fail_after_the_step_then_retry(robust=True)
+
+        [a] = Order.objects.filter(item="a").values_list("pk", flat=True)
+        assert kept == steps == {"a": a}
+
+
 @pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB's deadlock error 1213")
 class DeadlockTests:
     """A deadlock in the handler's own statements rolls the attempt back, and it starts over."""
