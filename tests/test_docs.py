@@ -131,6 +131,7 @@ REMOVED_SINCE_0_2_0 = {
     "django_idempotency.middleware": ["VIEW_PROTECTORS", "is_exempt", "protects_itself"],
     "django_idempotency.decorators": ["PLACEMENT_CHECKS", "PLACEMENT_ADAPTERS"],
     "django_idempotency.store": ["prepare_connection", "retrying", "claiming"],
+    "django_idempotency.fields": ["fit_key_column"],
     "django_idempotency.drf": [
         "ATTRIBUTE_PREFIX",
         "EXEMPT_ATTRIBUTE",
