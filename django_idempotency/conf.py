@@ -423,6 +423,9 @@ class IdempotencySettings:
         #: Bumped on every reload, so that values derived from the settings
         #: (a view's resolved options) know when to derive themselves again.
         self.generation = 0
+        #: Called on every reload, under the lock, as the generation moves on:
+        #: what was derived from the settings forgets it.
+        self.on_reload: list[Callable[[], None]] = []
 
     def user_settings(self) -> dict[str, Any]:
         user = getattr(django_settings, SETTING_NAME, {})
@@ -461,6 +464,18 @@ class IdempotencySettings:
                 self.__dict__.pop(row.option_name, None)
             self._cache.clear()
             self.generation += 1
+            for forget in self.on_reload:
+                forget()
+
+    def keep_if_current(self, generation: int, keep: Callable[[], None]) -> None:
+        """Call ``keep`` unless the settings were reloaded since ``generation`` was read.
+
+        Under the lock that :meth:`reload` holds, so a value derived from the
+        settings before an override is never kept past it.
+        """
+        with self._lock:
+            if generation == self.generation:
+                keep()
 
 
 #: The rows, in the order they are declared.

@@ -171,7 +171,8 @@ def _call(
     """
     if hasattr(request, _PROTECTED_WITH) and _protected_outside(request, declared, sender):
         return None
-    options = declared.resolve()
+    # Resolved once per view, until the settings change.
+    options = declared.resolved or declared.resolve()
     conf = idempotency_settings
     if not conf.enabled or request.method not in options.methods:
         return None

@@ -119,9 +119,10 @@ class DeclaredOptions:
         self._label = label
         self._given = {name: value for name, value in given.items() if value is not None}
         self._clean: dict[str, Any] = {}
-        # The last resolve() and the settings generation it was made under:
-        # options change only when the settings do (override_settings).
-        self._resolved: tuple[int, Options] | None = None
+        #: The options resolved under the settings as they are, once asked
+        #: (:meth:`resolve`); ``None`` again whenever the settings change
+        #: (``override_settings``), the only thing that can change them.
+        self.resolved: Options | None = None
         for name, value in self._given.items():
             setting = OPTIONS[name]
             if setting.imports and isinstance(value, str):
@@ -152,15 +153,20 @@ class DeclaredOptions:
     def resolve(self) -> Options:
         """The options for one request: settings read now, dotted paths imported on first use.
 
-        Resolved once per settings generation and reused: only a settings
-        change (``override_settings``, which reloads them) can change them.
+        Resolved once and kept in :attr:`resolved` until the settings
+        change, so that a request reads ``declared.resolved or
+        declared.resolve()``.
         """
+        resolved = self.resolved
+        if resolved is not None:
+            return resolved
         generation = idempotency_settings.generation
-        resolved = self._resolved
-        if resolved is not None and resolved[0] == generation:
-            return resolved[1]
         options = self._resolve()
-        self._resolved = (generation, options)
+
+        def keep() -> None:
+            self.resolved = options
+
+        idempotency_settings.keep_if_current(generation, keep)
         return options
 
     def _resolve(self) -> Options:
@@ -176,6 +182,14 @@ class DeclaredOptions:
             else:
                 values[name] = setting.default  # an option with no setting
         return Options(**values)
+
+
+def _forget_resolved() -> None:
+    for options in list(_ALL):
+        options.resolved = None
+
+
+idempotency_settings.on_reload.append(_forget_resolved)
 
 
 def all_deferred_imports() -> list[tuple[str, Setting, str]]:

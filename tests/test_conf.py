@@ -328,13 +328,30 @@ def test_view_options_are_resolved_once_and_again_after_a_settings_change():
     from django_idempotency.options import check_options
 
     view_options = check_options({"wait": 1})
+    assert view_options.resolved is None  # nothing asked yet
     resolved = view_options.resolve()
     assert view_options.resolve() is resolved  # not read again per request
+    assert view_options.resolved is resolved  # what a request reads without a call
     with override_settings(IDEMPOTENCY={"TTL": 60, "WAIT": 3}):
+        assert view_options.resolved is None  # forgotten with the settings
         changed = view_options.resolve()
         assert changed.ttl == timedelta(seconds=60)
         assert changed.wait == 1  # the view's own option still wins
+    assert view_options.resolved is None
     assert view_options.resolve().ttl == timedelta(hours=24)
+
+
+def test_a_value_derived_before_a_settings_change_is_not_kept():
+    from django_idempotency.conf import idempotency_settings
+
+    kept: list[str] = []
+    generation = idempotency_settings.generation
+    with override_settings(IDEMPOTENCY={"TTL": 60}):
+        idempotency_settings.keep_if_current(generation, lambda: kept.append("stale"))
+        current = idempotency_settings.generation
+        idempotency_settings.keep_if_current(current, lambda: kept.append("current"))
+
+    assert kept == ["current"]
 
 
 @pytest.fixture(params=["wsgi", "asgi"])
