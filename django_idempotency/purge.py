@@ -417,10 +417,10 @@ def _delete_batch_postgresql(
     is that transaction's, and otherwise left to the next run.
     """
     table, pk, expires = _names(connection)
-    since = "" if passed is None else f" AND {expires} >= %s"
+    adapted = None if passed is None else connection.ops.adapt_datetimefield_value(passed)
+    where, params = _batch_where(connection, cutoff, adapted)
     batch = (
-        f"SELECT {pk} FROM {table} WHERE {_purgeable_sql(connection)}{since} "
-        f"ORDER BY {expires} LIMIT %s FOR UPDATE SKIP LOCKED"
+        f"SELECT {pk} FROM {table} WHERE {where} ORDER BY {expires} LIMIT %s FOR UPDATE SKIP LOCKED"
     )
     # With "IN (subquery)" the planner hash-joins the batch against a
     # sequential scan of the whole table, every batch. An ARRAY(...) is
@@ -429,12 +429,9 @@ def _delete_batch_postgresql(
         f"WITH gone AS (DELETE FROM {table} WHERE {pk} = ANY(ARRAY({batch})) "
         f"RETURNING {expires}) SELECT count(*), max({expires}) FROM gone"
     )
-    adapt = connection.ops.adapt_datetimefield_value
-    since_params = [] if passed is None else [adapt(passed)]
-    params: list[Any] = [*_cutoff(connection, cutoff), *since_params, batch_size]
     # Under autocommit the one statement is its own transaction.
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(sql, [*params, batch_size])
         removed, last = cursor.fetchone()
     return Batch(removed, last if last is not None else passed)
 
@@ -450,11 +447,18 @@ def _expiry_as_stored(connection: BaseDatabaseWrapper, expires: str) -> str:
     return f"CAST({expires} AS TEXT)" if connection.vendor == "sqlite" else expires
 
 
-def _since(connection: BaseDatabaseWrapper, passed: Any) -> tuple[str, list[Any]]:
-    """From where the last batch ended (``>=``: rows sharing its expiry may remain)."""
+def _batch_where(
+    connection: BaseDatabaseWrapper, cutoff: datetime, passed: Any
+) -> tuple[str, list[Any]]:
+    """What a batch may delete, and its parameters: purgeable rows from where the last ended.
+
+    From ``passed``, where the last batch ended (``>=``: rows sharing its
+    expiry may remain); from the start for the first batch.
+    """
+    where, params = _purgeable_sql(connection), _cutoff(connection, cutoff)
     if passed is None:
-        return "", []
-    return f" AND {_names(connection)[2]} >= %s", [passed]
+        return where, params
+    return f"{where} AND {_names(connection)[2]} >= %s", [*params, passed]
 
 
 def _delete_batch_returning(
@@ -477,8 +481,7 @@ def _delete_batch_returning(
     ``IN`` rows by rowid (it serialises writers anyway).
     """
     table, pk, expires = _names(connection)
-    since, since_params = _since(connection, passed)
-    where = f"{_purgeable_sql(connection)}{since}"
+    where, params = _batch_where(connection, cutoff, passed)
     returned = _expiry_as_stored(connection, expires)
     if connection.vendor == "mysql":
         sql = f"DELETE FROM {table} WHERE {where} ORDER BY {expires} LIMIT %s RETURNING {returned}"
@@ -486,7 +489,7 @@ def _delete_batch_returning(
         batch = f"SELECT {pk} FROM {table} WHERE {where} ORDER BY {expires} LIMIT %s"
         sql = f"DELETE FROM {table} WHERE {pk} IN ({batch}) RETURNING {returned}"
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*_cutoff(connection, cutoff), *since_params, batch_size])
+        cursor.execute(sql, [*params, batch_size])
         gone = [row[0] for row in cursor.fetchall()]
     return Batch(len(gone), max(gone) if gone else passed)
 
@@ -515,9 +518,7 @@ def _delete_batch_bounded(
     that deleted them carries on.
     """
     table, pk, expires = _names(connection)
-    since, since_params = _since(connection, passed)
-    where = f"{_purgeable_sql(connection)}{since}"
-    params = [*_cutoff(connection, cutoff), *since_params]
+    where, params = _batch_where(connection, cutoff, passed)
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT {_expiry_as_stored(connection, expires)} FROM {table} WHERE {where} "
