@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin, messages
@@ -55,42 +56,41 @@ _RECORD_ID = re.compile(r"[0-9]{1,19}")
 _LARGEST_ID = 2**63 - 1
 
 
-class ExpiryFilter(admin.SimpleListFilter):
+class _ConditionFilter(admin.SimpleListFilter):
+    """A filter whose every choice is a condition on the records."""
+
+    #: Each choice's value, label and condition (made when filtering).
+    conditions: dict[str, tuple[Any, Callable[[], Q]]]
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [(value, label) for value, (label, _condition) in self.conditions.items()]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        chosen = self.conditions.get(self.value() or "")
+        return queryset if chosen is None else queryset.filter(chosen[1]())
+
+
+class ExpiryFilter(_ConditionFilter):
     """Expired records are ignored by claims; the purge deletes them once no longer retained."""
 
     title = _("expiry")
     parameter_name = "expiry"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
-        return [("expired", _("expired")), ("live", _("live"))]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        if self.value() in ("expired", "live"):
-            return queryset.filter(leases.expiry_q(self.value() == "expired"))
-        return queryset
+    conditions = {
+        "expired": (_("expired"), lambda: leases.expiry_q(True)),
+        "live": (_("live"), lambda: leases.expiry_q(False)),
+    }
 
 
-class LeaseFilter(admin.SimpleListFilter):
+class LeaseFilter(_ConditionFilter):
     """In-progress claims by their lease: still held, abandoned (run out), or released."""
 
     title = _("lease")
     parameter_name = "lease"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
-        return [
-            ("held", _("held")),
-            ("abandoned", _("abandoned (lease ran out)")),
-            ("released", _("released")),
-        ]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        if self.value() == "held":
-            return queryset.filter(operations.lease_held())
-        if self.value() == "abandoned":
-            return queryset.filter(operations.abandoned())
-        if self.value() == "released":
-            return queryset.filter(leases.q(leases.RELEASED))
-        return queryset
+    conditions = {
+        "held": (_("held"), operations.lease_held),
+        "abandoned": (_("abandoned (lease ran out)"), operations.abandoned),
+        "released": (_("released"), lambda: leases.q(leases.RELEASED)),
+    }
 
 
 @admin.register(IdempotencyKey)

@@ -232,11 +232,38 @@ class Setting(Generic[T]):
         raise ImproperlyConfigured(f"{label} {problem}. {self.hint}")
 
 
-_DURATION_HINT = "Use a positive timedelta or a number of seconds, e.g. timedelta(hours=1) or 3600."
 _FUNCTION_HINT = (
     "Use a callable f(request) -> str or the dotted path of one, "
     "e.g. 'myproject.idempotency.tenant_scope'."
 )
+
+
+def _duration(default: timedelta, check_id: str) -> Setting[timedelta]:
+    """A row of a positive length of time; a per-view option too."""
+    return Setting(
+        default,
+        _is_positive_duration,
+        to_timedelta,
+        check_id,
+        "Use a positive timedelta or a number of seconds, e.g. timedelta(hours=1) or 3600.",
+        option=True,
+    )
+
+
+def _request_function(
+    default: str | None, check_id: str, hint: str = _FUNCTION_HINT, name: str = ""
+) -> Setting[RequestFunction]:
+    """A row naming a function of the request, or its dotted path; a per-view option too."""
+    return Setting(
+        default,
+        _is_request_function,
+        to_request_function,
+        check_id,
+        hint,
+        option=True,
+        imports=True,
+        name=name,
+    )
 
 
 class IdempotencySettings:
@@ -270,14 +297,7 @@ class IdempotencySettings:
         "for one method write ('POST',), not 'POST'.",
         option=True,
     )
-    ttl = Setting(
-        timedelta(hours=24),
-        _is_positive_duration,
-        to_timedelta,
-        "django_idempotency.E104",
-        _DURATION_HINT,
-        option=True,
-    )
+    ttl = _duration(timedelta(hours=24), "django_idempotency.E104")
     key_max_length = Setting(
         KEY_COLUMN_LENGTH,
         _is_key_length,
@@ -293,23 +313,9 @@ class IdempotencySettings:
         f"Use an integer from 1 to {KEY_COLUMN_LENGTH}, e.g. 16 for public endpoints "
         "whose clients send random keys.",
     )
-    scope: Setting[RequestFunction] = Setting(
-        "django_idempotency.scopes.user_scope",
-        _is_request_function,
-        to_request_function,
-        "django_idempotency.E107",
-        _FUNCTION_HINT,
-        option=True,
-        imports=True,
-    )
-    fingerprint: Setting[RequestFunction] = Setting(
-        "django_idempotency.fingerprint.request_fingerprint",
-        _is_request_function,
-        to_request_function,
-        "django_idempotency.E108",
-        _FUNCTION_HINT,
-        option=True,
-        imports=True,
+    scope = _request_function("django_idempotency.scopes.user_scope", "django_idempotency.E107")
+    fingerprint = _request_function(
+        "django_idempotency.fingerprint.request_fingerprint", "django_idempotency.E108"
     )
     atomic = Setting(
         True,
@@ -327,14 +333,7 @@ class IdempotencySettings:
         "Use a number of seconds from 0 to 3600.",
         option=True,
     )
-    lease = Setting(
-        timedelta(minutes=5),
-        _is_positive_duration,
-        to_timedelta,
-        "django_idempotency.E111",
-        _DURATION_HINT,
-        option=True,
-    )
+    lease = _duration(timedelta(minutes=5), "django_idempotency.E111")
     replay_header = Setting(
         "Idempotent-Replayed",
         _is_header_name,
@@ -488,16 +487,12 @@ SETTINGS: tuple[Setting[Any], ...] = tuple(
 #: have no ``IDEMPOTENCY`` key, so no value check; a dotted path that fails
 #: to import is the views' check, E118.
 OPTION_ONLY: tuple[Setting[Any], ...] = (
-    Setting(
+    _request_function(
         None,
-        _is_request_function,
-        to_request_function,
         "",
         "Use a callable f(request) -> str | None that reads the key from the request "
         "(an event id in the body, a delivery id header), or the dotted path of one, "
         "e.g. 'myproject.webhooks.event_id'.",
-        option=True,
-        imports=True,
         name="KEY",
     ),
     Setting(

@@ -1,14 +1,14 @@
 """Deleting expired records in bounded batches.
 
-The management command and the Celery task both call :func:`purge_expired`,
-so the purge is written (and tested) once. Each batch picks at most
-``batch_size`` primary keys by the indexed ``expires_at`` column and deletes
-them in one short transaction of its own: a purge of millions of rows never
-holds a long lock, never builds one huge transaction, and never loads a row
-into Python. Purges on several workers at once do not queue behind each
-other: where the database can, a batch skips rows another purge (or a claim
-taking over an expired key) has locked, and each row is counted by the one
-``DELETE`` that removed it.
+The management command and the tasks (:func:`purge_expired_keys`) all call
+:func:`purge_expired`, so the purge is written (and tested) once. Each batch
+picks at most ``batch_size`` primary keys by the indexed ``expires_at``
+column and deletes them in one short transaction of its own: a purge of
+millions of rows never holds a long lock, never builds one huge transaction,
+and never loads a row into Python. Purges on several workers at once do not
+queue behind each other: where the database can, a batch skips rows another
+purge (or a claim taking over an expired key) has locked, and each row is
+counted by the one ``DELETE`` that removed it.
 
 A record is purged once it expired (:func:`purgeable`); a lease-mode
 claim left in progress (released by its owner, or abandoned when its lease
@@ -246,6 +246,31 @@ def purge_expired(
         return _purge(connection, cutoff, batch_size, pace, progress)
 
 
+def purge_expired_keys(
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    database: str | None = None,
+    batch_seconds: float | None = DEFAULT_BATCH_SECONDS,
+    pause: float = DEFAULT_PAUSE,
+    rate: float | None = None,
+) -> int:
+    """Delete expired idempotency records; return how many were deleted.
+
+    The purge as a task: the Celery task and the task of Django's Tasks
+    framework both run this function. ``database`` defaults to
+    ``IDEMPOTENCY["DATABASE"]``. Running it on several workers at once is
+    safe: each record is deleted, and counted, once. Idempotent tasks'
+    records share the table and go with the rest. ``batch_seconds``,
+    ``pause`` and ``rate`` pace the purge beside the requests using the
+    database, as the command's options of those names do
+    (``batch_seconds=None, pause=0`` runs batches back to back); a value out
+    of range fails the task with a ``ValueError`` before anything is
+    deleted.
+    """
+    return purge_expired(
+        using=database, batch_size=batch_size, batch_seconds=batch_seconds, pause=pause, rate=rate
+    )
+
+
 def _count(connection: BaseDatabaseWrapper, cutoff: datetime) -> int:
     """What a purge with ``cutoff`` would delete: the batches' own condition, counted."""
     table = _names(connection)[0]
@@ -392,10 +417,10 @@ def _delete_batch_postgresql(
     is that transaction's, and otherwise left to the next run.
     """
     table, pk, expires = _names(connection)
-    since = "" if passed is None else f" AND {expires} >= %s"
+    adapted = None if passed is None else connection.ops.adapt_datetimefield_value(passed)
+    where, params = _batch_where(connection, cutoff, adapted)
     batch = (
-        f"SELECT {pk} FROM {table} WHERE {_purgeable_sql(connection)}{since} "
-        f"ORDER BY {expires} LIMIT %s FOR UPDATE SKIP LOCKED"
+        f"SELECT {pk} FROM {table} WHERE {where} ORDER BY {expires} LIMIT %s FOR UPDATE SKIP LOCKED"
     )
     # With "IN (subquery)" the planner hash-joins the batch against a
     # sequential scan of the whole table, every batch. An ARRAY(...) is
@@ -404,12 +429,9 @@ def _delete_batch_postgresql(
         f"WITH gone AS (DELETE FROM {table} WHERE {pk} = ANY(ARRAY({batch})) "
         f"RETURNING {expires}) SELECT count(*), max({expires}) FROM gone"
     )
-    adapt = connection.ops.adapt_datetimefield_value
-    since_params = [] if passed is None else [adapt(passed)]
-    params: list[Any] = [*_cutoff(connection, cutoff), *since_params, batch_size]
     # Under autocommit the one statement is its own transaction.
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(sql, [*params, batch_size])
         removed, last = cursor.fetchone()
     return Batch(removed, last if last is not None else passed)
 
@@ -425,11 +447,18 @@ def _expiry_as_stored(connection: BaseDatabaseWrapper, expires: str) -> str:
     return f"CAST({expires} AS TEXT)" if connection.vendor == "sqlite" else expires
 
 
-def _since(connection: BaseDatabaseWrapper, passed: Any) -> tuple[str, list[Any]]:
-    """From where the last batch ended (``>=``: rows sharing its expiry may remain)."""
+def _batch_where(
+    connection: BaseDatabaseWrapper, cutoff: datetime, passed: Any
+) -> tuple[str, list[Any]]:
+    """What a batch may delete, and its parameters: purgeable rows from where the last ended.
+
+    From ``passed``, where the last batch ended (``>=``: rows sharing its
+    expiry may remain); from the start for the first batch.
+    """
+    where, params = _purgeable_sql(connection), _cutoff(connection, cutoff)
     if passed is None:
-        return "", []
-    return f" AND {_names(connection)[2]} >= %s", [passed]
+        return where, params
+    return f"{where} AND {_names(connection)[2]} >= %s", [*params, passed]
 
 
 def _delete_batch_returning(
@@ -452,8 +481,7 @@ def _delete_batch_returning(
     ``IN`` rows by rowid (it serialises writers anyway).
     """
     table, pk, expires = _names(connection)
-    since, since_params = _since(connection, passed)
-    where = f"{_purgeable_sql(connection)}{since}"
+    where, params = _batch_where(connection, cutoff, passed)
     returned = _expiry_as_stored(connection, expires)
     if connection.vendor == "mysql":
         sql = f"DELETE FROM {table} WHERE {where} ORDER BY {expires} LIMIT %s RETURNING {returned}"
@@ -461,7 +489,7 @@ def _delete_batch_returning(
         batch = f"SELECT {pk} FROM {table} WHERE {where} ORDER BY {expires} LIMIT %s"
         sql = f"DELETE FROM {table} WHERE {pk} IN ({batch}) RETURNING {returned}"
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*_cutoff(connection, cutoff), *since_params, batch_size])
+        cursor.execute(sql, [*params, batch_size])
         gone = [row[0] for row in cursor.fetchall()]
     return Batch(len(gone), max(gone) if gone else passed)
 
@@ -490,9 +518,7 @@ def _delete_batch_bounded(
     that deleted them carries on.
     """
     table, pk, expires = _names(connection)
-    since, since_params = _since(connection, passed)
-    where = f"{_purgeable_sql(connection)}{since}"
-    params = [*_cutoff(connection, cutoff), *since_params]
+    where, params = _batch_where(connection, cutoff, passed)
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT {_expiry_as_stored(connection, expires)} FROM {table} WHERE {where} "

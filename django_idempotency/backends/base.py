@@ -194,6 +194,17 @@ def column_names() -> Mapping[str, str]:
     return _COLUMNS
 
 
+def quoted_table(connection: BaseDatabaseWrapper) -> str:
+    """The key table's name, quoted for ``connection``."""
+    return connection.ops.quote_name(IdempotencyKey._meta.db_table)
+
+
+def key_columns(connection: BaseDatabaseWrapper) -> tuple[str, str]:
+    """The scope and key columns, quoted: together they name a record."""
+    quote = connection.ops.quote_name
+    return quote(_COLUMNS["scope"]), quote(_COLUMNS["key"])
+
+
 #: Each statement's SQL by (vendor, name), built once rather than per request
 #: (see "Performance" in docs/backends.rst): a request's own statements look
 #: here first, without a call. A test that moves the clock empties it, and
@@ -239,7 +250,7 @@ def insert_claim_into(connection: BaseDatabaseWrapper) -> str:
     quote = connection.ops.quote_name
     columns = column_names()
     names = [quote(columns[field]) for field in [*CLAIM_FIELDS, "attempt"]]
-    return f"INSERT INTO {quote(IdempotencyKey._meta.db_table)} ({', '.join(names)})"
+    return f"INSERT INTO {quoted_table(connection)} ({', '.join(names)})"
 
 
 STATE_COMPLETED = str(State.COMPLETED)
@@ -317,10 +328,7 @@ def update_sql(connection: BaseDatabaseWrapper, fence: str, **assigned: str) -> 
     quote = connection.ops.quote_name
     columns = column_names()
     assignments = ", ".join(f"{quote(columns[name])} = {sql}" for name, sql in assigned.items())
-    return (
-        f"UPDATE {quote(IdempotencyKey._meta.db_table)} SET {assignments} "
-        f"WHERE {fenced(connection, fence)}"
-    )
+    return f"UPDATE {quoted_table(connection)} SET {assignments} WHERE {fenced(connection, fence)}"
 
 
 def delete_sql(connection: BaseDatabaseWrapper, fence: str) -> str:
@@ -387,17 +395,16 @@ def claim_upsert(
 
 
 def upsert_sql(connection: BaseDatabaseWrapper, take_over_abandoned: bool) -> str:
-    quote = connection.ops.quote_name
-    table = quote(IdempotencyKey._meta.db_table)
-    columns = column_names()
-    names = [quote(columns[field]) for field in CLAIM_FIELDS]
-    progress = progress_assignments(connection, f"EXCLUDED.{quote(columns['fingerprint'])}")
+    table = quoted_table(connection)
+    scope, key = key_columns(connection)
+    fingerprint = connection.ops.quote_name(column_names()["fingerprint"])
+    progress = progress_assignments(connection, f"EXCLUDED.{fingerprint}")
     takeover = takeover_assignments(connection, from_excluded=True)
     # The clock the condition reads is the one the new row's created_at
     # holds: SQLite reads 'now' once for all of a statement's step.
     return (
         f"{insert_claim_into(connection)} VALUES ({claim_values(connection)}) "
-        f"ON CONFLICT ({names[0]}, {names[1]}) DO UPDATE SET {progress}, {takeover} "
+        f"ON CONFLICT ({scope}, {key}) DO UPDATE SET {progress}, {takeover} "
         f"WHERE {leases.expiry_sql(True, connection, f'{table}.')}"
         f"{unless_abandoned(connection, take_over_abandoned, table)} "
         f"RETURNING {claimed_columns(connection)}"
@@ -572,9 +579,10 @@ def record_select_sql(connection: BaseDatabaseWrapper, *, lock: str = "") -> str
     quote = connection.ops.quote_name
     columns = column_names()
     names = ", ".join([quote(columns[name]) for name in RECORD_COLUMNS])
+    scope, key = key_columns(connection)
     return (
-        f"SELECT {names}, {clock.now_sql(connection)} FROM {quote(IdempotencyKey._meta.db_table)} "
-        f"WHERE {quote(columns['scope'])} = %s AND {quote(columns['key'])} = %s{lock}"
+        f"SELECT {names}, {clock.now_sql(connection)} FROM {quoted_table(connection)} "
+        f"WHERE {scope} = %s AND {key} = %s{lock}"
     )
 
 

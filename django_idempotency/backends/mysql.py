@@ -31,6 +31,7 @@ from django_idempotency.backends.base import (
     insert_claim_into,
     insert_params,
     progress_assignments,
+    quoted_table,
     record_of,
     record_select_sql,
     takeover_assignments,
@@ -145,7 +146,7 @@ def _take_over(
     connection: BaseDatabaseWrapper, record_id: int, new: NewClaim, prefix: str
 ) -> Claim | None:
     quote = connection.ops.quote_name
-    table = quote(IdempotencyKey._meta.db_table)
+    table = quoted_table(connection)
     progress = progress_assignments(connection, "%s")
     assignments = takeover_assignments(connection, from_excluded=False)
     pk = quote(IdempotencyKey._meta.pk.column)

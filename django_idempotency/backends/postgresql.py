@@ -15,7 +15,6 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django_idempotency import clock, leases
 from django_idempotency.backends.base import (
     BUSY,
-    CLAIM_FIELDS,
     MISSING,
     PROGRESS,
     RECORD_COLUMNS,
@@ -35,7 +34,9 @@ from django_idempotency.backends.base import (
     column_names,
     insert_claim_into,
     insert_params,
+    key_columns,
     progress_assignments,
+    quoted_table,
     read_record,
     record_of,
     takeover_assignments,
@@ -116,12 +117,11 @@ def lock_timeout(wait: float) -> str:
 
 def _inserted(connection: BaseDatabaseWrapper, returned: str) -> str:
     """The CTE ``inserted``: the new claim's row, unless the key has one (then nothing)."""
-    quote = connection.ops.quote_name
-    columns = column_names()
+    scope, key = key_columns(connection)
     return (
         f"inserted AS ({insert_claim_into(connection)} "
         f"SELECT {claim_values(connection)} FROM wait "
-        f"ON CONFLICT ({quote(columns['scope'])}, {quote(columns['key'])}) "
+        f"ON CONFLICT ({scope}, {key}) "
         f"DO NOTHING RETURNING {returned})"
     )
 
@@ -178,10 +178,9 @@ def _claim_params(connection: BaseDatabaseWrapper, new: NewClaim, wait: float) -
 
 def claim_sql(connection: BaseDatabaseWrapper, take_over_abandoned: bool) -> str:
     quote = connection.ops.quote_name
-    table = quote(IdempotencyKey._meta.db_table)
+    table = quoted_table(connection)
     columns = column_names()
-    names = [quote(columns[field]) for field in CLAIM_FIELDS]
-    scope, key = names[0], names[1]
+    scope, key = key_columns(connection)
     now = clock.now_sql(connection)
     pk = quote(IdempotencyKey._meta.pk.column)
     progress = [quote(columns[name]) for name in PROGRESS]

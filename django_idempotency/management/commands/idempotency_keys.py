@@ -13,7 +13,6 @@ unless ``list --show-keys`` asks for them in clear.
 from __future__ import annotations
 
 import json
-from argparse import ArgumentTypeError
 from collections.abc import Callable
 from typing import Any
 
@@ -22,21 +21,15 @@ from django.db import connections
 
 from django_idempotency import leases, operations
 from django_idempotency.keys import mask_key
+from django_idempotency.management.arguments import whole_number
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.operations import database_now
 
 State = IdempotencyKey.State
 
 
-def _positive(text: str) -> int:
-    """``--limit``: a whole number of records, at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ArgumentTypeError(f"must be a whole number of records, 1 or more, not {text!r}")
-    return value
+#: ``--limit``: a whole number of records, at least 1.
+_limit = whole_number("a whole number of records, 1 or more")
 
 
 class Command(BaseCommand):
@@ -55,9 +48,7 @@ class Command(BaseCommand):
             action="store_true",
             help="Only claims whose lease ran out before their owner finished.",
         )
-        listing.add_argument(
-            "--limit", type=_positive, default=100, help="At most this many (100)."
-        )
+        listing.add_argument("--limit", type=_limit, default=100, help="At most this many (100).")
         listing.add_argument("--show-keys", action="store_true", help="Keys in clear.")
         for name, text in [
             ("show", "Show one record, its checkpoints included."),

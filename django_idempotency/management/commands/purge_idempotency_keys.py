@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-import math
 import time
 from typing import Any
 
@@ -12,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
 from django_idempotency.conf import idempotency_settings
+from django_idempotency.management.arguments import number, whole_number
 from django_idempotency.purge import (
     DEFAULT_BATCH_SECONDS,
     DEFAULT_BATCH_SIZE,
@@ -20,54 +19,16 @@ from django_idempotency.purge import (
 )
 from django_idempotency.store import Busy
 
-
-def _positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, not {value!r}")
-    return number
-
-
-def _number(value: str) -> float | None:
-    try:
-        number = float(value)
-    except ValueError:
-        return None
-    return number if math.isfinite(number) else None
+_batch_size = whole_number("a positive integer")
+_positive_seconds = number(
+    "a positive number of seconds, or 'off' to keep every batch at --batch-size"
+)
+_pause = number("a number of batch durations, 0 or more (0 rests not at all)", zero=True)
+_rate = number("a positive number of records per second (leave --rate out for no limit)")
 
 
 def _batch_seconds(value: str) -> float | None:
-    if value == "off":
-        return None
-    number = _number(value)
-    if number is None or number <= 0:
-        raise argparse.ArgumentTypeError(
-            f"must be a positive number of seconds, or 'off' to keep every batch at "
-            f"--batch-size, not {value!r}"
-        )
-    return number
-
-
-def _pause(value: str) -> float:
-    number = _number(value)
-    if number is None or number < 0:
-        raise argparse.ArgumentTypeError(
-            f"must be a number of batch durations, 0 or more (0 rests not at all), not {value!r}"
-        )
-    return number
-
-
-def _rate(value: str) -> float:
-    number = _number(value)
-    if number is None or number <= 0:
-        raise argparse.ArgumentTypeError(
-            f"must be a positive number of records per second (leave --rate out for no "
-            f"limit), not {value!r}"
-        )
-    return number
+    return None if value == "off" else _positive_seconds(value)
 
 
 class Command(BaseCommand):
@@ -85,7 +46,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--batch-size",
-            type=_positive_int,
+            type=_batch_size,
             default=DEFAULT_BATCH_SIZE,
             help=f"Most records deleted per transaction (default {DEFAULT_BATCH_SIZE}).",
         )
