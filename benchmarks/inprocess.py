@@ -188,7 +188,7 @@ def _pipeline(requests: int, rounds: int) -> dict[str, list[float]]:
     complete_sql = base.cached_sql(
         connection,
         ("complete", True, False),
-        lambda c: base.complete_sql(c, with_grace=True, with_token=False),
+        lambda c: base.complete_sql(c, base.OWN_TRANSACTION, with_grace=True),
     )
     ttl = timezone.timedelta(hours=1)
     # Atomic mode's completion: the claim's expiry kept within 1% of the TTL.

@@ -203,6 +203,7 @@ def complete(
     ttl: timedelta,
     grace: timedelta | None = None,
     connection: BaseDatabaseWrapper | None = None,
+    fence: str | None = None,
 ) -> bool:
     """Store the response for ``ttl``; ``False`` if the claim is no longer ours (lease lost).
 
@@ -210,14 +211,18 @@ def complete(
     older than that by the database's clock. Atomic mode does (1% of
     ``TTL``), so that the update writes no new value to an indexed column
     and PostgreSQL can make it a heap-only (HOT) update on the same page.
+    ``fence`` is whose the claim must be: by default the owner's
+    (``owner_token``), or without one the writer's transaction's.
     """
     if connection is None:
         connection = connections[using]
     vendor = connection.vendor
-    with_grace, with_token = grace is not None, owner_token is not None
-    name = ("complete", with_grace, with_token)
+    if fence is None:
+        fence = OWNER if owner_token is not None else OWN_TRANSACTION
+    with_grace = grace is not None
+    name = ("complete", fence, with_grace)
     sql = STATEMENTS.get((vendor, name)) or cached_sql(
-        connection, name, lambda c: complete_sql(c, with_grace=with_grace, with_token=with_token)
+        connection, name, lambda c: complete_sql(c, fence, with_grace=with_grace)
     )
     # The fields' own conversions (jsonb on PostgreSQL, bytes on each driver),
     # without building and compiling an ORM query per request.
@@ -408,29 +413,10 @@ def settle(using: str, abandoned: Record, response: StoredResponse, *, ttl: time
     Fenced as :func:`take_over` is, by the dead owner's token and its
     run-out lease: a slow owner that renewed its lease (a heartbeat, a
     checkpoint) while the policy asked keeps its claim, and its own result
-    is the one stored.
+    is the one stored. The completion's own statement, behind that fence.
     """
-    connection = connections[using]
-    sql = cached_sql(connection, "settle", _settle_sql)
-    params = [
-        response.status_code,
-        HEADERS_FIELD.get_db_prep_save(response.headers, connection),
-        BODY_FIELD.get_db_prep_save(response.body, connection),
-        clock.seconds(connection, ttl),
-    ]
-    return _write(connection, sql, [*params, abandoned.id, abandoned.owner_token])
-
-
-def _settle_sql(connection: BaseDatabaseWrapper) -> str:
-    return update_sql(
-        connection,
-        ABANDONED,
-        state=f"'{STATE_COMPLETED}'",
-        status_code="%s",
-        response_headers="%s",
-        response_body="%s",
-        locked_until="NULL",
-        expires_at=clock.later_sql(connection),
+    return complete(
+        using, abandoned.id, response, owner_token=abandoned.owner_token, ttl=ttl, fence=ABANDONED
     )
 
 

@@ -131,7 +131,7 @@ def _statements() -> tuple[str, str, str]:
         base.cached_sql(
             connection,
             ("complete", True, False),
-            lambda c: base.complete_sql(c, with_grace=True, with_token=False),
+            lambda c: base.complete_sql(c, base.OWN_TRANSACTION, with_grace=True),
         ),
     )
 

@@ -258,9 +258,11 @@ HEADERS_FIELD: Field[Any, Any] = IdempotencyKey._meta.get_field("response_header
 BODY_FIELD: Field[Any, Any] = IdempotencyKey._meta.get_field("response_body")  # type: ignore[assignment]
 
 
-def complete_sql(connection: BaseDatabaseWrapper, *, with_grace: bool, with_token: bool) -> str:
-    """Store a response on a claim: its owner's (``with_token``), or the writer's transaction's.
+def complete_sql(connection: BaseDatabaseWrapper, fence: str, *, with_grace: bool) -> str:
+    """Store a response on a claim behind ``fence``: the one statement that completes a key.
 
+    The owner's (``OWNER``), the writer's transaction's (``OWN_TRANSACTION``),
+    or, for a recovery policy's answer, a dead owner's (``ABANDONED``).
     ``with_grace`` keeps the claim's expiry when the claim is younger than
     a parameter (a negative duration): see ``store.complete``.
     """
@@ -271,7 +273,7 @@ def complete_sql(connection: BaseDatabaseWrapper, *, with_grace: bool, with_toke
         later = f"CASE WHEN {created} > {later} THEN {expires} ELSE {later} END"
     return update_sql(
         connection,
-        OWNER if with_token else OWN_TRANSACTION,
+        fence,
         state="%s",
         status_code="%s",
         response_headers="%s",
