@@ -150,6 +150,9 @@ def claim(
     lease run out): that is returned, for a recovery policy to decide on
     (:func:`take_over` then takes it, fenced by its owner's token). A claim
     taken over from the same request carries its attempt and checkpoints.
+    A claim released with checkpoints is never taken over by another
+    request (another fingerprint): it is returned, for the caller to answer
+    as a key reused for other work (``Record.bound_to_other_work``).
 
     ``connection`` is ``using``'s, when the caller has it already: looking
     it up again costs about as much as the rest of this function's Python
@@ -195,7 +198,10 @@ def _claim(
         return claimed
     if claimed is None:
         return None  # gone, as after a purge
-    if claimed.expired and not (not take_over_abandoned and claimed.abandoned()):
+    if claimed.expired and not (
+        (not take_over_abandoned and claimed.abandoned())
+        or claimed.bound_to_other_work(new.fingerprint)
+    ):
         # Seen as it was before another request took it over.
         return None
     return Claim(claimed.id, claimed)
