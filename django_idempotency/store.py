@@ -354,7 +354,9 @@ def release_refusal(using: str, record_id: int, owner_token: str) -> bool:
     (``retained_until`` becomes the later of its own and the refusal's
     expiry). Fenced by the refusal as read, by its id and owner's token:
     one deleted, taken over, or no longer a refusal since is left alone
-    (``False``).
+    (``False``); so is one past its expiry by the database's clock in the
+    statement: its key is free already, and the next request runs as a
+    new one, as for any record past its expiry.
     """
     connection = connections[using]
     sql = cached_sql(connection, "release refusal", _release_refusal_sql)
@@ -366,7 +368,7 @@ def _release_refusal_sql(connection: BaseDatabaseWrapper) -> str:
     columns = column_names()
     retained, expires = quote(columns["retained_until"]), quote(columns["expires_at"])
     now = clock.now_sql(connection)
-    return update_sql(
+    sql = update_sql(
         connection,
         REFUSED,
         # First: MySQL assigns left to right, and here still reads the refusal's expiry.
@@ -380,6 +382,7 @@ def _release_refusal_sql(connection: BaseDatabaseWrapper) -> str:
         locked_until=now,
         expires_at=now,
     )
+    return f"{sql} AND {leases.expiry_sql(False, connection)}"
 
 
 def take_over(using: str, abandoned: Record, new: NewClaim) -> Claim | None:
