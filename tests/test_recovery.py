@@ -32,6 +32,7 @@ from example_project.provider.models import Charge
 from tests import recovery_views
 from tests.clients import post
 from tests.polling import in_background, wait_until
+from tests.test_concurrency import run_in_threads
 
 pytestmark = pytest.mark.django_db(transaction=True)
 State = IdempotencyKey.State
@@ -259,6 +260,23 @@ class TakeoverTests:
         assert retry.status_code == 201, retry.content
         assert retry.json()["attempt"] == before["attempt"]
         assert retry.json()["resumed"] == ["charged"]
+        assert steps_run() == ["charge", "ship"]
+        assert Charge.objects.count() == 1
+
+    @pytest.mark.concurrency
+    def test_requests_racing_for_a_released_claim_leave_it_to_its_own(self, client):
+        recovery_views.fail_after.add("charged")
+        with pytest.raises(RuntimeError):
+            pay(client)
+        bodies = [10, *range(100, 107)]  # its own request's amount first, then others'
+
+        responses = run_in_threads(
+            [lambda amount=amount: pay(Client(), amount=amount) for amount in bodies],
+            threads=len(bodies),
+        )
+
+        assert [r.status_code for r in responses] == [201] + [422] * (len(bodies) - 1)
+        assert responses[0].json()["resumed"] == ["charged"]
         assert steps_run() == ["charge", "ship"]
         assert Charge.objects.count() == 1
 
