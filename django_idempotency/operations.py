@@ -31,6 +31,15 @@ class LeaseStillHeld(Exception):
         self.until = until
 
 
+class RefusalExpired(Exception):
+    """The refusal is past its expiry: its key is free already, and nothing is released."""
+
+    def __init__(self, expired_at: datetime) -> None:
+        super().__init__(expired_at)
+        #: When it expired, as the record said after the refusal.
+        self.expired_at = expired_at
+
+
 def _refuse_if_held(using: str | None, record: IdempotencyKey) -> None:
     """Say why a fenced statement changed nothing, if it was a live lease."""
     held = records(using).filter(lease_held(), pk=record.pk)
@@ -111,7 +120,10 @@ def release(record: IdempotencyKey, *, force: bool = False) -> bool:
     answer is dropped, from the replay cache too, and the next retry runs
     the body again, resuming from its checkpoints
     (:func:`django_idempotency.store.release_refusal`). ``False`` if it
-    was deleted, taken over or changed since it was read.
+    was deleted, taken over or changed since it was read;
+    :class:`RefusalExpired` if it is past its expiry, by the database's
+    clock in the statement: its key is free already (the next request runs
+    as a new one), and releasing it would bring it back past its ``TTL``.
     """
     using = record._state.db or idempotency_settings.database
     if is_refusal(record):
@@ -125,6 +137,17 @@ def release(record: IdempotencyKey, *, force: bool = False) -> bool:
 
 def _release_refusal(using: str, record: IdempotencyKey) -> bool:
     if not store.release_refusal(using, record.pk, record.owner_token):
+        # Say why, if it is still the refusal read, now past its expiry.
+        read = records(using).filter(
+            leases.expiry_q(True),
+            pk=record.pk,
+            owner_token=record.owner_token,
+            state=IdempotencyKey.State.COMPLETED,
+            status_code=record.status_code,
+        )
+        expired_at = read.values_list("expires_at", flat=True).first()
+        if expired_at is not None:
+            raise RefusalExpired(expired_at)
         return False
     # The cache holds the refusal until its expiry: a retry would get it
     # there, not from the record that now lets it run.

@@ -143,6 +143,9 @@ def claim(
     lease run out): that is returned, for a recovery policy to decide on
     (:func:`take_over` then takes it, fenced by its owner's token). A claim
     taken over from the same request carries its attempt and checkpoints.
+    A claim released with checkpoints is never taken over by another
+    request (another fingerprint): it is returned, for the caller to answer
+    as a key reused for other work (``Record.bound_to_other_work``).
 
     ``connection`` is ``using``'s, when the caller has it already: looking
     it up again costs about as much as the rest of this function's Python
@@ -188,7 +191,10 @@ def _claim(
         return claimed
     if claimed is None:
         return None  # gone, as after a purge
-    if claimed.expired and not (not take_over_abandoned and claimed.abandoned()):
+    if claimed.expired and not (
+        (not take_over_abandoned and claimed.abandoned())
+        or claimed.bound_to_other_work(new.fingerprint)
+    ):
         # Seen as it was before another request took it over.
         return None
     return Claim(claimed.id, claimed)
@@ -346,7 +352,9 @@ def release_refusal(using: str, record_id: int, owner_token: str) -> bool:
     (``retained_until`` becomes the later of its own and the refusal's
     expiry). Fenced by the refusal as read, by its id and owner's token:
     one deleted, taken over, or no longer a refusal since is left alone
-    (``False``).
+    (``False``); so is one past its expiry by the database's clock in the
+    statement: its key is free already, and the next request runs as a
+    new one, as for any record past its expiry.
     """
     connection = connections[using]
     sql = cached_sql(connection, "release refusal", _release_refusal_sql)
@@ -358,7 +366,7 @@ def _release_refusal_sql(connection: BaseDatabaseWrapper) -> str:
     columns = column_names()
     retained, expires = quote(columns["retained_until"]), quote(columns["expires_at"])
     now = clock.now_sql(connection)
-    return update_sql(
+    sql = update_sql(
         connection,
         REFUSED,
         # First: MySQL assigns left to right, and here still reads the refusal's expiry.
@@ -372,6 +380,7 @@ def _release_refusal_sql(connection: BaseDatabaseWrapper) -> str:
         locked_until=now,
         expires_at=now,
     )
+    return f"{sql} AND {leases.expiry_sql(False, connection)}"
 
 
 def take_over(using: str, abandoned: Record, new: NewClaim) -> Claim | None:

@@ -5,11 +5,12 @@ provider (``example_project.provider``, which keeps one charge per
 idempotency key, like a real one), checkpoint, then ship, checkpoint. Each
 step that really runs is also counted outside the database: in ``steps``
 in process, and as a line in ``<CONTROL_DIR>/<key>.steps`` under a server.
-``die_after`` makes the next run stop after a step as a killed process
-would (``SystemExit``: the effect is unknown, the claim stays); ``fail_after``
-makes it raise instead (a failure: the claim is released, keeping its
-checkpoints). Under a server, ``<key>.hold-after-<step>`` makes the handler
-report its PID (``<key>.pid``) and wait there, for a test to kill it.
+``die_after`` makes the next run stop after a step (or after ``started``,
+before any) as a killed process would (``SystemExit``: the effect is
+unknown, the claim stays); ``fail_after`` makes it raise instead (a
+failure: the claim is released, keeping its checkpoints). Under a server,
+``<key>.hold-after-<step>`` makes the handler report its PID
+(``<key>.pid``) and wait there, for a test to kill it.
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ def _pay(request: HttpRequest) -> HttpResponse:
     key = info.key
     amount = json.loads(request.body)["amount"]
     done = info.checkpoints
+    _after(request, key, "started")
     if "charged" in done:
         charge_id = done["charged"]["charge"]
     else:

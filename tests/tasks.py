@@ -324,3 +324,23 @@ def count_down_noting(self, label: str, step: int) -> dict:  # type: ignore[no-u
     if step > 0:
         return self.replace(self.si(label, step - 1))
     return {"done": label, "key": self.request.idempotency.key}
+
+
+#: Runs of :func:`charge_then_fail` still to fail after their checkpoint, in process.
+fail_after_charging: list[bool] = []
+
+
+@shared_task(bind=True)
+@idempotent_task(atomic=False, key=lambda label, amount: f"charge-{label}")
+def charge_then_fail(self, label: str, amount: int) -> dict:  # type: ignore[no-untyped-def]
+    """Lease mode: records a charge, then fails while ``fail_after_charging`` says so."""
+    info = self.request.idempotency
+    resumed = sorted(info.checkpoints)
+    if "charged" not in resumed:
+        reference = info.derive("charge")
+        RemoteCharge.objects.get_or_create(reference=reference, defaults={"item": label})
+        info.checkpoint("charged", {"amount": amount})
+    if fail_after_charging:
+        fail_after_charging.pop()
+        raise RuntimeError("failed after charging")
+    return {"amount": amount, "resumed": resumed}

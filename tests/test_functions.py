@@ -34,7 +34,7 @@ from django.db import connection, transaction
 from django.test import override_settings
 
 from django_idempotency import clock as database_clock
-from django_idempotency import idempotent_function
+from django_idempotency import idempotent_function, store
 from django_idempotency.exceptions import (
     ArgumentsMismatch,
     CallInFlight,
@@ -377,6 +377,69 @@ class ContractTests:
             200,
             2,
         )
+
+    @pytest.mark.parametrize("released_by", ["owner", "operator"])
+    def test_lease_mode_released_claim_with_checkpoints_refuses_other_arguments(self, released_by):
+        runs: list[int] = []
+        endings: list[type[BaseException]] = [SystemExit]
+        if released_by == "owner":
+            endings.append(RuntimeError)
+
+        @idempotent_function(scope="test.charge", key=lambda key, amount: key, atomic=False)
+        def charge(key: str, amount: int) -> dict[str, int]:
+            runs.append(amount)
+            if endings:
+                raise endings.pop(0)("stopped after charging")
+            return {"charged": amount}
+
+        with pytest.raises(SystemExit):
+            charge("k", 10)
+        claim = IdempotencyKey.objects.get()
+        # A function's body has no checkpoint() of its own: its claim's
+        # progress is written by the statement that writes an owner's.
+        progress = {"charged": {"charge": 1}}
+        assert store.record_progress(
+            "default", claim.pk, owner_token=claim.owner_token, checkpoints=progress
+        )
+        with database_clock.shifted(timedelta(hours=1)):  # past its lease
+            if released_by == "owner":
+                with pytest.raises(RuntimeError):
+                    charge("k", 10)  # takes it over, then fails: released, kept
+            else:
+                call_command("idempotency_keys", "release", "test.charge", "k", stdout=StringIO())
+            before = IdempotencyKey.objects.values().get()
+            assert (before["owner_token"], before["checkpoints"]) == ("", progress)
+
+            with pytest.raises(ArgumentsMismatch):
+                charge("k", 99)
+
+            assert IdempotencyKey.objects.values().get() == before
+            assert charge("k", 10) == {"charged": 10}  # the same call resumes
+        assert 99 not in runs
+
+    def test_lease_mode_released_claim_without_checkpoints_is_taken_by_other_arguments(self):
+        runs: list[int] = []
+
+        @idempotent_function(scope="test.charge", key=lambda key, amount: key, atomic=False)
+        def charge(key: str, amount: int) -> dict[str, int]:
+            runs.append(amount)
+            if len(runs) == 1:
+                raise SystemExit("stopped before any checkpoint")
+            return {"charged": amount}
+
+        with pytest.raises(SystemExit):
+            charge("k", 10)
+        with database_clock.shifted(timedelta(hours=1)):  # past its lease
+            call_command("idempotency_keys", "release", "test.charge", "k", stdout=StringIO())
+            assert IdempotencyKey.objects.get().checkpoints is None
+
+            assert charge("k", 99) == {"charged": 99}  # as if there were no record
+
+            with pytest.raises(ArgumentsMismatch):
+                charge("k", 10)
+        assert runs == [10, 99]
+        record = IdempotencyKey.objects.get()
+        assert (record.state, record.attempt) == (State.COMPLETED, 1)
 
     def test_lease_mode_refusal_names_the_command_that_lets_the_body_run_again(self):
         # Delete frees a refused key, whatever its body recorded; release resumes it.

@@ -10,6 +10,7 @@ import pytest
 from django.db import connection
 
 from django_idempotency import clock, leases
+from django_idempotency.backends.base import read_record, unless_bound
 from django_idempotency.models import IdempotencyKey
 
 pytestmark = pytest.mark.django_db
@@ -127,3 +128,35 @@ def test_a_record_expiring_at_the_clocks_instant_has_expired_by_every_form(pinne
     assert leases.state_of(False, record.owner_token, record.expires_at, now) == leases.ABANDONED
     assert rows.filter(leases.q(leases.ABANDONED)).exists()
     assert by_sql(leases.sql(leases.ABANDONED, connection))
+
+
+@pytest.mark.parametrize("checkpoints", [None, {}, {"charged": 1}], ids=["null", "empty", "some"])
+def test_python_and_sql_agree_on_which_released_claims_are_bound_to_their_request(
+    every_kind_of_row, checkpoints
+):
+    # Only a released claim that carries checkpoints, and only for another
+    # request (another fingerprint), is left alone by a takeover.
+    rows = IdempotencyKey.objects.filter(pk__in=every_kind_of_row)
+    rows.update(checkpoints=checkpoints)  # None: SQL NULL; {}: JSON {}
+    table = connection.ops.quote_name(IdempotencyKey._meta.db_table)
+    for fingerprint in ["f", "other"]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT id FROM {table} WHERE scope = 'leases'{unless_bound(connection, '%s')}",
+                [fingerprint],
+            )
+            free = {row[0] for row in cursor.fetchall()}
+        by_python = {
+            pk
+            for pk, key in rows.values_list("pk", "key")
+            if read_record(connection, "leases", key).bound_to_other_work(fingerprint)
+        }
+        named = {
+            pk
+            for pk, state in every_kind_of_row.items()
+            if state == leases.RELEASED and checkpoints and fingerprint != "f"
+        }
+
+        assert by_python == named
+        assert free == set(every_kind_of_row) - named
+        assert len(named) == (2 if checkpoints and fingerprint != "f" else 0)

@@ -263,6 +263,40 @@ class ReleaseRefusalTests:
         assert purge_expired(dry_run=True, now=cutoff - timedelta(seconds=1)) == 0
         assert purge_expired(dry_run=True, now=cutoff) == 1
 
+    @pytest.mark.parametrize("status", [500, 507])
+    def test_an_expired_refusal_is_refused_and_left_as_it_was(self, status):
+        # Its key is free already: the next request runs as a new one. A
+        # release would bring it back past its TTL, and the purge, which
+        # may delete it at once, would lose its checkpoints with it.
+        refusal(status_code=status, expires_at=timezone.now() + timedelta(hours=1))
+        before = list(IdempotencyKey.objects.values())
+
+        with (
+            clock.shifted(timedelta(hours=2)),  # past its expiry by the database's clock
+            pytest.raises(CommandError) as refused,
+        ):
+            run("release", "user:5", "refused-key")
+
+        message = str(refused.value)
+        assert message.startswith(
+            f"The refusal ({status}) of idempotency key {mask_key('refused-key')} in scope "
+            "'user:5' expired at "
+        )
+        assert (
+            "its key is free already, and the next request with it runs its handler as a new "
+            "one, attempt 1, without its checkpoints (charged). Nothing was released."
+        ) in message
+        assert "'idempotency_keys show'" in message
+        assert "'idempotency_keys delete'" in message
+        assert list(IdempotencyKey.objects.values()) == before
+
+    def test_the_statement_leaves_an_expired_refusal_alone(self):
+        read = refusal(expires_at=timezone.now() + timedelta(hours=1))
+
+        with clock.shifted(timedelta(hours=2)):
+            assert not store.release_refusal(connection.alias, read.pk, read.owner_token)
+        assert store.release_refusal(connection.alias, read.pk, read.owner_token)
+
     @pytest.mark.parametrize("status", [200, 201, 422])
     def test_the_statement_leaves_a_stored_result_of_the_same_owner_alone(self, status):
         # The status in the fence itself: same record, same token, not a refusal.

@@ -32,6 +32,7 @@ from example_project.provider.models import Charge
 from tests import recovery_views
 from tests.clients import post
 from tests.polling import in_background, wait_until
+from tests.test_concurrency import run_in_threads
 
 pytestmark = pytest.mark.django_db(transaction=True)
 State = IdempotencyKey.State
@@ -231,6 +232,72 @@ class TakeoverTests:
         assert retry.json()["attempt"] == 1
         assert retry.json()["resumed"] == ["charged"]
         assert steps_run() == ["charge", "ship"]
+
+    @pytest.mark.parametrize("released_by", ["owner", "operator"])
+    def test_a_released_claim_with_checkpoints_refuses_another_body(
+        self, client, clock, released_by
+    ):
+        if released_by == "owner":
+            recovery_views.fail_after.add("charged")
+            with pytest.raises(RuntimeError):
+                pay(client)
+        else:
+            died(client)
+            clock.past_the_lease()
+            scope = IdempotencyKey.objects.get().scope
+            call_command("idempotency_keys", "release", scope, "order-1", stdout=StringIO())
+        before = IdempotencyKey.objects.values().get()
+        assert (before["state"], before["owner_token"]) == (State.IN_PROGRESS, "")
+        assert set(before["checkpoints"]) == {"charged"}
+
+        other = pay(client, amount=99)  # same key, other body
+
+        assert other.status_code == 422, other.content
+        assert other["Content-Type"] == "application/problem+json"
+        assert IdempotencyKey.objects.values().get() == before  # nothing changed
+        assert steps_run() == ["charge"]
+        retry = pay(client)  # the same request still resumes
+        assert retry.status_code == 201, retry.content
+        assert retry.json()["attempt"] == before["attempt"]
+        assert retry.json()["resumed"] == ["charged"]
+        assert steps_run() == ["charge", "ship"]
+        assert Charge.objects.count() == 1
+
+    @pytest.mark.concurrency
+    def test_requests_racing_for_a_released_claim_leave_it_to_its_own(self, client):
+        recovery_views.fail_after.add("charged")
+        with pytest.raises(RuntimeError):
+            pay(client)
+        bodies = [10, *range(100, 107)]  # its own request's amount first, then others'
+
+        responses = run_in_threads(
+            [lambda amount=amount: pay(Client(), amount=amount) for amount in bodies],
+            threads=len(bodies),
+        )
+
+        assert [r.status_code for r in responses] == [201] + [422] * (len(bodies) - 1)
+        assert responses[0].json()["resumed"] == ["charged"]
+        assert steps_run() == ["charge", "ship"]
+        assert Charge.objects.count() == 1
+
+    @pytest.mark.parametrize("kept", [None, {}], ids=["null", "empty"])
+    def test_a_released_claim_without_checkpoints_is_taken_by_another_body(
+        self, client, clock, kept
+    ):
+        died(client, after="started")  # before its first checkpoint
+        clock.past_the_lease()
+        scope = IdempotencyKey.objects.get().scope
+        call_command("idempotency_keys", "release", scope, "order-1", stdout=StringIO())
+        IdempotencyKey.objects.update(checkpoints=kept)  # none, as SQL NULL or as JSON {}
+
+        other = pay(client, amount=99)  # as if there were no record
+
+        assert other.status_code == 201, other.content
+        assert (other.json()["attempt"], other.json()["resumed"]) == (1, [])
+        record = IdempotencyKey.objects.get()
+        assert (record.state, record.attempt) == (State.COMPLETED, 1)
+        assert pay(client, amount=99)["Idempotent-Replayed"] == "true"
+        assert pay(client).status_code == 422
 
     def test_a_failed_run_without_checkpoints_leaves_nothing(self, client):
         from tests.views import calls

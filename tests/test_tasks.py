@@ -35,12 +35,14 @@ from django_idempotency.contrib.celery import idempotent_task, purge_expired_key
 from django_idempotency.exceptions import TaskArgumentsMismatch, TaskInFlight, UnstorableResult
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.purge import purge_expired
+from tests import tasks
 from tests.celery_worker import WorkerProcess, find_broker, new_worker, publishing_to
 from tests.factories import IdempotencyKeyFactory
 from tests.models import Order, RemoteCharge
 from tests.polling import wait_until
 from tests.tasks import (
     charge_and_hold,
+    charge_then_fail,
     count_down,
     count_down_lease,
     count_down_noting,
@@ -578,6 +580,34 @@ def no_leftover_flags() -> Iterator[None]:
     yield
     lose_connection.clear()
     fail_next_run.clear()
+
+
+@pytest.mark.django_db(transaction=True)
+class ReleasedClaimTests:
+    """Lease mode: a claim given back with checkpoints stays bound to the call that made them."""
+
+    @pytest.fixture(autouse=True)
+    def no_failures_left(self) -> Iterator[None]:
+        yield
+        tasks.fail_after_charging.clear()
+
+    def test_other_arguments_fail_and_the_same_call_resumes(self):
+        tasks.fail_after_charging.append(True)
+        failed = charge_then_fail.apply(args=["a", 10])
+        assert failed.failed() and isinstance(failed.result, RuntimeError)
+        before = IdempotencyKey.objects.values().get()
+        assert (before["owner_token"], set(before["checkpoints"])) == ("", {"charged"})
+
+        other = charge_then_fail.apply(args=["a", 99])
+
+        assert other.failed()
+        assert isinstance(other.result, TaskArgumentsMismatch)
+        assert IdempotencyKey.objects.values().get() == before
+        assert charge_then_fail.apply(args=["a", 10]).get() == {
+            "amount": 10,
+            "resumed": ["charged"],
+        }
+        assert RemoteCharge.objects.count() == 1
 
 
 @pytest.mark.django_db(transaction=True)

@@ -115,6 +115,22 @@ class Record:
         state = leases.state_of(self.completed, self.owner_token, self.expires_at, self.seen_at)
         return state == leases.ABANDONED
 
+    def bound_to_other_work(self, fingerprint: str) -> bool:
+        """Released with checkpoints by work other than ``fingerprint``'s: not to be taken over.
+
+        Its owners recorded steps done (a charge, say) for the request they
+        ran, so its key stays bound to that request: another is answered as
+        one with the same key and a different fingerprint, ``422`` (SPEC
+        4.3). A released claim without checkpoints is free, as no record is.
+        What :func:`unless_bound` decides in the statement that takes over.
+        """
+        return (
+            bool(self.checkpoints)
+            and self.fingerprint != fingerprint
+            and leases.state_of(self.completed, self.owner_token, self.expires_at, self.seen_at)
+            == leases.RELEASED
+        )
+
 
 @dataclass(frozen=True)
 class Claim:
@@ -408,7 +424,8 @@ def upsert_sql(connection: BaseDatabaseWrapper, take_over_abandoned: bool) -> st
         f"{insert_claim_into(connection)} VALUES ({claim_values(connection)}) "
         f"ON CONFLICT ({scope}, {key}) DO UPDATE SET {progress}, {takeover} "
         f"WHERE {leases.expiry_sql(True, connection, f'{table}.')}"
-        f"{unless_abandoned(connection, take_over_abandoned, table)} "
+        f"{unless_abandoned(connection, take_over_abandoned, table)}"
+        f"{unless_bound(connection, f'EXCLUDED.{names[2]}', f'{table}.')} "
         f"RETURNING {claimed_columns(connection)}"
     )
 
@@ -468,6 +485,30 @@ def unless_abandoned(connection: BaseDatabaseWrapper, take_over_abandoned: bool,
     if take_over_abandoned:
         return ""
     return f" AND NOT {leases.sql(leases.ABANDONED, connection, f'{table}.')}"
+
+
+def unless_bound(connection: BaseDatabaseWrapper, fingerprint: str, table: str = "") -> str:
+    """A takeover's condition that leaves a released claim bound to its request alone.
+
+    A claim released (by its owner or an operator) with checkpoints stays
+    bound to the request that recorded them: a request with another
+    ``fingerprint`` (SQL: a parameter, or the upsert's ``EXCLUDED`` column)
+    does not take it over, and is answered from it (``422``). Without
+    checkpoints (SQL ``NULL``, or JSON ``{}``) a released claim is taken as
+    an absent record would be. ``table`` qualifies the columns (``"t."``).
+    See :meth:`Record.bound_to_other_work`.
+    """
+    quote = connection.ops.quote_name
+    columns = column_names()
+    checkpoints = f"{table}{quote(columns['checkpoints'])}"
+    if connection.vendor == "mysql":
+        carried = f"COALESCE(JSON_LENGTH({checkpoints}), 0) > 0"
+    else:
+        empty = "'{}'::jsonb" if connection.vendor == "postgresql" else "'{}'"
+        carried = f"{checkpoints} IS NOT NULL AND {checkpoints} <> {empty}"
+    released = leases.sql(leases.RELEASED, connection, table)
+    other = f"{table}{quote(columns['fingerprint'])} <> {fingerprint}"
+    return f" AND NOT ({released} AND {carried} AND {other})"
 
 
 def claimed_columns(connection: BaseDatabaseWrapper, table: str = "") -> str:

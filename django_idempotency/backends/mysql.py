@@ -35,6 +35,7 @@ from django_idempotency.backends.base import (
     record_of,
     record_select_sql,
     takeover_assignments,
+    unless_bound,
 )
 
 # Error numbers.
@@ -78,6 +79,8 @@ class MySQL(Backend):
             return record
         if not take_over and record.abandoned():
             return record  # for the recovery policy to decide on
+        if record.bound_to_other_work(new.fingerprint):
+            return record  # read under our shared lock: it stays so until we commit
         return _take_over(connection, record.id, new, prefix)
 
 
@@ -154,8 +157,9 @@ def _take_over(
     with connection.cursor() as cursor:
         cursor.execute(
             f"{prefix}UPDATE {table} SET {progress}, {assignments} "
-            f"WHERE {pk} = %s AND {leases.expiry_sql(True, connection)}",
-            [*params, record_id],
+            f"WHERE {pk} = %s AND {leases.expiry_sql(True, connection)}"
+            f"{unless_bound(connection, '%s')}",
+            [*params, record_id, new.fingerprint],
         )
         if cursor.rowcount != 1:
             return None

@@ -41,6 +41,7 @@ from django_idempotency.backends.base import (
     record_of,
     takeover_assignments,
     unless_abandoned,
+    unless_bound,
 )
 
 # SQLSTATEs (psycopg 3 calls it ``sqlstate``, psycopg2 ``pgcode``).
@@ -171,6 +172,7 @@ def _claim_params(connection: BaseDatabaseWrapper, new: NewClaim, wait: float) -
         *insert[2:],
         new.scope,
         new.key,
+        new.fingerprint,
         new.scope,
         new.key,
     ]
@@ -195,7 +197,8 @@ def claim_sql(connection: BaseDatabaseWrapper, take_over_abandoned: bool) -> str
         f"taken AS (UPDATE {table} SET {progress_assignments(connection, '%s')}, "
         f"{takeover_assignments(connection, from_excluded=False)} "
         f"WHERE {scope} = %s AND {key} = %s AND {leases.expiry_sql(True, connection)}"
-        f"{unless_abandoned(connection, take_over_abandoned, table)} "
+        f"{unless_abandoned(connection, take_over_abandoned, table)}"
+        f"{unless_bound(connection, '%s', f'{table}.')} "
         "AND NOT EXISTS (SELECT 1 FROM inserted) "
         f"RETURNING {claimed_columns(connection, table)}), "
         f"claimed AS (SELECT {returned} FROM inserted UNION ALL SELECT {returned} FROM taken), "

@@ -174,7 +174,19 @@ class Command(BaseCommand):
 
     def _release_refusal(self, record: IdempotencyKey) -> None:
         """A refusal's release: its body ran, so no lease can still be live to refuse."""
-        if not operations.release(record):
+        try:
+            released = operations.release(record)
+        except operations.RefusalExpired as expired:
+            done = ", ".join(record.checkpoints or {}) or "none"
+            raise CommandError(
+                f"The refusal ({record.status_code}) of idempotency key {mask_key(record.key)} "
+                f"in scope {record.scope!r} expired at {expired.expired_at.isoformat()}: its key "
+                "is free already, and the next request with it runs its handler as a new one, "
+                f"attempt 1, without its checkpoints ({done}). Nothing was released. Read "
+                "them with 'idempotency_keys show' before the purge deletes the record, and "
+                "settle by hand what they say was done; 'idempotency_keys delete' drops it now."
+            ) from None
+        if not released:
             raise CommandError(
                 "The record changed meanwhile (deleted, taken over, or no longer the "
                 "refusal that was read): show it again."
