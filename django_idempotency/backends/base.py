@@ -425,7 +425,7 @@ def upsert_sql(connection: BaseDatabaseWrapper, take_over_abandoned: bool) -> st
         f"ON CONFLICT ({scope}, {key}) DO UPDATE SET {progress}, {takeover} "
         f"WHERE {leases.expiry_sql(True, connection, f'{table}.')}"
         f"{unless_abandoned(connection, take_over_abandoned, table)}"
-        f"{unless_bound(connection, f'EXCLUDED.{names[2]}', f'{table}.')} "
+        f"{unless_bound(connection, f'EXCLUDED.{fingerprint}', f'{table}.')} "
         f"RETURNING {claimed_columns(connection)}"
     )
 
