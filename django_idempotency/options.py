@@ -19,6 +19,7 @@ imported invites import cycles (see docs/decorator.rst).
 from __future__ import annotations
 
 import difflib
+import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Set
 from dataclasses import dataclass
@@ -60,9 +61,18 @@ class CallOptions(TypedDict, total=False):
 CALL_OPTION_NAMES: tuple[str, ...] = tuple(CallOptions.__annotations__)
 
 # Every view's options, so that the system checks can import the dotted
-# paths that views defer to their first request (see checks.py). Weak: a
-# view that is gone takes its options with it.
+# paths that views defer to their first request (see checks.py), and a
+# settings change forgets what each resolved. Weak: a view that is gone
+# takes its options with it.
 _ALL: weakref.WeakSet[DeclaredOptions] = weakref.WeakSet()
+# Held while one is added or all are listed: DRF builds a view's options per
+# request when they are properties, while a settings change lists them all.
+_ALL_LOCK = threading.Lock()
+
+
+def _all() -> list[DeclaredOptions]:
+    with _ALL_LOCK:
+        return list(_ALL)
 
 
 @dataclass(frozen=True)
@@ -131,7 +141,8 @@ class DeclaredOptions:
                     setting.refuse(label(name), problem)
             else:
                 self._clean[name] = setting.clean(value, label(name))
-        _ALL.add(self)
+        with _ALL_LOCK:
+            _ALL.add(self)
 
     @property
     def given(self) -> dict[str, Any]:
@@ -185,7 +196,7 @@ class DeclaredOptions:
 
 
 def _forget_resolved() -> None:
-    for options in list(_ALL):
+    for options in _all():
         options.resolved = None
 
 
@@ -193,7 +204,7 @@ idempotency_settings.on_reload.append(_forget_resolved)
 
 
 def all_deferred_imports() -> list[tuple[str, Setting, str]]:
-    found = {item for options in list(_ALL) for item in options.deferred_imports()}
+    found = {item for options in _all() for item in options.deferred_imports()}
     return sorted(found, key=lambda item: (item[0], item[2]))
 
 

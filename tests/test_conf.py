@@ -341,6 +341,43 @@ def test_view_options_are_resolved_once_and_again_after_a_settings_change():
     assert view_options.resolve().ttl == timedelta(hours=24)
 
 
+def test_settings_changes_forget_every_views_options_while_others_are_made():
+    # DRF makes a view's options on each request when they are properties,
+    # while a test's override_settings (beside a live server) forgets them all.
+    import sys
+    import threading
+
+    from django_idempotency.options import check_options
+
+    # Many views, and threads switched as often as Python can: listing them
+    # all then takes long enough for the other thread to add one meanwhile.
+    views = [check_options({"wait": 1}) for _ in range(5000)]
+    stop = threading.Event()
+    made: list[int] = []
+
+    def make_options() -> None:
+        while not stop.is_set():
+            check_options({"wait": 2}).resolve()
+            made.append(1)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    maker = threading.Thread(target=make_options)
+    maker.start()
+    try:
+        for _ in range(100):
+            views[0].resolve()
+            with override_settings(IDEMPOTENCY={"TTL": 60}):
+                assert views[0].resolved is None
+    finally:
+        stop.set()
+        maker.join()
+        sys.setswitchinterval(interval)
+
+    assert made  # the other thread ran beside the changes
+    assert all(view.resolved is None for view in views)
+
+
 def test_a_value_derived_before_a_settings_change_is_not_kept():
     from django_idempotency.conf import idempotency_settings
 
