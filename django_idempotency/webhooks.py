@@ -86,24 +86,22 @@ def stripe_event_id(request: HttpRequest) -> str | None:
 stripe_event_id.source = 'the event\'s "id" in the JSON body'  # type: ignore[attr-defined]
 
 
-def _header_id(name: str, header: str) -> Callable[[HttpRequest], str | None]:
-    """The id a provider sends in ``header``, as the function ``name``."""
-    meta_key = "HTTP_" + header.upper().replace("-", "_")
-
-    def event_id(request: HttpRequest) -> str | None:
-        value: str | None = request.META.get(meta_key)
-        return value
-
-    event_id.__name__ = event_id.__qualname__ = name
-    event_id.__doc__ = f"The ``{header}`` header."
-    event_id.source = f"the {header} header"  # type: ignore[attr-defined]
-    return event_id
+def github_delivery_id(request: HttpRequest) -> str | None:
+    """The ``X-GitHub-Delivery`` header: one GUID per event, kept by a redelivery."""
+    value: str | None = request.META.get("HTTP_X_GITHUB_DELIVERY")
+    return value
 
 
-#: GitHub: one GUID per event, kept by a redelivery.
-github_delivery_id = _header_id("github_delivery_id", "X-GitHub-Delivery")
-#: The Standard Webhooks convention (Svix and others).
-standard_webhook_id = _header_id("standard_webhook_id", "webhook-id")
+github_delivery_id.source = "the X-GitHub-Delivery header"  # type: ignore[attr-defined]
+
+
+def standard_webhook_id(request: HttpRequest) -> str | None:
+    """The ``webhook-id`` header of the Standard Webhooks convention (Svix and others)."""
+    value: str | None = request.META.get("HTTP_WEBHOOK_ID")
+    return value
+
+
+standard_webhook_id.source = "the webhook-id header"  # type: ignore[attr-defined]
 
 
 def _fingerprint_of(event_id: Callable[[HttpRequest], str | None]) -> Callable[[HttpRequest], str]:
