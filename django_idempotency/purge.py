@@ -1,14 +1,14 @@
 """Deleting expired records in bounded batches.
 
-The management command and the tasks (:func:`purge_expired_keys`) all call
-:func:`purge_expired`, so the purge is written (and tested) once. Each batch
-picks at most ``batch_size`` primary keys by the indexed ``expires_at``
-column and deletes them in one short transaction of its own: a purge of
-millions of rows never holds a long lock, never builds one huge transaction,
-and never loads a row into Python. Purges on several workers at once do not
-queue behind each other: where the database can, a batch skips rows another
-purge (or a claim taking over an expired key) has locked, and each row is
-counted by the one ``DELETE`` that removed it.
+The management command and the Celery task both call :func:`purge_expired`,
+so the purge is written (and tested) once. Each batch picks at most
+``batch_size`` primary keys by the indexed ``expires_at`` column and deletes
+them in one short transaction of its own: a purge of millions of rows never
+holds a long lock, never builds one huge transaction, and never loads a row
+into Python. Purges on several workers at once do not queue behind each
+other: where the database can, a batch skips rows another purge (or a claim
+taking over an expired key) has locked, and each row is counted by the one
+``DELETE`` that removed it.
 
 A record is purged once it expired (:func:`purgeable`); a lease-mode
 claim left in progress (released by its owner, or abandoned when its lease
@@ -244,31 +244,6 @@ def purge_expired(
         if dry_run:
             return _count(connection, cutoff)
         return _purge(connection, cutoff, batch_size, pace, progress)
-
-
-def purge_expired_keys(
-    batch_size: int = DEFAULT_BATCH_SIZE,
-    database: str | None = None,
-    batch_seconds: float | None = DEFAULT_BATCH_SECONDS,
-    pause: float = DEFAULT_PAUSE,
-    rate: float | None = None,
-) -> int:
-    """Delete expired idempotency records; return how many were deleted.
-
-    The purge as a task: the Celery task and the task of Django's Tasks
-    framework both run this function. ``database`` defaults to
-    ``IDEMPOTENCY["DATABASE"]``. Running it on several workers at once is
-    safe: each record is deleted, and counted, once. Idempotent tasks'
-    records share the table and go with the rest. ``batch_seconds``,
-    ``pause`` and ``rate`` pace the purge beside the requests using the
-    database, as the command's options of those names do
-    (``batch_seconds=None, pause=0`` runs batches back to back); a value out
-    of range fails the task with a ``ValueError`` before anything is
-    deleted.
-    """
-    return purge_expired(
-        using=database, batch_size=batch_size, batch_seconds=batch_seconds, pause=pause, rate=rate
-    )
 
 
 def _count(connection: BaseDatabaseWrapper, cutoff: datetime) -> int:

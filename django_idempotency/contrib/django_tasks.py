@@ -13,7 +13,7 @@ import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import iscoroutinefunction
 from django.core.exceptions import ImproperlyConfigured
@@ -33,18 +33,22 @@ except ImportError:  # Django 5.2: the backport
             "pip install 'django-idempotency[tasks]'."
         ) from exc
 
-from django_idempotency import functions, purge
+from django_idempotency import functions
 from django_idempotency.asynchronous import run_async
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.engine import plain_ending
 from django_idempotency.options import CALL_OPTION_NAMES, CallOptions
+from django_idempotency.purge import (
+    DEFAULT_BATCH_SECONDS,
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_PAUSE,
+    purge_expired,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 KeyFunction = Callable[..., str]
-P = ParamSpec("P")
-T = TypeVar("T")
 
 
 #: A task's value is kept as a function's is; no other framework's control
@@ -60,26 +64,36 @@ class TaskOptions(CallOptions, total=False):
     backend: str
 
 
-def _enqueued_under_its_old_path(function: Callable[P, T]) -> Callable[P, T]:
-    """``function`` under the module path the purge had before ``contrib/``, which re-exports it.
+def _enqueued_under_its_old_path(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Gives the purge the module of its path before ``contrib/``, which re-exports it.
 
     The framework enqueues a task under its function's module and name, and
     a worker imports that path to run it: keeping the path it has always
     had lets a web server and a worker a release apart agree on it.
     """
-
-    @functools.wraps(function)
-    def enqueued(*args: P.args, **kwargs: P.kwargs) -> T:
-        return function(*args, **kwargs)
-
-    enqueued.__module__ = "django_idempotency.django_tasks"
-    return enqueued
+    function.__module__ = "django_idempotency.django_tasks"
+    return function
 
 
-#: Delete expired idempotency records; return how many were deleted. The
-#: same purge as the management command and the Celery task (see
-#: :func:`~django_idempotency.purge.purge_expired_keys` for its arguments).
-purge_expired_keys = task(_enqueued_under_its_old_path(purge.purge_expired_keys))
+@task
+@_enqueued_under_its_old_path
+def purge_expired_keys(
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    database: str | None = None,
+    batch_seconds: float | None = DEFAULT_BATCH_SECONDS,
+    pause: float = DEFAULT_PAUSE,
+    rate: float | None = None,
+) -> int:
+    """Delete expired idempotency records; return how many were deleted.
+
+    The same purge as the management command and the Celery task:
+    ``database`` defaults to ``IDEMPOTENCY["DATABASE"]``, several runs at
+    once are safe, and ``batch_seconds``, ``pause`` and ``rate`` pace it as
+    they do the Celery task.
+    """
+    return purge_expired(
+        using=database, batch_size=batch_size, batch_seconds=batch_seconds, pause=pause, rate=rate
+    )
 
 
 def idempotent_task(
