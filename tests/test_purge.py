@@ -222,6 +222,19 @@ class PurgeCommandTests:
             call_command("purge_idempotency_keys", "--batch-size", value, stdout=StringIO())
 
 
+@pytest.mark.parametrize("command", ["purge_idempotency_keys", "idempotency_keys"])
+def test_each_commands_help_is_shown(command):
+    from django.core.management import load_command_class
+
+    parser = load_command_class("django_idempotency", command).create_parser("manage.py", command)
+
+    shown = parser.format_help()
+
+    assert "usage: manage.py " + command in shown
+    if command == "purge_idempotency_keys":
+        assert "purging at most 67% of the time" in " ".join(shown.split())
+
+
 @pytest.mark.django_db
 def test_command_failure_exits_non_zero():
     # The child process reaches this run's test database, which exists, so

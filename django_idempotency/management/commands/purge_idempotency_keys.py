@@ -66,7 +66,8 @@ class Command(BaseCommand):
             metavar="RATIO",
             help="Rest after each batch for this many times as long as it took, leaving "
             f"the database to requests (default {DEFAULT_PAUSE:g}: purging at most "
-            f"{1 / (1 + DEFAULT_PAUSE):.0%} of the time); 0 runs batches back to back.",
+            # argparse formats help with %: the percent sign is written %%.
+            f"{1 / (1 + DEFAULT_PAUSE) * 100:.0f}%% of the time); 0 runs batches back to back.",
         )
         parser.add_argument(
             "--rate",
