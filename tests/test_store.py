@@ -462,3 +462,14 @@ class StatementTests:
     def test_a_durations_parameter_is_the_same_by_either_route(self, duration):
         by_vendor = clock.SECONDS[connection.vendor](duration)
         assert by_vendor == clock.seconds(connection, duration)
+
+
+def test_no_backend_reads_before_claiming_and_waits_at_begin():
+    # The replay lookup before a claim (store.find_completed) runs outside a
+    # transaction and sets no wait of its own: a backend that waits at BEGIN,
+    # as SQLite does, must leave retries to its claim.
+    from django_idempotency.backends import BY_VENDOR, STANDARD
+
+    for backend in [*BY_VENDOR.values(), STANDARD]:
+        assert not (backend.reads_before_claiming and backend.waits_at_begin), backend
+    assert BY_VENDOR["postgresql"].reads_before_claiming
