@@ -22,7 +22,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponseBase
 from django.template.response import SimpleTemplateResponse
 from django.views import View
-from rest_framework import exceptions, generics, mixins, status
+from rest_framework import exceptions, generics, mixins
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -42,22 +42,21 @@ from django_idempotency.responses import problem_for
 logger = logging.getLogger("django_idempotency.drf")
 
 
+def _said_as(error: type[core_exceptions.IdempotencyError]) -> tuple[int, str, str]:
+    """The DRF exception's ``status_code``, ``default_detail`` and ``default_code``: ``error``'s."""
+    return error.status, error.default_detail, error.code
+
+
 class IdempotencyKeyRequired(exceptions.APIException):
-    status_code = status.HTTP_400_BAD_REQUEST
-    default_detail = core_exceptions.IdempotencyKeyRequired.default_detail
-    default_code = core_exceptions.IdempotencyKeyRequired.code
+    status_code, default_detail, default_code = _said_as(core_exceptions.IdempotencyKeyRequired)
 
 
 class InvalidIdempotencyKey(exceptions.APIException):
-    status_code = status.HTTP_400_BAD_REQUEST
-    default_detail = core_exceptions.InvalidIdempotencyKey.default_detail
-    default_code = core_exceptions.InvalidIdempotencyKey.code
+    status_code, default_detail, default_code = _said_as(core_exceptions.InvalidIdempotencyKey)
 
 
 class RequestInFlight(exceptions.APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_detail = core_exceptions.RequestInFlight.default_detail
-    default_code = core_exceptions.RequestInFlight.code
+    status_code, default_detail, default_code = _said_as(core_exceptions.RequestInFlight)
 
     def __init__(self, detail: Any = None, code: Any = None, wait: int = 1) -> None:
         super().__init__(detail, code)
@@ -66,9 +65,7 @@ class RequestInFlight(exceptions.APIException):
 
 
 class FingerprintMismatch(exceptions.APIException):
-    status_code = status.HTTP_422_UNPROCESSABLE_ENTITY
-    default_detail = core_exceptions.FingerprintMismatch.default_detail
-    default_code = core_exceptions.FingerprintMismatch.code
+    status_code, default_detail, default_code = _said_as(core_exceptions.FingerprintMismatch)
 
 
 _EQUIVALENTS: dict[type[core_exceptions.IdempotencyError], type[exceptions.APIException]] = {
