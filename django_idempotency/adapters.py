@@ -64,7 +64,9 @@ class Adapter:
     parsed_body: Callable[[Any], Any] | None = None
     #: The framework's response class, and the check that a response of it
     #: may be stored under a claim taken on ``request``: it returns the
-    #: response or raises ``ImproperlyConfigured``.
+    #: response or raises ``ImproperlyConfigured``. ``core.protect`` asks it
+    #: only of a claim taken on Django's own request: one taken on the
+    #: framework's request was taken once the framework ran.
     response_class: type | None = None
     check_claimed: Callable[[HttpResponseBase, Any], HttpResponseBase] | None = None
     #: Raises ``ImproperlyConfigured``, with the fix, for what ``@idempotent``

@@ -123,18 +123,21 @@ def protect(
     got. Raises an :class:`~django_idempotency.exceptions.IdempotencyError`
     for the 400/409/422 answers; a :class:`Guard` renders those.
     """
+    # A framework's request (DRF's) is read through Django's inside it: its
+    # proxy to Django's attributes raises and catches an error for each.
+    http_request = request if isinstance(request, HttpRequest) else django_request(request)
     try:
         # The key's checks read the body (its fingerprint) into a copy, which
         # is closed however the request ends: a refused key included.
-        call = _call(request, options, sender, finish)
+        call = _call(request, http_request, options, sender, finish)
         if call is None:
             response: HttpResponseBase = handler()
         else:
             response = call.run(handler)
     except BaseException:
-        close_spools_with(request, None)
+        close_spools_with(http_request, None)
         raise
-    close_spools_with(request, response)
+    close_spools_with(http_request, response)
     return response
 
 
@@ -162,32 +165,41 @@ async def protect_async(
 
 
 def _call(
-    request: HttpRequest, declared: DeclaredOptions, sender: Any, finish: Finish
+    request: HttpRequest,
+    http_request: HttpRequest,
+    declared: DeclaredOptions,
+    sender: Any,
+    finish: Finish,
 ) -> engine.Call | None:
     """The engine's call for this request, or ``None`` when it is not protected.
 
     Not protected: disabled, a method the view does not protect, or no key
     and none required (:func:`may_claim`, asked here with the key read once).
+    ``http_request`` is Django's request: ``request`` or the one inside it.
     """
-    if hasattr(request, _PROTECTED_WITH) and _protected_outside(request, declared, sender):
+    if (
+        _PROTECTED_WITH in vars(request) or hasattr(http_request, _PROTECTED_WITH)
+    ) and _protected_outside(request, declared, sender):
         return None
     # Resolved once per view, until the settings change.
     options = declared.resolved or declared.resolve()
     conf = idempotency_settings
-    if not conf.enabled or request.method not in options.methods:
+    if not conf.enabled or http_request.method not in options.methods:
         return None
-    raw_key = sent_key(request, options)
-    if raw_key is None:
-        if not options.required:
-            return None  # no key sent, or the view's key function found none
-        raise IdempotencyKeyRequired(_missing_key(request, options))
-    if options.key is None and _meta_name(conf.header) in request.META:
+    raw_key = None if options.key is not None else http_request.META.get(_meta_name(conf.header))
+    if raw_key is not None:
+        # The header (sent_key's common case, without the call).
         max_length, min_length = conf.key_max_length, conf.key_min_length
         if min_length <= len(raw_key) <= max_length and PLAIN_KEY.match(raw_key):
             key = raw_key  # parse_key's common case, without the call: a valid bare key
         else:
             key = parse_key(raw_key, max_length, min_length)
     else:
+        raw_key = sent_key(request, options)
+        if raw_key is None:
+            if not options.required:
+                return None  # no key sent, or the view's key function found none
+            raise IdempotencyKeyRequired(_missing_key(request, options))
         # What a function read from the request, or a form's field, has no
         # header syntax to parse.
         key = check_key(raw_key, conf.key_max_length, conf.key_min_length)
@@ -206,8 +218,9 @@ def _call(
     setattr(request, _PROTECTED_WITH, (options, request))
 
     def finished(response: HttpResponseBase) -> HttpResponseBase:
-        # check_claimed_for, then finish, in one frame on the common path.
-        for adapter in adapters.REGISTERED:
+        # check_claimed_for, then finish, in one frame on the common path. A
+        # claim taken on a framework's own request was taken once it ran.
+        for adapter in adapters.REGISTERED if request is http_request else ():
             checked = adapter.response_class
             if checked is not None and isinstance(response, checked) and adapter.check_claimed:
                 response = adapter.check_claimed(response, request)

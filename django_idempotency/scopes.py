@@ -21,6 +21,7 @@ import hashlib
 from django.http import HttpRequest
 from django.utils.crypto import salted_hmac
 
+from django_idempotency.body import django_request
 from django_idempotency.fields import KEY_COLUMN_LENGTH
 
 ANONYMOUS = "anonymous"
@@ -55,9 +56,12 @@ def user_scope(request: HttpRequest) -> str:
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated:
         return f"user:{user.pk}"
-    session = getattr(request, "session", None)
+    # The session and the headers are Django's request's: a framework's own
+    # request (DRF's) proxies them at the cost of an error raised and caught.
+    http_request = request if isinstance(request, HttpRequest) else django_request(request)
+    session = getattr(http_request, "session", None)
     if session is not None and session.session_key is not None:
-        scope = _session(request)
+        scope = _session(http_request)
         if scope is not None:
             return scope
     if isinstance(request, HttpRequest) and "headers" not in request.__dict__:
@@ -65,7 +69,7 @@ def user_scope(request: HttpRequest) -> str:
         # every header for one of them (servers send META's names in capitals).
         credentials = request.META.get("HTTP_AUTHORIZATION")
     else:
-        credentials = request.headers.get("Authorization")
+        credentials = http_request.headers.get("Authorization")
     if not credentials:
         return ANONYMOUS
     return _anonymous(credentials)

@@ -636,8 +636,27 @@ class RequiredByPropertyView(CountingView):
         return self.request.query_params.get("strict") == "1"
 
 
+class CountsItsFinalizing(APIView):
+    """A base class whose ``finalize_response`` does not repeat itself: it counts."""
+
+    def finalize_response(self, request: Any, response: Any, *args: Any, **kwargs: Any) -> Any:
+        response = super().finalize_response(request, response, *args, **kwargs)
+        response["X-Finalized"] = str(int(response.get("X-Finalized", "0")) + 1)
+        return response
+
+
+class FinalizingView(IdempotentMixin, CountsItsFinalizing):
+    authentication_classes: list[type] = []
+    permission_classes = [AllowAny]
+
+    def post(self, request: Request) -> Response:
+        calls.increment()
+        return Response({"call": calls.value}, status=201)
+
+
 urlpatterns = [
     path("counting/", CountingView.as_view()),
+    path("finalizing/", FinalizingView.as_view()),
     path("subclassed/", SubclassedCountingView.as_view()),
     path("by-property/", RequiredByPropertyView.as_view()),
     path("as-view-ttl/", CountingView.as_view(idempotency_ttl=60)),
@@ -727,6 +746,34 @@ class MixinInheritanceTests:
         client = APIClient()
         assert post(client, "/by-property/?strict=1", key=None).status_code == 400
         assert post(client, "/by-property/", key=None).status_code == 201
+
+    @pytest.mark.parametrize("patched", [SubclassedCountingView, CountingView])
+    def test_a_property_patched_in_after_the_first_request_is_read_per_request(
+        self, patched: type, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # On the class itself or on a base, until the patch is undone.
+        client = APIClient()
+        assert post(client, "/subclassed/?strict=1", key=None).status_code == 201
+        strict = property(lambda view: view.request.query_params.get("strict") == "1")
+        monkeypatch.setattr(patched, "idempotency_required", strict, raising=False)
+
+        assert post(client, "/subclassed/?strict=1", key=None).status_code == 400
+        assert post(client, "/subclassed/", key=None).status_code == 201
+        monkeypatch.undo()
+        assert post(client, "/subclassed/?strict=1", key=None).status_code == 201
+
+    @override_settings(IDEMPOTENCY={"STORED_HEADERS": ["Content-Type", "X-Finalized"]})
+    def test_a_base_class_finalizes_as_drf_asks_it_to_sent_and_replayed_alike(self) -> None:
+        # Once to store the response, once more when DRF's dispatch asks (a
+        # replay: once, over the stored header), whatever the mixin skips of
+        # DRF's own finalising, which only repeats itself.
+        client = APIClient()
+        first = post(client, "/finalizing/")
+        retry = post(client, "/finalizing/")
+
+        assert retry["Idempotent-Replayed"] == "true" and retry.json() == first.json()
+        assert first["X-Finalized"] == retry["X-Finalized"] == "2"
+        assert first["Allow"] == retry["Allow"] and first["Vary"] == retry["Vary"]
 
     def test_as_view_argument_applies(self) -> None:
         before = timezone.now()

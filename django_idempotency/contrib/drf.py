@@ -12,9 +12,10 @@ from __future__ import annotations
 import difflib
 import inspect
 import logging
+import operator
 import weakref
-from collections.abc import Callable
 from functools import partial, wraps
+from types import FunctionType
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction
@@ -22,7 +23,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponseBase
 from django.template.response import SimpleTemplateResponse
 from django.views import View
-from rest_framework import exceptions, generics, mixins, status
+from rest_framework import exceptions, generics, mixins
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -30,7 +31,7 @@ from rest_framework.views import APIView
 from django_idempotency import exceptions as core_exceptions
 from django_idempotency.adapters import Adapter, Layer, register
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.core import Guard, guard_for, may_claim
+from django_idempotency.core import Answer, Guard, may_claim, protect
 from django_idempotency.decorators import dispatched_view
 from django_idempotency.marks import EXEMPT_ATTRIBUTE, is_exempt
 from django_idempotency.options import OPTION_NAMES, DeclaredOptions, NonAtomicRequests
@@ -42,22 +43,21 @@ from django_idempotency.responses import problem_for
 logger = logging.getLogger("django_idempotency.drf")
 
 
+def _said_as(error: type[core_exceptions.IdempotencyError]) -> tuple[int, str, str]:
+    """The DRF exception's ``status_code``, ``default_detail`` and ``default_code``: ``error``'s."""
+    return error.status, error.default_detail, error.code
+
+
 class IdempotencyKeyRequired(exceptions.APIException):
-    status_code = status.HTTP_400_BAD_REQUEST
-    default_detail = core_exceptions.IdempotencyKeyRequired.default_detail
-    default_code = core_exceptions.IdempotencyKeyRequired.code
+    status_code, default_detail, default_code = _said_as(core_exceptions.IdempotencyKeyRequired)
 
 
 class InvalidIdempotencyKey(exceptions.APIException):
-    status_code = status.HTTP_400_BAD_REQUEST
-    default_detail = core_exceptions.InvalidIdempotencyKey.default_detail
-    default_code = core_exceptions.InvalidIdempotencyKey.code
+    status_code, default_detail, default_code = _said_as(core_exceptions.InvalidIdempotencyKey)
 
 
 class RequestInFlight(exceptions.APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_detail = core_exceptions.RequestInFlight.default_detail
-    default_code = core_exceptions.RequestInFlight.code
+    status_code, default_detail, default_code = _said_as(core_exceptions.RequestInFlight)
 
     def __init__(self, detail: Any = None, code: Any = None, wait: int = 1) -> None:
         super().__init__(detail, code)
@@ -66,9 +66,7 @@ class RequestInFlight(exceptions.APIException):
 
 
 class FingerprintMismatch(exceptions.APIException):
-    status_code = status.HTTP_422_UNPROCESSABLE_ENTITY
-    default_detail = core_exceptions.FingerprintMismatch.default_detail
-    default_code = core_exceptions.FingerprintMismatch.code
+    status_code, default_detail, default_code = _said_as(core_exceptions.FingerprintMismatch)
 
 
 _EQUIVALENTS: dict[type[core_exceptions.IdempotencyError], type[exceptions.APIException]] = {
@@ -104,6 +102,14 @@ def error_response(request: Request, error: core_exceptions.IdempotencyError) ->
     return response
 
 
+#: Set on a response that :func:`finish` had its view finalise: the view's
+#: ``id()``, so that ``IdempotentMixin.finalize_response`` does not finalise
+#: it a second time when DRF's ``dispatch`` asks.
+_FINALIZED_BY = "_idempotency_finalized_by"
+#: DRF's own ``finalize_response``, as imported (not as a test may patch it).
+_DRF_FINALIZE = APIView.finalize_response
+
+
 def finish(request: Request, response: HttpResponseBase) -> HttpResponseBase:
     """One rendering rule for the mixin and ``@api_view``: the view finalises, then it renders.
 
@@ -112,14 +118,12 @@ def finish(request: Request, response: HttpResponseBase) -> HttpResponseBase:
     sent. A plain template response (which DRF passes through) is rendered too.
     """
     if isinstance(response, Response) and not response.is_rendered:
-        response = request.parser_context["view"].finalize_response(request, response)
+        view = request.parser_context["view"]
+        response = view.finalize_response(request, response)
+        setattr(response, _FINALIZED_BY, id(view))
     if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
         response.render()  # as core.render does, without its frame
     return response
-
-
-def _django_request(request: Request) -> HttpRequest:
-    return request._request
 
 
 def refuse_above_api_view(view: Any) -> None:
@@ -177,6 +181,8 @@ def _claimed_after_authentication(response: HttpResponseBase, request: Any) -> H
 
 ATTRIBUTE_PREFIX = "idempotency_"
 _ATTRIBUTES = tuple(ATTRIBUTE_PREFIX + name for name in OPTION_NAMES)
+#: A class's ``idempotency_*`` attributes, read in one call.
+_read_attributes = operator.attrgetter(*_ATTRIBUTES)
 
 
 class IdempotentMixin:
@@ -191,12 +197,16 @@ class IdempotentMixin:
     # One ``idempotency_<option>`` attribute per option, each None: set below
     # the class, from the options table.
     _idempotency_options: DeclaredOptions
+    # The ``idempotency_*`` attributes as last read, and those of them that
+    # are properties (read per request): see view_options.
+    _idempotency_properties: tuple[tuple[Any, ...], list[str]]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         _check_order(cls)
         _check_attribute_names(cls)
         cls._idempotency_options = _class_options(cls, {})
+        cls._idempotency_properties = (_read_attributes(cls), _properties(cls))
 
     @classmethod
     def as_view(cls, *args: Any, **initkwargs: Any) -> Any:
@@ -218,43 +228,69 @@ class IdempotentMixin:
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)  # type: ignore[misc]
-        _protect_handler(self, request, view_options(self), guard_for)
+        _protect_handler(self, request, view_options(self), error_response)
+
+    def finalize_response(
+        self, request: Request, response: HttpResponseBase, *args: Any, **kwargs: Any
+    ) -> HttpResponseBase:
+        """DRF's, which has nothing left to do for a response this view finalised to store it.
+
+        It would only set what it set then (the renderer, ``Allow``; ``Vary``
+        was taken), so it is skipped for that response, as long as what
+        finalises after this class is DRF's own: a base class's may not
+        repeat itself, and runs again.
+        """
+        finalize = super().finalize_response  # type: ignore[misc]
+        if (
+            response.__dict__.pop(_FINALIZED_BY, None) == id(self)
+            and getattr(finalize, "__func__", None) is _DRF_FINALIZE
+        ):
+            return response
+        return finalize(request, response, *args, **kwargs)
 
 
-def _protect_handler(
-    view: Any, request: Request, options: DeclaredOptions, guarded: Callable[[Request], Guard]
-) -> None:
+def _protect_handler(view: Any, request: Request, options: DeclaredOptions, answer: Answer) -> None:
     """Shadow the handler DRF is about to call, on the instance, with a protected one.
 
     DRF looks the handler up after ``initial()``, which has authenticated
     the caller and checked permissions and throttles; ViewSets set their
-    actions on the instance the same way.
+    actions on the instance the same way. ``answer`` answers our errors:
+    through the view's exception handling, or as problem details.
     """
-    method = (request.method or "").lower()
+    # Django's request's method, as DRF's own proxies it, without the proxy.
+    method = (request._request.method or "").lower()
     handler = getattr(view, method, None)
     if handler is None:
         return
     sender = type(view)
-    if iscoroutinefunction(handler):
+    # iscoroutinefunction(handler), without its calls for a plain method: a
+    # function with nothing in its __dict__ carries no marker that makes it
+    # a coroutine function, so its code's flag is the whole answer.
+    function = getattr(handler, "__func__", handler)
+    if type(function) is FunctionType and not function.__dict__:
+        is_async = bool(function.__code__.co_flags & inspect.CO_COROUTINE)
+    else:
+        is_async = iscoroutinefunction(handler)
+    if is_async:
         # An async handler of an adrf view (docs/async.rst).
 
         async def protected_async(request: Request, *args: Any, **kwargs: Any) -> Any:
             call = partial(handler, request, *args, **kwargs)
-            return await guarded(request).acall(request, call, options, sender)
+            guard = Guard(finish=partial(finish, request), answer=answer)
+            return await guard.acall(request, call, options, sender)
 
         setattr(view, method, protected_async)
         return
 
     def protected(request: Request, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        # Guard.call without building a guard per request.
         call = partial(handler, request, *args, **kwargs)
-        return guarded(request).call(request, call, options, sender)
+        try:
+            return protect(request, call, options, sender=sender, finish=partial(finish, request))
+        except core_exceptions.IdempotencyError as error:
+            return answer(request, error)
 
     setattr(view, method, protected)
-
-
-def _problem_guard(request: Request) -> Guard:
-    """DRF's rendering, with a decorator's answers: problem details."""
-    return Guard(finish=partial(finish, request), answer=problem_for)
 
 
 def protect_after_authentication(view_func: Any, options: DeclaredOptions, wrapper: Any) -> Any:
@@ -311,7 +347,7 @@ def _dispatch_protecting_the_handler(
     def initial(drf_request: Request, *a: Any, **kw: Any) -> None:
         reached.append(True)
         authenticated(drf_request, *a, **kw)
-        _protect_handler(view, drf_request, options, _problem_guard)
+        _protect_handler(view, drf_request, options, problem_for)
 
     view.initial = initial  # type: ignore[method-assign, assignment]
     response = dispatch(request, *args, **kwargs)
@@ -358,7 +394,15 @@ def view_options(view: IdempotentMixin) -> DeclaredOptions:
     property is read from the instance and checked now, as each request does.
     """
     options = view._idempotency_options
-    dynamic = _properties(type(view))
+    cls = type(view)
+    # Which options are properties is looked for again only when the
+    # attributes, read in one call, are no longer what they were when it was
+    # last looked for: the class, or a base, was patched since.
+    values = _read_attributes(cls)
+    seen, dynamic = cls._idempotency_properties
+    if values != seen:
+        dynamic = _properties(cls)
+        cls._idempotency_properties = (values, dynamic)
     if dynamic:
         given = {name: getattr(view, name) for name in _ATTRIBUTES}
         given = {name: given[name] for name in [*dynamic, *vars(view)] if name in given}
@@ -580,7 +624,8 @@ def _with_mixin(view: Any, view_class: type, lease: bool) -> Any:
 ADAPTER = Adapter(
     name="Django REST framework",
     request_class=Request,
-    django_request=_django_request,
+    # A C callable, not a function: asked for each read of Django's request.
+    django_request=operator.attrgetter("_request"),
     finish=finish,
     answer=error_response,
     negotiated_format=lambda request: getattr(request, "accepted_media_type", None),
