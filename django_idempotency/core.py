@@ -177,14 +177,19 @@ def _call(
     and none required (:func:`may_claim`, asked here with the key read once).
     ``http_request`` is Django's request: ``request`` or the one inside it.
     """
-    if (
-        _PROTECTED_WITH in vars(request) or hasattr(http_request, _PROTECTED_WITH)
-    ) and _protected_outside(request, declared, sender):
+    # Read from Django's request without a framework's proxy (DRF's raises
+    # and catches an error for each), but what a project set on the
+    # framework's request itself comes first, as the proxy would give it.
+    own = {} if request is http_request else getattr(request, "__dict__", {})
+    if (_PROTECTED_WITH in own or hasattr(http_request, _PROTECTED_WITH)) and _protected_outside(
+        request, declared, sender
+    ):
         return None
     # Resolved once per view, until the settings change.
     options = declared.resolved or declared.resolve()
     conf = idempotency_settings
-    if not conf.enabled or http_request.method not in options.methods:
+    method = own.get("method") or http_request.method
+    if not conf.enabled or method not in options.methods:
         return None
     raw_key = None if options.key is not None else http_request.META.get(_meta_name(conf.header))
     if raw_key is not None:

@@ -17,6 +17,7 @@ header by a keyed digest of it, under every adapter alike.
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 from django.http import HttpRequest
 from django.utils.crypto import salted_hmac
@@ -58,13 +59,21 @@ def user_scope(request: HttpRequest) -> str:
         return f"user:{user.pk}"
     # The session and the headers are Django's request's: a framework's own
     # request (DRF's) proxies them at the cost of an error raised and caught.
+    # What a project set on the framework's request itself comes first, as
+    # the proxy would give it (a session of its own for anonymous callers).
     http_request = request if isinstance(request, HttpRequest) else django_request(request)
-    session = getattr(http_request, "session", None)
+    own = {} if request is http_request else getattr(request, "__dict__", {})
+    session = own.get("session")
+    if session is None:
+        session = getattr(http_request, "session", None)
     if session is not None and session.session_key is not None:
-        scope = _session(http_request)
+        scope = _session(session)
         if scope is not None:
             return scope
-    if isinstance(request, HttpRequest) and "headers" not in request.__dict__:
+    headers = own.get("headers")
+    if headers is not None:
+        credentials = headers.get("Authorization")
+    elif isinstance(request, HttpRequest) and "headers" not in request.__dict__:
         # What request.headers would hold, without building a mapping of
         # every header for one of them (servers send META's names in capitals).
         credentials = request.META.get("HTTP_AUTHORIZATION")
@@ -83,9 +92,8 @@ def session_scope(request: HttpRequest) -> str:
     return user_scope(request)
 
 
-def _session(request: HttpRequest) -> str | None:
-    session = getattr(request, "session", None)
-    if session is None or session.session_key is None:
+def _session(session: Any) -> str | None:
+    if session.session_key is None:
         return None
     # Loading the session drops a key the store does not know (expired,
     # forged), so a made-up cookie does not get a scope of its own.

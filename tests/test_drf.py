@@ -654,8 +654,46 @@ class FinalizingView(IdempotentMixin, CountsItsFinalizing):
         return Response({"call": calls.value}, status=201)
 
 
+class OverriddenMethodView(IdempotentMixin, APIView):
+    """A method override set on DRF's request, which DRF dispatches on (``clone_request`` too)."""
+
+    authentication_classes: list[type] = []
+    permission_classes = [AllowAny]
+    idempotency_methods = ["POST", "PUT"]
+
+    def initialize_request(self, request: Any, *args: Any, **kwargs: Any) -> Request:
+        drf_request = super().initialize_request(request, *args, **kwargs)
+        override = request.headers.get("X-HTTP-Method-Override")
+        if override:
+            drf_request.method = override
+        return drf_request
+
+    def put(self, request: Request) -> Response:
+        calls.increment()
+        return Response({"call": calls.value}, status=201)
+
+
+class SessionOnTheDrfRequestView(IdempotentMixin, APIView):
+    """A session of the project's own, set on DRF's request for anonymous callers."""
+
+    authentication_classes: list[type] = []
+    permission_classes = [AllowAny]
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        from django.contrib.sessions.backends.db import SessionStore
+
+        request.session = SessionStore(session_key=request.META.get("HTTP_X_SID"))
+        super().initial(request, *args, **kwargs)
+
+    def post(self, request: Request) -> Response:
+        calls.increment()
+        return Response({"caller": request.META["HTTP_X_SID"], "call": calls.value}, status=201)
+
+
 urlpatterns = [
     path("counting/", CountingView.as_view()),
+    path("overridden-method/", OverriddenMethodView.as_view()),
+    path("own-session/", SessionOnTheDrfRequestView.as_view()),
     path("finalizing/", FinalizingView.as_view()),
     path("subclassed/", SubclassedCountingView.as_view()),
     path("by-property/", RequiredByPropertyView.as_view()),
@@ -774,6 +812,31 @@ class MixinInheritanceTests:
         assert retry["Idempotent-Replayed"] == "true" and retry.json() == first.json()
         assert first["X-Finalized"] == retry["X-Finalized"] == "2"
         assert first["Allow"] == retry["Allow"] and first["Vary"] == retry["Vary"]
+
+    def test_a_method_set_on_drfs_request_is_the_one_protected(self) -> None:
+        client = APIClient()
+        override = {"HTTP_X_HTTP_METHOD_OVERRIDE": "PUT"}
+        first = post(client, "/overridden-method/", **override)
+        retry = post(client, "/overridden-method/", **override)
+
+        assert first.status_code == 201
+        assert retry["Idempotent-Replayed"] == "true" and retry.json() == first.json()
+        assert calls.value == 1
+
+    def test_a_session_set_on_drfs_request_scopes_each_caller(self) -> None:
+        from django.contrib.sessions.backends.db import SessionStore
+
+        alice, bob = SessionStore(), SessionStore()
+        alice.create()
+        bob.create()
+        client = APIClient()
+        first = post(client, "/own-session/", HTTP_X_SID=alice.session_key)
+        other = post(client, "/own-session/", HTTP_X_SID=bob.session_key)
+
+        assert "Idempotent-Replayed" not in other
+        assert other.json() == {"caller": bob.session_key, "call": 2}
+        assert first.json() == {"caller": alice.session_key, "call": 1}
+        assert IdempotencyKey.objects.count() == 2
 
     def test_as_view_argument_applies(self) -> None:
         before = timezone.now()

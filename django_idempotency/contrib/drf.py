@@ -257,8 +257,9 @@ def _protect_handler(view: Any, request: Request, options: DeclaredOptions, answ
     actions on the instance the same way. ``answer`` answers our errors:
     through the view's exception handling, or as problem details.
     """
-    # Django's request's method, as DRF's own proxies it, without the proxy.
-    method = (request._request.method or "").lower()
+    # The method DRF dispatches on: one set on DRF's request itself (an
+    # override, clone_request), else Django's, without the proxy.
+    method = (vars(request).get("method") or request._request.method or "").lower()
     handler = getattr(view, method, None)
     if handler is None:
         return
