@@ -202,7 +202,8 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):
     def release_in_progress(
         self, request: HttpRequest, queryset: QuerySet[Any]
     ) -> HttpResponse | None:
-        # Owned: its lease held or run out (a released one is free already).
+        # Owned: its lease held or run out. A released one is given back already:
+        # free to any request without checkpoints, to its own request's retry with.
         in_progress = queryset.filter(leases.q(leases.HELD) | leases.q(leases.ABANDONED))
         confirmed = request.POST.get("confirm") == "yes"
         if not confirmed:

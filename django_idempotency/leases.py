@@ -90,6 +90,44 @@ def sql(state: State, connection: BaseDatabaseWrapper, table: str = "") -> str:
     return f"({owned} AND {expiry_sql(state == ABANDONED, connection, table)})"
 
 
+def carries_checkpoints(checkpoints: Any) -> bool:
+    """Whether a claim's checkpoints record a step: a JSON object with a member.
+
+    SQL ``NULL``, JSON ``null``, ``{}`` and ``[]`` record none. What
+    :func:`checkpoints_sql` says in a statement.
+    """
+    return isinstance(checkpoints, dict) and bool(checkpoints)
+
+
+def checkpoints_sql(connection: BaseDatabaseWrapper, table: str = "") -> str:
+    """The records whose checkpoints record a step, as SQL (:func:`carries_checkpoints`).
+
+    Never ``NULL``, so that it can be negated.
+    """
+    column = _column(connection, table, "checkpoints")
+    if connection.vendor == "postgresql":
+        kept = f"jsonb_typeof({column}) = 'object' AND {column} <> '{{}}'::jsonb"
+    elif connection.vendor == "mysql":
+        kept = f"JSON_TYPE({column}) = 'OBJECT' AND JSON_LENGTH({column}) > 0"
+    else:
+        kept = f"json_type({column}) = 'object' AND json({column}) <> '{{}}'"
+    return f"({column} IS NOT NULL AND {kept})"
+
+
+def retained(retained_until: datetime | None, now: datetime) -> bool:
+    """Whether the purge still keeps a claim by the database's clock ``now``, read with it.
+
+    ``None`` (atomic mode's claims) retains nothing past its expiry.
+    """
+    return retained_until is not None and retained_until > now
+
+
+def retained_sql(connection: BaseDatabaseWrapper, table: str = "") -> str:
+    """The records still retained (:func:`retained`), as SQL; never ``NULL``."""
+    column = _column(connection, table, "retained_until")
+    return f"({column} IS NOT NULL AND {column} > {clock.now_sql(connection)})"
+
+
 def expiry_sql(past: bool, connection: BaseDatabaseWrapper, table: str = "") -> str:
     """The records past their expiry (``past``) or not, as SQL, by the database's clock in it."""
     compare = "<=" if past else ">"

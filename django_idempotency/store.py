@@ -143,9 +143,10 @@ def claim(
     lease run out): that is returned, for a recovery policy to decide on
     (:func:`take_over` then takes it, fenced by its owner's token). A claim
     taken over from the same request carries its attempt and checkpoints.
-    A claim released with checkpoints is never taken over by another
-    request (another fingerprint): it is returned, for the caller to answer
-    as a key reused for other work (``Record.bound_to_other_work``).
+    A claim whose lease ran out (released or abandoned) with checkpoints is
+    never taken over by another request (another fingerprint) while the
+    purge keeps it: it is returned, for the caller to answer as a key
+    reused for other work (``Record.bound_to_other_work``).
 
     ``connection`` is ``using``'s, when the caller has it already: looking
     it up again costs about as much as the rest of this function's Python

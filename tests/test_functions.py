@@ -378,8 +378,9 @@ class ContractTests:
             2,
         )
 
-    @pytest.mark.parametrize("released_by", ["owner", "operator"])
-    def test_lease_mode_released_claim_with_checkpoints_refuses_other_arguments(self, released_by):
+    @pytest.mark.parametrize("released_by", ["owner", "operator", "nobody"])
+    def test_lease_mode_claim_left_with_checkpoints_refuses_other_arguments(self, released_by):
+        # "nobody": its owner died and its lease ran out (abandoned), no recovery policy.
         runs: list[int] = []
         endings: list[type[BaseException]] = [SystemExit]
         if released_by == "owner":
@@ -405,10 +406,11 @@ class ContractTests:
             if released_by == "owner":
                 with pytest.raises(RuntimeError):
                     charge("k", 10)  # takes it over, then fails: released, kept
-            else:
+            elif released_by == "operator":
                 call_command("idempotency_keys", "release", "test.charge", "k", stdout=StringIO())
             before = IdempotencyKey.objects.values().get()
-            assert (before["owner_token"], before["checkpoints"]) == ("", progress)
+            released = released_by != "nobody"
+            assert (before["owner_token"] == "", before["checkpoints"]) == (released, progress)
 
             with pytest.raises(ArgumentsMismatch):
                 charge("k", 99)

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 
 import pytest
 from django.db import connection
+from django.db.models import JSONField, Value
 
 from django_idempotency import clock, leases
 from django_idempotency.backends.base import read_record, unless_bound
@@ -130,15 +131,42 @@ def test_a_record_expiring_at_the_clocks_instant_has_expired_by_every_form(pinne
     assert by_sql(leases.sql(leases.ABANDONED, connection))
 
 
-@pytest.mark.parametrize("checkpoints", [None, {}, {"charged": 1}], ids=["null", "empty", "some"])
-def test_python_and_sql_agree_on_which_released_claims_are_bound_to_their_request(
-    every_kind_of_row, checkpoints
+#: A claim's checkpoints as stored: SQL NULL, JSON null, {} and [] record no step.
+CHECKPOINTS = {
+    "sql-null": None,
+    "json-null": Value(None, JSONField()),
+    "empty": {},
+    "empty-list": [],
+    "some": {"charged": 1},
+}
+
+
+@pytest.mark.parametrize("checkpoints", list(CHECKPOINTS))
+@pytest.mark.parametrize("retained", [None, -HOUR, HOUR], ids=["unretained", "past", "ahead"])
+def test_python_and_sql_agree_on_which_claims_are_bound_to_their_request(
+    every_kind_of_row, checkpoints, retained
 ):
-    # Only a released claim that carries checkpoints, and only for another
-    # request (another fingerprint), is left alone by a takeover.
+    # Only a claim whose lease ran out (released or abandoned) that carries
+    # checkpoints, while the purge keeps it, and only for another request
+    # (another fingerprint), is left alone by a takeover.
+    now = clock.read(connection)
     rows = IdempotencyKey.objects.filter(pk__in=every_kind_of_row)
-    rows.update(checkpoints=checkpoints)  # None: SQL NULL; {}: JSON {}
+    rows.update(
+        checkpoints=CHECKPOINTS[checkpoints],
+        retained_until=None if retained is None else now + retained,
+    )
     table = connection.ops.quote_name(IdempotencyKey._meta.db_table)
+    carried = checkpoints == "some"
+    carries = leases.checkpoints_sql(connection)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT id FROM {table} WHERE scope = 'leases' AND {carries}", [])
+        by_sql = {row[0] for row in cursor.fetchall()}
+    by_python = {
+        pk
+        for pk, key in rows.values_list("pk", "key")
+        if leases.carries_checkpoints(read_record(connection, "leases", key).checkpoints)
+    }
+    assert by_sql == by_python == (set(every_kind_of_row) if carried else set())
     for fingerprint in ["f", "other"]:
         with connection.cursor() as cursor:
             cursor.execute(
@@ -154,9 +182,13 @@ def test_python_and_sql_agree_on_which_released_claims_are_bound_to_their_reques
         named = {
             pk
             for pk, state in every_kind_of_row.items()
-            if state == leases.RELEASED and checkpoints and fingerprint != "f"
+            if state in (leases.RELEASED, leases.ABANDONED)
+            and carried
+            and retained == HOUR
+            and fingerprint != "f"
         }
 
         assert by_python == named
         assert free == set(every_kind_of_row) - named
-        assert len(named) == (2 if checkpoints and fingerprint != "f" else 0)
+        bound = carried and retained == HOUR and fingerprint != "f"
+        assert len(named) == (3 if bound else 0)

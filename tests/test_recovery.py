@@ -205,8 +205,10 @@ class TakeoverTests:
         assert Charge.objects.count() == 1
         assert pay(client).json() == retry.json()  # and then replayed
 
-    def test_another_request_takes_an_abandoned_claim_over_as_new(self, client, clock):
-        died(client)
+    def test_another_request_takes_an_abandoned_claim_without_checkpoints_over_as_new(
+        self, client, clock
+    ):
+        died(client, after="started")  # before its first checkpoint
         clock.past_the_lease()
 
         other = pay(client, amount=99)  # same key, other body
@@ -215,6 +217,52 @@ class TakeoverTests:
         assert other.json()["attempt"] == 1
         assert other.json()["resumed"] == []
         assert IdempotencyKey.objects.get().attempt == 1
+
+    def test_an_abandoned_claim_with_checkpoints_refuses_another_body(self, client, clock):
+        died(client)  # killed after charging
+        clock.past_the_lease()
+        before = IdempotencyKey.objects.values().get()
+        assert before["owner_token"] != "" and set(before["checkpoints"]) == {"charged"}
+
+        other = pay(client, amount=99)  # same key, other body
+
+        assert other.status_code == 422, other.content
+        assert other["Content-Type"] == "application/problem+json"
+        assert IdempotencyKey.objects.values().get() == before  # nothing changed
+        assert steps_run() == ["charge"]
+        retry = pay(client)  # the same request still resumes, as the next attempt
+        assert retry.status_code == 201, retry.content
+        assert retry.json()["attempt"] == before["attempt"] + 1
+        assert retry.json()["resumed"] == ["charged"]
+        assert steps_run() == ["charge", "ship"]
+        assert Charge.objects.count() == 1
+
+    @pytest.mark.parametrize("ended", ["released", "abandoned"])
+    def test_a_claim_with_checkpoints_is_bound_only_while_it_is_retained(
+        self, client, clock, ended
+    ):
+        if ended == "released":
+            recovery_views.fail_after.add("charged")
+            with pytest.raises(RuntimeError):
+                pay(client)
+        else:
+            died(client)
+        retained_until = IdempotencyKey.objects.get().retained_until
+        assert retained_until is not None
+        # Just before its retention ends, by the database's clock: still bound.
+        clock.offset += retained_until - database_clock.read(connection) - timedelta(seconds=2)
+        assert pay(client, amount=99).status_code == 422
+
+        clock.offset += timedelta(seconds=3)  # its retention is over: the key is free
+        other = pay(client, amount=99)
+
+        assert other.status_code == 201, other.content
+        assert (other.json()["attempt"], other.json()["resumed"]) == (1, [])
+        record = IdempotencyKey.objects.get()
+        assert (record.state, record.attempt) == (State.COMPLETED, 1)
+        assert pay(client, amount=99)["Idempotent-Replayed"] == "true"
+        assert pay(client).status_code == 422  # now bound to the other body's answer
+        assert steps_run() == ["charge", "charge", "ship"]
 
     def test_a_failed_run_keeps_its_checkpoints_for_the_retry(self, client):
         recovery_views.fail_after.add("charged")

@@ -420,7 +420,11 @@ class StatementTests:
     """The statements' SQL and conversions, built once per vendor, read as the ORM does."""
 
     def test_a_read_record_holds_what_the_orm_reads(self):
-        made = IdempotencyKeyFactory(checkpoints={"charged": {"id": 7}}, attempt=2)
+        made = IdempotencyKeyFactory(
+            checkpoints={"charged": {"id": 7}},
+            attempt=2,
+            retained_until=timezone.now() + timedelta(hours=1),
+        )
         orm = IdempotencyKey.objects.get(pk=made.pk)
 
         record = base.read_record(connection, orm.scope, orm.key)
@@ -432,6 +436,7 @@ class StatementTests:
             orm.owner_token,
         )
         assert (record.created_at, record.expires_at) == (orm.created_at, orm.expires_at)
+        assert record.retained_until == orm.retained_until
         assert record.created_at.tzinfo is not None and record.seen_at.tzinfo is not None
         assert record.response.status_code == orm.status_code
         assert record.response.headers == orm.response_headers

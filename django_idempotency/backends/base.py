@@ -91,6 +91,8 @@ class Record:
     #: they recorded as done.
     attempt: int = 1
     checkpoints: dict[str, Any] = field(default_factory=dict)
+    #: Lease mode: until when the purge keeps it in progress (``None``: atomic mode).
+    retained_until: datetime | None = None
 
     @property
     def expired(self) -> bool:
@@ -116,19 +118,23 @@ class Record:
         return state == leases.ABANDONED
 
     def bound_to_other_work(self, fingerprint: str) -> bool:
-        """Released with checkpoints by work other than ``fingerprint``'s: not to be taken over.
+        """Bound to work other than ``fingerprint``'s: not to be taken over by it.
 
-        Its owners recorded steps done (a charge, say) for the request they
-        ran, so its key stays bound to that request: another is answered as
-        one with the same key and a different fingerprint, ``422`` (SPEC
-        4.3). A released claim without checkpoints is free, as no record is.
-        What :func:`unless_bound` decides in the statement that takes over.
+        A claim whose lease ran out (released, or abandoned by an owner that
+        died) with checkpoints: its owners recorded steps done (a charge,
+        say) for the request they ran, so its key stays bound to that
+        request while the purge keeps the claim (its ``retained_until``):
+        another is answered as one with the same key and a different
+        fingerprint, ``422`` (SPEC 4.3). Without checkpoints, or once its
+        retention is over, it is free, as no record is. What
+        :func:`unless_bound` decides in the statement that takes over.
         """
+        state = leases.state_of(self.completed, self.owner_token, self.expires_at, self.seen_at)
         return (
-            bool(self.checkpoints)
+            state in (leases.RELEASED, leases.ABANDONED)
             and self.fingerprint != fingerprint
-            and leases.state_of(self.completed, self.owner_token, self.expires_at, self.seen_at)
-            == leases.RELEASED
+            and leases.carries_checkpoints(self.checkpoints)
+            and leases.retained(self.retained_until, self.seen_at)
         )
 
 
@@ -488,27 +494,27 @@ def unless_abandoned(connection: BaseDatabaseWrapper, take_over_abandoned: bool,
 
 
 def unless_bound(connection: BaseDatabaseWrapper, fingerprint: str, table: str = "") -> str:
-    """A takeover's condition that leaves a released claim bound to its request alone.
+    """A takeover's condition that leaves a claim bound to its request alone.
 
-    A claim released (by its owner or an operator) with checkpoints stays
-    bound to the request that recorded them: a request with another
-    ``fingerprint`` (SQL: a parameter, or the upsert's ``EXCLUDED`` column)
-    does not take it over, and is answered from it (``422``). Without
-    checkpoints (SQL ``NULL``, or JSON ``{}``) a released claim is taken as
+    A claim whose lease ran out (released by its owner or an operator, or
+    abandoned) with checkpoints stays bound to the request that recorded
+    them while the purge keeps it (``retained_until`` ahead of the
+    database's clock): a request with another ``fingerprint`` (SQL: a
+    parameter, or the upsert's ``EXCLUDED`` column) does not take it over,
+    and is answered from it (``422``). Without checkpoints
+    (:func:`leases.checkpoints_sql`), or past its retention, it is taken as
     an absent record would be. ``table`` qualifies the columns (``"t."``).
     See :meth:`Record.bound_to_other_work`.
     """
     quote = connection.ops.quote_name
-    columns = column_names()
-    checkpoints = f"{table}{quote(columns['checkpoints'])}"
-    if connection.vendor == "mysql":
-        carried = f"COALESCE(JSON_LENGTH({checkpoints}), 0) > 0"
-    else:
-        empty = "'{}'::jsonb" if connection.vendor == "postgresql" else "'{}'"
-        carried = f"{checkpoints} IS NOT NULL AND {checkpoints} <> {empty}"
-    released = leases.sql(leases.RELEASED, connection, table)
-    other = f"{table}{quote(columns['fingerprint'])} <> {fingerprint}"
-    return f" AND NOT ({released} AND {carried} AND {other})"
+    ran_out = (
+        f"({leases.sql(leases.RELEASED, connection, table)} "
+        f"OR {leases.sql(leases.ABANDONED, connection, table)})"
+    )
+    carried = leases.checkpoints_sql(connection, table)
+    retained = leases.retained_sql(connection, table)
+    other = f"{table}{quote(column_names()['fingerprint'])} <> {fingerprint}"
+    return f" AND NOT ({ran_out} AND {carried} AND {retained} AND {other})"
 
 
 def claimed_columns(connection: BaseDatabaseWrapper, table: str = "") -> str:
@@ -545,6 +551,7 @@ RECORD_COLUMNS = [
     "locked_until",
     "created_at",
     "expires_at",
+    "retained_until",
     *PROGRESS,
 ]
 
@@ -570,6 +577,7 @@ def record_of(connection: BaseDatabaseWrapper, row: Any) -> Record:
         locked_until,
         created_at,
         expires_at,
+        retained_until,
         attempt,
         checkpoints,
         seen_at,
@@ -587,6 +595,7 @@ def record_of(connection: BaseDatabaseWrapper, row: Any) -> Record:
         seen_at=seen_at,
         attempt=int(attempt),
         checkpoints=checkpoints or {},
+        retained_until=retained_until,
     )
 
 
