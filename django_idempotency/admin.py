@@ -203,7 +203,8 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):
         self, request: HttpRequest, queryset: QuerySet[Any]
     ) -> HttpResponse | None:
         # Owned: its lease held or run out. A released one is given back already:
-        # free to any request without checkpoints, to its own request's retry with.
+        # free to any request if it has no checkpoints, else to its own
+        # request's retry while it is retained.
         in_progress = queryset.filter(leases.q(leases.HELD) | leases.q(leases.ABANDONED))
         confirmed = request.POST.get("confirm") == "yes"
         if not confirmed:
