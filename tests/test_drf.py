@@ -645,20 +645,25 @@ class CountsItsFinalizing(APIView):
         return response
 
 
-class FinalizingView(IdempotentMixin, CountsItsFinalizing):
+class OpenAndCounting(IdempotentMixin):
+    """Protected, open to every caller, and counting its handler's runs."""
+
     authentication_classes: list[type] = []
     permission_classes = [AllowAny]
 
-    def post(self, request: Request) -> Response:
+    def counted(self) -> Response:
         calls.increment()
         return Response({"call": calls.value}, status=201)
 
 
-class OverriddenMethodView(IdempotentMixin, APIView):
+class FinalizingView(OpenAndCounting, CountsItsFinalizing):
+    def post(self, request: Request) -> Response:
+        return self.counted()
+
+
+class OverriddenMethodView(OpenAndCounting, APIView):
     """A method override set on DRF's request, which DRF dispatches on (``clone_request`` too)."""
 
-    authentication_classes: list[type] = []
-    permission_classes = [AllowAny]
     idempotency_methods = ["POST", "PUT"]
 
     def initialize_request(self, request: Any, *args: Any, **kwargs: Any) -> Request:
@@ -669,15 +674,11 @@ class OverriddenMethodView(IdempotentMixin, APIView):
         return drf_request
 
     def put(self, request: Request) -> Response:
-        calls.increment()
-        return Response({"call": calls.value}, status=201)
+        return self.counted()
 
 
-class SessionOnTheDrfRequestView(IdempotentMixin, APIView):
+class SessionOnTheDrfRequestView(OpenAndCounting, APIView):
     """A session of the project's own, set on DRF's request for anonymous callers."""
-
-    authentication_classes: list[type] = []
-    permission_classes = [AllowAny]
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         from django.contrib.sessions.backends.db import SessionStore

@@ -91,6 +91,29 @@ def died(client: Client, url: str = "/recovery/pay/", *, after: str = "charged")
         pay(client, url)
 
 
+def failed(client: Client, url: str = "/recovery/pay/") -> None:
+    """Send a payment whose handler raises after its ``charged`` checkpoint."""
+    recovery_views.fail_after.add("charged")
+    with pytest.raises(RuntimeError):
+        pay(client, url)
+
+
+def left_with_checkpoints(client: Client, clock: Any, how: str) -> None:
+    """Leave the key's claim with its ``charged`` checkpoint, as ``how`` says.
+
+    ``released``: the handler failed; ``abandoned``: its process was killed;
+    ``operator``: killed, then released by ``idempotency_keys release``.
+    """
+    if how == "released":
+        failed(client)
+        return
+    died(client)
+    if how == "operator":
+        clock.past_the_lease()
+        scope = IdempotencyKey.objects.get().scope
+        call_command("idempotency_keys", "release", scope, "order-1", stdout=StringIO())
+
+
 def steps_run() -> list[str]:
     return [step for _, step in recovery_views.steps]
 
@@ -179,9 +202,7 @@ class ProgressTests:
         assert set(record.checkpoints) == {"charged", "shipped"}
 
     def test_atomic_mode_failure_rolls_the_checkpoints_back(self, client):
-        recovery_views.fail_after.add("charged")
-        with pytest.raises(RuntimeError):
-            pay(client, "/recovery/pay/atomic/")
+        failed(client, "/recovery/pay/atomic/")
 
         assert not IdempotencyKey.objects.exists()
         assert not Charge.objects.exists()
@@ -241,12 +262,7 @@ class TakeoverTests:
     def test_a_claim_with_checkpoints_is_bound_only_while_it_is_retained(
         self, client, clock, ended
     ):
-        if ended == "released":
-            recovery_views.fail_after.add("charged")
-            with pytest.raises(RuntimeError):
-                pay(client)
-        else:
-            died(client)
+        left_with_checkpoints(client, clock, ended)
         retained_until = IdempotencyKey.objects.get().retained_until
         assert retained_until is not None
         # Just before its retention ends, by the database's clock: still bound.
@@ -265,9 +281,7 @@ class TakeoverTests:
         assert steps_run() == ["charge", "charge", "ship"]
 
     def test_a_failed_run_keeps_its_checkpoints_for_the_retry(self, client):
-        recovery_views.fail_after.add("charged")
-        with pytest.raises(RuntimeError):
-            pay(client)
+        failed(client)
         released = IdempotencyKey.objects.get()
         assert released.state == State.IN_PROGRESS
         assert released.owner_token == ""
@@ -281,19 +295,11 @@ class TakeoverTests:
         assert retry.json()["resumed"] == ["charged"]
         assert steps_run() == ["charge", "ship"]
 
-    @pytest.mark.parametrize("released_by", ["owner", "operator"])
+    @pytest.mark.parametrize("released_by", ["released", "operator"], ids=["owner", "operator"])
     def test_a_released_claim_with_checkpoints_refuses_another_body(
         self, client, clock, released_by
     ):
-        if released_by == "owner":
-            recovery_views.fail_after.add("charged")
-            with pytest.raises(RuntimeError):
-                pay(client)
-        else:
-            died(client)
-            clock.past_the_lease()
-            scope = IdempotencyKey.objects.get().scope
-            call_command("idempotency_keys", "release", scope, "order-1", stdout=StringIO())
+        left_with_checkpoints(client, clock, released_by)
         before = IdempotencyKey.objects.values().get()
         assert (before["state"], before["owner_token"]) == (State.IN_PROGRESS, "")
         assert set(before["checkpoints"]) == {"charged"}
@@ -313,9 +319,7 @@ class TakeoverTests:
 
     @pytest.mark.concurrency
     def test_requests_racing_for_a_released_claim_leave_it_to_its_own(self, client):
-        recovery_views.fail_after.add("charged")
-        with pytest.raises(RuntimeError):
-            pay(client)
+        failed(client)
         bodies = [10, *range(100, 107)]  # its own request's amount first, then others'
 
         responses = run_in_threads(
