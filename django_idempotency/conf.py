@@ -447,14 +447,14 @@ class IdempotencySettings:
         # The system checks report a bad value at start-up; should they be
         # silenced, the first use still fails with the same words.
         value = setting.clean(self.raw(setting.name), f"{SETTING_NAME}[{setting.name!r}]")
-        with self._lock:
-            # Kept only if no reload came in between: a value read from the
-            # settings before an override would otherwise outlive it.
-            if generation == self.generation:
-                self._cache[setting.name] = value
-                # A row is a non-data descriptor: the instance's own attribute
-                # now answers every later read as a plain lookup, with no call.
-                self.__dict__[setting.option_name] = value
+
+        def keep() -> None:
+            self._cache[setting.name] = value
+            # A row is a non-data descriptor: the instance's own attribute
+            # now answers every later read as a plain lookup, with no call.
+            self.__dict__[setting.option_name] = value
+
+        self.keep_if_current(generation, keep)
         return value
 
     def reload(self) -> None:
