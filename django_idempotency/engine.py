@@ -1,12 +1,9 @@
 """The engine: run a body at most once per (scope, key), whoever asks.
 
-Views (sync and async, the DRF mixin, the middleware), functions and Celery
-tasks all come here. An adapter says three things in a :class:`Kind`: how
-a result is stored and given back, which errors its callers expect, and
-which of its framework's exceptions mean "done on purpose". Everything else
-is decided once, here: the claim, the answer to a duplicate, and what
-happens when the body ends (the table in docs/concepts.rst, "How a handler
-ends"). Statements live in :mod:`django_idempotency.store`.
+Every adapter (views, the DRF mixin, the middleware, functions, tasks) describes itself in a
+:class:`Kind`; the claim, the answer to a duplicate and what happens when the body ends
+(docs/concepts.rst, "How a handler ends") are decided here, once. Statements live in
+:mod:`django_idempotency.store`.
 """
 
 from __future__ import annotations
@@ -46,14 +43,11 @@ T = TypeVar("T")
 class Ending(enum.Enum):
     """How a body that raised ended, as far as the key is concerned."""
 
-    #: An error: in atomic mode everything rolled back; in lease mode the
-    #: claim is given back for a retry.
+    #: An error: atomic mode rolls back; lease mode gives the claim back for a retry.
     FAILED = "failed"
-    #: Cancelled, interrupted or exited: the body may still be acting, or
-    #: may have acted, so a lease is never given back for it.
+    #: Cancelled or exited: the body may have acted, so a lease is never given back.
     UNKNOWN = "unknown"
-    #: The framework's word that the body finished on purpose without a
-    #: value (Celery's ``Ignore``): it completed, and its writes commit.
+    #: Finished on purpose without a value (Celery's ``Ignore``): completed, writes commit.
     COMPLETED = "completed"
 
 
@@ -66,41 +60,32 @@ def plain_ending(exc: BaseException) -> Ending:
 class Kind:
     """What one kind of adapter (views, functions, tasks) tells the engine."""
 
-    #: The result as it is stored, or ``None`` when the contract does not
-    #: store it (a 5xx response): then nothing is kept, as after a failure.
+    #: The result as stored, or ``None`` (a 5xx): nothing is kept, as after a failure.
     encode: Callable[[Any], StoredResponse | None]
     #: What a duplicate gets from a stored result.
     decode: Callable[[StoredResponse], Any]
-    #: The errors a duplicate meets: the original still runs (with the
-    #: seconds to wait), or the key was used for other work.
+    #: A duplicate's errors: the original still runs (with the seconds to wait), or
+    #: the key was used for other work.
     in_flight: Callable[[float], IdempotencyError]
     mismatch: Callable[[], IdempotencyError]
-    #: SQLite's one write lock held past ``WAIT`` by a request for any key;
-    #: ``None``: the in-flight error, to be retried in a second.
+    #: SQLite's write lock held past ``WAIT`` by any request; ``None``: ``in_flight(1)``.
     database_busy: Callable[[], IdempotencyError] | None = None
     ending: Callable[[BaseException], Ending] = plain_ending
-    #: What is stored when the body ended on purpose (``Ending.COMPLETED``):
-    #: a record that ``decode`` turns back into that ending for a duplicate.
-    #: ``None``: the kind's bodies never end so, and it would not be stored.
+    #: Stored for ``Ending.COMPLETED``, decoded back into that ending for a duplicate;
+    #: ``None``: the kind's bodies never end so.
     ended_on_purpose: StoredResponse | None = None
-    #: Lease mode: what completes the key when the body returned but its
-    #: result cannot be kept (not rendered, not JSON): a refusal that every
-    #: later call receives, so that the body, which has acted, never runs again.
+    #: Lease mode: completes a key whose result cannot be kept (not rendered, not
+    #: JSON): a refusal every later call gets, so the body, which acted, never reruns.
     unstorable: Callable[[], StoredResponse] = lambda: StoredResponse(500, [], None)
-    #: What is stored of a result whose body the database refused (over
-    #: MySQL's ``max_allowed_packet``, say): a response's status and headers;
-    #: for a value, a record that tells a duplicate so.
+    #: Stored when the database refuses the body (MySQL's ``max_allowed_packet``).
     without_body: Callable[[StoredResponse], StoredResponse] = lambda stored: replace(
         stored, body=None
     )
-    #: What the first call returns: what a duplicate would get (a function's
-    #: JSON value); ``None``: its own result (a view's response).
+    #: What the first call returns (a function's JSON value); ``None``: its own result.
     fresh: Callable[[Any, StoredResponse], Any] | None = None
-    #: Refuses, with an error that names the fix, what a recovery policy
-    #: returned that is neither ``None`` nor what the kind stores.
+    #: Refuses, naming the fix, a policy's answer that is neither ``None`` nor storable.
     check_answer: Callable[[Callable[..., Any], Any], None] = lambda policy, answer: None
-    #: How a recovery policy is asked about an abandoned claim: a view's
-    #: ``f(request, abandoned)``, a function's ``f(abandoned)``.
+    #: How a recovery policy is called: ``f(request, abandoned)`` or ``f(abandoned)``.
     ask: Callable[[Callable[..., Any], Any, Abandoned], Any] = lambda policy, request, abandoned: (
         policy(request, abandoned)
     )
@@ -119,10 +104,8 @@ class _Owned:
 class _Recorded:
     """A lease-mode checkpoint: the names it set, and whether its transaction committed.
 
-    ``committed`` is appended to when the transaction the checkpoint was
-    recorded in commits (at once outside one) by ``marker``, the on-commit
-    callback that does it; a block that rolls back leaves it empty, and
-    Django drops the marker with the block.
+    ``marker``, an on-commit callback, appends to ``committed`` (at once outside a
+    transaction); a block that rolls back drops the marker and leaves it empty.
     """
 
     added: dict[str, Any]
@@ -141,20 +124,15 @@ class Call:
     sender: Any
     #: Sent with the signals: the request, or ``None`` for tasks and functions.
     request: Any = None
-    #: Lease mode: the policy asked about an abandoned claim (``Kind.ask``),
-    #: ``None`` to take it over.
+    #: Lease mode: the policy asked about an abandoned claim; ``None``: take it over.
     recover: Callable[..., Any] | None = None
-    #: What turns a result into what is stored and sent (a view's response
-    #: rendered): applied to the body's and to a recovery policy's alike.
-    #: Separate from the body because in lease mode its failure comes after
-    #: the body has acted, and must not give the key back.
+    #: Turns a result into what is stored and sent (a view's response rendered). Not
+    #: part of the body: in lease mode it fails after the body acted, and must not release.
     finish: Callable[[Any], Any] = lambda result: result
     using: str = field(default_factory=lambda: idempotency_settings.database)
     started: float = field(default_factory=time.monotonic, init=False)
-    #: Lease mode: the checkpoints this attempt started from, once it
-    #: recorded one, and what each of its checkpoints added since, with
-    #: whether the transaction it was recorded in committed (see
-    #: ``_note_progress``).
+    #: Lease mode: the checkpoints this attempt started from, and what each of its
+    #: checkpoints added since (see ``_note_progress``).
     _progress_at_start: dict[str, Any] | None = field(default=None, init=False)
     _progress_log: list[_Recorded] = field(default_factory=list, init=False)
     _put_back_at_request_end: bool = field(default=False, init=False)
@@ -172,9 +150,8 @@ class Call:
         # The caller's transaction: atomic(), or autocommit turned off by hand.
         in_transaction = connection.in_atomic_block or not connection.get_autocommit()
         if not in_transaction and store.reads_before_claiming(self.using, connection):
-            # A retry of finished work is answered from one indexed read,
-            # without a transaction. Inside the caller's transaction the read
-            # would change what that transaction sees, so the claim decides.
+            # A replay in one indexed read, without a transaction. Inside the caller's
+            # transaction the read would change what it sees, so the claim decides.
             try:
                 completed = store.find_completed(
                     self.using, self.info.scope, self.info.key, connection=connection
@@ -186,11 +163,8 @@ class Call:
         atomic = self.options.atomic
         lease = None if atomic else LeaseConnection.for_alias(self.using)
         token = "" if lease is None else secrets.token_hex(16)
-        # The one place a claim starts over: after a deadlock, a transaction
-        # the database aborted for another (a lost certification on Galera),
-        # or a record seen as it was before a purge or a takeover. Nested in
-        # a transaction of the caller's, a deadlock loses that transaction
-        # too, and the claim cannot start over.
+        # The one place a claim starts over (a deadlock, a lost Galera certification, a
+        # stale record); not when a deadlock lost the caller's own transaction too.
         for _ in range(store.CLAIM_ATTEMPTS):
             try:
                 if lease is None:
@@ -214,12 +188,10 @@ class Call:
     # Atomic mode: claim, body and stored result in one transaction.
 
     def _atomic(self, body: Callable[[], Any], connection: BaseDatabaseWrapper) -> Any:
-        """One attempt: claim, body and stored result commit together, or none of them does.
+        """One attempt: claim, body and stored result commit together, or none does.
 
-        Raises :class:`store.Retry` (or a MySQL/MariaDB deadlock, at any
-        statement up to ``COMMIT``) when the attempt must start over, and
-        :class:`store.Busy` when the wait for an in-flight original ran out;
-        :meth:`run` answers both once the transaction has rolled back.
+        Raises :class:`store.Retry` (or a MySQL deadlock, up to ``COMMIT``) to start over, and
+        :class:`store.Busy` when the wait ran out; :meth:`run` answers both after the rollback.
         """
         finished_by: BaseException | None = None
         using = self.using
@@ -247,8 +219,7 @@ class Call:
                 )
                 result = self.finish(body())
             except BaseException as exc:
-                # Anything but "done on purpose" leaves the block by raising:
-                # the claim rolls back with the body's writes.
+                # Raising leaves the block: the claim rolls back with the body's writes.
                 if self.kind.ending(exc) is not Ending.COMPLETED:
                     raise
                 finished_by, result = exc, None
@@ -265,11 +236,9 @@ class Call:
                 # Not stored: undo the claim with the body's writes, answer as it did.
                 transaction.set_rollback(True, using=using)
                 return result
-            # The claim set its expiry at TTL; it is kept while the body took
-            # under 1% of TTL (the update then leaves every indexed column as
-            # it was, so PostgreSQL can make it a heap-only update). A slower
-            # body (or a short TTL) would otherwise commit a record already
-            # expired, or soon to be, and a retry could run it again.
+            # The claim's expiry is kept if the body took under 1% of TTL (no indexed
+            # column changes: a heap-only update on PostgreSQL). A slower body would commit a
+            # record (nearly) expired, and a retry could run it again.
             ttl = self.options.ttl
             grace = ttl / 100
             store.complete(
@@ -293,10 +262,9 @@ class Call:
         return result if fresh is None else fresh(result, stored)
 
     def _encode(self, result: Any) -> StoredResponse | None:
-        """What is kept of ``result``, or ``None``: the kind's rule, narrowed by ``store``.
+        """What is kept of ``result``: the kind's rule, narrowed by the ``store`` option.
 
-        A result the ``store`` option refuses ends as one the contract does
-        not store: atomic mode rolls back, lease mode releases the key.
+        ``None``: not stored; atomic mode rolls back, lease mode releases the key.
         """
         stored = self.kind.encode(result)
         accepts = self.options.store
@@ -324,8 +292,7 @@ class Call:
 
     def _lease_claim(self, lease: LeaseConnection, token: str) -> store.Claim:
         new = self._new_claim(token, self.options.lease)
-        # explained() around the claim's transaction: its COMMIT too, where a
-        # Galera cluster reports a lost certification, is a claim to start over.
+        # explained() covers the COMMIT too, where Galera reports a lost certification.
         with lease.statements(), store.explained(self.using), ExitStack() as block:
             # With a recovery policy, an abandoned claim is left for it to decide.
             take_over = self.recover is None
@@ -340,8 +307,7 @@ class Call:
         try:
             with self._progress(claim, lambda cps: self._record_progress(owned, cps)):
                 if claim.attempt > 1:
-                    # The claim of a request that stopped before it finished:
-                    # this run resumes it, from its checkpoints.
+                    # A takeover: this run resumes from the checkpoints.
                     self._send(signals.claim_taken_over)
                     if not counted:
                         observability.record_recovery("started", self.sender)
@@ -354,10 +320,8 @@ class Call:
             result = self.finish(result)
             stored = self._encode(result)
         except Exception:
-            # A response whose rendering fails (a template, DRF's renderer) or
-            # a value of the wrong type (not JSON): the body has acted, so the
-            # key is completed with a refusal rather than let a retry (after
-            # the lease, or at once if it were released) run it again.
+            # Rendering or encoding failed after the body acted: complete the key with a
+            # refusal, so that no retry runs it again.
             self._log(
                 logging.ERROR,
                 "The body for idempotency key %s in scope %r ran, but its result cannot "
@@ -380,17 +344,12 @@ class Call:
     def _refuse(self, owned: _Owned) -> None:
         """Complete the key with the kind's refusal, committed at once.
 
-        Unlike a result, which commits with the caller's writes, the refusal
-        must outlive the caller's transaction (``ATOMIC_REQUESTS``, an outer
-        ``atomic``): that transaction is about to roll back with the error,
-        but the body may have called other systems, which a rollback does
-        not undo. So it is written on the lease's own connection, as a
-        checkpoint is. On SQLite, or in a test's transaction, the claim
-        itself is the caller's transaction's and goes with it either way.
+        Unlike a result, it must outlive the caller's transaction (about to roll back): the
+        body may have acted on other systems. So it is written on the lease's own connection,
+        as a checkpoint is; on SQLite or in a test's transaction the claim goes with the caller's.
         """
         stored, ttl = self.kind.unstorable(), self.options.ttl
-        # The refusal keeps the checkpoints for an operator's release, which
-        # resumes from them: not those of blocks that rolled back. Inside the
+        # Kept for an operator's release: only committed checkpoints. Inside the
         # caller's transaction they are put back when the request ends.
         surviving = None if connections[self.using].in_atomic_block else self._settle_progress()
 
@@ -444,16 +403,10 @@ class Call:
         return written
 
     def _note_progress(self, owned: _Owned, checkpoints: dict[str, Any]) -> None:
-        """Remember what a checkpoint added, and learn whether its transaction commits.
+        """Remember what a checkpoint added, and follow whether its transaction commits.
 
-        Inside a transaction (``ATOMIC_REQUESTS``, an outer ``atomic``, or
-        an ``atomic`` block of the body's own), the writes a checkpoint
-        records may still roll back, while the checkpoint itself committed
-        at once. Each checkpoint's transaction is followed on its own: one
-        block may commit and the next roll back. The checkpoints of those
-        that did not commit are put back when the claim is given back, or,
-        if a transaction is still open then, when the request ends
-        (:meth:`_settle_progress`), so a retry does not skip lost writes.
+        The checkpoint commits at once; the writes it records may still roll back with their
+        block. Those are put back at release or request end (:meth:`_settle_progress`).
         """
         # Against those in force: a step run again after its block rolled
         # back may record what it recorded then (SQLite reuses the ids).
@@ -467,8 +420,7 @@ class Call:
         }
         committed: list[bool] = []
         if not connections[self.using].in_atomic_block:
-            # Committed (or in a transaction the caller runs by hand, on the
-            # same connection as the checkpoint, which goes with it).
+            # Committed, or in the caller's manual transaction on this same connection.
             self._progress_log.append(_Recorded(added, [True]))
             return
 
@@ -485,12 +437,8 @@ class Call:
     def _checkpoints_in_force(self) -> dict[str, Any]:
         """The checkpoints whose blocks did not roll back: committed, or still open.
 
-        What ``request.idempotency.checkpoints`` shows while the body runs,
-        and what its next checkpoint builds on. A block that rolled back
-        took the writes its checkpoints record with it, so a body that runs
-        that block again must not skip them. Django drops a rolled-back
-        block's on-commit callbacks: a checkpoint whose marker has neither
-        run nor is still waiting rolled back.
+        What ``request.idempotency.checkpoints`` shows. Django drops a rolled-back block's
+        on-commit callbacks: a marker neither run nor waiting rolled back.
         """
         log = self._progress_log
         if all(recorded.committed for recorded in log):
@@ -504,10 +452,9 @@ class Call:
         return in_force
 
     def _settle_progress(self) -> dict[str, Any] | None:
-        """The checkpoints whose transactions committed, once they all ended; ``None`` if all did.
+        """The checkpoints whose transactions committed, once all ended; ``None`` if all did.
 
-        The others are taken out of this attempt's checkpoints, once: a
-        later call finds nothing left to settle.
+        Settles once: the rest leave this attempt's checkpoints.
         """
         log, self._progress_log = self._progress_log, []
         if all(recorded.committed for recorded in log):
@@ -562,8 +509,7 @@ class Call:
             if taken is None:
                 raise self._conflict(retry_after=1)  # another request took it first
             return self._run_leased(body, _Owned(lease, record.id, token), taken, counted=True)
-        # Rendered as a handler's response is: a DRF Response or a template
-        # response has no bytes to store until then.
+        # Rendered as a handler's response is: a DRF or template response has no bytes yet.
         answer = self.finish(answer)
         stored = self._encode(answer)
         if stored is None:
@@ -579,9 +525,7 @@ class Call:
         ttl = self.options.ttl
         settled = lease.run(lambda: store.settle(self.using, record, stored, ttl=ttl), at_once=True)
         if not settled:
-            # Another request settled or took it over first, or its owner
-            # renewed its lease while the policy asked: the claim is in
-            # flight again, and the policy's answer must not overwrite it.
+            # Settled or taken over meanwhile, or its owner renewed its lease: in flight again.
             raise self._conflict(retry_after=1)
         self._send(signals.claim_recovered)
         self._stored(stored, ttl)
@@ -607,12 +551,10 @@ class Call:
             )
 
     def _complete_lease(self, owned: _Owned, stored: StoredResponse) -> bool:
-        """Store a finished body's result; whether it was. The key is never released here.
+        """Store a finished body's result; whether it was. Never releases the key.
 
-        On the lease's own connection the result is stored in the request's
-        transaction instead, so that it commits with the body's writes; if
-        that transaction rolls back after all, the claim is released when
-        the request finishes (see docs/decorator.rst).
+        On the lease's own connection it joins the request's transaction, to commit with the
+        body's writes; if that rolls back, :func:`release_unless_committed` releases the claim.
         """
         lease = owned.connection
         if lease.own and lease.request_transaction_will_roll_back():
@@ -634,15 +576,13 @@ class Call:
             return lease.run(update)
 
         if lease.own:
-            # Before storing: a store that fails in the request's transaction
-            # takes it down, and the claim must still be given back.
+            # Before storing: a failed store takes the request's transaction down with it.
             release_unless_committed(self.using, lambda: self._release(owned), self.request)
         outcome = self._complete_or_without_body(complete, stored, lease)
         if outcome is None:
             return False
         completed, stored = outcome
-        # Sent only now, with the request's connection back in place, so
-        # that a receiver's writes join the request's transaction.
+        # Sent now, on the request's connection, so a receiver's writes join its transaction.
         if completed:
             self._stored(stored, ttl)
             return True
@@ -662,12 +602,9 @@ class Call:
         stored: StoredResponse,
         lease: LeaseConnection,
     ) -> tuple[bool, StoredResponse] | None:
-        """``complete(stored)``; without its body if the database refuses that; ``None`` if neither.
+        """``complete(stored)``, or without its body if the database refuses; ``None`` if neither.
 
-        A body the database refuses (over MySQL's ``max_allowed_packet``,
-        say) is dropped as one over ``MAX_STORED_BODY`` is: what the kind
-        stores instead (``Kind.without_body``) completes the key, so that a
-        duplicate never runs the body again.
+        The body-less record (``Kind.without_body``) still completes the key: no rerun.
         """
         attempts = [stored] if not stored.body else [stored, self.kind.without_body(stored)]
         for attempt in attempts:
@@ -677,10 +614,8 @@ class Call:
                 if lease.shares_request_transaction():
                     raise  # which can no longer commit: the claim goes with it
                 if lease.own and lease.request_transaction_will_roll_back():
-                    # The store failed in the request's transaction and took
-                    # it down (its connection died): the body's writes roll
-                    # back, so the request must fail, not answer as if they
-                    # had committed. The claim is released when it ends.
+                    # The failed store took the request's transaction down: its writes roll back,
+                    # so the request must fail. The claim is released when it ends.
                     raise
                 if attempt is not attempts[-1]:
                     self._log(
@@ -703,15 +638,13 @@ class Call:
     def _release(self, owned: _Owned) -> None:
         """Give the key back after a failed body, so that a retry can run.
 
-        A claim with checkpoints keeps them (and its attempt) for the retry,
-        which takes it over at once and resumes from them: those whose
-        transactions committed (see :meth:`_note_progress`).
+        Committed checkpoints and the attempt are kept; the retry takes over and resumes.
         """
         lease = owned.connection
         checkpoints: dict[str, Any] | None = None
         if not connections[self.using].in_atomic_block:
-            # Every transaction this attempt checkpointed in has ended: what
-            # rolled back is put back now, before a retry can take the key.
+            # All this attempt's transactions ended: put back what rolled back, before a
+            # retry can take the key.
             checkpoints = self._settle_progress()
         keep = bool(self.info.progress.checkpoints)
         try:
@@ -728,8 +661,7 @@ class Call:
         except Error:
             if lease.shares_request_transaction():
                 return  # the failed statement rolls the claim back with the request
-            # Raising would hide the body's own error or response; the
-            # lease still runs out.
+            # Raising would hide the body's own error or response; the lease still runs out.
             self._log(
                 logging.ERROR,
                 "Could not release idempotency key %s in scope %r; retries get 409 "
@@ -744,10 +676,7 @@ class Call:
 
     @contextmanager
     def _progress(self, claim: store.Claim, write: ProgressWriter) -> Iterator[None]:
-        """While the body runs, ``request.idempotency`` records its progress through ``write``.
-
-        Lease mode: its checkpoints are those in force (:meth:`_checkpoints_in_force`).
-        """
+        """While the body runs, ``request.idempotency`` records progress through ``write``."""
         progress = self.info.progress
         progress.attempt, progress.checkpoints = claim.attempt, dict(claim.checkpoints)
         progress.write = write
@@ -765,8 +694,7 @@ class Call:
         self._send(signals.wait_timed_out)
         if not isinstance(busy, store.DatabaseLocked):
             return self._conflict(retry_after=1)
-        # SQLite has one write lock for the whole database: its holder may be
-        # a request for any key (docs/backends.rst, "SQLite").
+        # SQLite: the holder of its one write lock may be a request for any key.
         self._send(signals.request_conflict)
         self._log(
             logging.INFO,
@@ -795,9 +723,7 @@ class Call:
                 lifetime = record.expires_at - record.seen_at
                 self._cache_after_commit(cache_alias, record.response, lifetime)
             return self.kind.decode(record.response)
-        # In progress: a lease-mode original still inside its lease. Come back
-        # after about as long as it has run so far (a short request is soon
-        # done, a long one is asked less often), never later than its lease
+        # A held lease: retry after about as long as it has run, never after its lease
         # runs out; both by the database's clock.
         running = max(1.0, record.running_for.total_seconds())
         raise self._conflict(retry_after=min(running, record.held_for.total_seconds()))
@@ -822,14 +748,12 @@ class Call:
             self._cache_after_commit(cache_alias, stored, lifetime)
 
     def _cache_after_commit(self, alias: str, stored: StoredResponse, lifetime: timedelta) -> None:
-        """Cache a stored answer for no longer than ``lifetime``, the rest of its record's life.
+        """Cache a stored answer for ``lifetime``, the rest of its record's life.
 
-        A duration by the database's clock, not an instant: the cache's own
-        timeout ends the entry, whatever the app hosts' clocks say.
+        A duration by the database's clock: the app hosts' clocks never decide.
         """
         info, using = self.info, self.using
-        # Immediately when nothing is left to commit, else once the record's
-        # transaction has committed: a result that rolls back is never cached.
+        # Once the record's transaction commits (at once outside one): never a rollback.
         transaction.on_commit(
             lambda: replay_cache.put(alias, info, stored, lifetime, using), using=using
         )
@@ -845,8 +769,7 @@ class Call:
     ) -> None:
         """Log about this call; ``message`` starts with its key (masked) and scope.
 
-        ``outcome`` adds the structured fields (docs/observability.rst), with
-        the time this call has waited unless ``waited`` is false.
+        ``outcome`` adds the fields of docs/observability.rst, the wait unless not ``waited``.
         """
         extra = None
         if outcome is not None:
@@ -868,33 +791,18 @@ class Call:
         observability.record(signal, self.sender, self.request, self.info, self.started)
 
 
-# The request's end: releasing a lease whose stored response rolled back
-# with the request.
-#
-# On its own connection (see django_idempotency.lease_connection),
-# lease mode stores the response inside the request's transaction, so that
-# the record and the view's writes commit together. If that transaction
-# rolls back after the view returned (a deferred constraint failing at
-# ``COMMIT``, an exception later in the request), the record is still the
-# claim committed before the view ran: it is released when the request
-# ends, so that a retry runs again rather than get 409 until the lease runs
-# out (see ``docs/decorator.rst``).
-#
-# A view's release is tied to its request object, and runs when Django
-# closes it: under ASGI, Django runs the view in a task of its own and closes
-# the request from another, and each sees a different context. A function
-# has no request of its own: when it is called inside a request cycle under
-# WSGI, its release runs when that cycle ends (``request_finished``).
-# Outside a request cycle (a worker, a consumer, a script) nothing would ask:
-# nothing is kept, and the key stays claimed until its lease runs out.
+# The request's end. On its own connection, lease mode stores the response inside the
+# request's transaction; if that rolls back after the view returned, the committed claim
+# is released when the request ends, not left to its lease (docs/decorator.rst).
+# A view's release is tied to its request object (under ASGI the view and the request's
+# close run in different contexts); a function's to request_finished under WSGI.
+# Outside a request cycle nothing asks: the key stays claimed until its lease runs out.
 
 Release = Callable[[], None]
 
-# The releases of the functions called in this request cycle; ``None``
-# outside one. A context variable, set by request_started in the request's
-# thread under WSGI. Under ASGI Django sends request_started in a copy of
-# the request's context, which the view does not see: there a function's
-# key stays claimed until its lease runs out.
+# The releases of this request cycle's functions; ``None`` outside one. Under ASGI
+# request_started runs in a copy of the context the view does not see, so a function's
+# key there stays claimed until its lease runs out.
 _pending: contextvars.ContextVar[list[Release] | None] = contextvars.ContextVar(
     "django_idempotency_pending_leases", default=None
 )
@@ -925,8 +833,7 @@ def in_request_cycle(request: Any) -> bool:
 def at_request_end(using: str, then: Release, request: Any) -> None:
     """Call ``then`` when the request ends, if ``using``'s transactions have ended by then.
 
-    A transaction still open then (a test wrapping the request) is not this
-    request's to decide about. Outside a request cycle, nothing is called.
+    A transaction still open (a test's) is not this request's to decide about.
     """
     pending = _pending.get() if request is None else None
     if request is None and pending is None:

@@ -1,13 +1,9 @@
 """Lease mode's own database connection, for when the request's cannot commit.
 
-Lease mode must commit its claim before the view runs and its stored
-response or release when the view is done. That is impossible on the
-request's connection while it is inside a transaction (``ATOMIC_REQUESTS``
-reaching a class-based view through ``method_decorator``, or a DRF
-``@api_view``), and useless once that connection has died. Those
-statements then run on a second connection to the same database: one per
-thread and alias, kept between uses only as ``CONN_MAX_AGE`` keeps Django's
-own (see ``docs/decorator.rst``).
+Lease mode commits its claim before the view runs, and its result or release after.
+Inside the request's transaction (``ATOMIC_REQUESTS`` through ``method_decorator``, a
+DRF ``@api_view``), or once that connection died, those statements run on a second
+connection: one per thread and alias, kept only as ``CONN_MAX_AGE`` keeps Django's.
 """
 
 from __future__ import annotations
@@ -45,10 +41,8 @@ def _own_wrapper(using: str) -> BaseDatabaseWrapper:
 def own_connection(using: str, *, fresh: bool = False) -> Iterator[BaseDatabaseWrapper]:
     """Route ``using`` to this thread's own connection for the block.
 
-    The store's statements name an alias, not a connection, so the alias is
-    pointed at the second connection while they run and back afterwards;
-    nothing else runs on this thread in between. ``fresh`` first closes the
-    connection, so that the next statement runs on a new one.
+    The store's statements name an alias, so the alias is pointed at the second connection
+    and back. ``fresh`` first closes it, so the next statement runs on a new one.
     """
     wrapper = _own_wrapper(using)
     if fresh:
@@ -59,8 +53,7 @@ def own_connection(using: str, *, fresh: bool = False) -> Iterator[BaseDatabaseW
         yield wrapper
     finally:
         connections[using] = request_connection
-        # With the default CONN_MAX_AGE = 0 this closes it: a long view
-        # does not hold a second connection while it runs.
+        # With CONN_MAX_AGE = 0 this closes it: a long view holds no second connection.
         wrapper.close_if_unusable_or_obsolete()
 
 
@@ -72,12 +65,9 @@ def is_usable(connection: BaseDatabaseWrapper) -> bool:
 def needs_own_connection(using: str) -> bool:
     """Whether the request's connection is inside a transaction lease mode cannot commit.
 
-    The transaction Django's ``TestCase`` wraps each test in is tolerated,
-    so lease-mode views stay testable there: on one connection the claim
-    simply commits with the test's transaction. SQLite lets one connection
-    write at a time, so a second connection would wait for the request's
-    own transaction; there the lease stays on the request's connection and
-    commits with it (see ``docs/backends.rst``).
+    Django's ``TestCase`` transaction is tolerated (the claim commits with it). SQLite
+    allows one writer, so there the lease stays on the request's connection and commits
+    with it (docs/backends.rst).
     """
     connection = connections[using]
     blocks = connection.atomic_blocks
@@ -90,8 +80,7 @@ def needs_own_connection(using: str) -> bool:
 class LeaseConnection:
     """Where one lease's statements run: the request's connection, or one of their own.
 
-    ``own`` is decided once, when the lease is claimed: inside a transaction
-    the request's connection cannot commit the claim first.
+    ``own`` is decided once, when the lease is claimed.
     """
 
     using: str
@@ -110,34 +99,26 @@ class LeaseConnection:
     def run(self, step: Callable[[], T], *, at_once: bool = False) -> T:
         """Run a lease statement; if its connection has died, again on a fresh one.
 
-        A handler can outlive its connection (a server restart, a killed
-        session, a network cut). The statements that end its lease must not
-        die with it, or the key stays stuck until the lease runs out. Every
-        driver error counts: a connection that is already closed raises
-        ``InterfaceError`` (psycopg2), which is no ``DatabaseError``.
-
-        ``at_once`` is for a statement that must commit now although the
-        handler may be inside a transaction of its own (a checkpoint): then
-        it runs on the lease's own connection too, as a claim would.
+        A handler can outlive its connection; the statements that end its lease must not die
+        with it. Every driver error counts (psycopg2's ``InterfaceError`` is no
+        ``DatabaseError``). ``at_once``: commit now even inside the handler's own transaction
+        (a checkpoint), on the lease's own connection.
         """
         try:
             with self.statements(own=at_once and needs_own_connection(self.using)):
                 return step()
         except Error:
-            # Whether the connection is still usable cannot be told reliably
-            # afterwards (Django may have dropped it already), and the
-            # statements match on the owner token, so they are safe to repeat.
+            # Usability cannot be told reliably afterwards; the statements match on the owner
+            # token, so they are safe to repeat.
             if self.shares_request_transaction():
                 raise
         with self.statements(fresh=True):
             return step()
 
     def shares_request_transaction(self) -> bool:
-        """Whether the claim lives in the request's own open transaction.
+        """Whether the claim lives in the request's open transaction (a test's, or SQLite's).
 
-        A test case's transaction, or SQLite's (see docs/backends.rst): the
-        claim is not visible to another connection, and commits or rolls
-        back with the request.
+        Then it is invisible to other connections, and commits or rolls back with the request.
         """
         return not self.own and connections[self.using].in_atomic_block
 

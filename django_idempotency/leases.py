@@ -2,24 +2,16 @@
 
 A record is ``completed``, or in progress; an in-progress record is
 
-- ``held``: its owner's lease is ahead of the database's clock, so its
-  owner may still be running;
-- ``abandoned``: it has an owner (a token) and its lease ran out: the owner
-  stopped before it finished, and the next retry may take it over;
-- ``released``: its owner gave it back (the token cleared) keeping its
-  checkpoints, so the next retry takes it over at once.
+- ``held``: its owner's lease is ahead of the database's clock; it may still be running;
+- ``abandoned``: it has an owner (a token) whose lease ran out: the owner stopped before
+  it finished, and the next retry may take it over;
+- ``released``: its owner gave it back (token cleared) keeping its checkpoints, so the
+  next retry takes it over at once.
 
-While a lease is held, ``expires_at`` is where it ends (``locked_until``
-too), so one indexed column decides, as it decides whether a record has
-expired (:func:`expired`). (The purge keeps a record in progress past its
-``expires_at``, until its ``retained_until``: see
-:mod:`django_idempotency.purge`. That decides no state.) Each state, and
-expiry, is written three ways,
-for the three places that ask: Python, for a record read together with the
-database's clock (the store's claim); an ORM ``Q``, evaluated by the
-statement that filters (the operators' commands and the admin); and SQL,
-for the store's fenced statements. ``tests/test_leases.py`` checks, on every
-backend, that the three agree on every kind of row.
+While a lease is held ``expires_at`` is its end, so one indexed column decides both the
+lease and expiry. (The purge's ``retained_until`` decides no state.) Each is written
+three ways: Python for a record read with the clock, an ORM ``Q``, and SQL for the
+fenced statements; ``tests/test_leases.py`` checks that they agree on every backend.
 """
 
 from __future__ import annotations
@@ -77,8 +69,7 @@ def q(state: State, now: Any = None) -> Q:
 def sql(state: State, connection: BaseDatabaseWrapper, table: str = "") -> str:
     """The records in ``state`` as a SQL condition, by the database's clock in the statement.
 
-    ``table`` qualifies the columns (``"t."``), for a statement that names
-    the key table twice.
+    ``table`` qualifies the columns (``"t."``).
     """
     in_progress = f"{_column(connection, table, 'state')} = '{_IN_PROGRESS}'"
     if state == COMPLETED:
@@ -93,17 +84,13 @@ def sql(state: State, connection: BaseDatabaseWrapper, table: str = "") -> str:
 def carries_checkpoints(checkpoints: Any) -> bool:
     """Whether a claim's checkpoints record a step: a JSON object with a member.
 
-    SQL ``NULL``, JSON ``null``, ``{}`` and ``[]`` record none. What
-    :func:`checkpoints_sql` says in a statement.
+    SQL ``NULL``, JSON ``null``, ``{}`` and ``[]`` record none.
     """
     return isinstance(checkpoints, dict) and bool(checkpoints)
 
 
 def checkpoints_sql(connection: BaseDatabaseWrapper, table: str = "") -> str:
-    """The records whose checkpoints record a step, as SQL (:func:`carries_checkpoints`).
-
-    Never ``NULL``, so that it can be negated.
-    """
+    """:func:`carries_checkpoints` as SQL; never ``NULL``, so that it can be negated."""
     column = _column(connection, table, "checkpoints")
     if connection.vendor == "postgresql":
         kept = f"jsonb_typeof({column}) = 'object' AND {column} <> '{{}}'::jsonb"
@@ -115,9 +102,9 @@ def checkpoints_sql(connection: BaseDatabaseWrapper, table: str = "") -> str:
 
 
 def retained(retained_until: datetime | None, now: datetime) -> bool:
-    """Whether the purge still keeps a claim by the database's clock ``now``, read with it.
+    """Whether the purge still keeps a claim at the database's clock ``now``, read with it.
 
-    ``None`` (atomic mode's claims) retains nothing past its expiry.
+    ``None`` (atomic mode) retains nothing past expiry.
     """
     return retained_until is not None and retained_until > now
 

@@ -25,29 +25,23 @@ class IdempotencyKey(models.Model):
     state = models.CharField(
         _("state"), max_length=16, choices=State.choices, default=State.IN_PROGRESS
     )
-    # The stored response. A completed record with a NULL body had a
-    # response too large (or streaming) to store: it replays without a body.
+    # The stored response; a completed record with a NULL body replays without one.
     status_code = models.PositiveSmallIntegerField(_("status code"), null=True, blank=True)
     response_headers = models.JSONField(_("response headers"), null=True, blank=True)
     response_body = models.BinaryField(_("response body"), null=True, blank=True)
-    # Lease mode: the claim commits on its own and is owned by this random
-    # token until locked_until; completion and release match on the token.
+    # Lease mode: owned by this random token until locked_until; writes match on it.
     owner_token = models.CharField(_("owner token"), max_length=32, blank=True, default="")
     locked_until = models.DateTimeField(_("locked until"), null=True, blank=True)
     created_at = models.DateTimeField(_("created at"), default=timezone.now)
-    # Lease mode: 1 for a key's first owner, n + 1 after n takeovers of an
-    # abandoned claim; and the steps its owners recorded as done
-    # (``request.idempotency.checkpoint``), name to JSON data.
+    # Lease mode: 1, or n + 1 after n takeovers of an abandoned claim; and the steps
+    # its owners recorded as done, name to JSON data.
     attempt = models.PositiveIntegerField(_("attempt"), default=1)
     checkpoints = models.JSONField(_("checkpoints"), null=True, blank=True)
-    # While a lease is held this equals locked_until, so one indexed column
-    # answers "may this key be taken over?"; it is also where the purge walks.
+    # Equals locked_until while a lease is held: one indexed column answers "may this
+    # key be taken over?" (django_idempotency.leases); the purge walks it too.
     expires_at = models.DateTimeField(_("expires at"))
-    # Lease mode: the end of the lease (as the claim, a takeover, a renewal
-    # or a release last wrote it) plus the key's TTL. A claim left in progress
-    # (released, or abandoned by an owner that died) carries its progress
-    # to the retry, so the purge keeps it until then even once its lease
-    # (expires_at) is over; NULL in atomic mode, which leaves no claim behind.
+    # Lease mode: the lease's end plus TTL. The purge keeps a claim left in progress
+    # until then, for its retry's progress; NULL in atomic mode.
     retained_until = models.DateTimeField(_("retained until"), null=True, blank=True)
 
     class Meta:

@@ -1,15 +1,9 @@
 """Every statement a request makes on the key table, and what each answer means.
 
-(The statements that differ between databases are in
-:mod:`django_idempotency.backends`; the batched purge of expired records in
-:mod:`django_idempotency.purge`.)
-
-The unique constraint on (scope, key) is the only authority on who owns a
-key. A claim inserts the record, takes over an expired one, or finds the
-live record for the caller to answer from; a completed record is also
-found by one read outside any transaction, for a replay. The wait for an
-in-flight original is bounded by the database itself, never by a sleep
-loop here.
+The unique constraint on (scope, key) is the only authority on who owns a key. The wait
+for an in-flight original is bounded by the database, never by a sleep loop here.
+Vendor SQL is in :mod:`django_idempotency.backends`; the purge in
+:mod:`django_idempotency.purge`.
 """
 
 from __future__ import annotations
@@ -75,14 +69,10 @@ CLAIM_ATTEMPTS = 3
 
 
 def reads_before_claiming(using: str, connection: BaseDatabaseWrapper | None = None) -> bool:
-    """Whether a retry of finished work is looked for before the claim, outside a transaction.
+    """Whether a replay is looked for with one read before the claim, outside a transaction.
 
-    On PostgreSQL the claim that follows a miss is a plain ``INSERT`` that
-    the server plans in a fraction of the full claim's time, which pays for
-    the read: a new key costs about what it did, and a replay one round
-    trip instead of three. On MariaDB/MySQL and SQLite the claim is a plain
-    insert already, so the read would make every new key one round trip
-    dearer, and new keys are most of the traffic: there the claim answers.
+    Only on PostgreSQL, where the claim after a miss is a cheap planned-once ``INSERT``;
+    elsewhere the claim is a plain insert already and the read would tax every new key.
     """
     vendor = (connections[using] if connection is None else connection).vendor
     return BY_VENDOR.get(vendor, STANDARD).reads_before_claiming
@@ -95,14 +85,10 @@ def find_completed(
     *,
     connection: BaseDatabaseWrapper | None = None,
 ) -> Record | None:
-    """The key's completed, live record, read in one indexed statement; ``None`` if there is none.
+    """The key's completed, live record, from one indexed read; ``None`` if there is none.
 
-    A replay's answer without a transaction, on the backends that read
-    before claiming (:func:`reads_before_claiming`; none of them waits at
-    ``BEGIN`` as SQLite does): a completed record is committed and stays as
-    it is until it expires, so reading it outside one gives what a claim
-    would find. Anything else (no record, one in progress, one expired) is
-    left to :func:`claim`, which decides. Must run outside a transaction.
+    Must run outside a transaction. A completed record is committed and unchanged until it
+    expires, so this gives what a claim would find; anything else is left to :func:`claim`.
     """
     if connection is None:
         connection = connections[using]
@@ -127,36 +113,15 @@ def claim(
 ) -> Claim:
     """Claim the key, or find the live record that holds it.
 
-    Runs inside ``transaction.atomic(using=using)``: the caller's, or, with
-    ``opening``, one this function enters on that stack, so that the claim's
-    transaction stays open for the body. SQLite waits at ``BEGIN IMMEDIATE``,
-    before the claim's statement: its busy timeout is set first and put back
-    as soon as the claim ends (the body's statements then wait as long as the
-    connection was configured to), and an error at ``BEGIN`` means what it
-    would mean in the claim. A live record that is returned is committed and
-    changes only when it expires (or, in lease mode, when its owner
-    completes or releases it), so it is read without holding a lock: a
-    replay writes nothing.
+    Runs inside ``transaction.atomic(using=using)``: the caller's, or one entered on
+    ``opening``, left open for the body. SQLite waits at ``BEGIN IMMEDIATE``, under a busy
+    timeout bounded first and put back after the claim. A returned live record is committed
+    and read without a lock: a replay writes nothing. An expired record is taken over in the
+    same statement, except an abandoned claim when not ``take_over_abandoned`` (left to a
+    recovery policy, then :func:`take_over`) and one ``Record.bound_to_other_work`` (422).
 
-    An expired record is taken over in the same statement, except, with
-    ``take_over_abandoned=False``, an abandoned claim (in progress, its
-    lease run out): that is returned, for a recovery policy to decide on
-    (:func:`take_over` then takes it, fenced by its owner's token). A claim
-    taken over from the same request carries its attempt and checkpoints.
-    A claim whose lease ran out (released or abandoned) with checkpoints is
-    never taken over by another request (another fingerprint) while the
-    purge keeps it: it is returned, for the caller to answer as a key
-    reused for other work (``Record.bound_to_other_work``).
-
-    ``connection`` is ``using``'s, when the caller has it already: looking
-    it up again costs about as much as the rest of this function's Python
-    (as for :func:`reads_before_claiming`, :func:`find_completed` and
-    :func:`complete`).
-
-    Raises :class:`Busy` when the wait for an in-flight original runs out,
-    :class:`Retry` when the claim must start over (the caller's retry loop),
-    and :class:`~django.core.exceptions.ImproperlyConfigured` when the table
-    is missing.
+    Raises :class:`Busy` when the wait runs out, :class:`Retry` to start over, and
+    :class:`~django.core.exceptions.ImproperlyConfigured` when the table is missing.
     """
     if connection is None:
         connection = connections[using]
@@ -174,8 +139,7 @@ def claim(
         if backend.waits_at_begin:
             backend.restore(connection)
     if found is None:
-        # The record changed between our statements (a purge or a takeover
-        # racing us): a new transaction sees it as it is now.
+        # Changed between our statements (a purge or a takeover): a new transaction sees it.
         raise Retry("The idempotency record changed during the claim.", transaction_lost=False)
     return found
 
@@ -214,12 +178,9 @@ def complete(
 ) -> bool:
     """Store the response for ``ttl``; ``False`` if the claim is no longer ours (lease lost).
 
-    With ``grace``, the expiry the claim set is kept if the claim is no
-    older than that by the database's clock. Atomic mode does (1% of
-    ``TTL``), so that the update writes no new value to an indexed column
-    and PostgreSQL can make it a heap-only (HOT) update on the same page.
-    ``fence`` is whose the claim must be: by default the owner's
-    (``owner_token``), or without one the writer's transaction's.
+    ``grace``: keep the claim's expiry if it is no older than that by the database's clock
+    (atomic mode, see ``Call._atomic``). ``fence``: by default the owner's token, or without
+    one the writer's transaction.
     """
     if connection is None:
         connection = connections[using]
@@ -231,8 +192,7 @@ def complete(
     sql = STATEMENTS.get((vendor, name)) or cached_sql(
         connection, name, lambda c: complete_sql(c, fence, with_grace=with_grace)
     )
-    # The fields' own conversions (jsonb on PostgreSQL, bytes on each driver),
-    # without building and compiling an ORM query per request.
+    # The fields' own conversions, without compiling an ORM query per request.
     params: list[Any] = [
         STATE_COMPLETED,
         response.status_code,
@@ -262,13 +222,9 @@ def release(
 ) -> bool:
     """Give an in-progress claim back so a retry can run; only its owner may.
 
-    ``keep_progress`` keeps a claim that has checkpoints, with its attempt,
-    as free to take at once (its token cleared, its lease over), so that
-    the retry resumes from them instead of starting again; with
-    ``checkpoints``, those in place of the ones recorded (some of which
-    rolled back with the writes they recorded). With ``ttl`` (the key's),
-    the purge keeps it until ``ttl`` from now, the end of its lease, by
-    the database's clock (``retained_until``).
+    ``keep_progress`` keeps a claim with checkpoints (and its attempt) free to take at once,
+    with ``checkpoints`` replacing those that rolled back; ``ttl`` retains it for the purge
+    until ``ttl`` from now, by the database's clock.
     """
     connection = connections[using]
     if keep_progress:
@@ -289,15 +245,9 @@ def release(
 def release_on_behalf(using: str, record_id: int, owner_token: str, *, unless_held: bool) -> bool:
     """An operator's release: the claim given back for its owner, keeping its progress.
 
-    The statement of the owner's own release keeping progress
-    (:func:`release`), except that it leaves ``retained_until`` as the
-    owner last wrote it, fenced by the token the operator read: a claim taken
-    over, released or completed since is left alone (``False``). An owned
-    claim's release counts as its owner's attempt, since the retry's
-    takeover of a claim given back does not (SPEC counts takeovers): that
-    retry is the next attempt. ``unless_held`` leaves a lease still ahead
-    of the database's clock, in the statement, alone too: its request may
-    still be running.
+    Fenced by the token the operator read; ``retained_until`` is left as is. An owned
+    claim's release counts as its owner's attempt (the retry's takeover of a claim given
+    back does not). ``unless_held`` leaves a lease still ahead of the database's clock.
     """
     connection = connections[using]
     counted = owner_token != ""
@@ -321,9 +271,8 @@ def _release_keeping_progress_sql(
 ) -> str:
     """Give a claim back, its lease over and its token cleared: the next retry takes it at once.
 
-    ``corrected`` sets its checkpoints from a parameter; ``retained`` its
-    ``retained_until`` from a parameter (seconds from now); ``counted``
-    adds one to its attempt; ``unless_held`` leaves a held lease alone.
+    ``corrected``/``retained``: set checkpoints/``retained_until`` from parameters;
+    ``counted``: attempt + 1; ``unless_held``: leave a held lease alone.
     """
     now = clock.now_sql(connection)
     assigned = {"checkpoints": "%s"} if corrected else {}
@@ -345,17 +294,9 @@ def is_refusal(state: str, status_code: int | None) -> bool:
 def release_refusal(using: str, record_id: int, owner_token: str) -> bool:
     """An operator's release of a refusal: the next retry runs the body again, resuming.
 
-    The record becomes what :func:`release_on_behalf` leaves of an owned
-    claim: in progress, its token cleared and its lease over, so that the
-    next retry takes it over at once as the next attempt, with the
-    checkpoints its owner recorded; its stored refusal is gone. The purge
-    keeps it at least as long as it would have kept the refusal
-    (``retained_until`` becomes the later of its own and the refusal's
-    expiry). Fenced by the refusal as read, by its id and owner's token:
-    one deleted, taken over, or no longer a refusal since is left alone
-    (``False``); so is one past its expiry by the database's clock in the
-    statement: its key is free already, and the next request runs as a
-    new one, as for any record past its expiry.
+    Leaves what :func:`release_on_behalf` leaves of an owned claim, retained at least as long
+    as the refusal was. Fenced by id and owner's token; a record past its expiry (by the
+    database's clock in the statement) is left alone, its key already free (``False``).
     """
     connection = connections[using]
     sql = cached_sql(connection, "release refusal", _release_refusal_sql)
@@ -387,9 +328,8 @@ def _release_refusal_sql(connection: BaseDatabaseWrapper) -> str:
 def take_over(using: str, abandoned: Record, new: NewClaim) -> Claim | None:
     """Take an abandoned claim over as its next attempt; ``None`` if another request did first.
 
-    Fenced by the dead owner's token and its run-out lease, so that of two
-    requests deciding on one abandoned claim only one takes it, and a slow
-    owner that renewed its lease in the meantime keeps it.
+    Fenced by the dead owner's token and its run-out lease: one of two racers wins, and an
+    owner that renewed meanwhile keeps it.
     """
     connection = connections[using]
     leased = new.lease is not None
@@ -420,10 +360,7 @@ def _take_over_sql(connection: BaseDatabaseWrapper, leased: bool) -> str:
 def settle(using: str, abandoned: Record, response: StoredResponse, *, ttl: timedelta) -> bool:
     """Complete an abandoned claim with a recovery policy's response; ``False`` if it is not.
 
-    Fenced as :func:`take_over` is, by the dead owner's token and its
-    run-out lease: a slow owner that renewed its lease (a heartbeat, a
-    checkpoint) while the policy asked keeps its claim, and its own result
-    is the one stored. The completion's own statement, behind that fence.
+    Fenced as :func:`take_over` is: an owner that renewed meanwhile keeps its claim.
     """
     return complete(
         using, abandoned.id, response, owner_token=abandoned.owner_token, ttl=ttl, fence=ABANDONED
@@ -441,12 +378,9 @@ def record_progress(
 ) -> bool:
     """Write an in-progress claim's checkpoints, and renew its lease for ``lease``.
 
-    With ``ttl`` (the key's) too, the purge keeps the claim until ``ttl``
-    past the renewed lease's end (``retained_until``), so that a handler
-    that outlives its first lease and then fails or dies still leaves its
-    progress to the retry. ``False`` when the claim is no longer this
-    owner's (its lease was taken over, or it was released). Atomic mode
-    passes no token: the claim is its own transaction's.
+    With ``ttl``, the purge keeps the claim until ``ttl`` past the renewed lease, so a handler
+    that outlives its first lease still leaves its progress. ``False`` when the claim is no
+    longer this owner's. Atomic mode passes no token: the claim is its own transaction's.
     """
     if checkpoints is None and lease is None:
         raise ValueError("record_progress() needs checkpoints, a lease, or both.")
@@ -483,14 +417,10 @@ def _progress_sql(
 def restore_progress(
     using: str, record_id: int, owner_token: str, checkpoints: dict[str, Any]
 ) -> bool:
-    """Put a claim's checkpoints back to ``checkpoints``.
+    """Put a claim's checkpoints back to ``checkpoints`` after their transaction rolled back.
 
-    For checkpoints recorded in a transaction that then rolled back: the
-    writes they record are gone, so a retry must not skip them. Fenced by
-    the token of the owner that recorded them (or the cleared token of its
-    release), so a new owner's own progress is never touched; or the
-    owner's refusal (its result could not be kept), whose checkpoints an
-    operator's release resumes from.
+    Fenced by the token of the owner that recorded them (or its release, or its refusal), so
+    a new owner's progress is never touched.
     """
     connection = connections[using]
     value = CHECKPOINTS_FIELD.get_db_prep_save(checkpoints or None, connection)
@@ -515,22 +445,15 @@ def _write(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> bool
 def lost_race(using: str, exc: DatabaseError) -> bool:
     """Whether ``exc``, anywhere in an atomic-mode attempt, means: start the claim over.
 
-    A MySQL/MariaDB 1213: the server has rolled the transaction back,
-    whichever statement got the error: a deadlock in the handler's
-    statements or the stored response, or, on a Galera cluster, a write
-    set that lost certification to another node's (reported by that
-    statement or by ``COMMIT``). Nothing of the attempt committed, so it
-    starts over as a new claim: a key another node completed is then
-    replayed (the claim waits until this node has applied it), and a key
-    still new runs again.
+    A MySQL/MariaDB 1213 (a deadlock, or a lost Galera certification, at any statement or
+    ``COMMIT``): the server rolled the whole attempt back, so it starts over as a new claim.
     """
     if isinstance(exc, Retry) or connections[using].vendor != "mysql":
         return False
     if errno(exc) != ER_LOCK_DEADLOCK:
         return False
-    # The 1213 may be another alias's, whose transaction the server rolled
-    # back behind Django's back: starting over would let the caller commit
-    # the rest of it. Its caller's atomic must see it.
+    # The 1213 may be another alias's, rolled back behind Django's back: starting over
+    # would let the caller commit the rest of it.
     return not _other_transaction_open(using)
 
 
@@ -544,13 +467,10 @@ def _other_transaction_open(using: str) -> bool:
 
 @contextmanager
 def explained(using: str) -> Iterator[None]:
-    """Raise what a database error on the key table means, where it is known (:func:`claim`).
+    """Raise what a database error on the key table means, where it is known.
 
-    A lock wait that ran out becomes :class:`Busy` (:class:`DatabaseLocked`
-    on SQLite), a deadlock :class:`Retry`, a missing table
-    :class:`~django.core.exceptions.ImproperlyConfigured` saying to migrate;
-    anything else propagates unchanged. Callers translate only what they
-    know: a request answers 409, the purge command a ``CommandError``.
+    A lock wait that ran out becomes :class:`Busy` (:class:`DatabaseLocked` on SQLite), a
+    deadlock :class:`Retry`, a missing table ``ImproperlyConfigured``; others propagate.
     """
     try:
         yield

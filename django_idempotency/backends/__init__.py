@@ -1,7 +1,6 @@
 """The statements each database needs, behind one small interface (:class:`.base.Backend`).
 
-``BY_VENDOR`` maps Django's ``connection.vendor`` to its backend; any
-other database gets the standard-SQL one.
+``BY_VENDOR`` maps ``connection.vendor`` to its backend; others get the standard one.
 """
 
 from __future__ import annotations
@@ -23,10 +22,8 @@ STANDARD = Backend()
 def _forget_connection_state(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
     """A new database connection starts with the server's settings, not ours.
 
-    What a backend changed on a connection is remembered on Django's
-    wrapper, which outlives the connection (``CONN_MAX_AGE = 0`` closes it
-    after every request); the raw connection's ``id()`` is no identity,
-    since CPython hands the address of a closed connection to the next one.
+    Our state lives on Django's wrapper, which outlives its connections; the raw
+    connection's ``id()`` is no identity, since CPython reuses a closed one's address.
     """
     connection._idempotency_restore_busy_timeout = None  # type: ignore[attr-defined]
     connection._idempotency_lock_wait = None  # type: ignore[attr-defined]

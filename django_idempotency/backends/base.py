@@ -1,10 +1,8 @@
 """What every backend shares: the records, the key table's columns and standard SQL.
 
-A backend (:mod:`.postgresql`, :mod:`.mysql`, :mod:`.sqlite`) holds the
-statements one database needs for a claim, how it bounds the wait for an
-in-flight original, and what its error codes mean; :class:`Backend` is the
-standard-SQL one they start from. :mod:`django_idempotency.store` is their
-only caller: it decides, they say how to ask.
+A backend holds one database's claim statements, its bounded wait and the meaning of its
+error codes; :class:`Backend` is the standard-SQL one. :mod:`django_idempotency.store`
+is their only caller: it decides, they say how to ask.
 """
 
 from __future__ import annotations
@@ -32,26 +30,22 @@ Connection = BaseDatabaseWrapper
 class Busy(OperationalError):
     """A bounded lock wait ran out: another transaction still holds the key.
 
-    A :class:`~django.db.DatabaseError`, so a caller that does not translate
-    it still sees a database error that says what happened.
+    A ``DatabaseError``, so an untranslated one still says what happened.
     """
 
 
 class DatabaseLocked(Busy):
     """SQLite: another connection held the database's one write lock past the wait.
 
-    SQLite locks the whole database, not the key, so the holder may be a
-    request for any key (see "SQLite" in docs/backends.rst).
+    The holder may be a request for any key (docs/backends.rst, "SQLite").
     """
 
 
 class Retry(OperationalError):
     """Start the claim over in a new transaction (or savepoint).
 
-    ``transaction_lost`` is true when the database aborted the transaction
-    to break a deadlock (MySQL rolls back the whole of it, savepoints and
-    all), and false when only the claim's own view of the record was stale
-    (a purge or a takeover raced it) and rolling back its savepoint is enough.
+    ``transaction_lost``: the database aborted the whole transaction (a MySQL deadlock);
+    false when only the claim's view of the record was stale and a savepoint rollback does.
     """
 
     def __init__(self, message: str, *, transaction_lost: bool = True) -> None:
@@ -65,8 +59,7 @@ class StoredResponse:
 
     status_code: int
     headers: list[list[str]]
-    #: ``None``: too large or streaming, replayed without a body. A
-    #: memoryview when read back through psycopg2.
+    #: ``None``: too large or streaming, replayed without one. A memoryview from psycopg2.
     body: bytes | memoryview | None
 
 
@@ -83,12 +76,10 @@ class Record:
     locked_until: datetime | None
     created_at: datetime
     expires_at: datetime
-    #: The database's clock when the record was read, in the same statement:
-    #: what every decision about this record compares with, never the app
-    #: host's clock.
+    #: The database's clock, read in the same statement: every decision about this
+    #: record compares with it, never with the app host's clock.
     seen_at: datetime
-    #: Lease mode's progress: how many owners the key has had, and the steps
-    #: they recorded as done.
+    #: Lease mode: how many owners the key has had, and the steps they recorded done.
     attempt: int = 1
     checkpoints: dict[str, Any] = field(default_factory=dict)
     #: Lease mode: until when the purge keeps it in progress (``None``: atomic mode).
@@ -101,10 +92,7 @@ class Record:
 
     @property
     def held_for(self) -> timedelta:
-        """How much of its lease an in-progress record had left, by the database's clock.
-
-        Its expiry is where its lease ends (:mod:`django_idempotency.leases`).
-        """
+        """How much of its lease an in-progress record had left, by the database's clock."""
         return self.expires_at - self.seen_at
 
     @property
@@ -120,14 +108,9 @@ class Record:
     def bound_to_other_work(self, fingerprint: str) -> bool:
         """Bound to work other than ``fingerprint``'s: not to be taken over by it.
 
-        A claim whose lease ran out (released, or abandoned by an owner that
-        died) with checkpoints: its owners recorded steps done (a charge,
-        say) for the request they ran, so its key stays bound to that
-        request while the purge keeps the claim (its ``retained_until``):
-        another is answered as one with the same key and a different
-        fingerprint, ``422`` (SPEC 4.3). Without checkpoints, or once its
-        retention is over, it is free, as no record is. What
-        :func:`unless_bound` decides in the statement that takes over.
+        A released or abandoned claim with checkpoints stays bound to its request while the
+        purge retains it: another fingerprint is answered 422 (SPEC 4.3). In SQL:
+        :func:`unless_bound`.
         """
         state = leases.state_of(self.completed, self.owner_token, self.expires_at, self.seen_at)
         return (
@@ -140,16 +123,11 @@ class Record:
 
 @dataclass(frozen=True)
 class Claim:
-    """What :func:`claim` found: the key is now this request's, or another's record stands.
-
-    ``existing`` is ``None`` when the key was claimed (``record_id`` is the
-    record to complete or release), else the live record to answer from.
-    """
+    """What :func:`claim` found: the key claimed (``existing`` is ``None``), or another's record."""
 
     record_id: int
     existing: Record | None = None
-    #: Of a claimed key: 1, or the abandoned claim's attempt + 1 when it was
-    #: taken over, with the checkpoints its owners recorded.
+    #: 1, or an abandoned claim's attempt + 1 with its checkpoints when taken over.
     attempt: int = 1
     checkpoints: dict[str, Any] = field(default_factory=dict)
 
@@ -158,9 +136,8 @@ class Claim:
 class NewClaim:
     """What a request writes when it claims a key.
 
-    Its times are durations from the database's clock when the statement
-    that writes them runs (:mod:`django_idempotency.clock`), never instants
-    of the app host's.
+    Its times are durations from the database's clock in the writing statement
+    (:mod:`django_idempotency.clock`), never app host instants.
     """
 
     scope: str
@@ -171,8 +148,7 @@ class NewClaim:
     expires_in: timedelta
     #: Lease mode: from the claim until its lease runs out (``expires_in`` too).
     lease: timedelta | None = None
-    #: Lease mode: from the claim until the purge may delete it while it is
-    #: still in progress: the end of its lease plus the key's TTL.
+    #: Lease mode: until the purge may delete it in progress: lease end plus TTL.
     retained_for: timedelta | None = None
 
     @classmethod
@@ -186,14 +162,11 @@ class NewClaim:
     ) -> NewClaim:
         """The claim of ``info``'s key: for ``ttl``, or held for ``lease``.
 
-        A held lease expires with the lease, so that one index answers
-        "may this be taken over?"; it is retained until ``ttl`` past the
-        end of its lease (each renewal and a release move that end), so
-        that a claim left in progress keeps its progress for the retry.
+        A held lease expires with the lease (one index answers "may this be taken over?") and
+        is retained ``ttl`` past it, so a claim left in progress keeps its progress.
         """
         new = object.__new__(cls)
-        # What the generated __init__ sets, without its frame: every request
-        # makes one.
+        # What the generated __init__ sets, without its frame: every request makes one.
         new.__dict__.update(
             scope=info.scope,
             key=info.key,
@@ -227,10 +200,8 @@ def key_columns(connection: BaseDatabaseWrapper) -> tuple[str, str]:
     return quote(_COLUMNS["scope"]), quote(_COLUMNS["key"])
 
 
-#: Each statement's SQL by (vendor, name), built once rather than per request
-#: (see "Performance" in docs/backends.rst): a request's own statements look
-#: here first, without a call. A test that moves the clock empties it, and
-#: nothing built meanwhile is kept.
+#: Each statement's SQL by (vendor, name), built once (docs/backends.rst,
+#: "Performance"). Emptied when a test moves the clock.
 STATEMENTS: dict[Any, str] = clock.sql_cache()
 
 
@@ -259,9 +230,9 @@ RESPONSE_FIELDS = ["status_code", "response_headers", "response_body"]
 
 
 def claim_values(connection: BaseDatabaseWrapper) -> str:
-    """A new claim's values in the order of ``CLAIM_FIELDS``, then its first attempt.
+    """A new claim's values in ``CLAIM_FIELDS`` order, then its first attempt.
 
-    The parameters are ``insert_params``; its times are the database's clock.
+    Parameters from ``insert_params``; times by the database's clock.
     """
     later = clock.later_sql(connection)
     return ", ".join(["%s"] * 5 + [clock.now_sql(connection), later, later, later, "1"])
@@ -283,10 +254,8 @@ BODY_FIELD: Field[Any, Any] = IdempotencyKey._meta.get_field("response_body")  #
 def complete_sql(connection: BaseDatabaseWrapper, fence: str, *, with_grace: bool) -> str:
     """Store a response on a claim behind ``fence``: the one statement that completes a key.
 
-    The owner's (``OWNER``), the writer's transaction's (``OWN_TRANSACTION``),
-    or, for a recovery policy's answer, a dead owner's (``ABANDONED``).
-    ``with_grace`` keeps the claim's expiry when the claim is younger than
-    a parameter (a negative duration): see ``store.complete``.
+    ``with_grace`` keeps the claim's expiry while the claim is younger than a (negative)
+    parameter: see ``store.complete``.
     """
     expires, later = column_names()["expires_at"], clock.later_sql(connection)
     if with_grace:
@@ -305,24 +274,20 @@ def complete_sql(connection: BaseDatabaseWrapper, fence: str, *, with_grace: boo
     )
 
 
-#: The fences of a write to a claim, checked in the statement that writes:
-#: whose the claim must still be. Each statement's parameters end with the
-#: record's id, then (but for ``OWN_TRANSACTION``) an owner's token.
+#: The fences of a write to a claim, checked in the writing statement: whose it must
+#: still be. Parameters end with the record's id, then (not ``OWN_TRANSACTION``) a token.
 #: Atomic mode: the claim is the writer's own transaction's.
 OWN_TRANSACTION = "own transaction"
 #: Lease mode: still this owner's (not taken over, released or completed).
 OWNER = "owner"
-#: Still its dead owner's: in progress, that token, its lease run out by the
-#: database's clock. The one fence of a takeover and of a settlement.
+#: Still its dead owner's: that token, its lease run out by the database's clock.
+#: The fence of a takeover and of a settlement.
 ABANDONED = "abandoned"
 #: This owner's, or released by it (its token cleared): its checkpoints.
 OWNER_OR_RELEASED = "owner or released"
-#: Not a claim: a completed record holding a refusal (SPEC 4.6, a result
-#: that could not be kept), still its owner's (that token), as an operator
-#: read it. An operator's release of the refusal is its one statement.
+#: A completed refusal (SPEC 4.6), still its owner's as an operator read it.
 REFUSED = "refused"
-#: The lowest status of a refusal: a view's ``500`` ``result-not-stored``, a
-#: function's ``507``. No result the contract stores is a ``5xx``.
+#: The lowest refusal status (a view's 500, a function's 507); no stored result is 5xx.
 REFUSAL_STATUS = 500
 
 
@@ -364,8 +329,7 @@ def delete_sql(connection: BaseDatabaseWrapper, fence: str) -> str:
 CHECKPOINTS_FIELD: Field[Any, Any] = IdempotencyKey._meta.get_field("checkpoints")  # type: ignore[assignment]
 
 
-#: What a server's error code means on the key table: a lock wait that ran
-#: out, a transaction to start over, or a table that was never migrated.
+#: What a server's error code means: a lock wait ran out, start over, or no table.
 BUSY, RETRY, MISSING = "busy", "retry", "missing"
 
 
@@ -386,7 +350,7 @@ STATE_IN_PROGRESS = str(State.IN_PROGRESS)
 
 def insert_params(connection: BaseDatabaseWrapper, new: NewClaim) -> list[Any]:
     seconds = clock.SECONDS[connection.vendor]
-    # Atomic mode holds no lease and retains nothing: no call for those.
+    # Atomic mode holds no lease and retains nothing.
     lease, retained_for = new.lease, new.retained_for
     return [
         new.scope,
@@ -405,8 +369,7 @@ def claim_upsert(
 ) -> Claim | None:
     """SQLite: insert, or take over an expired record, in one statement.
 
-    SQLite serialises writers on the whole database, so the wait happened
-    at ``BEGIN`` (or at this statement) under the busy timeout.
+    The wait happened at ``BEGIN`` (or here) under the busy timeout.
     """
     name = ("claim", take_over_abandoned)
     sql = STATEMENTS.get((connection.vendor, name)) or cached_sql(
@@ -424,8 +387,7 @@ def upsert_sql(connection: BaseDatabaseWrapper, take_over_abandoned: bool) -> st
     fingerprint = connection.ops.quote_name(column_names()["fingerprint"])
     progress = progress_assignments(connection, f"EXCLUDED.{fingerprint}")
     takeover = takeover_assignments(connection, from_excluded=True)
-    # The clock the condition reads is the one the new row's created_at
-    # holds: SQLite reads 'now' once for all of a statement's step.
+    # SQLite reads 'now' once per statement: the condition and created_at agree.
     return (
         f"{insert_claim_into(connection)} VALUES ({claim_values(connection)}) "
         f"ON CONFLICT ({scope}, {key}) DO UPDATE SET {progress}, {takeover} "
@@ -439,9 +401,7 @@ def upsert_sql(connection: BaseDatabaseWrapper, take_over_abandoned: bool) -> st
 def takeover_assignments(connection: BaseDatabaseWrapper, *, from_excluded: bool) -> str:
     """SET clause giving an expired record to a new claim: its values, no response.
 
-    The values come from the upsert's ``EXCLUDED`` row, or else from
-    parameters in the order of ``insert_params(...)[2:]`` and the
-    database's clock.
+    Values from the upsert's ``EXCLUDED`` row, or parameters (``insert_params(...)[2:]``).
     """
     quote = connection.ops.quote_name
     columns = column_names()
@@ -458,12 +418,8 @@ def takeover_assignments(connection: BaseDatabaseWrapper, *, from_excluded: bool
 def progress_assignments(connection: BaseDatabaseWrapper, fingerprint: str) -> str:
     """SET clause of a takeover's attempt and checkpoints: kept for the same request's claim.
 
-    An abandoned claim of the same request is taken over as attempt n + 1
-    with its checkpoints, a released one as attempt n with them (SPEC counts
-    takeovers, not failures); an expired completed record, or another
-    request's claim, starts again at 1 with none. It comes first in
-    the SET clause: MySQL evaluates assignments left to right, so ``state``
-    and ``fingerprint`` must still be the old record's here.
+    Same request: abandoned becomes attempt n + 1, released stays n (SPEC counts
+    takeovers); otherwise 1 and none. Must come first: MySQL assigns left to right.
     """
     quote = connection.ops.quote_name
     columns = column_names()
@@ -472,8 +428,7 @@ def progress_assignments(connection: BaseDatabaseWrapper, fingerprint: str) -> s
         f"{quote(columns['state'])} = '{State.IN_PROGRESS}' "
         f"AND {quote(columns['fingerprint'])} = {fingerprint}"
     )
-    # Only a takeover of an abandoned claim (its owner's token still set)
-    # counts as an attempt; a claim its owner gave back keeps its number.
+    # Only taking over an abandoned claim (token still set) counts as an attempt.
     owned = f"{quote(columns['owner_token'])} <> ''"
     return (
         f"{attempt} = CASE WHEN {same} "
@@ -483,28 +438,17 @@ def progress_assignments(connection: BaseDatabaseWrapper, fingerprint: str) -> s
 
 
 def unless_abandoned(connection: BaseDatabaseWrapper, take_over_abandoned: bool, table: str) -> str:
-    """A takeover's extra condition when abandoned claims are left to a recovery policy.
-
-    A completed record past its expiry, or a claim its owner released, is
-    free to take; an abandoned one is not.
-    """
+    """A takeover's extra condition when abandoned claims are left to a recovery policy."""
     if take_over_abandoned:
         return ""
     return f" AND NOT {leases.sql(leases.ABANDONED, connection, f'{table}.')}"
 
 
 def unless_bound(connection: BaseDatabaseWrapper, fingerprint: str, table: str = "") -> str:
-    """A takeover's condition that leaves a claim bound to its request alone.
+    """A takeover's condition leaving alone a claim bound to another request.
 
-    A claim whose lease ran out (released by its owner or an operator, or
-    abandoned) with checkpoints stays bound to the request that recorded
-    them while the purge keeps it (``retained_until`` ahead of the
-    database's clock): a request with another ``fingerprint`` (SQL: a
-    parameter, or the upsert's ``EXCLUDED`` column) does not take it over,
-    and is answered from it (``422``). Without checkpoints
-    (:func:`leases.checkpoints_sql`), or past its retention, it is taken as
-    an absent record would be. ``table`` qualifies the columns (``"t."``).
-    See :meth:`Record.bound_to_other_work`.
+    :meth:`Record.bound_to_other_work` in SQL. ``fingerprint`` is SQL (a parameter, or
+    the upsert's ``EXCLUDED`` column); ``table`` qualifies the columns (``"t."``).
     """
     quote = connection.ops.quote_name
     ran_out = (
@@ -559,8 +503,7 @@ RECORD_COLUMNS = [
 def record_of(connection: BaseDatabaseWrapper, row: Any) -> Record:
     """A row of ``RECORD_COLUMNS`` and the database's clock, as the ORM would convert it.
 
-    Converted without building a model, and only the columns whose
-    driver's value the ORM converts.
+    Without building a model; only the columns the ORM converts.
     """
     values = list(row)
     converters = _CONVERTERS.get(connection.vendor) or row_converters(connection)
@@ -599,9 +542,8 @@ def record_of(connection: BaseDatabaseWrapper, row: Any) -> Record:
     )
 
 
-#: Per vendor, the ORM's converters of a row of ``RECORD_COLUMNS`` and the
-#: clock, then of a claim's row (:func:`claimed`): (position, column, converter)
-#: in the order the ORM applies them, for the columns that have any.
+#: Per vendor, the ORM's converters of a record's row (with the clock), then of a
+#: claim's row: (position, column, converter), for the columns that have any.
 _CONVERTERS: dict[str, tuple[list[tuple[int, Col, Any]], list[tuple[int, Col, Any]]]] = {}
 
 
@@ -655,19 +597,13 @@ Found = Claim | Record | None
 class Backend:
     """One database's way to claim a key, and what its errors mean: here, standard SQL.
 
-    A claim is one ``INSERT ... ON CONFLICT DO UPDATE`` that inserts the
-    record or takes over an expired one, then a read of the live record if
-    it did neither. A database that waits or claims otherwise overrides
-    :meth:`claim`, and :meth:`prepare` and :meth:`restore` for a wait that
-    must be set before the claim's transaction opens.
+    One upsert that inserts or takes over an expired record, else a read of the live one.
     """
 
-    #: Whether the wait for an in-flight original happens when the claim's
-    #: transaction begins (SQLite's database lock), so that :meth:`prepare`
-    #: must bound it first and :meth:`restore` put it back.
+    #: Whether the wait happens when the claim's transaction begins (SQLite): then
+    #: :meth:`prepare` bounds it first and :meth:`restore` puts it back.
     waits_at_begin = False
-    #: Whether a retry of finished work is looked for with one read before
-    #: the claim, outside a transaction (``store.reads_before_claiming``).
+    #: Whether a replay is read before the claim (``store.reads_before_claiming``).
     reads_before_claiming = False
     #: A server error code, as :meth:`code` reads it, to BUSY, RETRY or MISSING.
     codes: dict[Any, str] = {}

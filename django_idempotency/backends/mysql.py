@@ -1,8 +1,7 @@
 """MySQL and MariaDB: insert, and on a duplicate read the record under a shared lock.
 
-InnoDB's row-lock wait is bounded per statement on MariaDB and per session
-on MySQL; on a Galera node the claim also waits until the node has applied
-what the cluster committed before it.
+InnoDB's lock wait is bounded per statement on MariaDB, per session on MySQL; on Galera
+the claim first waits until the node has applied what the cluster committed.
 """
 
 from __future__ import annotations
@@ -51,10 +50,8 @@ class MySQL(Backend):
     def claim(self, connection: Connection, new: NewClaim, wait: float, take_over: bool) -> Found:
         """Insert; on a duplicate, read under a shared lock.
 
-        A failed INSERT rolls back only itself in InnoDB, so no savepoint is
-        needed around it. The duplicate read uses a shared lock, not FOR
-        UPDATE: the failed INSERT already holds a shared lock on the row, and
-        many duplicates upgrading it to exclusive at once would deadlock.
+        A failed INSERT rolls back only itself in InnoDB: no savepoint. The read is shared, not
+        FOR UPDATE: the failed INSERT holds a shared lock, and upgrading at once would deadlock.
         """
         prefix = wait_prefix(connection, wait)
         vendor = connection.vendor
@@ -87,8 +84,7 @@ class MySQL(Backend):
 def wait_prefix(connection: BaseDatabaseWrapper, wait: float) -> str:
     """Bound InnoDB's row-lock wait for one statement (MariaDB) or the session (MySQL).
 
-    On a Galera node the statement also waits until the node has applied
-    what the cluster committed before it (see :func:`galera_sync_wait`).
+    On Galera the statement also waits for the node to catch up (:func:`galera_sync_wait`).
     """
     if getattr(connection, "mysql_is_mariadb", False):
         sync_wait = getattr(connection, "_idempotency_sync_wait", None)
@@ -112,16 +108,10 @@ _WSREP_SYNC_INSERT = 4
 def galera_sync_wait(connection: BaseDatabaseWrapper) -> int:
     """The ``wsrep_sync_wait`` a claim runs with on a Galera node; 0 on any other server.
 
-    A node applies what other nodes committed a moment later, so a claim
-    could find no record (or an in-progress one) for an original that has
-    already answered. With the INSERT bit, the claim's ``INSERT`` first
-    waits until the node has applied everything committed before it; the
-    READ bit would not do, since MariaDB makes no causal wait inside an
-    open transaction, and the claim opens one. The session's own bits are
-    kept. Asked once per connection wrapper, the first time it claims:
-    like the server version Django reads once, whether a configured
-    server is a Galera node does not change between its connections, so
-    a plain server pays one statement per process thread, not per request.
+    A node applies other nodes' commits a moment later, so a claim could miss a record whose
+    original already answered. The INSERT bit makes the claim wait; the READ bit would not,
+    as MariaDB makes no causal wait inside an open transaction. The session's bits are kept.
+    Asked once per connection wrapper: a plain server pays one statement per thread.
     """
     found = getattr(connection, "_idempotency_sync_wait", None)
     if found is None:

@@ -1,8 +1,7 @@
 """PostgreSQL: a new key in one planned-once INSERT, anything else in one statement.
 
-The wait for an uncommitted original is bounded by ``lock_timeout``, set
-inside the claim's own statement and put back by it, so the view's
-statements keep the timeout they were configured with.
+The wait for an uncommitted original is bounded by ``lock_timeout``, set inside the
+claim's own statement and put back by it: the view's statements keep theirs.
 """
 
 from __future__ import annotations
@@ -64,8 +63,7 @@ class PostgreSQL(Backend):
         if found is None:
             found = claim_or_find(connection, new, wait, take_over)
         if found is None:
-            # We waited for an original that committed after this
-            # statement's snapshot was taken: read it now.
+            # The original we waited for committed after our snapshot: read it now.
             found = read_record(connection, new.scope, new.key)
         return found
 
@@ -75,14 +73,7 @@ class PostgreSQL(Backend):
 
 
 def claim_new(connection: BaseDatabaseWrapper, new: NewClaim, wait: float) -> Claim | None:
-    """Claim a key nobody holds, in a statement PostgreSQL plans in a fraction of the full one.
-
-    The common case: a new key. ``None`` when the key has a record (or had
-    one we waited for); :func:`claim_or_find` then decides, in the
-    same transaction, between a takeover and the live record. The wait for
-    an uncommitted original is bounded here too, and ``lock_timeout`` is
-    put back by the same statement either way.
-    """
+    """Claim a key nobody holds, in a cheap planned-once INSERT; ``None`` if it has a record."""
     sql = STATEMENTS.get((connection.vendor, "insert")) or cached_sql(
         connection, "insert", insert_sql
     )
@@ -101,14 +92,13 @@ def insert_sql(connection: BaseDatabaseWrapper) -> str:
     )
 
 
-#: The claim statements' first CTE: the view's ``lock_timeout``, and the
+#: The claim statements' first CTE: the view's ``lock_timeout`` saved, and the
 #: claim's bound (the first parameter) applied for the rest of the statement.
 BOUNDED_WAIT = (
     "WITH wait AS (SELECT current_setting('lock_timeout') AS previous, "
     "set_config('lock_timeout', %s, true) AS applied), "
 )
-#: Their last column: the view's ``lock_timeout`` put back, once the insert
-#: (and any wait for an uncommitted original) is over.
+#: Their last column: the view's ``lock_timeout`` put back after any wait.
 RESTORED_WAIT = "set_config('lock_timeout', wait.previous, true)"
 
 
@@ -132,18 +122,11 @@ def claim_or_find(
 ) -> Claim | Record | None:
     """Claim, take over an expired record, or read the live one, in one statement.
 
-    ``INSERT ... ON CONFLICT DO NOTHING`` waits for an uncommitted original
-    (bounded by ``lock_timeout``, set inside the statement and, when the key
-    is claimed, put back to the view's own value so that its statements keep
-    theirs) and locks nothing on conflict. A conditional ``UPDATE`` takes
-    over an expired record. Otherwise the live record comes back in the same
-    round trip, and a replay writes nothing, so its commit needs no disk
-    flush. The record is ``None`` only when the original committed after
-    this statement's snapshot was taken.
-
-    A claim that starts over does so in a new transaction or savepoint,
-    whose rollback undoes the bounded ``lock_timeout``: so the value the
-    statement finds is always the view's own.
+    ``ON CONFLICT DO NOTHING`` waits for an uncommitted original and locks nothing on
+    conflict; a conditional ``UPDATE`` takes over an expired record; else the live record
+    comes back in the same round trip (a replay writes nothing, no flush at commit).
+    ``None`` only when the original committed after this statement's snapshot. A claim
+    that starts over rolls back the bounded ``lock_timeout`` with its savepoint.
     """
     sql = cached_sql(
         connection,
@@ -205,8 +188,7 @@ def claim_sql(connection: BaseDatabaseWrapper, take_over_abandoned: bool) -> str
         f"found ({found_columns}) AS (SELECT true, claimed.{pk}, {nulls}, {claimed_progress} "
         f"FROM claimed UNION ALL SELECT false, {table}.{pk}, {record} FROM {table} "
         f"WHERE {scope} = %s AND {key} = %s AND NOT EXISTS (SELECT 1 FROM claimed)) "
-        # Always exactly one row, so the view's lock_timeout is always put back:
-        # also when the claim found another's record inside the view's transaction.
-        # With the database's clock, which decides about the record found.
+        # Always one row, so lock_timeout is always put back (also when another's record is
+        # found inside the view's transaction); with the clock that decides about it.
         f"SELECT found.*, {now}, {RESTORED_WAIT} FROM wait LEFT JOIN found ON true"
     )

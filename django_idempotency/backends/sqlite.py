@@ -1,9 +1,7 @@
 """SQLite: one write lock for the whole database, waited for under the busy timeout.
 
-SQLite takes its write lock at ``BEGIN IMMEDIATE`` (or the first write),
-so the claim's wait is set on the connection before the transaction
-opens, and put back as soon as the claim is over. Its errors say what
-they mean in words, not codes.
+The lock is taken at ``BEGIN IMMEDIATE``, so the claim's wait is set on the connection
+before the transaction opens and put back after the claim. Errors are words, not codes.
 """
 
 from __future__ import annotations
@@ -18,11 +16,9 @@ class SQLite(Backend):
     waits_at_begin = True
 
     def prepare(self, connection: BaseDatabaseWrapper, wait: float) -> None:
-        """Set the busy timeout to ``wait`` unless it already is.
+        """Set the busy timeout to ``wait`` unless the connection's ``timeout`` option already is.
 
-        Changed only when ``wait`` differs from the connection's ``timeout``
-        option (with the defaults, 5 s both, never), so the view's own
-        statements wait as long as the connection was configured to.
+        With the defaults (5 s both), never: the view's statements wait as configured.
         """
         connection.ensure_connection()
         # The busy timeout, in ms, that Django opened the connection with.
