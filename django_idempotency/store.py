@@ -156,10 +156,7 @@ def _claim(
         return claimed
     if claimed is None:
         return None  # gone, as after a purge
-    if claimed.expired and not (
-        (not take_over_abandoned and claimed.abandoned())
-        or claimed.bound_to_other_work(new.fingerprint)
-    ):
+    if claimed.free_to_take(new.fingerprint, take_over_abandoned):
         # Seen as it was before another request took it over.
         return None
     return Claim(claimed.id, claimed)

@@ -11,7 +11,7 @@ from django.db import connection
 from django.db.models import JSONField, Value
 
 from django_idempotency import clock, leases
-from django_idempotency.backends.base import read_record, unless_bound
+from django_idempotency.backends.base import read_record, takeover_condition, unless_bound
 from django_idempotency.models import IdempotencyKey
 
 pytestmark = pytest.mark.django_db
@@ -192,3 +192,45 @@ def test_python_and_sql_agree_on_which_claims_are_bound_to_their_request(
         assert free == set(every_kind_of_row) - named
         bound = carried and retained == HOUR and fingerprint != "f"
         assert len(named) == (3 if bound else 0)
+
+
+@pytest.mark.parametrize("take_over_abandoned", [True, False], ids=["take-over", "recovery-policy"])
+@pytest.mark.parametrize("checkpoints", ["some", "sql-null"])
+@pytest.mark.parametrize("retained", [None, HOUR], ids=["unretained", "ahead"])
+def test_every_takeover_statement_and_python_agree_on_which_records_a_claim_takes(
+    every_kind_of_row, take_over_abandoned, checkpoints, retained
+):
+    # One condition for the three vendors' takeover statements, and its one
+    # Python reading for a record the claim found (a stale read, MySQL's locked one).
+    now = clock.read(connection)
+    rows = IdempotencyKey.objects.filter(pk__in=every_kind_of_row)
+    rows.update(
+        checkpoints=CHECKPOINTS[checkpoints],
+        retained_until=None if retained is None else now + retained,
+    )
+    table = connection.ops.quote_name(IdempotencyKey._meta.db_table)
+    condition = takeover_condition(connection, take_over_abandoned, "%s")
+    for fingerprint in ["f", "other"]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT id FROM {table} WHERE scope = 'leases' AND {condition}", [fingerprint]
+            )
+            by_sql = {row[0] for row in cursor.fetchall()}
+        by_python = {
+            pk
+            for pk, key in rows.values_list("pk", "key")
+            if read_record(connection, "leases", key).free_to_take(fingerprint, take_over_abandoned)
+        }
+        bound = checkpoints == "some" and retained == HOUR and fingerprint != "f"
+        named = {
+            pk
+            for pk, state in every_kind_of_row.items()
+            if state != leases.HELD
+            # A completed record or a claim past its expiry; every row is one hour either side.
+            and read_record(connection, "leases", rows.get(pk=pk).key).expired
+            and not (state == leases.ABANDONED and not take_over_abandoned)
+            and not (state in (leases.RELEASED, leases.ABANDONED) and bound)
+        }
+
+        assert by_python == by_sql == named
+        assert named  # an expired completed record is always free

@@ -105,6 +105,18 @@ class Record:
         state = leases.state_of(self.completed, self.owner_token, self.expires_at, self.seen_at)
         return state == leases.ABANDONED
 
+    def free_to_take(self, fingerprint: str, take_over_abandoned: bool) -> bool:
+        """Whether a claim of ``fingerprint`` takes this record over: :func:`takeover_condition`.
+
+        Past its expiry, and neither an abandoned claim left to a recovery policy (without
+        ``take_over_abandoned``) nor bound to another request.
+        """
+        if not self.expired:
+            return False
+        if not take_over_abandoned and self.abandoned():
+            return False
+        return not self.bound_to_other_work(fingerprint)
+
     def bound_to_other_work(self, fingerprint: str) -> bool:
         """Bound to work other than ``fingerprint``'s: not to be taken over by it.
 
@@ -385,15 +397,14 @@ def upsert_sql(connection: BaseDatabaseWrapper, take_over_abandoned: bool) -> st
     table = quoted_table(connection)
     scope, key = key_columns(connection)
     fingerprint = connection.ops.quote_name(column_names()["fingerprint"])
-    progress = progress_assignments(connection, f"EXCLUDED.{fingerprint}")
+    excluded = f"EXCLUDED.{fingerprint}"
+    progress = progress_assignments(connection, excluded)
     takeover = takeover_assignments(connection, from_excluded=True)
     # SQLite reads 'now' once per statement: the condition and created_at agree.
     return (
         f"{insert_claim_into(connection)} VALUES ({claim_values(connection)}) "
         f"ON CONFLICT ({scope}, {key}) DO UPDATE SET {progress}, {takeover} "
-        f"WHERE {leases.expiry_sql(True, connection, f'{table}.')}"
-        f"{unless_abandoned(connection, take_over_abandoned, table)}"
-        f"{unless_bound(connection, f'EXCLUDED.{fingerprint}', f'{table}.')} "
+        f"WHERE {takeover_condition(connection, take_over_abandoned, excluded, f'{table}.')} "
         f"RETURNING {claimed_columns(connection)}"
     )
 
@@ -437,11 +448,27 @@ def progress_assignments(connection: BaseDatabaseWrapper, fingerprint: str) -> s
     )
 
 
+def takeover_condition(
+    connection: BaseDatabaseWrapper, take_over_abandoned: bool, fingerprint: str, table: str = ""
+) -> str:
+    """Which record a claim of ``fingerprint`` takes over: every takeover statement's condition.
+
+    :meth:`Record.free_to_take` in SQL: past its expiry, not an abandoned claim left to a
+    recovery policy, not bound to another request. ``fingerprint`` is SQL (a parameter, or
+    the upsert's ``EXCLUDED`` column); ``table`` qualifies the columns (``"t."``).
+    """
+    return (
+        f"{leases.expiry_sql(True, connection, table)}"
+        f"{unless_abandoned(connection, take_over_abandoned, table)}"
+        f"{unless_bound(connection, fingerprint, table)}"
+    )
+
+
 def unless_abandoned(connection: BaseDatabaseWrapper, take_over_abandoned: bool, table: str) -> str:
     """A takeover's extra condition when abandoned claims are left to a recovery policy."""
     if take_over_abandoned:
         return ""
-    return f" AND NOT {leases.sql(leases.ABANDONED, connection, f'{table}.')}"
+    return f" AND NOT {leases.sql(leases.ABANDONED, connection, table)}"
 
 
 def unless_bound(connection: BaseDatabaseWrapper, fingerprint: str, table: str = "") -> str:

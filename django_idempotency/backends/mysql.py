@@ -11,7 +11,6 @@ import math
 from django.db import IntegrityError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_idempotency import leases
 from django_idempotency.backends.base import (
     BUSY,
     MISSING,
@@ -34,7 +33,7 @@ from django_idempotency.backends.base import (
     record_of,
     record_select_sql,
     takeover_assignments,
-    unless_bound,
+    takeover_condition,
 )
 
 # Error numbers.
@@ -72,13 +71,11 @@ class MySQL(Backend):
         if row is None:
             return None
         record = record_of(connection, row)
-        if not record.expired:
+        if not record.free_to_take(new.fingerprint, take_over):
+            # Live, left to a recovery policy, or bound to another request: read under our
+            # shared lock, it stays so until we commit.
             return record
-        if not take_over and record.abandoned():
-            return record  # for the recovery policy to decide on
-        if record.bound_to_other_work(new.fingerprint):
-            return record  # read under our shared lock: it stays so until we commit
-        return _take_over(connection, record.id, new, prefix)
+        return _take_over(connection, record.id, new, prefix, take_over)
 
 
 def wait_prefix(connection: BaseDatabaseWrapper, wait: float) -> str:
@@ -136,26 +133,37 @@ def shared_read_sql(connection: BaseDatabaseWrapper) -> str:
 
 
 def _take_over(
-    connection: BaseDatabaseWrapper, record_id: int, new: NewClaim, prefix: str
+    connection: BaseDatabaseWrapper, record_id: int, new: NewClaim, prefix: str, take_over: bool
 ) -> Claim | None:
-    quote = connection.ops.quote_name
-    table = quoted_table(connection)
-    progress = progress_assignments(connection, "%s")
-    assignments = takeover_assignments(connection, from_excluded=False)
-    pk = quote(IdempotencyKey._meta.pk.column)
+    name = ("take over", take_over)
+    sql = STATEMENTS.get((connection.vendor, name)) or cached_sql(
+        connection, name, lambda c: take_over_sql(c, take_over)
+    )
     params = [new.fingerprint, new.fingerprint, *insert_params(connection, new)[2:]]
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"{prefix}UPDATE {table} SET {progress}, {assignments} "
-            f"WHERE {pk} = %s AND {leases.expiry_sql(True, connection)}"
-            f"{unless_bound(connection, '%s')}",
-            [*params, record_id, new.fingerprint],
-        )
+        cursor.execute(prefix + sql, [*params, record_id, new.fingerprint])
         if cursor.rowcount != 1:
             return None
         # No RETURNING on MySQL: read back what the update carried over.
-        cursor.execute(
-            f"SELECT {claimed_columns(connection, table)} FROM {table} WHERE {pk} = %s",
-            [record_id],
+        sql = STATEMENTS.get((connection.vendor, "claimed")) or cached_sql(
+            connection, "claimed", claimed_sql
         )
+        cursor.execute(sql, [record_id])
         return claimed(connection, cursor.fetchone())
+
+
+def take_over_sql(connection: BaseDatabaseWrapper, take_over: bool) -> str:
+    quote = connection.ops.quote_name
+    progress = progress_assignments(connection, "%s")
+    assignments = takeover_assignments(connection, from_excluded=False)
+    pk = quote(IdempotencyKey._meta.pk.column)
+    return (
+        f"UPDATE {quoted_table(connection)} SET {progress}, {assignments} "
+        f"WHERE {pk} = %s AND {takeover_condition(connection, take_over, '%s')}"
+    )
+
+
+def claimed_sql(connection: BaseDatabaseWrapper) -> str:
+    table = quoted_table(connection)
+    pk = connection.ops.quote_name(IdempotencyKey._meta.pk.column)
+    return f"SELECT {claimed_columns(connection, table)} FROM {table} WHERE {pk} = %s"

@@ -11,7 +11,7 @@ from typing import Any
 from django.db import DatabaseError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_idempotency import clock, leases
+from django_idempotency import clock
 from django_idempotency.backends.base import (
     BUSY,
     MISSING,
@@ -39,8 +39,7 @@ from django_idempotency.backends.base import (
     read_record,
     record_of,
     takeover_assignments,
-    unless_abandoned,
-    unless_bound,
+    takeover_condition,
 )
 
 # SQLSTATEs (psycopg 3 calls it ``sqlstate``, psycopg2 ``pgcode``).
@@ -179,9 +178,8 @@ def claim_sql(connection: BaseDatabaseWrapper, take_over_abandoned: bool) -> str
         f"{BOUNDED_WAIT}{_inserted(connection, returned)}, "
         f"taken AS (UPDATE {table} SET {progress_assignments(connection, '%s')}, "
         f"{takeover_assignments(connection, from_excluded=False)} "
-        f"WHERE {scope} = %s AND {key} = %s AND {leases.expiry_sql(True, connection)}"
-        f"{unless_abandoned(connection, take_over_abandoned, table)}"
-        f"{unless_bound(connection, '%s', f'{table}.')} "
+        f"WHERE {scope} = %s AND {key} = %s AND "
+        f"{takeover_condition(connection, take_over_abandoned, '%s', f'{table}.')} "
         "AND NOT EXISTS (SELECT 1 FROM inserted) "
         f"RETURNING {claimed_columns(connection, table)}), "
         f"claimed AS (SELECT {returned} FROM inserted UNION ALL SELECT {returned} FROM taken), "
