@@ -346,7 +346,8 @@ class Call:
 
         Unlike a result, it must outlive the caller's transaction (about to roll back): the
         body may have acted on other systems. So it is written on the lease's own connection,
-        as a checkpoint is; on SQLite or in a test's transaction the claim goes with the caller's.
+        as a checkpoint is. On SQLite or in a test's transaction the claim itself is the
+        caller's transaction's, and goes with it either way.
         """
         stored, ttl = self.kind.unstorable(), self.options.ttl
         # Kept for an operator's release: only committed checkpoints. Inside the
@@ -406,7 +407,8 @@ class Call:
         """Remember what a checkpoint added, and follow whether its transaction commits.
 
         The checkpoint commits at once; the writes it records may still roll back with their
-        block. Those are put back at release or request end (:meth:`_settle_progress`).
+        block, and a retry must not skip them: the checkpoints of blocks that did not commit
+        are put back at release or request end (:meth:`_settle_progress`).
         """
         # Against those in force: a step run again after its block rolled
         # back may record what it recorded then (SQLite reuses the ids).
@@ -438,7 +440,8 @@ class Call:
         """The checkpoints whose blocks did not roll back: committed, or still open.
 
         What ``request.idempotency.checkpoints`` shows. Django drops a rolled-back block's
-        on-commit callbacks: a marker neither run nor waiting rolled back.
+        on-commit callbacks: a checkpoint whose marker has neither run nor is still waiting
+        rolled back, and a body that runs its block again must not skip it.
         """
         log = self._progress_log
         if all(recorded.committed for recorded in log):
@@ -638,7 +641,8 @@ class Call:
     def _release(self, owned: _Owned) -> None:
         """Give the key back after a failed body, so that a retry can run.
 
-        Committed checkpoints and the attempt are kept; the retry takes over and resumes.
+        A claim with checkpoints keeps them (those whose transactions committed) and its
+        attempt, and the retry takes it over at once and resumes; one without is deleted.
         """
         lease = owned.connection
         checkpoints: dict[str, Any] | None = None
@@ -753,7 +757,8 @@ class Call:
         A duration by the database's clock: the app hosts' clocks never decide.
         """
         info, using = self.info, self.using
-        # Once the record's transaction commits (at once outside one): never a rollback.
+        # Once the record's transaction commits (at once outside one): a result that rolls
+        # back is never cached.
         transaction.on_commit(
             lambda: replay_cache.put(alias, info, stored, lifetime, using), using=using
         )
@@ -769,7 +774,8 @@ class Call:
     ) -> None:
         """Log about this call; ``message`` starts with its key (masked) and scope.
 
-        ``outcome`` adds the fields of docs/observability.rst, the wait unless not ``waited``.
+        ``outcome`` adds the fields of docs/observability.rst, with the time waited unless
+        ``waited`` is false.
         """
         extra = None
         if outcome is not None:

@@ -42,7 +42,8 @@ def own_connection(using: str, *, fresh: bool = False) -> Iterator[BaseDatabaseW
     """Route ``using`` to this thread's own connection for the block.
 
     The store's statements name an alias, so the alias is pointed at the second connection
-    and back. ``fresh`` first closes it, so the next statement runs on a new one.
+    while they run and back afterwards; nothing else runs on this thread in between.
+    ``fresh`` first closes it, so the next statement runs on a new one.
     """
     wrapper = _own_wrapper(using)
     if fresh:

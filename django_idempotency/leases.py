@@ -2,7 +2,7 @@
 
 A record is ``completed``, or in progress; an in-progress record is
 
-- ``held``: its owner's lease is ahead of the database's clock; it may still be running;
+- ``held``: its owner's lease is ahead of the database's clock; its owner may still be running;
 - ``abandoned``: it has an owner (a token) whose lease ran out: the owner stopped before
   it finished, and the next retry may take it over;
 - ``released``: its owner gave it back (token cleared) keeping its checkpoints, so the

@@ -114,11 +114,14 @@ def claim(
     """Claim the key, or find the live record that holds it.
 
     Runs inside ``transaction.atomic(using=using)``: the caller's, or one entered on
-    ``opening``, left open for the body. SQLite waits at ``BEGIN IMMEDIATE``, under a busy
-    timeout bounded first and put back after the claim. A returned live record is committed
-    and read without a lock: a replay writes nothing. An expired record is taken over in the
-    same statement, except an abandoned claim when not ``take_over_abandoned`` (left to a
-    recovery policy, then :func:`take_over`) and one ``Record.bound_to_other_work`` (422).
+    ``opening``, left open for the body. SQLite waits at ``BEGIN IMMEDIATE``, its busy
+    timeout set first and put back after the claim; an error at ``BEGIN`` means what it
+    would mean in the claim. A returned live record is committed and changes only when it
+    expires (or when its lease-mode owner completes or releases it), so it is read without
+    a lock: a replay writes nothing. An expired record is taken over in the same statement
+    (``Record.free_to_take``), except an abandoned claim when not ``take_over_abandoned``
+    (left to a recovery policy, then :func:`take_over`) and one bound to other work (422).
+    A takeover by the same request carries its attempt and checkpoints.
 
     Raises :class:`Busy` when the wait runs out, :class:`Retry` to start over, and
     :class:`~django.core.exceptions.ImproperlyConfigured` when the table is missing.
@@ -242,9 +245,11 @@ def release(
 def release_on_behalf(using: str, record_id: int, owner_token: str, *, unless_held: bool) -> bool:
     """An operator's release: the claim given back for its owner, keeping its progress.
 
-    Fenced by the token the operator read; ``retained_until`` is left as is. An owned
-    claim's release counts as its owner's attempt (the retry's takeover of a claim given
-    back does not). ``unless_held`` leaves a lease still ahead of the database's clock.
+    Fenced by the token the operator read: a claim taken over, released or completed since
+    is left alone (``False``); ``retained_until`` is left as is. An owned claim's release
+    counts as its owner's attempt (the retry's takeover of a claim given back does not).
+    ``unless_held`` leaves alone, in the statement, a lease still ahead of the database's
+    clock: its request may still be running.
     """
     connection = connections[using]
     counted = owner_token != ""
@@ -292,8 +297,9 @@ def release_refusal(using: str, record_id: int, owner_token: str) -> bool:
     """An operator's release of a refusal: the next retry runs the body again, resuming.
 
     Leaves what :func:`release_on_behalf` leaves of an owned claim, retained at least as long
-    as the refusal was. Fenced by id and owner's token; a record past its expiry (by the
-    database's clock in the statement) is left alone, its key already free (``False``).
+    as the refusal was. Fenced by the refusal as read (id and owner's token): one deleted,
+    taken over or no longer a refusal since is left alone (``False``), and so is one past
+    its expiry by the database's clock in the statement, its key already free.
     """
     connection = connections[using]
     sql = cached_sql(connection, "release refusal", _release_refusal_sql)

@@ -45,7 +45,8 @@ class Retry(OperationalError):
     """Start the claim over in a new transaction (or savepoint).
 
     ``transaction_lost``: the database aborted the whole transaction (a MySQL deadlock);
-    false when only the claim's view of the record was stale and a savepoint rollback does.
+    false when only the claim's view of the record was stale and rolling back its savepoint
+    is enough.
     """
 
     def __init__(self, message: str, *, transaction_lost: bool = True) -> None:
@@ -299,7 +300,8 @@ ABANDONED = "abandoned"
 OWNER_OR_RELEASED = "owner or released"
 #: A completed refusal (SPEC 4.6), still its owner's as an operator read it.
 REFUSED = "refused"
-#: The lowest refusal status (a view's 500, a function's 507); no stored result is 5xx.
+#: The lowest refusal status (a view's 500, a function's 507); no result the contract
+#: stores is a 5xx.
 REFUSAL_STATUS = 500
 
 
@@ -625,6 +627,8 @@ class Backend:
     """One database's way to claim a key, and what its errors mean: here, standard SQL.
 
     One upsert that inserts or takes over an expired record, else a read of the live one.
+    A database that waits or claims otherwise overrides :meth:`claim`, and :meth:`prepare`
+    and :meth:`restore` for a wait set before the claim's transaction opens.
     """
 
     #: Whether the wait happens when the claim's transaction begins (SQLite): then

@@ -16,7 +16,7 @@ class SQLite(Backend):
     waits_at_begin = True
 
     def prepare(self, connection: BaseDatabaseWrapper, wait: float) -> None:
-        """Set the busy timeout to ``wait`` unless the connection's ``timeout`` option already is.
+        """Set the busy timeout to ``wait``, unless it equals the connection's ``timeout`` option.
 
         With the defaults (5 s both), never: the view's statements wait as configured.
         """
