@@ -202,6 +202,16 @@ class SettingsInTheSchemaTests:
         assert parameter["required"] is True
         assert parameter["schema"]["maxLength"] == 64
 
+    @override_settings(IDEMPOTENCY={"KEY_MIN_LENGTH": 16, "KEY_MAX_LENGTH": 64})
+    def test_a_minimum_key_length_is_documented_as_the_key_rules_check_it(self):
+        operation = generate()["paths"]["/orders/"]["post"]
+        parameter = header_parameter(operation)
+        assert parameter["schema"]["minLength"] == 16
+        assert parameter["schema"]["maxLength"] == 64
+        assert "From 16 to 64 visible ASCII characters" in parameter["description"]
+        bad_request = operation["responses"]["400"]["description"]
+        assert "shorter than 16 or longer than 64 characters" in bad_request
+
     @override_settings(IDEMPOTENCY={"PROBLEM_TYPE_BASE_URL": "https://api.example.com/p/"})
     def test_problem_base_url_documents_the_link_header(self):
         responses = generate()["paths"]["/orders/"]["post"]["responses"]

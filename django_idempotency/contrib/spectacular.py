@@ -333,7 +333,7 @@ def _header_parameter(options: Options, required: bool) -> dict[str, Any]:
         "required": required,
         "schema": {
             "type": "string",
-            "minLength": 1,
+            "minLength": conf.key_min_length,
             "maxLength": conf.key_max_length,
             "pattern": "^[!-~]+$",
         },
@@ -343,8 +343,8 @@ def _header_parameter(options: Options, required: bool) -> dict[str, Any]:
             f"response the first one got, with {conf.replay_header}: true, and does "
             f"not run again. Keys expire {ttl} after the response is stored, or at "
             "most 1% of that sooner (counted from when the first request arrived): "
-            "after that the same key starts a new request. Up to "
-            f"{conf.key_max_length} visible ASCII characters, sent bare (abc-123) or "
+            "after that the same key starts a new request. "
+            f"{_key_lengths()} visible ASCII characters, sent bare (abc-123) or "
             'quoted ("abc-123"; the quotes do not count).'
             + ("" if required else " Without the header the request is not protected.")
         ),
@@ -352,17 +352,30 @@ def _header_parameter(options: Options, required: bool) -> dict[str, Any]:
     }
 
 
+def _key_lengths() -> str:
+    """How long a key may be, as the key rules check it (``KEY_MIN_LENGTH``, ``KEY_MAX_LENGTH``)."""
+    conf = idempotency_settings
+    if conf.key_min_length > 1:
+        return f"From {conf.key_min_length} to {conf.key_max_length}"
+    return f"Up to {conf.key_max_length}"
+
+
+def _wrong_length() -> str:
+    conf = idempotency_settings
+    longer = f"longer than {conf.key_max_length} characters"
+    if conf.key_min_length > 1:
+        return f"shorter than {conf.key_min_length} or {longer}"
+    return longer
+
+
 def _bad_key_description(required: bool, from_header: bool = True) -> str:
     conf = idempotency_settings
     if not from_header:
         return (
             "The idempotency key this operation reads from the request is missing, empty, "
-            f"longer than {conf.key_max_length} characters, or not visible ASCII."
+            f"{_wrong_length()}, or not visible ASCII."
         )
-    malformed = (
-        f"the {conf.header} header is empty, longer than {conf.key_max_length} "
-        "characters, or not visible ASCII"
-    )
+    malformed = f"the {conf.header} header is empty, {_wrong_length()}, or not visible ASCII"
     if required:
         return f"The {conf.header} header is missing (this operation requires it), or {malformed}."
     return malformed[0].upper() + malformed[1:] + "."
