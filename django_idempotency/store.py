@@ -276,16 +276,22 @@ def _release_keeping_progress_sql(
     ``corrected``/``retained``: set checkpoints/``retained_until`` from parameters;
     ``counted``: attempt + 1; ``unless_held``: leave a held lease alone.
     """
-    now = clock.now_sql(connection)
     assigned = {"checkpoints": "%s"} if corrected else {}
     if retained:
         assigned["retained_until"] = clock.later_sql(connection)
     if counted:
         assigned["attempt"] = f"{connection.ops.quote_name(column_names()['attempt'])} + 1"
-    sql = update_sql(
-        connection, OWNER, **assigned, owner_token="''", locked_until=now, expires_at=now
-    )
+    sql = update_sql(connection, OWNER, **assigned, **_given_back(connection))
     return f"{sql} AND NOT {leases.sql(leases.HELD, connection)}" if unless_held else sql
+
+
+def _given_back(connection: BaseDatabaseWrapper) -> dict[str, str]:
+    """What makes a claim given back (``leases.RELEASED``): no token, its lease over now.
+
+    Last in a statement's assignments: MySQL assigns left to right.
+    """
+    now = clock.now_sql(connection)
+    return {"owner_token": "''", "locked_until": now, "expires_at": now}
 
 
 def is_refusal(state: str, status_code: int | None) -> bool:
@@ -310,7 +316,6 @@ def _release_refusal_sql(connection: BaseDatabaseWrapper) -> str:
     quote = connection.ops.quote_name
     columns = column_names()
     retained, expires = quote(columns["retained_until"]), quote(columns["expires_at"])
-    now = clock.now_sql(connection)
     sql = update_sql(
         connection,
         REFUSED,
@@ -321,9 +326,7 @@ def _release_refusal_sql(connection: BaseDatabaseWrapper) -> str:
         response_headers="NULL",
         response_body="NULL",
         attempt=f"{quote(columns['attempt'])} + 1",
-        owner_token="''",
-        locked_until=now,
-        expires_at=now,
+        **_given_back(connection),
     )
     return f"{sql} AND {leases.expiry_sql(False, connection)}"
 
