@@ -152,7 +152,11 @@ def checked_recover(recover: object, where: str) -> None:
 
 
 def checked_key(value: object, owner: str) -> str:
-    """What a ``key=`` callable returned, checked (``run_once`` stores a long key as its digest)."""
+    """What a ``key=`` callable returned, checked (``run_once`` stores a long key as its digest).
+
+    Not the HTTP key rules (``keys.check_key``): the key comes from the project's code, not
+    a client, so there is no minimum length or charset, and an error is a ``TypeError``.
+    """
     if not isinstance(value, str) or not value:
         raise TypeError(
             f"The key function of {owner} must return a non-empty string, "
