@@ -81,6 +81,41 @@ def test_the_cycle_finder_finds_a_cycle():
     assert cycle_in(graph) == ["a", "b", "c", "a"]
 
 
+def cached_statement_names(path: Path) -> list[str]:
+    """The names ``path`` caches statements under (``cached_sql``'s name, its first part)."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not (isinstance(node, ast.Call) and getattr(node.func, "id", "") == "cached_sql"):
+            continue
+        name = node.args[1]
+        if isinstance(name, ast.Name):  # a local ``name = (...)`` beside the call
+            name = next(
+                assigned.value
+                for assigned in ast.walk(ast.parse(path.read_text()))
+                if isinstance(assigned, ast.Assign)
+                and assigned.lineno < node.lineno
+                and getattr(assigned.targets[0], "id", "") == name.id
+                and node.lineno - assigned.lineno < 5
+            )
+        first = name.elts[0] if isinstance(name, ast.Tuple) else name
+        assert isinstance(first, ast.Constant), ast.dump(name)
+        names.append(first.value)
+    return names
+
+
+def test_each_cached_statement_has_a_name_of_its_own():
+    # Two statements under one name would get each other's SQL from the cache.
+    # A vendor's module runs for its vendor alone; the store and the base for all.
+    shared = [*cached_statement_names(PACKAGE / "store.py")]
+    shared += cached_statement_names(PACKAGE / "backends" / "base.py")
+    assert len(shared) == len(set(shared)), Counter(shared).most_common(3)
+    for vendor in ("postgresql", "mysql", "sqlite"):
+        own = cached_statement_names(PACKAGE / "backends" / f"{vendor}.py")
+        assert len(own) == len(set(own)), (vendor, Counter(own).most_common(3))
+        assert not set(own) & set(shared), (vendor, set(own) & set(shared))
+    assert "read" in shared and "claim" in cached_statement_names(PACKAGE / "backends/mysql.py")
+
+
 def test_only_the_store_asks_the_backends():
     # A database's statements sit behind one interface that the store alone
     # calls, so the protocol's decisions are never made in a vendor's module.

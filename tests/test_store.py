@@ -478,3 +478,42 @@ def test_no_backend_reads_before_claiming_and_waits_at_begin():
     for backend in [*BY_VENDOR.values(), STANDARD]:
         assert not (backend.reads_before_claiming and backend.waits_at_begin), backend
     assert BY_VENDOR["postgresql"].reads_before_claiming
+
+
+@pytest.mark.parametrize("recovery_first", [True, False], ids=["recovery-first", "claim-first"])
+def test_each_takeover_statement_is_cached_under_a_name_of_its_own(recovery_first):
+    # A recovery policy's takeover and a claim's takeover of an expired record
+    # are different statements: whichever is built first, the other gets its
+    # own SQL from the cache (only an unpinned clock caches, as in production).
+    base.STATEMENTS.clear()
+    assert not clock.is_pinned()
+    past = clock.read(connection) - timedelta(minutes=5)
+    for key, token in [("abandoned", "dead-owner"), ("released", "")]:
+        IdempotencyKeyFactory(
+            scope="s",
+            key=key,
+            fingerprint="fp",
+            state=IdempotencyKey.State.IN_PROGRESS,
+            owner_token=token,
+            expires_at=past,
+            locked_until=past,
+        )
+
+    def claim_of(key: str, token: str) -> base.NewClaim:
+        lease = timedelta(seconds=30)
+        return base.NewClaim("s", key, "fp", token, lease, lease, timedelta(seconds=90))
+
+    def recover() -> None:
+        record = base.read_record(connection, "s", "abandoned")
+        assert record is not None
+        assert store.take_over("default", record, claim_of("abandoned", "policy")) is not None
+
+    def take_over_released() -> None:
+        with transaction.atomic():
+            claimed = store.claim("default", claim_of("released", "claim"), 1.0)
+        assert claimed.existing is None
+
+    for step in [recover, take_over_released] if recovery_first else [take_over_released, recover]:
+        step()
+    owners = dict(IdempotencyKey.objects.values_list("key", "owner_token"))
+    assert owners == {"abandoned": "policy", "released": "claim"}

@@ -385,7 +385,7 @@ def claim_upsert(
 
     The wait happened at ``BEGIN`` (or here) under the busy timeout.
     """
-    name = ("claim", take_over_abandoned)
+    name = ("upsert", take_over_abandoned)
     sql = STATEMENTS.get((connection.vendor, name)) or cached_sql(
         connection, name, lambda c: upsert_sql(c, take_over_abandoned)
     )

@@ -135,7 +135,7 @@ def shared_read_sql(connection: BaseDatabaseWrapper) -> str:
 def _take_over(
     connection: BaseDatabaseWrapper, record_id: int, new: NewClaim, prefix: str, take_over: bool
 ) -> Claim | None:
-    name = ("take over", take_over)
+    name = ("claim take over", take_over)
     sql = STATEMENTS.get((connection.vendor, name)) or cached_sql(
         connection, name, lambda c: take_over_sql(c, take_over)
     )

@@ -355,6 +355,8 @@ def _header_parameter(options: Options, required: bool) -> dict[str, Any]:
 def _key_lengths() -> str:
     """How long a key may be, as the key rules check it (``KEY_MIN_LENGTH``, ``KEY_MAX_LENGTH``)."""
     conf = idempotency_settings
+    if conf.key_min_length == conf.key_max_length:
+        return f"Exactly {conf.key_max_length}"
     if conf.key_min_length > 1:
         return f"From {conf.key_min_length} to {conf.key_max_length}"
     return f"Up to {conf.key_max_length}"
