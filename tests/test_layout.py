@@ -85,7 +85,11 @@ def cached_statement_names(path: Path) -> list[str]:
     """The names ``path`` caches statements under (``cached_sql``'s name, its first part)."""
     names = []
     for node in ast.walk(ast.parse(path.read_text())):
-        if not (isinstance(node, ast.Call) and getattr(node.func, "id", "") == "cached_sql"):
+        called = getattr(node, "func", None)
+        if not (
+            isinstance(node, ast.Call)
+            and "cached_sql" in (getattr(called, "id", ""), getattr(called, "attr", ""))
+        ):
             continue
         name = node.args[1]
         if isinstance(name, ast.Name):  # a local ``name = (...)`` beside the call

@@ -11,30 +11,7 @@ import math
 from django.db import IntegrityError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_idempotency.backends.base import (
-    BUSY,
-    MISSING,
-    RETRY,
-    STATEMENTS,
-    Backend,
-    Claim,
-    Connection,
-    Found,
-    IdempotencyKey,
-    NewClaim,
-    cached_sql,
-    claim_values,
-    claimed,
-    claimed_columns,
-    insert_claim_into,
-    insert_params,
-    progress_assignments,
-    quoted_table,
-    record_of,
-    record_select_sql,
-    takeover_assignments,
-    takeover_condition,
-)
+import django_idempotency.backends.base as base
 
 # Error numbers.
 ER_DUP_ENTRY = 1062
@@ -43,10 +20,16 @@ ER_LOCK_DEADLOCK = 1213
 ER_NO_SUCH_TABLE = 1146
 
 
-class MySQL(Backend):
-    codes = {ER_LOCK_WAIT_TIMEOUT: BUSY, ER_LOCK_DEADLOCK: RETRY, ER_NO_SUCH_TABLE: MISSING}
+class MySQL(base.Backend):
+    codes = {
+        ER_LOCK_WAIT_TIMEOUT: base.BUSY,
+        ER_LOCK_DEADLOCK: base.RETRY,
+        ER_NO_SUCH_TABLE: base.MISSING,
+    }
 
-    def claim(self, connection: Connection, new: NewClaim, wait: float, take_over: bool) -> Found:
+    def claim(
+        self, connection: base.Connection, new: base.NewClaim, wait: float, take_over: bool
+    ) -> base.Found:
         """Insert; on a duplicate, read under a shared lock.
 
         A failed INSERT rolls back only itself in InnoDB: no savepoint. The read is shared, not
@@ -54,15 +37,17 @@ class MySQL(Backend):
         """
         prefix = wait_prefix(connection, wait)
         vendor = connection.vendor
-        sql = STATEMENTS.get((vendor, "claim")) or cached_sql(connection, "claim", insert_sql)
+        sql = base.STATEMENTS.get((vendor, "claim")) or base.cached_sql(
+            connection, "claim", insert_sql
+        )
         with connection.cursor() as cursor:
             try:
-                cursor.execute(prefix + sql, insert_params(connection, new))
-                return Claim(int(cursor.lastrowid))
+                cursor.execute(prefix + sql, base.insert_params(connection, new))
+                return base.Claim(int(cursor.lastrowid))
             except IntegrityError as exc:
                 if exc.__cause__ is None or exc.__cause__.args[0] != ER_DUP_ENTRY:
                     raise
-        sql = STATEMENTS.get((vendor, "shared read")) or cached_sql(
+        sql = base.STATEMENTS.get((vendor, "shared read")) or base.cached_sql(
             connection, "shared read", shared_read_sql
         )
         with connection.cursor() as cursor:
@@ -70,7 +55,7 @@ class MySQL(Backend):
             row = cursor.fetchone()
         if row is None:
             return None
-        record = record_of(connection, row)
+        record = base.record_of(connection, row)
         if not record.free_to_take(new.fingerprint, take_over):
             # Live, left to a recovery policy, or bound to another request: read under our
             # shared lock, it stays so until we commit.
@@ -125,45 +110,49 @@ def galera_sync_wait(connection: BaseDatabaseWrapper) -> int:
 
 
 def insert_sql(connection: BaseDatabaseWrapper) -> str:
-    return f"{insert_claim_into(connection)} VALUES ({claim_values(connection)})"
+    return f"{base.insert_claim_into(connection)} VALUES ({base.claim_values(connection)})"
 
 
 def shared_read_sql(connection: BaseDatabaseWrapper) -> str:
-    return record_select_sql(connection, lock=" LOCK IN SHARE MODE")
+    return base.record_select_sql(connection, lock=" LOCK IN SHARE MODE")
 
 
 def _take_over(
-    connection: BaseDatabaseWrapper, record_id: int, new: NewClaim, prefix: str, take_over: bool
-) -> Claim | None:
+    connection: BaseDatabaseWrapper,
+    record_id: int,
+    new: base.NewClaim,
+    prefix: str,
+    take_over: bool,
+) -> base.Claim | None:
     name = ("claim take over", take_over)
-    sql = STATEMENTS.get((connection.vendor, name)) or cached_sql(
+    sql = base.STATEMENTS.get((connection.vendor, name)) or base.cached_sql(
         connection, name, lambda c: take_over_sql(c, take_over)
     )
-    params = [new.fingerprint, new.fingerprint, *insert_params(connection, new)[2:]]
+    params = [new.fingerprint, new.fingerprint, *base.insert_params(connection, new)[2:]]
     with connection.cursor() as cursor:
         cursor.execute(prefix + sql, [*params, record_id, new.fingerprint])
         if cursor.rowcount != 1:
             return None
         # No RETURNING on MySQL: read back what the update carried over.
-        sql = STATEMENTS.get((connection.vendor, "claimed")) or cached_sql(
+        sql = base.STATEMENTS.get((connection.vendor, "claimed")) or base.cached_sql(
             connection, "claimed", claimed_sql
         )
         cursor.execute(sql, [record_id])
-        return claimed(connection, cursor.fetchone())
+        return base.claimed(connection, cursor.fetchone())
 
 
 def take_over_sql(connection: BaseDatabaseWrapper, take_over: bool) -> str:
     quote = connection.ops.quote_name
-    progress = progress_assignments(connection, "%s")
-    assignments = takeover_assignments(connection, from_excluded=False)
-    pk = quote(IdempotencyKey._meta.pk.column)
+    progress = base.progress_assignments(connection, "%s")
+    assignments = base.takeover_assignments(connection, from_excluded=False)
+    pk = quote(base.IdempotencyKey._meta.pk.column)
     return (
-        f"UPDATE {quoted_table(connection)} SET {progress}, {assignments} "
-        f"WHERE {pk} = %s AND {takeover_condition(connection, take_over, '%s')}"
+        f"UPDATE {base.quoted_table(connection)} SET {progress}, {assignments} "
+        f"WHERE {pk} = %s AND {base.takeover_condition(connection, take_over, '%s')}"
     )
 
 
 def claimed_sql(connection: BaseDatabaseWrapper) -> str:
-    table = quoted_table(connection)
-    pk = connection.ops.quote_name(IdempotencyKey._meta.pk.column)
-    return f"SELECT {claimed_columns(connection, table)} FROM {table} WHERE {pk} = %s"
+    table = base.quoted_table(connection)
+    pk = connection.ops.quote_name(base.IdempotencyKey._meta.pk.column)
+    return f"SELECT {base.claimed_columns(connection, table)} FROM {table} WHERE {pk} = %s"

@@ -11,36 +11,8 @@ from typing import Any
 from django.db import DatabaseError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+import django_idempotency.backends.base as base
 from django_idempotency import clock
-from django_idempotency.backends.base import (
-    BUSY,
-    MISSING,
-    PROGRESS,
-    RECORD_COLUMNS,
-    RETRY,
-    STATEMENTS,
-    Backend,
-    Claim,
-    Connection,
-    Found,
-    IdempotencyKey,
-    NewClaim,
-    Record,
-    cached_sql,
-    claim_values,
-    claimed,
-    claimed_columns,
-    column_names,
-    insert_claim_into,
-    insert_params,
-    key_columns,
-    progress_assignments,
-    quoted_table,
-    read_record,
-    record_of,
-    takeover_assignments,
-    takeover_condition,
-)
 
 # SQLSTATEs (psycopg 3 calls it ``sqlstate``, psycopg2 ``pgcode``).
 LOCK_NOT_AVAILABLE = "55P03"
@@ -48,22 +20,24 @@ SERIALIZATION_FAILURE, DEADLOCK_DETECTED = "40001", "40P01"
 UNDEFINED_TABLE = "42P01"
 
 
-class PostgreSQL(Backend):
+class PostgreSQL(base.Backend):
     reads_before_claiming = True
     codes = {
-        LOCK_NOT_AVAILABLE: BUSY,
-        SERIALIZATION_FAILURE: RETRY,
-        DEADLOCK_DETECTED: RETRY,
-        UNDEFINED_TABLE: MISSING,
+        LOCK_NOT_AVAILABLE: base.BUSY,
+        SERIALIZATION_FAILURE: base.RETRY,
+        DEADLOCK_DETECTED: base.RETRY,
+        UNDEFINED_TABLE: base.MISSING,
     }
 
-    def claim(self, connection: Connection, new: NewClaim, wait: float, take_over: bool) -> Found:
-        found: Claim | Record | None = claim_new(connection, new, wait)
+    def claim(
+        self, connection: base.Connection, new: base.NewClaim, wait: float, take_over: bool
+    ) -> base.Found:
+        found: base.Claim | base.Record | None = claim_new(connection, new, wait)
         if found is None:
             found = claim_or_find(connection, new, wait, take_over)
         if found is None:
             # The original we waited for committed after our snapshot: read it now.
-            found = read_record(connection, new.scope, new.key)
+            found = base.read_record(connection, new.scope, new.key)
         return found
 
     def code(self, exc: DatabaseError) -> Any:
@@ -71,20 +45,22 @@ class PostgreSQL(Backend):
         return getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
 
 
-def claim_new(connection: BaseDatabaseWrapper, new: NewClaim, wait: float) -> Claim | None:
+def claim_new(
+    connection: BaseDatabaseWrapper, new: base.NewClaim, wait: float
+) -> base.Claim | None:
     """Claim a key nobody holds, in a cheap planned-once INSERT; ``None`` if it has a record."""
-    sql = STATEMENTS.get((connection.vendor, "insert")) or cached_sql(
+    sql = base.STATEMENTS.get((connection.vendor, "insert")) or base.cached_sql(
         connection, "insert", insert_sql
     )
-    params = [lock_timeout(wait), *insert_params(connection, new)]
+    params = [lock_timeout(wait), *base.insert_params(connection, new)]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         record_id = cursor.fetchone()[0]
-    return None if record_id is None else Claim(int(record_id))
+    return None if record_id is None else base.Claim(int(record_id))
 
 
 def insert_sql(connection: BaseDatabaseWrapper) -> str:
-    pk = connection.ops.quote_name(IdempotencyKey._meta.pk.column)
+    pk = connection.ops.quote_name(base.IdempotencyKey._meta.pk.column)
     return (
         f"{BOUNDED_WAIT}{_inserted(connection, pk)} "
         f"SELECT inserted.{pk}, {RESTORED_WAIT} FROM wait LEFT JOIN inserted ON true"
@@ -107,18 +83,18 @@ def lock_timeout(wait: float) -> str:
 
 def _inserted(connection: BaseDatabaseWrapper, returned: str) -> str:
     """The CTE ``inserted``: the new claim's row, unless the key has one (then nothing)."""
-    scope, key = key_columns(connection)
+    scope, key = base.key_columns(connection)
     return (
-        f"inserted AS ({insert_claim_into(connection)} "
-        f"SELECT {claim_values(connection)} FROM wait "
+        f"inserted AS ({base.insert_claim_into(connection)} "
+        f"SELECT {base.claim_values(connection)} FROM wait "
         f"ON CONFLICT ({scope}, {key}) "
         f"DO NOTHING RETURNING {returned})"
     )
 
 
 def claim_or_find(
-    connection: BaseDatabaseWrapper, new: NewClaim, wait: float, take_over_abandoned: bool
-) -> Claim | Record | None:
+    connection: BaseDatabaseWrapper, new: base.NewClaim, wait: float, take_over_abandoned: bool
+) -> base.Claim | base.Record | None:
     """Claim, take over an expired record, or read the live one, in one statement.
 
     ``ON CONFLICT DO NOTHING`` waits for an uncommitted original and locks nothing on
@@ -127,7 +103,7 @@ def claim_or_find(
     ``None`` only when the original committed after this statement's snapshot. A claim
     that starts over rolls back the bounded ``lock_timeout`` with its savepoint.
     """
-    sql = cached_sql(
+    sql = base.cached_sql(
         connection,
         ("claim", take_over_abandoned),
         lambda c: claim_sql(c, take_over_abandoned),
@@ -140,12 +116,12 @@ def claim_or_find(
     if mine is None:
         return None
     if mine:
-        return claimed(connection, [values[0], *values[-len(PROGRESS) :]])
-    return record_of(connection, [*values, row[-2]])
+        return base.claimed(connection, [values[0], *values[-len(base.PROGRESS) :]])
+    return base.record_of(connection, [*values, row[-2]])
 
 
-def _claim_params(connection: BaseDatabaseWrapper, new: NewClaim, wait: float) -> list[Any]:
-    insert = insert_params(connection, new)
+def _claim_params(connection: BaseDatabaseWrapper, new: base.NewClaim, wait: float) -> list[Any]:
+    insert = base.insert_params(connection, new)
     return [
         lock_timeout(wait),
         *insert,
@@ -162,26 +138,26 @@ def _claim_params(connection: BaseDatabaseWrapper, new: NewClaim, wait: float) -
 
 def claim_sql(connection: BaseDatabaseWrapper, take_over_abandoned: bool) -> str:
     quote = connection.ops.quote_name
-    table = quoted_table(connection)
-    columns = column_names()
-    scope, key = key_columns(connection)
+    table = base.quoted_table(connection)
+    columns = base.column_names()
+    scope, key = base.key_columns(connection)
     now = clock.now_sql(connection)
-    pk = quote(IdempotencyKey._meta.pk.column)
-    progress = [quote(columns[name]) for name in PROGRESS]
-    record = ", ".join(f"{table}.{quote(columns[name])}" for name in RECORD_COLUMNS[1:])
+    pk = quote(base.IdempotencyKey._meta.pk.column)
+    progress = [quote(columns[name]) for name in base.PROGRESS]
+    record = ", ".join(f"{table}.{quote(columns[name])}" for name in base.RECORD_COLUMNS[1:])
     # A claimed key's row: its id, nothing of a record, then its progress.
-    nulls = ", ".join(["NULL"] * (len(RECORD_COLUMNS) - 1 - len(PROGRESS)))
+    nulls = ", ".join(["NULL"] * (len(base.RECORD_COLUMNS) - 1 - len(base.PROGRESS)))
     claimed_progress = ", ".join(f"claimed.{name}" for name in progress)
-    found_columns = ", ".join(["mine", *(f"c{i}" for i in range(len(RECORD_COLUMNS)))])
+    found_columns = ", ".join(["mine", *(f"c{i}" for i in range(len(base.RECORD_COLUMNS)))])
     returned = ", ".join([pk, *progress])
     return (
         f"{BOUNDED_WAIT}{_inserted(connection, returned)}, "
-        f"taken AS (UPDATE {table} SET {progress_assignments(connection, '%s')}, "
-        f"{takeover_assignments(connection, from_excluded=False)} "
+        f"taken AS (UPDATE {table} SET {base.progress_assignments(connection, '%s')}, "
+        f"{base.takeover_assignments(connection, from_excluded=False)} "
         f"WHERE {scope} = %s AND {key} = %s AND "
-        f"{takeover_condition(connection, take_over_abandoned, '%s', f'{table}.')} "
+        f"{base.takeover_condition(connection, take_over_abandoned, '%s', f'{table}.')} "
         "AND NOT EXISTS (SELECT 1 FROM inserted) "
-        f"RETURNING {claimed_columns(connection, table)}), "
+        f"RETURNING {base.claimed_columns(connection, table)}), "
         f"claimed AS (SELECT {returned} FROM inserted UNION ALL SELECT {returned} FROM taken), "
         f"found ({found_columns}) AS (SELECT true, claimed.{pk}, {nulls}, {claimed_progress} "
         f"FROM claimed UNION ALL SELECT false, {table}.{pk}, {record} FROM {table} "

@@ -9,10 +9,10 @@ from __future__ import annotations
 from django.db import DatabaseError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_idempotency.backends.base import Backend, DatabaseLocked, missing_table
+import django_idempotency.backends.base as base
 
 
-class SQLite(Backend):
+class SQLite(base.Backend):
     waits_at_begin = True
 
     def prepare(self, connection: BaseDatabaseWrapper, wait: float) -> None:
@@ -39,10 +39,10 @@ class SQLite(Backend):
     def meaning(self, exc: DatabaseError) -> Exception | None:
         message = str(exc)
         if "is locked" in message:
-            return DatabaseLocked(
+            return base.DatabaseLocked(
                 "The SQLite database is locked: another connection holds its one write lock."
             )
-        return missing_table() if "no such table" in message else None
+        return base.missing_table() if "no such table" in message else None
 
 
 def _set_busy_timeout(connection: BaseDatabaseWrapper, milliseconds: int) -> None:
