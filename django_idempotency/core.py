@@ -24,7 +24,12 @@ from django.template.response import SimpleTemplateResponse
 
 from django_idempotency import adapters, engine
 from django_idempotency.asynchronous import run_async
-from django_idempotency.body import close_spools_with, django_request
+from django_idempotency.body import (
+    NOT_A_FRAMEWORKS,
+    close_spools_with,
+    django_request,
+    own_attributes,
+)
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import (
     DatabaseBusy,
@@ -115,6 +120,7 @@ def protect(
     *,
     sender: Any,
     finish: Finish = render,
+    http_request: HttpRequest | None = None,
 ) -> HttpResponseBase:
     """Run ``handler`` once per key and replay its response to every retry.
 
@@ -122,10 +128,13 @@ def protect(
     sent (DRF rendering), so that what is stored is exactly what the client
     got. Raises an :class:`~django_idempotency.exceptions.IdempotencyError`
     for the 400/409/422 answers; a :class:`Guard` renders those.
+    ``http_request`` is Django's request inside a framework's ``request``,
+    when its adapter has it at hand.
     """
     # A framework's request (DRF's) is read through Django's inside it: its
     # proxy to Django's attributes raises and catches an error for each.
-    http_request = request if isinstance(request, HttpRequest) else django_request(request)
+    if http_request is None:
+        http_request = request if isinstance(request, HttpRequest) else django_request(request)
     try:
         # The key's checks read the body (its fingerprint) into a copy, which
         # is closed however the request ends: a refused key included.
@@ -177,10 +186,9 @@ def _call(
     and none required (:func:`may_claim`, asked here with the key read once).
     ``http_request`` is Django's request: ``request`` or the one inside it.
     """
-    # Read from Django's request without a framework's proxy (DRF's raises
-    # and catches an error for each), but what a project set on the
-    # framework's request itself comes first, as the proxy would give it.
-    own = {} if request is http_request else getattr(request, "__dict__", {})
+    # Read from Django's request, but what was set on a framework's request
+    # itself comes first (own_attributes); Django's own needs no call.
+    own = NOT_A_FRAMEWORKS if request is http_request else own_attributes(request, http_request)
     if (_PROTECTED_WITH in own or hasattr(http_request, _PROTECTED_WITH)) and _protected_outside(
         request, declared, sender
     ):

@@ -26,7 +26,7 @@ from django.utils.datastructures import MultiValueDict
 from django.utils.http import parse_header_parameters
 
 from django_idempotency import adapters
-from django_idempotency.body import CHUNK_SIZE, body_stream, django_request
+from django_idempotency.body import CHUNK_SIZE, body_stream
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.forms import FORM, MULTIPART, left_out, parsed_multipart
 from django_idempotency.multipart import DigestedFile
@@ -37,7 +37,16 @@ def request_fingerprint(request: HttpRequest) -> str:
 
     The rules are described in ``docs/fingerprint.rst``.
     """
-    http_request = request if isinstance(request, HttpRequest) else django_request(request)
+    if isinstance(request, HttpRequest):
+        http_request, adapter = request, None
+    else:
+        # A framework's own request (DRF's) is read through its adapter.
+        adapter = adapters.for_request(request)
+        reach = None if adapter is None else adapter.django_request
+        if reach is None:
+            http_request, adapter = request, None
+        else:
+            http_request = reach(request)
     media_type, _ = parse_header_parameters(http_request.META.get("CONTENT_TYPE", ""))
     media_type = media_type.lower()
     query_string = http_request.META.get("QUERY_STRING", "")
@@ -46,8 +55,6 @@ def request_fingerprint(request: HttpRequest) -> str:
         if query is not None:
             query_string = urlencode(sorted(query, key=_NAME))
     head = [http_request.method, http_request.path, query_string, media_type]
-    # A framework's own request (DRF's) is read through its adapter.
-    adapter = None if request is http_request else adapters.for_request(request)
     # A framework may render the response in the format content negotiation
     # picked (the browsable API's HTML, JSON...): a retry asking for another
     # format is another request, not a replay of the first one's bytes.

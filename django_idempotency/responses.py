@@ -68,7 +68,11 @@ def capture(
     response: HttpResponseBase, allowed_headers: frozenset[str], max_body: int
 ) -> StoredResponse:
     headers = []
-    for name, value in response.headers.items():  # a loop, not a comprehension: one frame less
+    # The (name, value) pairs Django's ResponseHeaders keeps, without the
+    # mapping's four calls per header that items() goes through.
+    store = getattr(response.headers, "_store", None)
+    pairs = response.headers.items() if store is None else store.values()
+    for name, value in pairs:  # a loop, not a comprehension: one frame less
         if name.lower() in allowed_headers:
             headers.append([name, value])
     body: bytes | None = None

@@ -20,9 +20,10 @@ import hashlib
 from typing import Any
 
 from django.http import HttpRequest
+from django.http.request import HttpHeaders
 from django.utils.crypto import salted_hmac
 
-from django_idempotency.body import django_request
+from django_idempotency.body import NOT_A_FRAMEWORKS, django_request, own_attributes
 from django_idempotency.fields import KEY_COLUMN_LENGTH
 
 ANONYMOUS = "anonymous"
@@ -57,12 +58,13 @@ def user_scope(request: HttpRequest) -> str:
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated:
         return f"user:{user.pk}"
-    # The session and the headers are Django's request's: a framework's own
-    # request (DRF's) proxies them at the cost of an error raised and caught.
-    # What a project set on the framework's request itself comes first, as
-    # the proxy would give it (a session of its own for anonymous callers).
-    http_request = request if isinstance(request, HttpRequest) else django_request(request)
-    own = {} if request is http_request else getattr(request, "__dict__", {})
+    # The session and the headers are Django's request's, but what was set
+    # on a framework's request itself comes first (own_attributes).
+    if isinstance(request, HttpRequest):
+        http_request, own = request, NOT_A_FRAMEWORKS
+    else:
+        http_request = django_request(request)
+        own = own_attributes(request, http_request)
     session = own.get("session")
     if session is None:
         session = getattr(http_request, "session", None)
@@ -71,14 +73,23 @@ def user_scope(request: HttpRequest) -> str:
         if scope is not None:
             return scope
     headers = own.get("headers")
-    if headers is not None:
-        credentials = headers.get("Authorization")
-    elif isinstance(request, HttpRequest) and "headers" not in request.__dict__:
+    if headers is None:
+        headers = (
+            http_request.__dict__.get("headers")
+            if isinstance(http_request, HttpRequest)
+            else http_request.headers
+        )
+    if headers is None:
         # What request.headers would hold, without building a mapping of
         # every header for one of them (servers send META's names in capitals).
-        credentials = request.META.get("HTTP_AUTHORIZATION")
+        credentials = http_request.META.get("HTTP_AUTHORIZATION")
+    elif type(headers) is HttpHeaders:
+        # HttpHeaders.get without its three calls and the KeyError they
+        # raise and catch for a header not sent: the same lower-cased lookup.
+        found = headers._store.get("authorization")
+        credentials = None if found is None else found[1]
     else:
-        credentials = http_request.headers.get("Authorization")
+        credentials = headers.get("Authorization")
     if not credentials:
         return ANONYMOUS
     return _anonymous(credentials)

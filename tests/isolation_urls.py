@@ -37,6 +37,7 @@ VIEWS = {
     "api-view": views.api_view_function,
     "mixin-apiview": views.MixinAPIView.as_view(),
     "mixin-viewset": views.MixinViewSet.as_view({"post": "create"}),
+    "mixin-session-on-drf-request": views.SessionOnTheDrfRequestAPIView.as_view(),
     "drf-method-decorator": views.MethodDecoratedAPIView.as_view(),
     "drf-dispatch-decorator": views.DispatchDecoratedAPIView.as_view(),
     "adrf-dispatch-decorator": views.DispatchDecoratedAdrfAPIView.as_view(),

@@ -32,6 +32,7 @@ from adrf.viewsets import ViewSet as AsyncViewSet
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.contrib.sessions.backends.db import SessionStore
 from django.http import HttpRequest, HttpResponseBase, JsonResponse
 from django.utils.decorators import method_decorator
 from django.views import View
@@ -296,6 +297,25 @@ class DispatchDecoratedAdrfAPIView(_Open, AsyncAPIView):
 
 class MixinViewSet(IdempotentMixin, _Open, ViewSet):
     def create(self, request: Request) -> HttpResponseBase:
+        return drf(request)
+
+
+class SessionOnTheDrfRequestAPIView(IdempotentMixin, _Open, APIView):
+    """A project that keeps the caller's session on DRF's request itself, not on Django's.
+
+    As a session of the project's own for anonymous callers would be: here
+    the one Django loaded from the cookie moves to DRF's request once DRF
+    has authenticated the caller, and Django's request keeps an empty one.
+    The scope is taken after this, when the handler runs.
+    """
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)
+        django_request = request._request
+        request.session = django_request.session
+        django_request.session = SessionStore()
+
+    def post(self, request: Request) -> HttpResponseBase:
         return drf(request)
 
 

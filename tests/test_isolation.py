@@ -107,6 +107,9 @@ ADAPTERS = [
     Adapter("api_view", "api-view", WSGI, drf=True),
     Adapter("mixin_apiview", "mixin-apiview", WSGI, drf=True),
     Adapter("mixin_viewset", "mixin-viewset", WSGI, drf=True),
+    # A session set on DRF's request itself, Django's left without it: the
+    # scope reads DRF's first, as DRF's request gives it to the view.
+    Adapter("mixin_session_on_drf_request", "mixin-session-on-drf-request", WSGI, drf=True),
     Adapter("drf_method_decorator", "drf-method-decorator", WSGI, drf=True),
     # On dispatch, through method_decorator: the handler is protected, after DRF's authentication.
     Adapter("drf_dispatch_decorator", "drf-dispatch-decorator", WSGI, drf=True),

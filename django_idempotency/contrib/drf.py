@@ -30,6 +30,7 @@ from rest_framework.views import APIView
 
 from django_idempotency import exceptions as core_exceptions
 from django_idempotency.adapters import Adapter, Layer, register
+from django_idempotency.body import own_attributes
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.core import Answer, Guard, may_claim, protect
 from django_idempotency.decorators import dispatched_view
@@ -121,8 +122,10 @@ def finish(request: Request, response: HttpResponseBase) -> HttpResponseBase:
         view = request.parser_context["view"]
         response = view.finalize_response(request, response)
         setattr(response, _FINALIZED_BY, id(view))
-    if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
-        response.render()  # as core.render does, without its frame
+    if isinstance(response, SimpleTemplateResponse):
+        # As core.render does, without its frame; render() does nothing for
+        # a response already rendered, so it is not asked first.
+        response.render()
     return response
 
 
@@ -249,6 +252,9 @@ class IdempotentMixin:
         return finalize(request, response, *args, **kwargs)
 
 
+_CO_COROUTINE = inspect.CO_COROUTINE
+
+
 def _protect_handler(view: Any, request: Request, options: DeclaredOptions, answer: Answer) -> None:
     """Shadow the handler DRF is about to call, on the instance, with a protected one.
 
@@ -258,8 +264,11 @@ def _protect_handler(view: Any, request: Request, options: DeclaredOptions, answ
     through the view's exception handling, or as problem details.
     """
     # The method DRF dispatches on: one set on DRF's request itself (an
-    # override, clone_request), else Django's, without the proxy.
-    method = (vars(request).get("method") or request._request.method or "").lower()
+    # override, clone_request) comes first, as DRF's proxy would give it.
+    http_request = request._request
+    method = (
+        own_attributes(request, http_request).get("method") or http_request.method or ""
+    ).lower()
     handler = getattr(view, method, None)
     if handler is None:
         return
@@ -269,7 +278,7 @@ def _protect_handler(view: Any, request: Request, options: DeclaredOptions, answ
     # a coroutine function, so its code's flag is the whole answer.
     function = getattr(handler, "__func__", handler)
     if type(function) is FunctionType and not function.__dict__:
-        is_async = bool(function.__code__.co_flags & inspect.CO_COROUTINE)
+        is_async = bool(function.__code__.co_flags & _CO_COROUTINE)
     else:
         is_async = iscoroutinefunction(handler)
     if is_async:
@@ -287,7 +296,14 @@ def _protect_handler(view: Any, request: Request, options: DeclaredOptions, answ
         # Guard.call without building a guard per request.
         call = partial(handler, request, *args, **kwargs)
         try:
-            return protect(request, call, options, sender=sender, finish=partial(finish, request))
+            return protect(
+                request,
+                call,
+                options,
+                sender=sender,
+                finish=partial(finish, request),
+                http_request=http_request,
+            )
         except core_exceptions.IdempotencyError as error:
             return answer(request, error)
 
