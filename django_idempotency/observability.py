@@ -269,7 +269,9 @@ def record(
             (_counters or _create_counters())[counted.name].add(
                 1, {VIEW_ATTRIBUTE: view_name(sender)}
             )
-    if not signal.has_listeners(sender):
+    # No receiver connected at all, the common case, is told without has_listeners(), which
+    # takes the signal's lock and walks its receivers: as Django's own send() does first.
+    if not signal.receivers or not signal.has_listeners(sender):
         return
     # Receivers are the project's code (metrics, audit) running inside the
     # protocol: one that raises must not turn a stored response into a 500,
