@@ -12,6 +12,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.http import HttpResponse, HttpResponseBase
+from django.http.response import ResponseHeaders
 
 from django_idempotency.exceptions import IdempotencyError
 from django_idempotency.pages import prefers_html, problem_page
@@ -70,8 +71,8 @@ def capture(
     headers = []
     # The (name, value) pairs Django's ResponseHeaders keeps, without the
     # mapping's four calls per header that items() goes through.
-    store = getattr(response.headers, "_store", None)
-    pairs = response.headers.items() if store is None else store.values()
+    kept = response.headers
+    pairs = kept._store.values() if type(kept) is ResponseHeaders else kept.items()
     for name, value in pairs:  # a loop, not a comprehension: one frame less
         if name.lower() in allowed_headers:
             headers.append([name, value])

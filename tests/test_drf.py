@@ -19,7 +19,7 @@ from django.contrib.auth.models import User
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 from django.http import JsonResponse
-from django.test import override_settings
+from django.test import RequestFactory, override_settings
 from django.urls import path
 from django.utils import timezone
 from django.utils.decorators import method_decorator
@@ -1028,3 +1028,36 @@ class DispatchPlacementTests:
         assert without_key.status_code == 201  # its own required=False, not the setting's
         assert patched.status_code == 201  # PATCH is not in its own methods
         assert IdempotencyKey.objects.count() == 1
+
+
+class _ReplacesDjangosRequest(IdempotentMixin, APIView):
+    """Replaces Django's request inside DRF's once DRF has authenticated the caller."""
+
+    authentication_classes: list[Any] = []
+    permission_classes = [AllowAny]
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)
+        request._request = RequestFactory().post(
+            "/",
+            data="{}",
+            content_type="application/json",
+            HTTP_IDEMPOTENCY_KEY="key-of-the-replacement",
+        )
+
+    def post(self, request: Request) -> Response:
+        return Response({"key": request.idempotency.key}, status=201)
+
+
+@pytest.mark.django_db
+def test_the_key_is_read_from_the_request_the_handler_is_called_with():
+    # What the key, the scope and the body are read from is one request: the
+    # Django request inside DRF's when the handler runs, as the scope's is.
+    request = RequestFactory().post(
+        "/", data="{}", content_type="application/json", HTTP_IDEMPOTENCY_KEY="key-sent"
+    )
+    response = _ReplacesDjangosRequest.as_view()(request)
+
+    assert response.status_code == 201
+    assert response.data == {"key": "key-of-the-replacement"}
+    assert list(IdempotencyKey.objects.values_list("key", flat=True)) == ["key-of-the-replacement"]

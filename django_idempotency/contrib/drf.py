@@ -302,7 +302,9 @@ def _protect_handler(view: Any, request: Request, options: DeclaredOptions, answ
                 options,
                 sender=sender,
                 finish=partial(finish, request),
-                http_request=http_request,
+                # The request the handler is called with, not the one initial() saw:
+                # a project may replace Django's request inside DRF's in between.
+                http_request=request._request,
             )
         except core_exceptions.IdempotencyError as error:
             return answer(request, error)
