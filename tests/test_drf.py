@@ -1049,15 +1049,21 @@ class _ReplacesDjangosRequest(IdempotentMixin, APIView):
         return Response({"key": request.idempotency.key}, status=201)
 
 
+urlpatterns += [path("replaces-djangos-request/", _ReplacesDjangosRequest.as_view())]
+
+
 @pytest.mark.django_db
-def test_the_key_is_read_from_the_request_the_handler_is_called_with():
+@pytest.mark.urls("tests.test_drf")
+def test_the_key_is_read_from_the_request_the_handler_is_called_with(client):
     # What the key, the scope and the body are read from is one request: the
     # Django request inside DRF's when the handler runs, as the scope's is.
-    request = RequestFactory().post(
-        "/", data="{}", content_type="application/json", HTTP_IDEMPOTENCY_KEY="key-sent"
+    response = client.post(
+        "/replaces-djangos-request/",
+        data="{}",
+        content_type="application/json",
+        headers={"Idempotency-Key": "key-sent"},
     )
-    response = _ReplacesDjangosRequest.as_view()(request)
 
     assert response.status_code == 201
-    assert response.data == {"key": "key-of-the-replacement"}
+    assert response.json() == {"key": "key-of-the-replacement"}
     assert list(IdempotencyKey.objects.values_list("key", flat=True)) == ["key-of-the-replacement"]
