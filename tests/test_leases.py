@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -141,6 +142,25 @@ CHECKPOINTS = {
 }
 
 
+def with_progress(rows_by_pk: dict[int, Any], checkpoints: str, retained: timedelta | None) -> Any:
+    """Every kind of row, given ``checkpoints`` and retained for ``retained`` from now."""
+    now = clock.read(connection)
+    rows = IdempotencyKey.objects.filter(pk__in=rows_by_pk)
+    rows.update(
+        checkpoints=CHECKPOINTS[checkpoints],
+        retained_until=None if retained is None else now + retained,
+    )
+    return rows
+
+
+def selected_by(condition: str, params: list[Any]) -> set[int]:
+    """The rows of every kind that ``condition`` (SQL on the key table) selects."""
+    table = connection.ops.quote_name(IdempotencyKey._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT id FROM {table} WHERE scope = 'leases' AND {condition}", params)
+        return {row[0] for row in cursor.fetchall()}
+
+
 @pytest.mark.parametrize("checkpoints", list(CHECKPOINTS))
 @pytest.mark.parametrize("retained", [None, -HOUR, HOUR], ids=["unretained", "past", "ahead"])
 def test_python_and_sql_agree_on_which_claims_are_bound_to_their_request(
@@ -149,18 +169,9 @@ def test_python_and_sql_agree_on_which_claims_are_bound_to_their_request(
     # Only a claim whose lease ran out (released or abandoned) that carries
     # checkpoints, while the purge keeps it, and only for another request
     # (another fingerprint), is left alone by a takeover.
-    now = clock.read(connection)
-    rows = IdempotencyKey.objects.filter(pk__in=every_kind_of_row)
-    rows.update(
-        checkpoints=CHECKPOINTS[checkpoints],
-        retained_until=None if retained is None else now + retained,
-    )
-    table = connection.ops.quote_name(IdempotencyKey._meta.db_table)
+    rows = with_progress(every_kind_of_row, checkpoints, retained)
     carried = checkpoints == "some"
-    carries = leases.checkpoints_sql(connection)
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT id FROM {table} WHERE scope = 'leases' AND {carries}", [])
-        by_sql = {row[0] for row in cursor.fetchall()}
+    by_sql = selected_by(leases.checkpoints_sql(connection), [])
     by_python = {
         pk
         for pk, key in rows.values_list("pk", "key")
@@ -168,12 +179,7 @@ def test_python_and_sql_agree_on_which_claims_are_bound_to_their_request(
     }
     assert by_sql == by_python == (set(every_kind_of_row) if carried else set())
     for fingerprint in ["f", "other"]:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"SELECT id FROM {table} WHERE scope = 'leases'{unless_bound(connection, '%s')}",
-                [fingerprint],
-            )
-            free = {row[0] for row in cursor.fetchall()}
+        free = selected_by(f"1 = 1{unless_bound(connection, '%s')}", [fingerprint])
         by_python = {
             pk
             for pk, key in rows.values_list("pk", "key")
@@ -197,25 +203,19 @@ def test_python_and_sql_agree_on_which_claims_are_bound_to_their_request(
 @pytest.mark.parametrize("take_over_abandoned", [True, False], ids=["take-over", "recovery-policy"])
 @pytest.mark.parametrize("checkpoints", ["some", "sql-null"])
 @pytest.mark.parametrize("retained", [None, HOUR], ids=["unretained", "ahead"])
-def test_every_takeover_statement_and_python_agree_on_which_records_a_claim_takes(
-    every_kind_of_row, take_over_abandoned, checkpoints, retained
+@pytest.mark.parametrize("qualified", [False, True], ids=["bare", "table-qualified"])
+def test_the_takeover_condition_and_python_agree_on_which_records_a_claim_takes(
+    every_kind_of_row, take_over_abandoned, checkpoints, retained, qualified
 ):
-    # One condition for the three vendors' takeover statements, and its one
-    # Python reading for a record the claim found (a stale read, MySQL's locked one).
-    now = clock.read(connection)
-    rows = IdempotencyKey.objects.filter(pk__in=every_kind_of_row)
-    rows.update(
-        checkpoints=CHECKPOINTS[checkpoints],
-        retained_until=None if retained is None else now + retained,
-    )
+    # One condition for the three vendors' takeover statements (SQLite's and
+    # PostgreSQL's name the table on each column), and its one Python reading
+    # for a record the claim read (a stale read, MySQL's locked one).
+    rows = with_progress(every_kind_of_row, checkpoints, retained)
     table = connection.ops.quote_name(IdempotencyKey._meta.db_table)
-    condition = takeover_condition(connection, take_over_abandoned, "%s")
+    qualifier = f"{table}." if qualified else ""
+    condition = takeover_condition(connection, take_over_abandoned, "%s", qualifier)
     for fingerprint in ["f", "other"]:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"SELECT id FROM {table} WHERE scope = 'leases' AND {condition}", [fingerprint]
-            )
-            by_sql = {row[0] for row in cursor.fetchall()}
+        by_sql = selected_by(condition, [fingerprint])
         by_python = {
             pk
             for pk, key in rows.values_list("pk", "key")
