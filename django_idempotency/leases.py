@@ -40,11 +40,25 @@ def expired(expires_at: datetime, now: datetime) -> bool:
     return expires_at <= now
 
 
+def owned(owner_token: str) -> bool:
+    """Whether an in-progress claim still has its owner (held or abandoned), by its token.
+
+    Its owner's attempt ends when the claim is given back or taken over, and counts then:
+    a claim its owner gave back (released) counted it already.
+    """
+    return owner_token != ""
+
+
+def owned_sql(connection: BaseDatabaseWrapper, table: str = "") -> str:
+    """:func:`owned`, as SQL on the token column (``table`` qualifies it)."""
+    return f"{_column(connection, table, 'owner_token')} <> ''"
+
+
 def state_of(completed: bool, owner_token: str, expires_at: datetime, now: datetime) -> State:
     """A record's state, from its columns and the database's clock read with them."""
     if completed:
         return COMPLETED
-    if owner_token == "":
+    if not owned(owner_token):
         return RELEASED
     return ABANDONED if expired(expires_at, now) else HELD
 
@@ -62,8 +76,8 @@ def q(state: State, now: Any = None) -> Q:
         return ~Q(state=_IN_PROGRESS)
     if state == RELEASED:
         return Q(state=_IN_PROGRESS, owner_token="")
-    owned = Q(state=_IN_PROGRESS) & ~Q(owner_token="")
-    return owned & expiry_q(state == ABANDONED, now)
+    has_owner = Q(state=_IN_PROGRESS) & ~Q(owner_token="")
+    return has_owner & expiry_q(state == ABANDONED, now)
 
 
 def sql(state: State, connection: BaseDatabaseWrapper, table: str = "") -> str:
@@ -74,11 +88,10 @@ def sql(state: State, connection: BaseDatabaseWrapper, table: str = "") -> str:
     in_progress = f"{_column(connection, table, 'state')} = '{_IN_PROGRESS}'"
     if state == COMPLETED:
         return f"{_column(connection, table, 'state')} <> '{_IN_PROGRESS}'"
-    token = _column(connection, table, "owner_token")
     if state == RELEASED:
-        return f"({in_progress} AND {token} = '')"
-    owned = f"{in_progress} AND {token} <> ''"
-    return f"({owned} AND {expiry_sql(state == ABANDONED, connection, table)})"
+        return f"({in_progress} AND NOT {owned_sql(connection, table)})"
+    has_owner = f"{in_progress} AND {owned_sql(connection, table)}"
+    return f"({has_owner} AND {expiry_sql(state == ABANDONED, connection, table)})"
 
 
 def carries_checkpoints(checkpoints: Any) -> bool:

@@ -252,7 +252,7 @@ def release_on_behalf(using: str, record_id: int, owner_token: str, *, unless_he
     clock: its request may still be running.
     """
     connection = connections[using]
-    counted = owner_token != ""
+    counted = leases.owned(owner_token)
     sql = cached_sql(
         connection,
         ("release on behalf", counted, unless_held),

@@ -234,3 +234,18 @@ def test_the_takeover_condition_and_python_agree_on_which_records_a_claim_takes(
 
         assert by_python == by_sql == named
         assert named  # an expired completed record is always free
+
+
+def test_python_and_sql_agree_on_which_claims_still_have_their_owner(every_kind_of_row):
+    # A held or abandoned claim has its owner: ending it counts that owner's
+    # attempt; a released one counted it when it was given back.
+    rows = IdempotencyKey.objects.filter(pk__in=every_kind_of_row)
+    by_python = {pk for pk, token in rows.values_list("pk", "owner_token") if leases.owned(token)}
+    claims = {pk for pk, state in every_kind_of_row.items() if state != leases.COMPLETED}
+    with_owner = {
+        pk for pk, state in every_kind_of_row.items() if state in (leases.HELD, leases.ABANDONED)
+    }
+
+    assert by_python & claims == with_owner
+    assert len(with_owner) == 2
+    assert selected_by(leases.owned_sql(connection), []) == by_python

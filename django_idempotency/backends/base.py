@@ -441,11 +441,10 @@ def progress_assignments(connection: BaseDatabaseWrapper, fingerprint: str) -> s
         f"{quote(columns['state'])} = '{State.IN_PROGRESS}' "
         f"AND {quote(columns['fingerprint'])} = {fingerprint}"
     )
-    # Only taking over an abandoned claim (token still set) counts as an attempt.
-    owned = f"{quote(columns['owner_token'])} <> ''"
+    # Only taking over an owned (abandoned) claim counts its owner's attempt.
     return (
         f"{attempt} = CASE WHEN {same} "
-        f"THEN {attempt} + CASE WHEN {owned} THEN 1 ELSE 0 END ELSE 1 END, "
+        f"THEN {attempt} + CASE WHEN {leases.owned_sql(connection)} THEN 1 ELSE 0 END ELSE 1 END, "
         f"{checkpoints} = CASE WHEN {same} THEN {checkpoints} ELSE NULL END"
     )
 

@@ -165,7 +165,7 @@ class Command(BaseCommand):
             raise CommandError("The record changed meanwhile (completed or taken over).")
         # The release counts an owned claim's attempt as its owner's; a claim
         # already given back keeps its number, and its takeover adds none.
-        attempt = record.attempt + 1 if record.owner_token else record.attempt
+        attempt = record.attempt + 1 if leases.owned(record.owner_token) else record.attempt
         self.stdout.write(
             f"Released idempotency key {mask_key(record.key)} in scope {record.scope!r}: "
             f"the next retry takes it over as attempt {attempt}, resuming from "
