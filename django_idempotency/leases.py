@@ -51,7 +51,7 @@ def owned(owner_token: str) -> bool:
 
 def owned_sql(connection: BaseDatabaseWrapper, table: str = "") -> str:
     """:func:`owned`, as SQL on the token column (``table`` qualifies it)."""
-    return f"{_column(connection, table, 'owner_token')} <> ''"
+    return f"({_column(connection, table, 'owner_token')} <> '')"
 
 
 def state_of(completed: bool, owner_token: str, expires_at: datetime, now: datetime) -> State:
