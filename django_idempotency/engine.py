@@ -24,7 +24,7 @@ from django.db import DatabaseError, Error, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.dispatch import Signal
 
-from django_idempotency import observability, replay_cache, signals, store
+from django_idempotency import leases, observability, replay_cache, signals, store
 from django_idempotency.body import django_request, when_closed
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import IdempotencyError
@@ -650,7 +650,7 @@ class Call:
             # All this attempt's transactions ended: put back what rolled back, before a
             # retry can take the key.
             checkpoints = self._settle_progress()
-        keep = bool(self.info.progress.checkpoints)
+        keep = leases.carries_checkpoints(self.info.progress.checkpoints)
         try:
             released = lease.run(
                 lambda: store.release(

@@ -54,6 +54,11 @@ def owned_sql(connection: BaseDatabaseWrapper, table: str = "") -> str:
     return f"({_column(connection, table, 'owner_token')} <> '')"
 
 
+def owned_q() -> Q:
+    """:func:`owned`, as an ORM condition."""
+    return ~Q(owner_token="")
+
+
 def state_of(completed: bool, owner_token: str, expires_at: datetime, now: datetime) -> State:
     """A record's state, from its columns and the database's clock read with them."""
     if completed:
@@ -75,8 +80,8 @@ def q(state: State, now: Any = None) -> Q:
     if state == COMPLETED:
         return ~Q(state=_IN_PROGRESS)
     if state == RELEASED:
-        return Q(state=_IN_PROGRESS, owner_token="")
-    has_owner = Q(state=_IN_PROGRESS) & ~Q(owner_token="")
+        return Q(state=_IN_PROGRESS) & ~owned_q()
+    has_owner = Q(state=_IN_PROGRESS) & owned_q()
     return has_owner & expiry_q(state == ABANDONED, now)
 
 

@@ -249,3 +249,4 @@ def test_python_and_sql_agree_on_which_claims_still_have_their_owner(every_kind_
     assert by_python & claims == with_owner
     assert len(with_owner) == 2
     assert selected_by(leases.owned_sql(connection), []) == by_python
+    assert set(rows.filter(leases.owned_q()).values_list("pk", flat=True)) == by_python
