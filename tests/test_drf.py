@@ -673,6 +673,9 @@ class OverriddenMethodView(OpenAndCounting, APIView):
             drf_request.method = override
         return drf_request
 
+    def post(self, request: Request) -> Response:
+        return self.counted()
+
     def put(self, request: Request) -> Response:
         return self.counted()
 
@@ -822,6 +825,17 @@ class MixinInheritanceTests:
 
         assert first.status_code == 201
         assert retry["Idempotent-Replayed"] == "true" and retry.json() == first.json()
+        assert calls.value == 1
+
+    def test_a_key_sent_again_under_an_overridden_method_is_another_request(self) -> None:
+        # The fingerprint covers the method the claim protects: a POST's key
+        # reused by a request overridden to PUT is not replayed the POST's answer.
+        client = APIClient()
+        first = post(client, "/overridden-method/")
+        other = post(client, "/overridden-method/", HTTP_X_HTTP_METHOD_OVERRIDE="PUT")
+
+        assert first.status_code == 201
+        assert other.status_code == 422
         assert calls.value == 1
 
     def test_a_session_set_on_drfs_request_scopes_each_caller(self) -> None:
