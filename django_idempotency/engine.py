@@ -162,7 +162,7 @@ class Call:
                 return self._answer_duplicate(completed)
         atomic = self.options.atomic
         lease = None if atomic else LeaseConnection.for_alias(self.using)
-        token = "" if lease is None else secrets.token_hex(16)
+        token = leases.NO_OWNER if lease is None else secrets.token_hex(16)
         # The one place a claim starts over (a deadlock, a lost Galera certification, a
         # stale record); not when a deadlock lost the caller's own transaction too.
         for _ in range(store.CLAIM_ATTEMPTS):
@@ -196,7 +196,7 @@ class Call:
         finished_by: BaseException | None = None
         using = self.using
         with ExitStack() as block:
-            new = store.NewClaim.of(self.info, ttl=self.options.ttl, token="", lease=None)
+            new = store.NewClaim.of(self.info, ttl=self.options.ttl, lease=None)
             claim = store.claim(using, new, self.options.wait, opening=block, connection=connection)
             if claim.existing is not None:
                 return self._answer_duplicate(claim.existing)
@@ -690,7 +690,7 @@ class Call:
         finally:
             progress.write = None
 
-    def _new_claim(self, token: str = "", lease: timedelta | None = None) -> store.NewClaim:
+    def _new_claim(self, token: str, lease: timedelta | None) -> store.NewClaim:
         return store.NewClaim.of(self.info, ttl=self.options.ttl, token=token, lease=lease)
 
     def _busy(self, busy: store.Busy) -> IdempotencyError:

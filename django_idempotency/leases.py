@@ -34,6 +34,10 @@ STATES: tuple[State, ...] = (COMPLETED, HELD, ABANDONED, RELEASED)
 
 _IN_PROGRESS = str(IdempotencyKey.State.IN_PROGRESS)
 
+#: The token of a claim without an owner: one given back, or an atomic-mode claim, which
+#: its own transaction fences.
+NO_OWNER = ""
+
 
 def expired(expires_at: datetime, now: datetime) -> bool:
     """Whether a record is past its expiry by the database's clock ``now``, read with it."""
@@ -46,17 +50,26 @@ def owned(owner_token: str) -> bool:
     Its owner's attempt ends when the claim is given back or taken over, and counts then:
     a claim its owner gave back (released) counted it already.
     """
-    return owner_token != ""
+    return owner_token != NO_OWNER
 
 
 def owned_sql(connection: BaseDatabaseWrapper, table: str = "") -> str:
     """:func:`owned`, as SQL on the token column (``table`` qualifies it)."""
-    return f"({_column(connection, table, 'owner_token')} <> '')"
+    return f"({_column(connection, table, 'owner_token')} <> '{NO_OWNER}')"
 
 
 def owned_q() -> Q:
     """:func:`owned`, as an ORM condition."""
-    return ~Q(owner_token="")
+    return ~Q(owner_token=NO_OWNER)
+
+
+def given_back_sql(connection: BaseDatabaseWrapper) -> dict[str, str]:
+    """The assignments that make a claim :data:`RELEASED`: no owner, its lease over now.
+
+    Last in a statement's assignments: MySQL assigns left to right.
+    """
+    now = clock.now_sql(connection)
+    return {"owner_token": f"'{NO_OWNER}'", "locked_until": now, "expires_at": now}
 
 
 def state_of(completed: bool, owner_token: str, expires_at: datetime, now: datetime) -> State:

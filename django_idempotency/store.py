@@ -281,17 +281,8 @@ def _release_keeping_progress_sql(
         assigned["retained_until"] = clock.later_sql(connection)
     if counted:
         assigned["attempt"] = f"{connection.ops.quote_name(column_names()['attempt'])} + 1"
-    sql = update_sql(connection, OWNER, **assigned, **_given_back(connection))
+    sql = update_sql(connection, OWNER, **assigned, **leases.given_back_sql(connection))
     return f"{sql} AND NOT {leases.sql(leases.HELD, connection)}" if unless_held else sql
-
-
-def _given_back(connection: BaseDatabaseWrapper) -> dict[str, str]:
-    """What makes a claim given back (``leases.RELEASED``): no token, its lease over now.
-
-    Last in a statement's assignments: MySQL assigns left to right.
-    """
-    now = clock.now_sql(connection)
-    return {"owner_token": "''", "locked_until": now, "expires_at": now}
 
 
 def is_refusal(state: str, status_code: int | None) -> bool:
@@ -326,7 +317,7 @@ def _release_refusal_sql(connection: BaseDatabaseWrapper) -> str:
         response_headers="NULL",
         response_body="NULL",
         attempt=f"{quote(columns['attempt'])} + 1",
-        **_given_back(connection),
+        **leases.given_back_sql(connection),
     )
     return f"{sql} AND {leases.expiry_sql(False, connection)}"
 

@@ -170,7 +170,7 @@ class NewClaim:
         info: IdempotencyInfo,
         *,
         ttl: timedelta,
-        token: str = "",
+        token: str = leases.NO_OWNER,
         lease: timedelta | None = None,
     ) -> NewClaim:
         """The claim of ``info``'s key: for ``ttl``, or held for ``lease``.
@@ -322,7 +322,7 @@ def fenced(connection: BaseDatabaseWrapper, fence: str) -> str:
     if fence == ABANDONED:
         where.append(leases.sql(leases.ABANDONED, connection))
     if fence == OWNER_OR_RELEASED:
-        where.append(f"{token} IN (%s, '')")
+        where.append(f"{token} IN (%s, '{leases.NO_OWNER}')")
     return " AND ".join(where)
 
 
