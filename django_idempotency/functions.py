@@ -230,7 +230,7 @@ def run_once(
 
 
 @dataclass(frozen=True)
-class Protected:
+class ProtectedFunction:
     """A protected function as its decorator declared it, and the steps of each of its calls.
 
     ``idempotent_function`` and both frameworks' ``idempotent_task`` run every call with
@@ -366,7 +366,7 @@ def idempotent_function(
                 "or a queue's name, say)."
             )
 
-        protection = Protected(function, name, key, options, recover)
+        protection = ProtectedFunction(function, name, key, options, recover)
 
         if iscoroutinefunction(function):
 

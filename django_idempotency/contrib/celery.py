@@ -180,7 +180,7 @@ def idempotent_task(
             if key is None and task.request.id is None:
                 # Called directly, not as a message: no message id to key it by.
                 return function(*args, **kwargs)
-            protection = functions.Protected(
+            protection = functions.ProtectedFunction(
                 function, task.name, key, declared, recover, TASK_VALUES, f"task {task.name!r}"
             )
             with_task = bool(args) and args[0] is task  # bind=True

@@ -139,7 +139,7 @@ def idempotent_task(
                 "use it in place of @task, not together with it."
             )
         scope = f"{func.__module__}.{func.__qualname__}"
-        protection = functions.Protected(
+        protection = functions.ProtectedFunction(
             func, scope, key, declared, recover, TASK_VALUES, f"task {scope!r}"
         )
 
