@@ -16,6 +16,7 @@ import hashlib
 import inspect
 import json
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -228,6 +229,81 @@ def run_once(
     return call.run(lambda: body(info))
 
 
+@dataclass(frozen=True)
+class ProtectedFunction:
+    """A protected function as its decorator declared it, and the steps of each of its calls.
+
+    ``idempotent_function`` and both frameworks' ``idempotent_task`` run every call with
+    it: the key function called and checked, the arguments by name, :func:`run_once`.
+    Each keeps around it what is its framework's own (Celery's bound task, message-id key,
+    replacements and retries; the Tasks framework's context and result-id key).
+    """
+
+    function: Callable[..., Any]
+    scope: str
+    key: KeyFunction | None
+    options: DeclaredOptions
+    recover: Recover | None
+    kind: engine.Kind = VALUES
+    #: What a wrong key is said to come from (``checked_key``); the scope unless given.
+    owner: str = ""
+
+    def key_of(
+        self,
+        args: Any,
+        kwargs: Any,
+        default: Callable[[], str] | None = None,
+        *,
+        skip_first: bool = False,
+    ) -> str:
+        """The key of a call: ``key=``'s of its own arguments, checked, or ``default()``.
+
+        ``args`` are the function's; ``skip_first`` leaves out a bound task or a context.
+        """
+        if self.key is None:
+            assert default is not None  # a function's key= is required, a task's has a default
+            return default()
+        own = args[1:] if skip_first else args
+        return checked_key(self.key(*own, **kwargs), self.owner or self.scope)
+
+    def run(
+        self,
+        key: str,
+        args: Any,
+        kwargs: Any,
+        body: Callable[[IdempotencyInfo], Any],
+        *,
+        skip_first: bool = False,
+        kind: engine.Kind | None = None,
+    ) -> Any:
+        """:func:`run_once`, the arguments by name (``skip_first``: a bound task, a context)."""
+        return run_once(
+            scope=self.scope,
+            key=key,
+            arguments=by_name(self.function, args, kwargs, skip_first=skip_first),
+            body=body,
+            options=self.options,
+            sender=self.function,
+            kind=self.kind if kind is None else kind,
+            recover=self.recover,
+        )
+
+    def call(
+        self,
+        args: Any,
+        kwargs: Any,
+        body: Callable[[IdempotencyInfo | None], Any],
+        default_key: Callable[[], str] | None = None,
+        *,
+        skip_first: bool = False,
+    ) -> Any:
+        """One call: ``body(None)`` unprotected while the package is disabled, else once per key."""
+        if not idempotency_settings.enabled:
+            return body(None)
+        key = self.key_of(args, kwargs, default_key, skip_first=skip_first)
+        return self.run(key, args, kwargs, body, skip_first=skip_first)
+
+
 def idempotent_function(
     # Positional only so that a bare ``@idempotent_function`` is told the
     # keyword it lacks ("missing ... argument: 'key'"), not that it gave
@@ -290,18 +366,7 @@ def idempotent_function(
                 "or a queue's name, say)."
             )
 
-        def call_once(args: Any, kwargs: Any, body: Callable[[IdempotencyInfo], Any]) -> Any:
-            if not idempotency_settings.enabled:
-                return body(None)  # type: ignore[arg-type]
-            return run_once(
-                scope=name,
-                key=checked_key(key(*args, **kwargs), name),
-                arguments=by_name(function, args, kwargs),
-                body=body,
-                options=options,
-                sender=function,
-                recover=recover,
-            )
+        protection = ProtectedFunction(function, name, key, options, recover)
 
         if iscoroutinefunction(function):
 
@@ -311,14 +376,14 @@ def idempotent_function(
                     return await function(*args, **kwargs)
 
                 return await run_async(
-                    lambda sync_body: call_once(args, kwargs, lambda info: sync_body()), body
+                    lambda sync_body: protection.call(args, kwargs, lambda info: sync_body()), body
                 )
 
             return protected_async  # type: ignore[return-value]
 
         @functools.wraps(function)
         def protected(*args: Any, **kwargs: Any) -> Any:
-            return call_once(args, kwargs, lambda info: function(*args, **kwargs))
+            return protection.call(args, kwargs, lambda info: function(*args, **kwargs))
 
         return protected  # type: ignore[return-value]
 

@@ -9,7 +9,8 @@ A record is ``completed``, or in progress; an in-progress record is
   next retry takes it over at once.
 
 While a lease is held ``expires_at`` is its end, so one indexed column decides both the
-lease and expiry. (The purge's ``retained_until`` decides no state.) Each is written
+lease and expiry. (The purge's ``retained_until`` decides no state, but how long the purge
+keeps a claim, :func:`purgeable_q`, is written here with them.) Each is written
 three ways: Python for a record read with the clock, an ORM ``Q``, and SQL for the
 fenced statements; ``tests/test_leases.py`` checks that they agree on every backend.
 """
@@ -140,16 +141,53 @@ def retained(retained_until: datetime | None, now: datetime) -> bool:
     return retained_until is not None and retained_until > now
 
 
-def retained_sql(connection: BaseDatabaseWrapper, table: str = "") -> str:
-    """The records still retained (:func:`retained`), as SQL; never ``NULL``."""
+def retained_q(now: Any = None) -> Q:
+    """:func:`retained`, as an ORM condition; ``now`` is the database's clock unless given."""
+    now = clock.DatabaseNow() if now is None else now
+    return Q(retained_until__gt=now)
+
+
+def retained_sql(connection: BaseDatabaseWrapper, table: str = "", now: str | None = None) -> str:
+    """The records still retained (:func:`retained`), as SQL; never ``NULL``.
+
+    ``now`` is SQL (a parameter, ``%s``), the database's clock in the statement unless given.
+    """
     column = _column(connection, table, "retained_until")
-    return f"({column} IS NOT NULL AND {column} > {clock.now_sql(connection)})"
+    now = clock.now_sql(connection) if now is None else now
+    return f"({column} IS NOT NULL AND {column} > {now})"
 
 
-def expiry_sql(past: bool, connection: BaseDatabaseWrapper, table: str = "") -> str:
-    """The records past their expiry (``past``) or not, as SQL, by the database's clock in it."""
+def expiry_sql(
+    past: bool, connection: BaseDatabaseWrapper, table: str = "", now: str | None = None
+) -> str:
+    """The records past their expiry (``past``) or not, as SQL, by the database's clock in it.
+
+    ``now`` is SQL (a parameter, ``%s``) in place of the clock, if given.
+    """
     compare = "<=" if past else ">"
-    return f"{_column(connection, table, 'expires_at')} {compare} {clock.now_sql(connection)}"
+    now = clock.now_sql(connection) if now is None else now
+    return f"{_column(connection, table, 'expires_at')} {compare} {now}"
+
+
+def purgeable_q(cutoff: Any) -> Q:
+    """The records a purge with ``cutoff`` deletes: expired by then, and completed or not retained.
+
+    A claim left in progress (released, or abandoned, however its lease ended) keeps its
+    attempt and checkpoints for the retry until ``retained_until``. :func:`purgeable_sql`
+    is the same rule; ``tests/test_purge_progress.py`` checks that they agree.
+    """
+    return expiry_q(True, cutoff) & (q(COMPLETED) | ~retained_q(cutoff))
+
+
+def purgeable_sql(connection: BaseDatabaseWrapper, cutoff: str) -> str:
+    """:func:`purgeable_q` as SQL, ``cutoff`` SQL (a parameter) in it twice; never ``NULL``.
+
+    The expiry comes first, so that each backend walks the ``expires_at`` index and reads
+    the other columns only of the rows it finds there.
+    """
+    expired_then = expiry_sql(True, connection, now=cutoff)
+    kept = retained_sql(connection, now=cutoff)
+    return f"{expired_then} AND ({sql(COMPLETED, connection)} OR NOT {kept})"
 
 
 def _column(connection: BaseDatabaseWrapper, table: str, name: str) -> str:

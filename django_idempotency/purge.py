@@ -10,7 +10,7 @@ other: where the database can, a batch skips rows another purge (or a claim
 taking over an expired key) has locked, and each row is counted by the one
 ``DELETE`` that removed it.
 
-A record is purged once it expired (:func:`purgeable`); a lease-mode
+A record is purged once it expired (:func:`leases.purgeable_q`); a lease-mode
 claim left in progress (released by its owner, or abandoned when its lease
 ran out) carries its attempt and checkpoints to the retry that takes it
 over, so it is kept until its ``retained_until`` too: the key's TTL past
@@ -38,11 +38,10 @@ from typing import Any, NamedTuple
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Q
 from django.db.transaction import TransactionManagementError
 from django.utils.connection import ConnectionDoesNotExist
 
-from django_idempotency import clock, store
+from django_idempotency import clock, leases, store
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.models import IdempotencyKey
 
@@ -160,22 +159,6 @@ class Pace:
         if self.rate is not None:
             rest = max(rest, rows / self.rate - seconds)
         return rest
-
-
-_IN_PROGRESS = str(IdempotencyKey.State.IN_PROGRESS)
-
-
-def purgeable(cutoff: datetime) -> Q:
-    """The records a purge with ``cutoff`` deletes, as an ORM ``Q``.
-
-    Expired by then, and unless still in progress, retained past then: a
-    lease-mode claim left in progress keeps its progress (its attempt and
-    checkpoints) for the retry until ``retained_until``, however its lease
-    ended. :func:`_purgeable_sql` is the same condition for the batches'
-    statements and the dry run's count (``tests/test_purge_progress.py``
-    checks that they agree).
-    """
-    return Q(expires_at__lte=cutoff) & ~Q(state=_IN_PROGRESS, retained_until__gt=cutoff)
 
 
 def purge_expired(
@@ -348,18 +331,12 @@ def _column(connection: BaseDatabaseWrapper, name: str) -> str:
 
 
 def _purgeable_sql(connection: BaseDatabaseWrapper) -> str:
-    """:func:`purgeable` as SQL, for the batches: two parameters, the cutoff twice.
+    """:func:`leases.purgeable_sql`, for the batches and the dry run: the cutoff twice.
 
-    The expiry comes first, so each backend walks the ``expires_at`` index
-    and only reads the other columns of the rows it finds there: a claim
-    still retained is stepped over, and left for a later run.
+    Each backend walks the ``expires_at`` index and only reads the other columns of the
+    rows it finds there: a claim still retained is stepped over, and left for a later run.
     """
-    expires, state = _column(connection, "expires_at"), _column(connection, "state")
-    retained = _column(connection, "retained_until")
-    return (
-        f"{expires} <= %s AND ({state} <> '{_IN_PROGRESS}' "
-        f"OR {retained} IS NULL OR {retained} <= %s)"
-    )
+    return leases.purgeable_sql(connection, "%s")
 
 
 def _cutoff(connection: BaseDatabaseWrapper, cutoff: datetime) -> list[Any]:

@@ -29,7 +29,7 @@ from django_idempotency import clock as database_clock
 from django_idempotency import idempotent_function, leases, purge
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.purge import purge_expired, purgeable
+from django_idempotency.purge import purge_expired
 from example_project.provider.models import Charge
 from tests import recovery_views
 from tests.clients import post
@@ -343,7 +343,9 @@ class PredicateTests:
         named = {pk for pk, deleted in every_kind_of_row.items() if deleted}
         cutoff = database_clock.read(connection)
 
-        by_orm = set(IdempotencyKey.objects.filter(purgeable(cutoff)).values_list("pk", flat=True))
+        by_orm = set(
+            IdempotencyKey.objects.filter(leases.purgeable_q(cutoff)).values_list("pk", flat=True)
+        )
         counted = purge_expired(dry_run=True)
         deleted = purge_expired(batch_size=2)
         left = set(IdempotencyKey.objects.values_list("pk", flat=True))
@@ -353,6 +355,41 @@ class PredicateTests:
         assert by_orm == named
         assert counted == deleted == len(named)
         assert left == set(every_kind_of_row) - named
+
+    def test_the_orm_and_the_statements_agree_at_the_cutoff_itself(self):
+        cutoff = database_clock.read(connection)
+        tick = timedelta(milliseconds=1)
+        cases = {
+            # (state, expires_at, retained_until): whether a purge at the cutoff deletes it
+            (State.COMPLETED, cutoff, cutoff + tick): True,
+            (State.COMPLETED, cutoff + tick, None): False,
+            (State.IN_PROGRESS, cutoff, None): True,
+            (State.IN_PROGRESS, cutoff, cutoff): True,
+            (State.IN_PROGRESS, cutoff, cutoff + tick): False,
+            (State.IN_PROGRESS, cutoff - tick, cutoff - tick): True,
+        }
+        expected = {}
+        for number, ((state, expires_at, retained_until), deleted) in enumerate(cases.items()):
+            record = IdempotencyKeyFactory(
+                key=f"edge{number}",
+                state=state,
+                owner_token="token" if state == State.IN_PROGRESS else "",
+                expires_at=expires_at,
+                retained_until=retained_until,
+            )
+            expected[record.pk] = deleted
+        named = {pk for pk, deleted in expected.items() if deleted}
+
+        by_orm = set(
+            IdempotencyKey.objects.filter(leases.purgeable_q(cutoff)).values_list("pk", flat=True)
+        )
+        counted = purge_expired(dry_run=True, now=cutoff)
+        deleted = purge_expired(now=cutoff, batch_size=1)
+        left = set(IdempotencyKey.objects.values_list("pk", flat=True))
+
+        assert by_orm == named
+        assert counted == deleted == len(named) == 4
+        assert left == set(expected) - named
 
     def test_a_claim_written_before_retained_until_existed_goes_at_its_expiry(self):
         IdempotencyKeyFactory(lease_expired=True, checkpoints={"charged": None})

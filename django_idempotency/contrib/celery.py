@@ -174,20 +174,22 @@ def idempotent_task(
         @functools.wraps(function)
         def body(*args: Any, **kwargs: Any) -> Any:
             task = _running_task(body)
-            kind = TASK_VALUES
             if task is None or not idempotency_settings.enabled:
                 # Called as a plain function, not as this task: nothing to protect.
                 return function(*args, **kwargs)
+            if key is None and task.request.id is None:
+                # Called directly, not as a message: no message id to key it by.
+                return function(*args, **kwargs)
+            protection = functions.ProtectedFunction(
+                function, task.name, key, declared, recover, TASK_VALUES, f"task {task.name!r}"
+            )
             with_task = bool(args) and args[0] is task  # bind=True
-            own_args = args[1:] if with_task else args
-            if key is None:
-                if task.request.id is None:  # called directly, not as a message
-                    return function(*args, **kwargs)
-                task_key = _message_key(task.request)
-            else:
-                task_key = functions.checked_key(key(*own_args, **kwargs), f"task {task.name!r}")
-                if _nesting(task.request):
-                    kind = _replacement_values(task.name)
+            task_key = protection.key_of(
+                args, kwargs, lambda: _message_key(task.request), skip_first=with_task
+            )
+            kind = TASK_VALUES
+            if key is not None and _nesting(task.request):
+                kind = _replacement_values(task.name)
             running = _running.get()
             this_run = (task.name, task_key, task.request.id)
             if this_run in running:
@@ -206,16 +208,7 @@ def idempotent_task(
                     _running.reset(inside)
 
             try:
-                return functions.run_once(
-                    scope=task.name,
-                    key=task_key,
-                    arguments=functions.by_name(function, args, kwargs, skip_first=with_task),
-                    body=run,
-                    options=declared,
-                    sender=function,
-                    kind=kind,
-                    recover=recover,
-                )
+                return protection.run(task_key, args, kwargs, run, skip_first=with_task, kind=kind)
             except (TaskInFlight, CallAbandoned) as exc:
                 # Never run alongside the original: come back once it is done.
                 raise task.retry(countdown=exc.retry_after, exc=exc) from None

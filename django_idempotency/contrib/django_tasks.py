@@ -35,7 +35,6 @@ except ImportError:  # Django 5.2: the backport
 
 from django_idempotency import functions
 from django_idempotency.asynchronous import run_async
-from django_idempotency.conf import idempotency_settings
 from django_idempotency.engine import plain_ending
 from django_idempotency.options import CALL_OPTION_NAMES, CallOptions
 from django_idempotency.purge import (
@@ -140,28 +139,22 @@ def idempotent_task(
                 "use it in place of @task, not together with it."
             )
         scope = f"{func.__module__}.{func.__qualname__}"
-
-        def call_once(context: Any, args: Any, kwargs: Any, body: Callable[[], Any]) -> Any:
-            if not idempotency_settings.enabled:
-                return body()
-            if key is None:
-                task_key = str(context.task_result.id)
-            else:
-                task_key = functions.checked_key(key(*args, **kwargs), f"task {scope!r}")
-            given = (context, *args) if takes_context else args
-            return functions.run_once(
-                scope=scope,
-                key=task_key,
-                arguments=functions.by_name(func, given, kwargs, skip_first=takes_context),
-                body=lambda info: body(),
-                options=declared,
-                sender=func,
-                kind=TASK_VALUES,
-                recover=recover,
-            )
+        protection = functions.ProtectedFunction(
+            func, scope, key, declared, recover, TASK_VALUES, f"task {scope!r}"
+        )
 
         def own(context: Any, args: Any) -> tuple[Any, ...]:
             return (context, *args) if takes_context else tuple(args)
+
+        def call_once(context: Any, args: Any, kwargs: Any, body: Callable[[], Any]) -> Any:
+            # The key defaults to the result's id, which a run again of that result keeps.
+            return protection.call(
+                own(context, args),
+                kwargs,
+                lambda info: body(),
+                lambda: str(context.task_result.id),
+                skip_first=takes_context,
+            )
 
         run: Any
         if iscoroutinefunction(func):
