@@ -9,10 +9,12 @@ A record is ``completed``, or in progress; an in-progress record is
   next retry takes it over at once.
 
 While a lease is held ``expires_at`` is its end, so one indexed column decides both the
-lease and expiry. (The purge's ``retained_until`` decides no state, but how long the purge
-keeps a claim, :func:`purgeable_q`, is written here with them.) Each is written
-three ways: Python for a record read with the clock, an ORM ``Q``, and SQL for the
-fenced statements; ``tests/test_leases.py`` checks that they agree on every backend.
+lease and expiry. Each state is written three ways: Python for a record read with the
+clock, an ORM ``Q``, and SQL for the fenced statements; ``tests/test_leases.py`` checks
+that they agree on every backend. The purge's ``retained_until`` decides no state; what
+the purge deletes is built here from these rules, as SQL (:func:`purgeable_sql`, what
+the purge runs) and as a ``Q`` (:func:`purgeable_q`), which
+``tests/test_purge_progress.py`` holds to the same rows.
 """
 
 from __future__ import annotations

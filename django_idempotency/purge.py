@@ -10,7 +10,7 @@ other: where the database can, a batch skips rows another purge (or a claim
 taking over an expired key) has locked, and each row is counted by the one
 ``DELETE`` that removed it.
 
-A record is purged once it expired (:func:`leases.purgeable_q`); a lease-mode
+A record is purged once it expired (:func:`leases.purgeable_sql`); a lease-mode
 claim left in progress (released by its owner, or abandoned when its lease
 ran out) carries its attempt and checkpoints to the retry that takes it
 over, so it is kept until its ``retained_until`` too: the key's TTL past

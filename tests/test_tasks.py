@@ -726,7 +726,12 @@ class DefinitionTests:
         @idempotent_task(key=lambda n: n)
         def bad_key(n: int) -> None: ...
 
-        with pytest.raises(TypeError, match="must return a non-empty string, not int"):
+        # The error names the task, as the task's own name.
+        with pytest.raises(
+            TypeError,
+            match=r"^The key function of task 'tests\.definition\.bad_key' must return a "
+            "non-empty string, not int",
+        ):
             bad_key(1)
 
 
