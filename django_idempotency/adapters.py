@@ -14,14 +14,17 @@ adapters registered here and never imports a framework.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass
 from importlib import import_module
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from django.http import HttpRequest
+
 if TYPE_CHECKING:
-    from django.http import HttpRequest, HttpResponseBase
+    from django.http import HttpResponseBase
 
     from django_idempotency.exceptions import IdempotencyError
     from django_idempotency.options import DeclaredOptions
@@ -142,6 +145,35 @@ def in_use(*, importing: bool = False) -> list[Adapter]:
             with suppress(ImportError):
                 import_module(integration)
     return REGISTERED
+
+
+#: What a request of Django's own holds that is not Django's: nothing.
+NOT_A_FRAMEWORKS: Mapping[str, Any] = MappingProxyType({})
+
+
+def reach(request: Any) -> tuple[HttpRequest, Mapping[str, Any], Adapter | None]:
+    """Django's request under ``request``, what was set on ``request`` itself, and its adapter.
+
+    A framework's request (DRF's) gives Django's attributes through a proxy
+    that raises and catches an error for each, so the package reads them
+    from Django's request inside it. But what a project set on the
+    framework's request itself (a method override, a session of its own)
+    is what the proxy gives instead: a name is looked up in the mapping
+    returned first, and on Django's request when it is not there. For
+    Django's own request, or one no adapter reaches into: the request,
+    an empty mapping, and its adapter (``None`` for Django's).
+    """
+    if isinstance(request, HttpRequest):
+        return request, NOT_A_FRAMEWORKS, None
+    # for_request's cached answer without its frame: this runs a few times per request.
+    adapter = _BY_CLASS.get(type(request)) or for_request(request)
+    if adapter is None or adapter.django_request is None:
+        return request, NOT_A_FRAMEWORKS, adapter
+    http_request = adapter.django_request(request)
+    if http_request is request:
+        return request, NOT_A_FRAMEWORKS, adapter
+    own: Mapping[str, Any] = getattr(request, "__dict__", NOT_A_FRAMEWORKS)
+    return http_request, own, adapter
 
 
 def for_request(request: Any) -> Adapter | None:

@@ -21,11 +21,10 @@ does (``docs/fingerprint.rst``).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from functools import partial
 from io import BytesIO
 from tempfile import SpooledTemporaryFile
-from types import MappingProxyType
 from typing import IO, Any
 
 from django.conf import settings
@@ -46,31 +45,7 @@ def django_request(request: Any) -> HttpRequest:
     """
     if isinstance(request, HttpRequest):
         return request
-    adapter = adapters.for_request(request)
-    if adapter is None or adapter.django_request is None:
-        return request
-    return adapter.django_request(request)
-
-
-#: What a request of Django's own holds that is not Django's: nothing.
-NOT_A_FRAMEWORKS: Mapping[str, Any] = MappingProxyType({})
-
-
-def own_attributes(request: Any, http_request: HttpRequest) -> Mapping[str, Any]:
-    """What was set on a framework's own request itself: it comes before Django's request's.
-
-    A framework's request (DRF's) gives Django's attributes through a proxy
-    that raises and catches an error for each, so the package reads them
-    from Django's request, ``http_request`` (:func:`django_request`). But
-    what a project set on the framework's request itself (a method
-    override, a session of its own for anonymous callers) is what the
-    proxy gives instead: a name is looked up here first, and on
-    ``http_request`` when it is not here. Empty for Django's own request.
-    """
-    if request is http_request:
-        return NOT_A_FRAMEWORKS
-    own: Mapping[str, Any] = getattr(request, "__dict__", NOT_A_FRAMEWORKS)
-    return own
+    return adapters.reach(request)[0]
 
 
 def body_stream(request: HttpRequest) -> IO[bytes] | None:

@@ -12,7 +12,7 @@ error of ours is answered (problem details, or DRF's exception handler).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from typing import Any
@@ -23,13 +23,9 @@ from django.http import HttpRequest, HttpResponseBase
 from django.template.response import SimpleTemplateResponse
 
 from django_idempotency import adapters, engine
+from django_idempotency.adapters import NOT_A_FRAMEWORKS
 from django_idempotency.asynchronous import run_async
-from django_idempotency.body import (
-    NOT_A_FRAMEWORKS,
-    close_spools_with,
-    django_request,
-    own_attributes,
-)
+from django_idempotency.body import close_spools_with, django_request
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import (
     DatabaseBusy,
@@ -120,7 +116,6 @@ def protect(
     *,
     sender: Any,
     finish: Finish = render,
-    http_request: HttpRequest | None = None,
 ) -> HttpResponseBase:
     """Run ``handler`` once per key and replay its response to every retry.
 
@@ -128,17 +123,17 @@ def protect(
     sent (DRF rendering), so that what is stored is exactly what the client
     got. Raises an :class:`~django_idempotency.exceptions.IdempotencyError`
     for the 400/409/422 answers; a :class:`Guard` renders those.
-    ``http_request`` is Django's request inside a framework's ``request``,
-    when its adapter has it at hand.
     """
-    # A framework's request (DRF's) is read through Django's inside it: its
-    # proxy to Django's attributes raises and catches an error for each.
-    if http_request is None:
-        http_request = request if isinstance(request, HttpRequest) else django_request(request)
+    # A framework's request (DRF's) is read through Django's inside it, as
+    # the handler is called with it (adapters.reach); Django's own needs no call.
+    if isinstance(request, HttpRequest):
+        http_request, own = request, NOT_A_FRAMEWORKS
+    else:
+        http_request, own, _ = adapters.reach(request)
     try:
         # The key's checks read the body (its fingerprint) into a copy, which
         # is closed however the request ends: a refused key included.
-        call = _call(request, http_request, options, sender, finish)
+        call = _call(request, http_request, own, options, sender, finish)
         if call is None:
             response: HttpResponseBase = handler()
         else:
@@ -176,6 +171,7 @@ async def protect_async(
 def _call(
     request: HttpRequest,
     http_request: HttpRequest,
+    own: Mapping[str, Any],
     declared: DeclaredOptions,
     sender: Any,
     finish: Finish,
@@ -184,11 +180,9 @@ def _call(
 
     Not protected: disabled, a method the view does not protect, or no key
     and none required (:func:`may_claim`, asked here with the key read once).
-    ``http_request`` is Django's request: ``request`` or the one inside it.
+    ``http_request`` is Django's request, ``request`` or the one inside it, and ``own``
+    what was set on a framework's ``request`` itself, which comes first (``adapters.reach``).
     """
-    # Read from Django's request, but what was set on a framework's request
-    # itself comes first (own_attributes); Django's own needs no call.
-    own = NOT_A_FRAMEWORKS if request is http_request else own_attributes(request, http_request)
     if (_PROTECTED_WITH in own or hasattr(http_request, _PROTECTED_WITH)) and _protected_outside(
         request, declared, sender
     ):

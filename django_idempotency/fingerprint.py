@@ -25,14 +25,8 @@ from django.http.request import RawPostDataException
 from django.utils.datastructures import MultiValueDict
 from django.utils.http import parse_header_parameters
 
-from django_idempotency import adapters
-from django_idempotency.body import (
-    CHUNK_SIZE,
-    NOT_A_FRAMEWORKS,
-    body_stream,
-    django_request,
-    own_attributes,
-)
+from django_idempotency.adapters import NOT_A_FRAMEWORKS, reach
+from django_idempotency.body import CHUNK_SIZE, body_stream
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.forms import FORM, MULTIPART, left_out, parsed_multipart
 from django_idempotency.multipart import DigestedFile
@@ -43,7 +37,14 @@ def request_fingerprint(request: HttpRequest) -> str:
 
     The rules are described in ``docs/fingerprint.rst``.
     """
-    http_request = request if isinstance(request, HttpRequest) else django_request(request)
+    # A framework's own request (DRF's) is read through Django's inside it, what
+    # was set on it itself first, and through its adapter (adapters.reach).
+    if isinstance(request, HttpRequest):
+        http_request, own, adapter = request, NOT_A_FRAMEWORKS, None
+    else:
+        http_request, own, adapter = reach(request)
+        if http_request is request:
+            adapter = None
     media_type, _ = parse_header_parameters(http_request.META.get("CONTENT_TYPE", ""))
     media_type = media_type.lower()
     query_string = http_request.META.get("QUERY_STRING", "")
@@ -53,10 +54,7 @@ def request_fingerprint(request: HttpRequest) -> str:
             query_string = urlencode(sorted(query, key=_NAME))
     # The method the claim protects (core._call): one set on a framework's request itself
     # (an override) comes first, so the same key sent under another method is another request.
-    own = NOT_A_FRAMEWORKS if request is http_request else own_attributes(request, http_request)
     head = [own.get("method") or http_request.method, http_request.path, query_string, media_type]
-    # A framework's own request (DRF's) is read through its adapter.
-    adapter = None if request is http_request else adapters.for_request(request)
     # A framework may render the response in the format content negotiation
     # picked (the browsable API's HTML, JSON...): a retry asking for another
     # format is another request, not a replay of the first one's bytes.

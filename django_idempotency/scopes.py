@@ -23,7 +23,7 @@ from django.http import HttpRequest
 from django.http.request import HttpHeaders
 from django.utils.crypto import salted_hmac
 
-from django_idempotency.body import NOT_A_FRAMEWORKS, django_request, own_attributes
+from django_idempotency.adapters import NOT_A_FRAMEWORKS, reach
 from django_idempotency.fields import KEY_COLUMN_LENGTH
 
 ANONYMOUS = "anonymous"
@@ -59,12 +59,11 @@ def user_scope(request: HttpRequest) -> str:
     if user is not None and user.is_authenticated:
         return f"user:{user.pk}"
     # The session and the headers are Django's request's, but what was set
-    # on a framework's request itself comes first (own_attributes).
+    # on a framework's request itself comes first (adapters.reach).
     if isinstance(request, HttpRequest):
         http_request, own = request, NOT_A_FRAMEWORKS
     else:
-        http_request = django_request(request)
-        own = own_attributes(request, http_request)
+        http_request, own, _ = reach(request)
     session = own.get("session")
     if session is None:
         session = getattr(http_request, "session", None)

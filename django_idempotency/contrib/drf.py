@@ -29,8 +29,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from django_idempotency import exceptions as core_exceptions
-from django_idempotency.adapters import Adapter, Layer, register
-from django_idempotency.body import own_attributes
+from django_idempotency.adapters import Adapter, Layer, reach, register
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.core import Answer, Guard, may_claim, protect
 from django_idempotency.decorators import dispatched_view
@@ -265,10 +264,8 @@ def _protect_handler(view: Any, request: Request, options: DeclaredOptions, answ
     """
     # The method DRF dispatches on: one set on DRF's request itself (an
     # override, clone_request) comes first, as DRF's proxy would give it.
-    http_request = request._request
-    method = (
-        own_attributes(request, http_request).get("method") or http_request.method or ""
-    ).lower()
+    http_request, own, _ = reach(request)
+    method = (own.get("method") or http_request.method or "").lower()
     handler = getattr(view, method, None)
     if handler is None:
         return
@@ -296,16 +293,9 @@ def _protect_handler(view: Any, request: Request, options: DeclaredOptions, answ
         # Guard.call without building a guard per request.
         call = partial(handler, request, *args, **kwargs)
         try:
-            return protect(
-                request,
-                call,
-                options,
-                sender=sender,
-                finish=partial(finish, request),
-                # The request the handler is called with, not the one initial() saw:
-                # a project may replace Django's request inside DRF's in between.
-                http_request=request._request,
-            )
+            # protect reads Django's request inside DRF's now, as the handler is called
+            # with it, not as initial() saw it: a project may replace it in between.
+            return protect(request, call, options, sender=sender, finish=partial(finish, request))
         except core_exceptions.IdempotencyError as error:
             return answer(request, error)
 
