@@ -165,7 +165,8 @@ def reach(request: Any) -> tuple[HttpRequest, Mapping[str, Any], Adapter | None]
     """
     if isinstance(request, HttpRequest):
         return request, NOT_A_FRAMEWORKS, None
-    # for_request's cached answer without its frame: this runs a few times per request.
+    # A registered framework's adapter without for_request's frame: this runs a few times
+    # per request (for_request answers the rest, and caches them).
     adapter = _BY_CLASS.get(type(request)) or for_request(request)
     if adapter is None or adapter.django_request is None:
         return request, NOT_A_FRAMEWORKS, adapter
