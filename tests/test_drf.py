@@ -680,6 +680,49 @@ class OverriddenMethodView(OpenAndCounting, APIView):
         return self.counted()
 
 
+class LateOverrideView(OpenAndCounting, APIView):
+    """A method override set after the mixin's ``initial()``, which DRF then dispatches on."""
+
+    idempotency_methods = ["POST", "PUT"]
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)
+        override = request.META.get("HTTP_X_HTTP_METHOD_OVERRIDE")
+        if override:
+            request.method = override
+
+    def post(self, request: Request) -> Response:
+        return self.counted()
+
+    def put(self, request: Request) -> Response:
+        return self.counted()
+
+
+class PropertyMethodRequest(Request):
+    """A request whose class gives the override as a property: never in its ``__dict__``."""
+
+    @property
+    def method(self) -> str:
+        return self._request.META.get("HTTP_X_HTTP_METHOD_OVERRIDE") or self._request.method
+
+
+class PropertyOverrideView(OpenAndCounting, APIView):
+    """The override given by DRF's request's class, which the mixin's ``initial()`` does not see."""
+
+    idempotency_methods = ["POST", "PUT"]
+
+    def post(self, request: Request) -> Response:
+        return self.counted()
+
+    def put(self, request: Request) -> Response:
+        return self.counted()
+
+    def initialize_request(self, request: Any, *args: Any, **kwargs: Any) -> Request:
+        drf_request = super().initialize_request(request, *args, **kwargs)
+        drf_request.__class__ = PropertyMethodRequest
+        return drf_request
+
+
 class SessionOnTheDrfRequestView(OpenAndCounting, APIView):
     """A session of the project's own, set on DRF's request for anonymous callers."""
 
@@ -697,6 +740,8 @@ class SessionOnTheDrfRequestView(OpenAndCounting, APIView):
 urlpatterns = [
     path("counting/", CountingView.as_view()),
     path("overridden-method/", OverriddenMethodView.as_view()),
+    path("late-override/", LateOverrideView.as_view()),
+    path("property-override/", PropertyOverrideView.as_view()),
     path("own-session/", SessionOnTheDrfRequestView.as_view()),
     path("finalizing/", FinalizingView.as_view()),
     path("subclassed/", SubclassedCountingView.as_view()),
@@ -822,6 +867,20 @@ class MixinInheritanceTests:
         override = {"HTTP_X_HTTP_METHOD_OVERRIDE": "PUT"}
         first = post(client, "/overridden-method/", **override)
         retry = post(client, "/overridden-method/", **override)
+
+        assert first.status_code == 201
+        assert retry["Idempotent-Replayed"] == "true" and retry.json() == first.json()
+        assert calls.value == 1
+
+    @pytest.mark.parametrize("url", ["/late-override/", "/property-override/"])
+    def test_a_method_dispatched_on_that_the_mixin_did_not_see_is_protected_too(self, url) -> None:
+        # DRF dispatches on PUT, though the mixin's initial() saw a POST: an
+        # override set after it, or given by the request's class. PUT's
+        # handler is protected as well, so the retry is replayed.
+        client = APIClient()
+        override = {"HTTP_X_HTTP_METHOD_OVERRIDE": "PUT"}
+        first = post(client, url, **override)
+        retry = post(client, url, **override)
 
         assert first.status_code == 201
         assert retry["Idempotent-Replayed"] == "true" and retry.json() == first.json()

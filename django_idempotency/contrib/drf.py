@@ -261,11 +261,27 @@ def _protect_handler(view: Any, request: Request, options: DeclaredOptions, answ
     the caller and checked permissions and throttles; ViewSets set their
     actions on the instance the same way. ``answer`` answers our errors:
     through the view's exception handling, or as problem details.
+
+    The handler of every method the view protects is shadowed too: a method
+    override set after this runs (in a subclass's ``initial()`` after
+    ``super()``), or one a ``Request`` subclass gives as a class property,
+    makes DRF dispatch on a method not seen here, and that handler must
+    not run unprotected. The core protects each under the method it reads
+    when the handler is called.
     """
     # The method DRF dispatches on: one set on DRF's request itself (an
     # override, clone_request) comes first, as DRF's proxy would give it.
     http_request, own, _ = reach(request)
     method = (own.get("method") or http_request.method or "").lower()
+    _shadow(view, method, options, answer)
+    for protected_method in (options.resolved or options.resolve()).methods:
+        other = protected_method.lower()
+        if other != method and getattr(view, other, None) is not None:
+            _shadow(view, other, options, answer)
+
+
+def _shadow(view: Any, method: str, options: DeclaredOptions, answer: Answer) -> None:
+    """Shadow the view's handler of ``method``, if it has one, with a protected one."""
     handler = getattr(view, method, None)
     if handler is None:
         return
