@@ -122,6 +122,7 @@ def register(adapter: Adapter) -> None:
     REGISTERED[:] = [each for each in REGISTERED if each.name != adapter.name]
     REGISTERED.append(adapter)
     _BY_CLASS.clear()
+    _DEFINED_BY_CLASS.clear()
 
 
 def in_use(*, importing: bool = False) -> list[Adapter]:
@@ -159,9 +160,12 @@ def reach(request: Any) -> tuple[HttpRequest, Mapping[str, Any], Adapter | None]
     from Django's request inside it. But what a project set on the
     framework's request itself (a method override, a session of its own)
     is what the proxy gives instead: a name is looked up in the mapping
-    returned first, and on Django's request when it is not there. For
-    Django's own request, or one no adapter reaches into: the request,
-    an empty mapping, and its adapter (``None`` for Django's).
+    returned first, and on Django's request when it is not there. That is
+    the framework request's own attributes, and any of the names the
+    package reads this way (:data:`READ_FIRST`) that its class defines (a
+    ``method`` property of a ``Request`` subclass). For Django's own
+    request, or one no adapter reaches into: the request, an empty
+    mapping, and its adapter (``None`` for Django's).
     """
     if isinstance(request, HttpRequest):
         return request, NOT_A_FRAMEWORKS, None
@@ -174,7 +178,21 @@ def reach(request: Any) -> tuple[HttpRequest, Mapping[str, Any], Adapter | None]
     if http_request is request:
         return request, NOT_A_FRAMEWORKS, adapter
     own: Mapping[str, Any] = getattr(request, "__dict__", NOT_A_FRAMEWORKS)
+    cls = type(request)
+    defined = _DEFINED_BY_CLASS.get(cls)
+    if defined is None:
+        defined = _DEFINED_BY_CLASS[cls] = tuple(n for n in READ_FIRST if hasattr(cls, n))
+    if defined:
+        own = {**own, **{name: getattr(request, name) for name in defined}}
     return http_request, own, adapter
+
+
+#: The names read from a framework's request before Django's (:func:`reach`): the
+#: method it protects and fingerprints, and the session and headers of the scope.
+READ_FIRST = ("method", "session", "headers")
+
+#: Which of :data:`READ_FIRST` a framework request's class defines itself, by class.
+_DEFINED_BY_CLASS: dict[type, tuple[str, ...]] = {}
 
 
 def for_request(request: Any) -> Adapter | None:

@@ -886,6 +886,29 @@ class MixinInheritanceTests:
         assert retry["Idempotent-Replayed"] == "true" and retry.json() == first.json()
         assert calls.value == 1
 
+    @pytest.mark.parametrize("url", ["/late-override/", "/property-override/"])
+    def test_a_key_sent_again_under_a_late_override_is_another_request(self, url) -> None:
+        # The claim and the fingerprint take the method DRF dispatches on, even
+        # one the mixin's initial() did not see: PUT does not get POST's answer.
+        client = APIClient()
+        first = post(client, url)
+        other = post(client, url, HTTP_X_HTTP_METHOD_OVERRIDE="PUT")
+
+        assert first.status_code == 201
+        assert other.status_code == 422
+        assert calls.value == 1
+
+    def test_a_get_a_request_class_overrides_to_a_protected_method_is_protected(self) -> None:
+        # The request's class makes a GET a PUT: PUT's handler runs once per key.
+        client = APIClient()
+        sent = {"headers": {"Idempotency-Key": "k-get"}, "HTTP_X_HTTP_METHOD_OVERRIDE": "PUT"}
+        first = client.get("/property-override/", **sent)
+        retry = client.get("/property-override/", **sent)
+
+        assert first.status_code == 201
+        assert retry["Idempotent-Replayed"] == "true" and retry.json() == first.json()
+        assert calls.value == 1
+
     def test_a_key_sent_again_under_an_overridden_method_is_another_request(self) -> None:
         # The fingerprint covers the method the claim protects: a POST's key
         # reused by a request overridden to PUT is not replayed the POST's answer.
