@@ -122,7 +122,6 @@ def register(adapter: Adapter) -> None:
     REGISTERED[:] = [each for each in REGISTERED if each.name != adapter.name]
     REGISTERED.append(adapter)
     _BY_CLASS.clear()
-    _DEFINED_BY_CLASS.clear()
 
 
 def in_use(*, importing: bool = False) -> list[Adapter]:
@@ -161,11 +160,11 @@ def reach(request: Any) -> tuple[HttpRequest, Mapping[str, Any], Adapter | None]
     framework's request itself (a method override, a session of its own)
     is what the proxy gives instead: a name is looked up in the mapping
     returned first, and on Django's request when it is not there. That is
-    the framework request's own attributes, and any of the names the
-    package reads this way (:data:`READ_FIRST`) that its class defines (a
-    ``method`` property of a ``Request`` subclass). For Django's own
-    request, or one no adapter reaches into: the request, an empty
-    mapping, and its adapter (``None`` for Django's).
+    the framework request's own attributes, and the ``method`` its class
+    gives (a property of a ``Request`` subclass), in capitals as Django's:
+    the method the framework dispatches on. For Django's own request, or
+    one no adapter reaches into: the request, an empty mapping, and its
+    adapter (``None`` for Django's).
     """
     if isinstance(request, HttpRequest):
         return request, NOT_A_FRAMEWORKS, None
@@ -178,21 +177,15 @@ def reach(request: Any) -> tuple[HttpRequest, Mapping[str, Any], Adapter | None]
     if http_request is request:
         return request, NOT_A_FRAMEWORKS, adapter
     own: Mapping[str, Any] = getattr(request, "__dict__", NOT_A_FRAMEWORKS)
-    cls = type(request)
-    defined = _DEFINED_BY_CLASS.get(cls)
-    if defined is None:
-        defined = _DEFINED_BY_CLASS[cls] = tuple(n for n in READ_FIRST if hasattr(cls, n))
-    if defined:
-        own = {**own, **{name: getattr(request, name) for name in defined}}
+    # A class's method (DRF's Request has none; it proxies Django's) is read as the
+    # framework reads it; an override, set on the request or given by its class,
+    # may be in any case, and the framework dispatches on it whatever its case.
+    method = request.method if hasattr(type(request), "method") else own.get("method")
+    if method is not None and not method.isupper():
+        method = method.upper()
+    if method is not None and method is not own.get("method"):
+        own = {**own, "method": method}
     return http_request, own, adapter
-
-
-#: The names read from a framework's request before Django's (:func:`reach`): the
-#: method it protects and fingerprints, and the session and headers of the scope.
-READ_FIRST = ("method", "session", "headers")
-
-#: Which of :data:`READ_FIRST` a framework request's class defines itself, by class.
-_DEFINED_BY_CLASS: dict[type, tuple[str, ...]] = {}
 
 
 def for_request(request: Any) -> Adapter | None:

@@ -873,12 +873,15 @@ class MixinInheritanceTests:
         assert calls.value == 1
 
     @pytest.mark.parametrize("url", ["/late-override/", "/property-override/"])
-    def test_a_method_dispatched_on_that_the_mixin_did_not_see_is_protected_too(self, url) -> None:
+    @pytest.mark.parametrize("sent", ["PUT", "put"])
+    def test_a_method_dispatched_on_that_the_mixin_did_not_see_is_protected_too(
+        self, url, sent
+    ) -> None:
         # DRF dispatches on PUT, though the mixin's initial() saw a POST: an
-        # override set after it, or given by the request's class. PUT's
-        # handler is protected as well, so the retry is replayed.
+        # override set after it, or given by the request's class, in either
+        # case. PUT's handler is protected as well, so the retry is replayed.
         client = APIClient()
-        override = {"HTTP_X_HTTP_METHOD_OVERRIDE": "PUT"}
+        override = {"HTTP_X_HTTP_METHOD_OVERRIDE": sent}
         first = post(client, url, **override)
         retry = post(client, url, **override)
 
