@@ -326,16 +326,25 @@ def may_claim(request: HttpRequest, options: Options) -> bool:
     A view's ``key`` function is asked once, by :func:`_call`, in the
     request's thread: it may read the body or the database.
     """
-    if not idempotency_settings.enabled or request.method not in options.methods:
+    if not idempotency_settings.enabled or _method(request) not in options.methods:
         return False
     return options.required or options.key is not None or sent_key(request) is not None
+
+
+def _method(request: HttpRequest) -> str | None:
+    """The method :func:`_call` protects: a framework's own first (``adapters.reach``)."""
+    if isinstance(request, HttpRequest):
+        return request.method
+    http_request, own, _ = adapters.reach(request)
+    method: str | None = own.get("method") or http_request.method
+    return method
 
 
 async def _may_claim_async(request: HttpRequest, options: Options) -> bool:
     """:func:`may_claim`, with a form's key read in a thread (:func:`read_form_key`)."""
     if (
         idempotency_settings.enabled
-        and request.method in options.methods
+        and _method(request) in options.methods
         and not options.required
         and options.key is None
     ):

@@ -40,6 +40,22 @@ class OrderAPIView(IdempotentMixin, APIView):
         return await _create(request)
 
 
+class LowerCaseOverrideAPIView(OrderAPIView):
+    """A method override set on DRF's request in lower case, which DRF dispatches on anyway."""
+
+    idempotency_methods = ["POST", "PUT"]
+
+    def initialize_request(self, request: Any, *args: Any, **kwargs: Any) -> Request:
+        drf_request: Request = super().initialize_request(request, *args, **kwargs)
+        override = request.headers.get("X-HTTP-Method-Override")
+        if override:
+            drf_request.method = override
+        return drf_request
+
+    async def put(self, request: Request) -> HttpResponseBase:
+        return await _create(request)
+
+
 class OrderViewSet(IdempotentMixin, ViewSet):
     authentication_classes = [TokenAuthentication]
     permission_classes = [IsAuthenticated]

@@ -47,6 +47,19 @@ def test_async_handler_runs_once_in_the_claims_transaction(user: User, url: str)
     assert IdempotencyKey.objects.get().scope == f"user:{user.pk}"
 
 
+def test_a_lower_case_method_override_is_protected(user: User) -> None:
+    # DRF dispatches on "put" as on "PUT": the async handler runs once per key.
+    url = "/async/adrf/lower-case-override/"
+    token = Token.objects.get_or_create(user=user)[0].key
+    headers = {"Authorization": f"Token {token}", "X-HTTP-Method-Override": "put"}
+    first = clients.post(AsyncClient(raise_request_exception=False), url, "k-put", headers=headers)
+    retry = clients.post(AsyncClient(raise_request_exception=False), url, "k-put", headers=headers)
+
+    assert first.status_code == 201
+    assert retry["Idempotent-Replayed"] == "true" and retry.content == first.content
+    assert calls.value == 1
+
+
 @pytest.mark.parametrize("url", URLS)
 def test_async_handler_that_raises_commits_nothing(user: User, url: str) -> None:
     assert post(user, url, "boom", **{"raise": True}).status_code == 500
