@@ -177,14 +177,12 @@ def reach(request: Any) -> tuple[HttpRequest, Mapping[str, Any], Adapter | None]
     if http_request is request:
         return request, NOT_A_FRAMEWORKS, adapter
     own: Mapping[str, Any] = getattr(request, "__dict__", NOT_A_FRAMEWORKS)
-    # A class's method (DRF's Request has none; it proxies Django's) is read as the
-    # framework reads it; an override, set on the request or given by its class,
-    # may be in any case, and the framework dispatches on it whatever its case.
-    method = request.method if hasattr(type(request), "method") else own.get("method")
-    if method is not None and not method.isupper():
-        method = method.upper()
-    if method is not None and method is not own.get("method"):
-        own = {**own, "method": method}
+    # A class's method (DRF's Request has none; it proxies Django's) is read as
+    # the framework reads it, and comes before what its instance holds.
+    if hasattr(type(request), "method"):
+        method = request.method
+        if method is not own.get("method"):
+            own = {**own, "method": method}
     return http_request, own, adapter
 
 

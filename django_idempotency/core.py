@@ -37,6 +37,7 @@ from django_idempotency.exceptions import (
     ResultNotStored,
 )
 from django_idempotency.fields import FINGERPRINT_COLUMN_LENGTH
+from django_idempotency.fingerprint import method_of
 from django_idempotency.forms import form_key, is_form
 from django_idempotency.info import IdempotencyInfo
 from django_idempotency.keys import PLAIN_KEY, check_key, parse_key
@@ -190,8 +191,7 @@ def _call(
     # Resolved once per view, until the settings change.
     options = declared.resolved or declared.resolve()
     conf = idempotency_settings
-    method = own.get("method") or http_request.method
-    if not conf.enabled or method not in options.methods:
+    if not conf.enabled or method_of(http_request, own) not in options.methods:
         return None
     raw_key = None if options.key is not None else http_request.META.get(_meta_name(conf.header))
     if raw_key is not None:
@@ -326,28 +326,24 @@ def may_claim(request: HttpRequest, options: Options) -> bool:
     A view's ``key`` function is asked once, by :func:`_call`, in the
     request's thread: it may read the body or the database.
     """
-    if not idempotency_settings.enabled or _method(request) not in options.methods:
+    if not _applies(request, options):
         return False
     return options.required or options.key is not None or sent_key(request) is not None
 
 
-def _method(request: HttpRequest) -> str | None:
-    """The method :func:`_call` protects: a framework's own first (``adapters.reach``)."""
+def _applies(request: HttpRequest, options: Options) -> bool:
+    """Enabled, and the method the view dispatches on is one it protects, as :func:`_call` asks."""
+    if not idempotency_settings.enabled:
+        return False
     if isinstance(request, HttpRequest):
-        return request.method
+        return method_of(request) in options.methods
     http_request, own, _ = adapters.reach(request)
-    method: str | None = own.get("method") or http_request.method
-    return method
+    return method_of(http_request, own) in options.methods
 
 
 async def _may_claim_async(request: HttpRequest, options: Options) -> bool:
     """:func:`may_claim`, with a form's key read in a thread (:func:`read_form_key`)."""
-    if (
-        idempotency_settings.enabled
-        and _method(request) in options.methods
-        and not options.required
-        and options.key is None
-    ):
+    if not options.required and options.key is None and _applies(request, options):
         await read_form_key(request)
     return may_claim(request, options)
 

@@ -32,6 +32,21 @@ from django_idempotency.forms import FORM, MULTIPART, left_out, parsed_multipart
 from django_idempotency.multipart import DigestedFile
 
 
+def method_of(http_request: HttpRequest, own: Mapping[str, Any] = NOT_A_FRAMEWORKS) -> str | None:
+    """The method a request's view dispatches on, in capitals: the one claimed and fingerprinted.
+
+    ``http_request`` and ``own`` are what ``adapters.reach`` gives: an override
+    set on a framework's request comes first. Django's views and DRF's
+    dispatch on a method in any case (a project's middleware may set
+    ``request.method = "put"``, and ``put`` runs), so it is protected, and
+    fingerprinted, in capitals, as the methods a view protects are listed.
+    """
+    method: str | None = own.get("method") or http_request.method
+    if method is not None and not method.isupper():
+        return method.upper()
+    return method
+
+
 def request_fingerprint(request: HttpRequest) -> str:
     """SHA-256 hex over method, path, query, media type, negotiated format and body.
 
@@ -54,7 +69,7 @@ def request_fingerprint(request: HttpRequest) -> str:
             query_string = urlencode(sorted(query, key=_NAME))
     # The method the claim protects (core._call): one set on a framework's request itself
     # (an override) comes first, so the same key sent under another method is another request.
-    head = [own.get("method") or http_request.method, http_request.path, query_string, media_type]
+    head = [method_of(http_request, own), http_request.path, query_string, media_type]
     # A framework may render the response in the format content negotiation
     # picked (the browsable API's HTML, JSON...): a retry asking for another
     # format is another request, not a replay of the first one's bytes.

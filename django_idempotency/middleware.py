@@ -60,6 +60,7 @@ from django_idempotency.core import (
     sent_key,
 )
 from django_idempotency.exceptions import IdempotencyError, InvalidIdempotencyKey
+from django_idempotency.fingerprint import method_of
 from django_idempotency.marks import idempotency_exempt
 from django_idempotency.options import DeclaredOptions
 from django_idempotency.protection import view_protection
@@ -258,7 +259,7 @@ def _protection(request: HttpRequest) -> tuple[Any, _Protects] | None:
     a request cannot be protected, and the URL is not resolved.
     """
     conf = idempotency_settings
-    method = request.method or ""
+    method = method_of(request) or ""
     if not conf.enabled or method not in conf.methods:
         return None
     if not conf.required and not may_send_key(request):

@@ -200,3 +200,17 @@ def create_order_from_data(request: HttpRequest) -> HttpResponse:
 
 
 create_order_from_data_decorated = idempotent(create_order_from_data)
+
+
+class LowerCaseMethodMiddleware:
+    """Sets the method in lower case, as a project's method-override middleware may.
+
+    Django's views and DRF's dispatch on it whatever its case: ``post`` runs.
+    """
+
+    def __init__(self, get_response: Any) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> Any:
+        request.method = (request.method or "").lower()
+        return self.get_response(request)

@@ -33,6 +33,7 @@ from django_idempotency.adapters import Adapter, Layer, reach, register
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.core import Answer, Guard, may_claim, protect
 from django_idempotency.decorators import dispatched_view
+from django_idempotency.fingerprint import method_of
 from django_idempotency.marks import EXEMPT_ATTRIBUTE, is_exempt
 from django_idempotency.options import OPTION_NAMES, DeclaredOptions, NonAtomicRequests
 from django_idempotency.protection import ViewProtection
@@ -264,15 +265,14 @@ def _protect_handler(view: Any, request: Request, options: DeclaredOptions, answ
 
     The handler of every method the view protects is shadowed too: a method
     override set after this runs (in a subclass's ``initial()`` after
-    ``super()``), or one a ``Request`` subclass gives as a class property,
-    makes DRF dispatch on a method not seen here, and that handler must
-    not run unprotected. The core protects each under the method it reads
-    when the handler is called.
+    ``super()``) makes DRF dispatch on a method not seen here, and that
+    handler must not run unprotected. The core protects each under the
+    method it reads when the handler is called.
     """
     # The method DRF dispatches on: one set on DRF's request itself (an
     # override, clone_request) comes first, as DRF's proxy would give it.
     http_request, own, _ = reach(request)
-    method = (own.get("method") or http_request.method or "").lower()
+    method = (method_of(http_request, own) or "").lower()
     _shadow(view, method, options, answer)
     for protected_method in (options.resolved or options.resolve()).methods:
         other = protected_method.lower()
