@@ -366,6 +366,59 @@ def test_a_first_request_through_the_middleware_runs_no_more_package_frames_than
     assert sum(frames.values()) <= MIDDLEWARE_FIRST_REQUEST_FRAMES, frames.most_common()
 
 
+#: The same for ``idempotent_function`` (atomic mode, SQLite): a first call,
+#: and a replay once the process has answered one. Its steps are the ones
+#: Celery's and the Tasks framework's ``idempotent_task`` share
+#: (``functions.ProtectedFunction``).
+FUNCTION_FIRST_CALL_FRAMES = 41
+FUNCTION_REPLAY_FRAMES = 40
+
+
+def function_call_frames(function: Any, *args: Any) -> tuple[Any, Counter[str]]:
+    """One call of ``function`` and the package frames it ran, by module."""
+    import sys
+
+    frames: Counter[str] = Counter()
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            module = frame.f_globals.get("__name__", "")
+            if module.startswith("django_idempotency"):
+                frames[module] += 1
+
+    sys.setprofile(profile)
+    try:
+        value = function(*args)
+    finally:
+        sys.setprofile(None)
+    return value, frames
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_functions_first_call_and_replay_run_no_more_package_frames_than_measured():
+    from django_idempotency import idempotent_function
+    from tests.models import Order
+
+    bodies: list[str] = []
+
+    @idempotent_function(key=lambda item: item, scope="frames")
+    def create(item: str) -> int:
+        bodies.append(item)
+        return Order.objects.create(item=item).pk
+
+    # The warm-up builds what is built once: the options, the statements' SQL.
+    create("warm")
+    create("warm")
+
+    first, first_frames = function_call_frames(create, "book")
+    replay, replay_frames = function_call_frames(create, "book")
+
+    assert bodies == ["warm", "book"]  # a first call, then a replay
+    assert replay == first
+    assert sum(first_frames.values()) <= FUNCTION_FIRST_CALL_FRAMES, first_frames.most_common()
+    assert sum(replay_frames.values()) <= FUNCTION_REPLAY_FRAMES, replay_frames.most_common()
+
+
 @pytest.mark.parametrize(("old", "new"), sorted(REEXPORTED.items()))
 def test_an_integration_keeps_its_public_names_at_the_path_it_had(old, new):
     import importlib
