@@ -161,8 +161,8 @@ def reach(request: Any) -> tuple[HttpRequest, Mapping[str, Any], Adapter | None]
     is what the proxy gives instead: a name is looked up in the mapping
     returned first, and on Django's request when it is not there. That is
     the framework request's own attributes, and the ``method`` its class
-    gives (a property of a ``Request`` subclass), in capitals as Django's:
-    the method the framework dispatches on. For Django's own request, or
+    gives (a property of a ``Request`` subclass): the method the framework
+    dispatches on (``fingerprint.method_of``). For Django's own request, or
     one no adapter reaches into: the request, an empty mapping, and its
     adapter (``None`` for Django's).
     """

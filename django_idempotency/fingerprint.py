@@ -33,13 +33,14 @@ from django_idempotency.multipart import DigestedFile
 
 
 def method_of(http_request: HttpRequest, own: Mapping[str, Any] = NOT_A_FRAMEWORKS) -> str | None:
-    """The method a request's view dispatches on, in capitals: the one claimed and fingerprinted.
+    """The method a request's view dispatches on, in capitals: the one whose protection is decided.
 
     ``http_request`` and ``own`` are what ``adapters.reach`` gives: an override
     set on a framework's request comes first. Django's views and DRF's
     dispatch on a method in any case (a project's middleware may set
-    ``request.method = "put"``, and ``put`` runs), so it is protected, and
-    fingerprinted, in capitals, as the methods a view protects are listed.
+    ``request.method = "post"``, and ``post`` runs), so it is compared, in
+    capitals, with the methods a view protects. The fingerprint hashes the
+    method as it was set: a view may tell ``post`` from ``POST``.
     """
     method: str | None = own.get("method") or http_request.method
     if method is not None and not method.isupper():
@@ -67,9 +68,10 @@ def request_fingerprint(request: HttpRequest) -> str:
         query = _form_pairs(query_string.encode())
         if query is not None:
             query_string = urlencode(sorted(query, key=_NAME))
-    # The method the claim protects (core._call): one set on a framework's request itself
-    # (an override) comes first, so the same key sent under another method is another request.
-    head = [method_of(http_request, own), http_request.path, query_string, media_type]
+    # The method: one set on a framework's request itself (an override) comes first, so the
+    # same key sent under another method is another request; as it was set, not in capitals
+    # (method_of), as a view may compare it exactly.
+    head = [own.get("method") or http_request.method, http_request.path, query_string, media_type]
     # A framework may render the response in the format content negotiation
     # picked (the browsable API's HTML, JSON...): a retry asking for another
     # format is another request, not a replay of the first one's bytes.

@@ -300,10 +300,10 @@ def test_a_first_request_and_its_replay_cross_only_the_adapter_core_store_and_he
 
 #: The package's own Python frames and modules one first request crosses
 #: (a bare ``@idempotent`` view, atomic mode, SQLite), as measured when this
-#: bound was last lowered, and two more since the method is read in
-#: capitals (``fingerprint.method_of``, by the claim's gate and by the
-#: fingerprint); docs/internals.rst gives the figures and the goal.
-FIRST_REQUEST_FRAMES = 40
+#: bound was last lowered, and one more since the claim's gate compares the
+#: method in capitals (``fingerprint.method_of``); docs/internals.rst gives
+#: the figures and the goal.
+FIRST_REQUEST_FRAMES = 39
 FIRST_REQUEST_MODULES = 12
 
 
@@ -349,7 +349,7 @@ def test_a_first_request_runs_no_more_package_frames_than_measured(client):
 #: The same for a first request that ``IdempotencyMiddleware`` protects (a
 #: plain view it wraps, atomic mode, SQLite): the middleware's own frames
 #: (resolving the view, asking ``view_protection``) on top of the path above.
-MIDDLEWARE_FIRST_REQUEST_FRAMES = 65
+MIDDLEWARE_FIRST_REQUEST_FRAMES = 64
 
 
 @pytest.mark.django_db(transaction=True)
