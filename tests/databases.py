@@ -65,7 +65,9 @@ def connections_from_this_process() -> int:
     since other processes may use the same server. PostgreSQL or MariaDB/MySQL
     over TCP; the default connection asks, and counts itself.
     """
-    ours = _own_tcp_ports()
+    connection.ensure_connection()  # its socket is among those read next
+    default_port = 5432 if connection.vendor == "postgresql" else 3306
+    ours = _own_tcp_ports(int(connection.settings_dict.get("PORT") or default_port))
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute(
@@ -78,8 +80,13 @@ def connections_from_this_process() -> int:
     return sum(1 for port in ports if port in ours)
 
 
-def _own_tcp_ports() -> set[int]:
-    """The local ports of this process's TCP sockets, read from /proc."""
+def _own_tcp_ports(server_port: int) -> set[int]:
+    """The local ports of this process's TCP sockets to ``server_port``, read from /proc.
+
+    Only those: a socket of this process to another server (a test server
+    it started) may have the same local port as another process's session
+    on this one, which would be counted as this process's.
+    """
     inodes = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -94,7 +101,8 @@ def _own_tcp_ports() -> set[int]:
             next(lines)
             for line in lines:
                 fields = line.split()
-                if fields[9] in inodes:
+                remote_port = int(fields[2].rsplit(":", 1)[1], 16)
+                if fields[9] in inodes and remote_port == server_port:
                     ports.add(int(fields[1].rsplit(":", 1)[1], 16))
     return ports
 

@@ -39,7 +39,15 @@ from tests.polling import in_background, wait_until
 from tests.server import GunicornServer, UvicornServer
 from tests.server_fixtures import control_dir_fixture, controlled  # noqa: F401  fixture used by name
 from tests.test_engine import assert_refused_as_not_stored
-from tests.views import calls, create_order_lease, fail_after_view, fail_at_commit, fail_next
+from tests.views import (
+    calls,
+    create_order_lease,
+    fail_after_view,
+    fail_at_commit,
+    fail_next,
+    handler_connection_ids,
+    resume,
+)
 
 State = IdempotencyKey.State
 MIDDLEWARE = "django_idempotency.middleware.IdempotencyMiddleware"
@@ -395,11 +403,13 @@ class AtomicRequestsTests:
     @server_only
     def test_lease_own_connection_is_closed_after_each_use(self) -> None:
         # CONN_MAX_AGE = 0: no second connection is held while a view runs.
-        join = in_background(lambda: send("/orders/class-based-lease/?hold=1"))
-        wait_until(lambda: calls.value == 1, "the handler to start")
-        # The server lists a new connection with a slight delay under load.
-        wait_until(lambda: connections_from_this_process() >= 2, "the view's connection")
-        assert connections_from_this_process() == 2  # this test's and the view's
+        join = in_background(lambda: send("/lease/outlive-connection/class-based/"))
+        # The handler has claimed and queried on its connection, and waits for resume.
+        handler_connection_ids.get(timeout=20)
+        try:
+            assert connections_from_this_process() == 2  # this test's and the view's
+        finally:
+            resume.set()
         assert join().status_code == 201
 
 
