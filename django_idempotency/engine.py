@@ -68,15 +68,15 @@ class Kind:
     #: the key was used for other work.
     in_flight: Callable[[float], IdempotencyError]
     mismatch: Callable[[], IdempotencyError]
+    #: Lease mode: completes a key whose result cannot be kept (not rendered, not
+    #: JSON): a refusal every later call gets, so the body, which acted, never reruns.
+    unstorable: Callable[[], StoredResponse]
     #: SQLite's write lock held past ``WAIT`` by any request; ``None``: ``in_flight(1)``.
     database_busy: Callable[[], IdempotencyError] | None = None
     ending: Callable[[BaseException], Ending] = plain_ending
     #: Stored for ``Ending.COMPLETED``, decoded back into that ending for a duplicate;
     #: ``None``: the kind's bodies never end so.
     ended_on_purpose: StoredResponse | None = None
-    #: Lease mode: completes a key whose result cannot be kept (not rendered, not
-    #: JSON): a refusal every later call gets, so the body, which acted, never reruns.
-    unstorable: Callable[[], StoredResponse] = lambda: StoredResponse(500, [], None)
     #: Stored when the database refuses the body (MySQL's ``max_allowed_packet``).
     without_body: Callable[[StoredResponse], StoredResponse] = lambda stored: replace(
         stored, body=None
@@ -149,13 +149,11 @@ class Call:
         connection = connections[self.using]
         # The caller's transaction: atomic(), or autocommit turned off by hand.
         in_transaction = connection.in_atomic_block or not connection.get_autocommit()
-        if not in_transaction and store.reads_before_claiming(self.using, connection):
+        if not in_transaction and store.reads_before_claiming(connection):
             # A replay in one indexed read, without a transaction. Inside the caller's
             # transaction the read would change what it sees, so the claim decides.
             try:
-                completed = store.find_completed(
-                    self.using, self.info.scope, self.info.key, connection=connection
-                )
+                completed = store.find_completed(connection, self.info.scope, self.info.key)
             except store.Busy as busy:
                 raise self._busy(busy) from busy
             if completed is not None:

@@ -33,7 +33,6 @@ COMPLETED: State = "completed"
 HELD: State = "held"
 ABANDONED: State = "abandoned"
 RELEASED: State = "released"
-STATES: tuple[State, ...] = (COMPLETED, HELD, ABANDONED, RELEASED)
 
 _IN_PROGRESS = str(IdempotencyKey.State.IN_PROGRESS)
 
@@ -143,9 +142,8 @@ def retained(retained_until: datetime | None, now: datetime) -> bool:
     return retained_until is not None and retained_until > now
 
 
-def retained_q(now: Any = None) -> Q:
-    """:func:`retained`, as an ORM condition; ``now`` is the database's clock unless given."""
-    now = clock.DatabaseNow() if now is None else now
+def retained_q(now: Any) -> Q:
+    """:func:`retained`, as an ORM condition at ``now``."""
     return Q(retained_until__gt=now)
 
 

@@ -43,7 +43,6 @@ from django_idempotency.backends.base import (
     complete_sql,
     delete_sql,
     errno,
-    missing_table,
     read_record,
     update_sql,
 )
@@ -59,7 +58,6 @@ __all__ = [
     "Retry",
     "StoredResponse",
     "galera_sync_wait",
-    "missing_table",
 ]
 
 State = IdempotencyKey.State
@@ -68,30 +66,21 @@ State = IdempotencyKey.State
 CLAIM_ATTEMPTS = 3
 
 
-def reads_before_claiming(using: str, connection: BaseDatabaseWrapper | None = None) -> bool:
+def reads_before_claiming(connection: BaseDatabaseWrapper) -> bool:
     """Whether a replay is looked for with one read before the claim, outside a transaction.
 
     Only on PostgreSQL, where the claim after a miss is a cheap planned-once ``INSERT``;
     elsewhere the claim is a plain insert already and the read would tax every new key.
     """
-    vendor = (connections[using] if connection is None else connection).vendor
-    return BY_VENDOR.get(vendor, STANDARD).reads_before_claiming
+    return BY_VENDOR.get(connection.vendor, STANDARD).reads_before_claiming
 
 
-def find_completed(
-    using: str,
-    scope: str,
-    key: str,
-    *,
-    connection: BaseDatabaseWrapper | None = None,
-) -> Record | None:
+def find_completed(connection: BaseDatabaseWrapper, scope: str, key: str) -> Record | None:
     """The key's completed, live record, from one indexed read; ``None`` if there is none.
 
     Must run outside a transaction. A completed record is committed and unchanged until it
     expires, so this gives what a claim would find; anything else is left to :func:`claim`.
     """
-    if connection is None:
-        connection = connections[using]
     try:
         record = read_record(connection, scope, key)
     except DatabaseError as exc:
@@ -379,8 +368,6 @@ def record_progress(
     that outlives its first lease still leaves its progress. ``False`` when the claim is no
     longer this owner's. Atomic mode passes no token: the claim is its own transaction's.
     """
-    if checkpoints is None and lease is None:
-        raise ValueError("record_progress() needs checkpoints, a lease, or both.")
     connection = connections[using]
     fence = OWN_TRANSACTION if owner_token is None else OWNER
     retained = lease is not None and ttl is not None
@@ -445,7 +432,7 @@ def lost_race(using: str, exc: DatabaseError) -> bool:
     A MySQL/MariaDB 1213 (a deadlock, or a lost Galera certification, at any statement or
     ``COMMIT``): the server rolled the whole attempt back, so it starts over as a new claim.
     """
-    if isinstance(exc, Retry) or connections[using].vendor != "mysql":
+    if connections[using].vendor != "mysql":
         return False
     if errno(exc) != ER_LOCK_DEADLOCK:
         return False

@@ -74,7 +74,6 @@ class Record:
     #: The stored answer of a completed record, else ``None``.
     response: StoredResponse | None
     owner_token: str
-    locked_until: datetime | None
     created_at: datetime
     expires_at: datetime
     #: The database's clock, read in the same statement: every decision about this
@@ -520,7 +519,6 @@ RECORD_COLUMNS = [
     "response_headers",
     "response_body",
     "owner_token",
-    "locked_until",
     "created_at",
     "expires_at",
     "retained_until",
@@ -545,7 +543,6 @@ def record_of(connection: BaseDatabaseWrapper, row: Any) -> Record:
         headers,
         body,
         owner_token,
-        locked_until,
         created_at,
         expires_at,
         retained_until,
@@ -560,7 +557,6 @@ def record_of(connection: BaseDatabaseWrapper, row: Any) -> Record:
         completed=completed,
         response=StoredResponse(status_code or 200, headers or [], body) if completed else None,
         owner_token=owner_token,
-        locked_until=locked_until,
         created_at=created_at,
         expires_at=expires_at,
         seen_at=seen_at,
