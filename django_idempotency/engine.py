@@ -580,7 +580,8 @@ class Call:
         lease: LeaseConnection,
     ) -> tuple[bool, StoredResponse] | None:
         """``complete(stored)``, else of ``Kind.without_body`` (still completing the key): the
-        outcome and what was stored; ``None`` if neither could be."""
+        outcome and what was stored; ``None`` if neither could be.
+        """
         attempts = [stored] if not stored.body else [stored, self.kind.without_body(stored)]
         for attempt in attempts:
             try:
@@ -724,7 +725,8 @@ class Call:
 
     def _cache_after_commit(self, alias: str, stored: StoredResponse, lifetime: timedelta) -> None:
         """Cache a stored answer once its record commits, for ``lifetime``: the record's
-        remaining life by the database's clock. A result that rolls back is never cached."""
+        remaining life by the database's clock. A result that rolls back is never cached.
+        """
         info, using = self.info, self.using
         transaction.on_commit(
             lambda: replay_cache.put(alias, info, stored, lifetime, using), using=using
@@ -740,7 +742,8 @@ class Call:
         exc_info: bool = False,
     ) -> None:
         """Log ``message`` (with the masked key and scope first, then ``args``); ``outcome``
-        adds docs/observability.rst's fields, with the time waited if ``waited``."""
+        adds docs/observability.rst's fields, with the time waited if ``waited``.
+        """
         extra = None
         if outcome is not None:
             started = self.started if waited else None
@@ -778,7 +781,8 @@ _pending: contextvars.ContextVar[list[Release] | None] = contextvars.ContextVar(
 
 def release_unless_committed(using: str, release: Release, request: Any) -> None:
     """Call ``release`` when the request (``None``: a function's) ends, unless ``using``'s
-    transaction committed."""
+    transaction committed.
+    """
     if not in_request_cycle(request):
         return  # nothing would ask
     committed: list[bool] = []

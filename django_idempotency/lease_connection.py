@@ -40,7 +40,8 @@ def _own_wrapper(using: str) -> BaseDatabaseWrapper:
 @contextmanager
 def own_connection(using: str, *, fresh: bool = False) -> Iterator[BaseDatabaseWrapper]:
     """Point the alias ``using`` at this thread's own connection (``fresh``: a new one) for
-    the block, as the store's statements name an alias; nothing else runs on it meanwhile."""
+    the block, as the store's statements name an alias; nothing else runs on it meanwhile.
+    """
     wrapper = _own_wrapper(using)
     if fresh:
         wrapper.close()
@@ -61,7 +62,8 @@ def is_usable(connection: BaseDatabaseWrapper) -> bool:
 
 def needs_own_connection(using: str) -> bool:
     """Whether the request's connection is inside a transaction lease mode cannot commit:
-    not a ``TestCase``'s, nor on SQLite, whose one writer is the request (docs/backends.rst)."""
+    not a ``TestCase``'s, nor on SQLite, whose one writer is the request (docs/backends.rst).
+    """
     connection = connections[using]
     blocks = connection.atomic_blocks
     if not blocks or connection.vendor == "sqlite":
@@ -72,7 +74,8 @@ def needs_own_connection(using: str) -> bool:
 @dataclass(frozen=True)
 class LeaseConnection:
     """Where one lease's statements run: the request's connection, or (``own``, decided at
-    the claim) one of their own."""
+    the claim) one of their own.
+    """
 
     using: str
     own: bool
@@ -106,7 +109,8 @@ class LeaseConnection:
 
     def shares_request_transaction(self) -> bool:
         """Whether the claim lives in the request's open transaction (a test's, or SQLite's),
-        invisible to other connections and committed or rolled back with it."""
+        invisible to other connections and committed or rolled back with it.
+        """
         return not self.own and connections[self.using].in_atomic_block
 
     def request_transaction_will_roll_back(self) -> bool:

@@ -41,7 +41,8 @@ def expired(expires_at: datetime, now: datetime) -> bool:
 
 def owned(owner_token: str) -> bool:
     """Whether an in-progress claim still has its owner (held or abandoned), by its token;
-    the owner's attempt counts when it gives the claim back or it is taken over."""
+    the owner's attempt counts when it gives the claim back or it is taken over.
+    """
     return owner_token != NO_OWNER
 
 
@@ -143,13 +144,15 @@ def expiry_sql(
 
 def purgeable_q(cutoff: Any) -> Q:
     """What a purge with ``cutoff`` deletes: expired by then, and completed or not retained (a
-    claim left in progress keeps its progress for the retry until ``retained_until``)."""
+    claim left in progress keeps its progress for the retry until ``retained_until``).
+    """
     return expiry_q(True, cutoff) & (q(COMPLETED) | ~retained_q(cutoff))
 
 
 def purgeable_sql(connection: BaseDatabaseWrapper, cutoff: str) -> str:
     """:func:`purgeable_q` as SQL never ``NULL``, ``cutoff`` (SQL) in it twice. The expiry
-    first: each backend walks the ``expires_at`` index, reading other columns only there."""
+    first: each backend walks the ``expires_at`` index, reading other columns only there.
+    """
     expired_then = expiry_sql(True, connection, now=cutoff)
     kept = retained_sql(connection, now=cutoff)
     return f"{expired_then} AND ({sql(COMPLETED, connection)} OR NOT {kept})"

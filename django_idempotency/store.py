@@ -66,7 +66,8 @@ CLAIM_ATTEMPTS = 3
 
 def reads_before_claiming(connection: BaseDatabaseWrapper) -> bool:
     """Whether to read for a replay before claiming: on PostgreSQL, where the claim after a
-    miss is a cheap ``INSERT``; elsewhere the read would tax every new key."""
+    miss is a cheap ``INSERT``; elsewhere the read would tax every new key.
+    """
     return BY_VENDOR.get(connection.vendor, STANDARD).reads_before_claiming
 
 
@@ -247,7 +248,8 @@ def _release_keeping_progress_sql(
     unless_held: bool = False,
 ) -> str:
     """Give a claim back (:data:`~leases.RELEASED`); ``corrected``/``retained``: set checkpoints/
-    ``retained_until`` from parameters; ``counted``: attempt + 1."""
+    ``retained_until`` from parameters; ``counted``: attempt + 1.
+    """
     assigned = {"checkpoints": "%s"} if corrected else {}
     if retained:
         assigned["retained_until"] = clock.later_sql(connection)
@@ -293,7 +295,8 @@ def _release_refusal_sql(connection: BaseDatabaseWrapper) -> str:
 
 def take_over(using: str, abandoned: Record, new: NewClaim) -> Claim | None:
     """Take an abandoned claim over as its next attempt; ``None`` if another request did first
-    or its owner renewed meanwhile (the ``ABANDONED`` fence)."""
+    or its owner renewed meanwhile (the ``ABANDONED`` fence).
+    """
     connection = connections[using]
     leased = new.lease is not None
     sql = cached_sql(connection, ("take over", leased), lambda c: _take_over_sql(c, leased))
@@ -375,7 +378,8 @@ def restore_progress(
     using: str, record_id: int, owner_token: str, checkpoints: dict[str, Any]
 ) -> bool:
     """Put back a claim's checkpoints after a rollback, fenced by the recording owner's token
-    (or its release or refusal), so that a new owner's progress is never touched."""
+    (or its release or refusal), so that a new owner's progress is never touched.
+    """
     connection = connections[using]
     value = CHECKPOINTS_FIELD.get_db_prep_save(checkpoints or None, connection)
     for fence in (OWNER_OR_RELEASED, REFUSED):
@@ -420,7 +424,8 @@ def _other_transaction_open(using: str) -> bool:
 @contextmanager
 def explained(using: str) -> Iterator[None]:
     """Raise what a database error on the key table means: a lock wait run out :class:`Busy`,
-    a deadlock :class:`Retry`, a missing table ``ImproperlyConfigured``; others propagate."""
+    a deadlock :class:`Retry`, a missing table ``ImproperlyConfigured``; others propagate.
+    """
     try:
         yield
     except DatabaseError as exc:

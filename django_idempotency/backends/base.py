@@ -36,7 +36,8 @@ class DatabaseLocked(Busy):
 
 class Retry(OperationalError):
     """Start the claim over. ``transaction_lost``: the database aborted the whole transaction
-    (a MySQL deadlock), not only the claim's savepoint (a stale view of the record)."""
+    (a MySQL deadlock), not only the claim's savepoint (a stale view of the record).
+    """
 
     def __init__(self, message: str, *, transaction_lost: bool = True) -> None:
         super().__init__(message)
@@ -103,7 +104,8 @@ class Record:
 
     def bound_to_other_work(self, fingerprint: str) -> bool:
         """A claim left with checkpoints stays bound to its request while retained: another
-        fingerprint gets 422 (SPEC 4.3). :func:`unless_bound` in SQL."""
+        fingerprint gets 422 (SPEC 4.3). :func:`unless_bound` in SQL.
+        """
         state = leases.state_of(self.completed, self.owner_token, self.expires_at, self.seen_at)
         return (
             state in (leases.RELEASED, leases.ABANDONED)
@@ -127,7 +129,8 @@ class Claim:
 @dataclass(frozen=True)
 class NewClaim:
     """What a request writes when it claims a key; times are durations from the database's
-    clock in the writing statement, never app host instants."""
+    clock in the writing statement, never app host instants.
+    """
 
     scope: str
     key: str
@@ -150,7 +153,8 @@ class NewClaim:
         lease: timedelta | None = None,
     ) -> NewClaim:
         """The claim of ``info``'s key: for ``ttl``, or held for ``lease`` and retained ``ttl``
-        past it, so that a claim left in progress keeps its progress."""
+        past it, so that a claim left in progress keeps its progress.
+        """
         new = object.__new__(cls)
         # What the generated __init__ sets, without its frame: every request makes one.
         new.__dict__.update(
@@ -381,7 +385,8 @@ def takeover_assignments(connection: BaseDatabaseWrapper, *, from_excluded: bool
 
 def progress_assignments(connection: BaseDatabaseWrapper, fingerprint: str) -> str:
     """A takeover's attempt and checkpoints: the same request's abandoned claim goes to n + 1,
-    a released one stays n, another's to 1 and none. First: MySQL assigns left to right."""
+    a released one stays n, another's to 1 and none. First: MySQL assigns left to right.
+    """
     quote = connection.ops.quote_name
     columns = column_names()
     attempt, checkpoints = quote(columns["attempt"]), quote(columns["checkpoints"])
@@ -556,7 +561,8 @@ Found = Claim | Record | None
 
 class Backend:
     """One database's way to claim a key, and what its errors mean: here, standard SQL (an
-    upsert that inserts or takes over an expired record, else a read of the live one)."""
+    upsert that inserts or takes over an expired record, else a read of the live one).
+    """
 
     #: The wait happens at ``BEGIN`` (SQLite): :meth:`prepare` bounds it, :meth:`restore` after.
     waits_at_begin = False
@@ -573,7 +579,8 @@ class Backend:
 
     def claim(self, connection: Connection, new: NewClaim, wait: float, take_over: bool) -> Found:
         """The key claimed, the live record holding it, or ``None`` if it vanished meanwhile.
-        ``take_over``: take an abandoned claim over too."""
+        ``take_over``: take an abandoned claim over too.
+        """
         claimed_key = claim_upsert(connection, new, take_over)
         if claimed_key is not None:
             return claimed_key
