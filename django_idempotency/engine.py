@@ -432,7 +432,10 @@ class Call:
         return in_force
 
     def _settle_progress(self) -> dict[str, Any] | None:
-        """Once all ended: the checkpoints that committed, now in force; ``None``: all did."""
+        """The checkpoints whose transactions committed, once all ended; ``None`` if all did.
+
+        Settles once: the rest leave this attempt's checkpoints.
+        """
         log, self._progress_log = self._progress_log, []
         if all(recorded.committed for recorded in log):
             return None
@@ -579,8 +582,9 @@ class Call:
         stored: StoredResponse,
         lease: LeaseConnection,
     ) -> tuple[bool, StoredResponse] | None:
-        """``complete(stored)``, else of ``Kind.without_body`` (still completing the key): the
-        outcome and what was stored; ``None`` if neither could be.
+        """Complete with ``stored``, else with ``Kind.without_body`` of it: the key completes.
+
+        Returns the outcome and what was stored; ``None`` if neither could be.
         """
         attempts = [stored] if not stored.body else [stored, self.kind.without_body(stored)]
         for attempt in attempts:
@@ -724,8 +728,9 @@ class Call:
             self._cache_after_commit(cache_alias, stored, lifetime)
 
     def _cache_after_commit(self, alias: str, stored: StoredResponse, lifetime: timedelta) -> None:
-        """Cache a stored answer once its record commits, for ``lifetime``: the record's
-        remaining life by the database's clock. A result that rolls back is never cached.
+        """Cache a stored answer once its record commits; one that rolls back is never cached.
+
+        ``lifetime``: the record's remaining life, by the database's clock.
         """
         info, using = self.info, self.using
         transaction.on_commit(
@@ -741,8 +746,9 @@ class Call:
         waited: bool = True,
         exc_info: bool = False,
     ) -> None:
-        """Log ``message`` (with the masked key and scope first, then ``args``); ``outcome``
-        adds docs/observability.rst's fields, with the time waited if ``waited``.
+        """Log ``message`` with the masked key and scope first, then ``args``.
+
+        ``outcome`` adds docs/observability.rst's fields, with the time waited if ``waited``.
         """
         extra = None
         if outcome is not None:
@@ -780,8 +786,9 @@ _pending: contextvars.ContextVar[list[Release] | None] = contextvars.ContextVar(
 
 
 def release_unless_committed(using: str, release: Release, request: Any) -> None:
-    """Call ``release`` when the request (``None``: a function's) ends, unless ``using``'s
-    transaction committed.
+    """Call ``release`` when the request ends, unless ``using``'s transaction committed.
+
+    ``request`` is the view's request, or ``None`` for a function's call.
     """
     if not in_request_cycle(request):
         return  # nothing would ask

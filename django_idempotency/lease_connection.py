@@ -39,8 +39,10 @@ def _own_wrapper(using: str) -> BaseDatabaseWrapper:
 
 @contextmanager
 def own_connection(using: str, *, fresh: bool = False) -> Iterator[BaseDatabaseWrapper]:
-    """Point the alias ``using`` at this thread's own connection (``fresh``: a new one) for
-    the block, as the store's statements name an alias; nothing else runs on it meanwhile.
+    """Point the alias ``using`` at this thread's own connection for the block.
+
+    The store's statements name an alias; nothing else runs on this thread meanwhile.
+    ``fresh``: a new connection.
     """
     wrapper = _own_wrapper(using)
     if fresh:
@@ -61,8 +63,9 @@ def is_usable(connection: BaseDatabaseWrapper) -> bool:
 
 
 def needs_own_connection(using: str) -> bool:
-    """Whether the request's connection is inside a transaction lease mode cannot commit:
-    not a ``TestCase``'s, nor on SQLite, whose one writer is the request (docs/backends.rst).
+    """Whether the request's connection is inside a transaction lease mode cannot commit.
+
+    Not a ``TestCase``'s, nor on SQLite, whose one writer is the request (docs/backends.rst).
     """
     connection = connections[using]
     blocks = connection.atomic_blocks
@@ -73,8 +76,9 @@ def needs_own_connection(using: str) -> bool:
 
 @dataclass(frozen=True)
 class LeaseConnection:
-    """Where one lease's statements run: the request's connection, or (``own``, decided at
-    the claim) one of their own.
+    """Where one lease's statements run: the request's connection, or one of their own.
+
+    ``own`` is decided at the claim.
     """
 
     using: str
@@ -91,10 +95,11 @@ class LeaseConnection:
         return nullcontext()
 
     def run(self, step: Callable[[], T], *, at_once: bool = False) -> T:
-        """Run a lease statement; if it fails, again on a fresh connection: a handler can outlive
-        its connection, and the statements ending its lease must not die with it.
+        """Run a lease statement; if it fails, again on a fresh connection.
 
-        ``at_once``: commit now even inside the handler's transaction (a checkpoint).
+        A handler can outlive its connection, and the statements ending its lease must not
+        die with it; unless the claim lives in the request's transaction, which they cannot
+        leave. ``at_once``: commit now even inside the handler's transaction (a checkpoint).
         """
         try:
             with self.statements(own=at_once and needs_own_connection(self.using)):
@@ -108,8 +113,9 @@ class LeaseConnection:
             return step()
 
     def shares_request_transaction(self) -> bool:
-        """Whether the claim lives in the request's open transaction (a test's, or SQLite's),
-        invisible to other connections and committed or rolled back with it.
+        """Whether the claim lives in the request's open transaction (a test's, or SQLite's).
+
+        Then it is invisible to other connections, and commits or rolls back with it.
         """
         return not self.own and connections[self.using].in_atomic_block
 

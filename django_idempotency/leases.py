@@ -7,7 +7,7 @@ While a lease is held ``expires_at`` is its end: one indexed column decides leas
 
 Each state, and what the purge deletes, is written for Python (a record read with the
 clock), the ORM and SQL; tests/test_leases.py and tests/test_purge_progress.py hold each
-three to the same rows on every backend.
+three to the same rows on every backend. The purge's ``retained_until`` decides no state.
 """
 
 from __future__ import annotations
@@ -40,8 +40,10 @@ def expired(expires_at: datetime, now: datetime) -> bool:
 
 
 def owned(owner_token: str) -> bool:
-    """Whether an in-progress claim still has its owner (held or abandoned), by its token;
-    the owner's attempt counts when it gives the claim back or it is taken over.
+    """Whether an in-progress claim still has its owner (held or abandoned), by its token.
+
+    The owner's attempt counts when it gives the claim back or it is taken over: a
+    released claim counted it already.
     """
     return owner_token != NO_OWNER
 
@@ -89,7 +91,10 @@ def q(state: State, now: Any = None) -> Q:
 
 
 def sql(state: State, connection: BaseDatabaseWrapper, table: str = "") -> str:
-    """The records in ``state``, as SQL; ``table`` qualifies the columns (``"t."``)."""
+    """The records in ``state``, as SQL, by the database's clock in the statement.
+
+    ``table`` qualifies the columns (``"t."``).
+    """
     in_progress = f"{_column(connection, table, 'state')} = '{_IN_PROGRESS}'"
     if state == COMPLETED:
         return f"{_column(connection, table, 'state')} <> '{_IN_PROGRESS}'"
@@ -122,12 +127,12 @@ def retained(retained_until: datetime | None, now: datetime) -> bool:
 
 
 def retained_q(now: Any) -> Q:
-    """:func:`retained`, as an ORM condition at ``now``."""
+    """:func:`retained`, as an ORM condition at ``now``: the database's clock, or a cutoff."""
     return Q(retained_until__gt=now)
 
 
 def retained_sql(connection: BaseDatabaseWrapper, table: str = "", now: str | None = None) -> str:
-    """:func:`retained`, as SQL never ``NULL``; ``now``: SQL in place of the clock."""
+    """:func:`retained`, as SQL never ``NULL``, by the database's clock unless ``now`` (SQL)."""
     column = _column(connection, table, "retained_until")
     now = clock.now_sql(connection) if now is None else now
     return f"({column} IS NOT NULL AND {column} > {now})"
@@ -136,22 +141,28 @@ def retained_sql(connection: BaseDatabaseWrapper, table: str = "", now: str | No
 def expiry_sql(
     past: bool, connection: BaseDatabaseWrapper, table: str = "", now: str | None = None
 ) -> str:
-    """The records past their expiry (``past``) or not, as SQL; ``now``: SQL for the clock."""
+    """The records past their expiry (``past``) or not, as SQL, by the database's clock.
+
+    ``now``: SQL (a parameter) in place of the clock.
+    """
     compare = "<=" if past else ">"
     now = clock.now_sql(connection) if now is None else now
     return f"{_column(connection, table, 'expires_at')} {compare} {now}"
 
 
 def purgeable_q(cutoff: Any) -> Q:
-    """What a purge with ``cutoff`` deletes: expired by then, and completed or not retained (a
-    claim left in progress keeps its progress for the retry until ``retained_until``).
+    """What a purge with ``cutoff`` deletes: expired by then, and completed or not retained.
+
+    A claim left in progress keeps its progress for the retry until ``retained_until``.
     """
     return expiry_q(True, cutoff) & (q(COMPLETED) | ~retained_q(cutoff))
 
 
 def purgeable_sql(connection: BaseDatabaseWrapper, cutoff: str) -> str:
-    """:func:`purgeable_q` as SQL never ``NULL``, ``cutoff`` (SQL) in it twice. The expiry
-    first: each backend walks the ``expires_at`` index, reading other columns only there.
+    """:func:`purgeable_q` as SQL, never ``NULL``, with ``cutoff`` (SQL) in it twice.
+
+    The expiry first: each backend walks the ``expires_at`` index, reading other columns
+    only there.
     """
     expired_then = expiry_sql(True, connection, now=cutoff)
     kept = retained_sql(connection, now=cutoff)

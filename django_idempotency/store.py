@@ -65,8 +65,10 @@ CLAIM_ATTEMPTS = 3
 
 
 def reads_before_claiming(connection: BaseDatabaseWrapper) -> bool:
-    """Whether to read for a replay before claiming: on PostgreSQL, where the claim after a
-    miss is a cheap ``INSERT``; elsewhere the read would tax every new key.
+    """Whether to read for a replay before claiming: on PostgreSQL alone.
+
+    There the claim after a miss is a cheap ``INSERT``; elsewhere the read would tax every
+    new key.
     """
     return BY_VENDOR.get(connection.vendor, STANDARD).reads_before_claiming
 
@@ -99,12 +101,15 @@ def claim(
     """Claim the key, or find the live record that holds it.
 
     Inside the caller's ``atomic`` or one entered on ``opening``, left open for the body.
-    SQLite waits at ``BEGIN IMMEDIATE``, under a busy timeout set first and put back after.
-    A live record is committed and changes only when it expires or its owner ends it, so it
-    is read without a lock: a replay writes nothing. An expired record is taken over in the
-    same statement (``Record.free_to_take``; without ``take_over_abandoned`` an abandoned
-    claim is left to a recovery policy). Raises :class:`Busy` when the wait runs out,
-    :class:`Retry` to start over, ``ImproperlyConfigured`` when the table is missing.
+    SQLite waits at ``BEGIN IMMEDIATE``, under a busy timeout set first and put back after;
+    an error at ``BEGIN`` means what it would mean in the claim. A live record is committed
+    and changes only when it expires or its owner ends it, so it is read without a lock: a
+    replay writes nothing. An expired record is taken over in the same statement
+    (``Record.free_to_take``; without ``take_over_abandoned`` an abandoned claim is left to
+    a recovery policy), a takeover by the same request carrying its attempt and checkpoints.
+
+    Raises :class:`Busy` when the wait runs out, :class:`Retry` to start over,
+    ``ImproperlyConfigured`` when the table is missing.
     """
     if connection is None:
         connection = connections[using]
@@ -158,7 +163,8 @@ def complete(
 ) -> bool:
     """Store the response for ``ttl``; ``False`` if the claim is no longer ours (lease lost).
 
-    ``grace``: keep the claim's expiry if the claim is younger than that (``Call._atomic``).
+    ``grace``: keep the claim's expiry if the claim is younger than that by the database's
+    clock (``Call._atomic``).
     ``fence``: by default the owner's token, or without one the writer's transaction.
     """
     if connection is None:
@@ -202,7 +208,8 @@ def release(
     """Give an in-progress claim back so a retry can run; only its owner may.
 
     ``keep_progress`` keeps the claim, free to take at once, with its attempt and
-    ``checkpoints`` (if given: those that committed), retained ``ttl`` from now.
+    ``checkpoints`` (if given: those that committed), retained ``ttl`` from now by the
+    database's clock.
     """
     connection = connections[using]
     if keep_progress:
@@ -247,8 +254,10 @@ def _release_keeping_progress_sql(
     counted: bool = False,
     unless_held: bool = False,
 ) -> str:
-    """Give a claim back (:data:`~leases.RELEASED`); ``corrected``/``retained``: set checkpoints/
-    ``retained_until`` from parameters; ``counted``: attempt + 1.
+    """Give a claim back (:data:`~leases.RELEASED`), keeping its progress.
+
+    ``corrected``/``retained``: set checkpoints/``retained_until`` from parameters;
+    ``counted``: attempt + 1; ``unless_held``: leave a held lease alone.
     """
     assigned = {"checkpoints": "%s"} if corrected else {}
     if retained:
@@ -265,9 +274,12 @@ def is_refusal(state: str, status_code: int | None) -> bool:
 
 
 def release_refusal(using: str, record_id: int, owner_token: str) -> bool:
-    """An operator's release of a refusal, as :func:`release_on_behalf` of its claim: the next
-    retry runs the body again, resuming. ``False`` if the refusal changed since it was read
-    or has expired (its key already free).
+    """An operator's release of a refusal: the next retry runs the body again, resuming.
+
+    Leaves what :func:`release_on_behalf` leaves of an owned claim, retained at least as long
+    as the refusal was. Fenced by the refusal as read (id and owner's token): ``False`` if it
+    changed since, or is past its expiry by the database's clock in the statement (its key
+    already free).
     """
     connection = connections[using]
     sql = cached_sql(connection, "release refusal", _release_refusal_sql)
@@ -294,8 +306,10 @@ def _release_refusal_sql(connection: BaseDatabaseWrapper) -> str:
 
 
 def take_over(using: str, abandoned: Record, new: NewClaim) -> Claim | None:
-    """Take an abandoned claim over as its next attempt; ``None`` if another request did first
-    or its owner renewed meanwhile (the ``ABANDONED`` fence).
+    """Take an abandoned claim over as its next attempt; ``None`` if another request did first.
+
+    Fenced by the dead owner's token and its run-out lease (``ABANDONED``): one of two racers
+    wins, and an owner that renewed meanwhile keeps it.
     """
     connection = connections[using]
     leased = new.lease is not None
@@ -339,10 +353,11 @@ def record_progress(
     lease: timedelta | None = None,
     ttl: timedelta | None = None,
 ) -> bool:
-    """Write a claim's checkpoints and/or renew its lease; ``False`` if no longer this owner's.
+    """Write a claim's checkpoints, renew its lease, or both; ``False`` if no longer this owner's.
 
-    With ``ttl``, the claim is retained ``ttl`` past the renewed lease, so a handler that
-    outlives its first lease still leaves its progress. No token: atomic mode's own claim.
+    With ``ttl``, the claim is retained ``ttl`` past the renewed lease, by the database's
+    clock, so a handler that outlives its first lease still leaves its progress. No token:
+    atomic mode's own claim. Callers pass ``checkpoints``, ``lease`` or both.
     """
     connection = connections[using]
     fence = OWN_TRANSACTION if owner_token is None else OWNER
@@ -377,8 +392,10 @@ def _progress_sql(
 def restore_progress(
     using: str, record_id: int, owner_token: str, checkpoints: dict[str, Any]
 ) -> bool:
-    """Put back a claim's checkpoints after a rollback, fenced by the recording owner's token
-    (or its release or refusal), so that a new owner's progress is never touched.
+    """Put a claim's checkpoints back after their transaction rolled back.
+
+    Fenced by the recording owner's token (or its release or refusal), so that a new
+    owner's progress is never touched.
     """
     connection = connections[using]
     value = CHECKPOINTS_FIELD.get_db_prep_save(checkpoints or None, connection)
@@ -423,8 +440,10 @@ def _other_transaction_open(using: str) -> bool:
 
 @contextmanager
 def explained(using: str) -> Iterator[None]:
-    """Raise what a database error on the key table means: a lock wait run out :class:`Busy`,
-    a deadlock :class:`Retry`, a missing table ``ImproperlyConfigured``; others propagate.
+    """Raise what a database error on the key table means, where it is known.
+
+    A lock wait run out :class:`Busy`, a deadlock :class:`Retry`, a missing table
+    ``ImproperlyConfigured``; others propagate.
     """
     try:
         yield

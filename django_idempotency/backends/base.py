@@ -35,8 +35,10 @@ class DatabaseLocked(Busy):
 
 
 class Retry(OperationalError):
-    """Start the claim over. ``transaction_lost``: the database aborted the whole transaction
-    (a MySQL deadlock), not only the claim's savepoint (a stale view of the record).
+    """Start the claim over.
+
+    ``transaction_lost``: the database aborted the whole transaction (a MySQL deadlock), not
+    only the claim's savepoint (a stale view of the record).
     """
 
     def __init__(self, message: str, *, transaction_lost: bool = True) -> None:
@@ -103,8 +105,10 @@ class Record:
         return not self.bound_to_other_work(fingerprint)
 
     def bound_to_other_work(self, fingerprint: str) -> bool:
-        """A claim left with checkpoints stays bound to its request while retained: another
-        fingerprint gets 422 (SPEC 4.3). :func:`unless_bound` in SQL.
+        """Bound to work other than ``fingerprint``'s: not to be taken over by it.
+
+        A claim left with checkpoints stays bound to its request while the purge retains it:
+        another fingerprint gets 422 (SPEC 4.3). :func:`unless_bound` is the rule in SQL.
         """
         state = leases.state_of(self.completed, self.owner_token, self.expires_at, self.seen_at)
         return (
@@ -128,8 +132,10 @@ class Claim:
 
 @dataclass(frozen=True)
 class NewClaim:
-    """What a request writes when it claims a key; times are durations from the database's
-    clock in the writing statement, never app host instants.
+    """What a request writes when it claims a key.
+
+    Times are durations from the database's clock in the writing statement, never app host
+    instants.
     """
 
     scope: str
@@ -152,8 +158,10 @@ class NewClaim:
         token: str = leases.NO_OWNER,
         lease: timedelta | None = None,
     ) -> NewClaim:
-        """The claim of ``info``'s key: for ``ttl``, or held for ``lease`` and retained ``ttl``
-        past it, so that a claim left in progress keeps its progress.
+        """The claim of ``info``'s key: for ``ttl``, or held for ``lease``.
+
+        A lease's claim is retained ``ttl`` past it, so that a claim left in progress keeps
+        its progress.
         """
         new = object.__new__(cls)
         # What the generated __init__ sets, without its frame: every request makes one.
@@ -216,7 +224,10 @@ RESPONSE_FIELDS = ["status_code", "response_headers", "response_body"]
 
 
 def claim_values(connection: BaseDatabaseWrapper) -> str:
-    """A new claim's values in ``CLAIM_FIELDS`` order (``insert_params``), then attempt 1."""
+    """A new claim's values in ``CLAIM_FIELDS`` order, then attempt 1.
+
+    Parameters from ``insert_params``; times by the database's clock.
+    """
     later = clock.later_sql(connection)
     return ", ".join(["%s"] * 5 + [clock.now_sql(connection), later, later, later, "1"])
 
@@ -384,8 +395,10 @@ def takeover_assignments(connection: BaseDatabaseWrapper, *, from_excluded: bool
 
 
 def progress_assignments(connection: BaseDatabaseWrapper, fingerprint: str) -> str:
-    """A takeover's attempt and checkpoints: the same request's abandoned claim goes to n + 1,
-    a released one stays n, another's to 1 and none. First: MySQL assigns left to right.
+    """A takeover's attempt and checkpoints, first, as MySQL assigns left to right.
+
+    The same request's abandoned claim goes to attempt n + 1, its released one stays n,
+    another request's to 1 and no checkpoints.
     """
     quote = connection.ops.quote_name
     columns = column_names()
@@ -404,9 +417,11 @@ def progress_assignments(connection: BaseDatabaseWrapper, fingerprint: str) -> s
 def takeover_condition(
     connection: BaseDatabaseWrapper, take_over_abandoned: bool, fingerprint: str, table: str = ""
 ) -> str:
-    """Every takeover's condition, :meth:`Record.free_to_take` in SQL: expired, not an
-    abandoned claim left to a recovery policy, not bound to another request. ``fingerprint``
-    is SQL (``%s`` or an ``EXCLUDED`` column); ``table`` qualifies the columns (``"t."``).
+    """Every takeover's condition, :meth:`Record.free_to_take` in SQL.
+
+    Expired by the database's clock in the statement, not an abandoned claim left to a
+    recovery policy, not bound to another request. ``fingerprint`` is SQL (``%s`` or an
+    ``EXCLUDED`` column); ``table`` qualifies the columns (``"t."``).
     """
     return (
         f"{leases.expiry_sql(True, connection, table)}"
@@ -472,7 +487,10 @@ RECORD_COLUMNS = [
 
 
 def record_of(connection: BaseDatabaseWrapper, row: Any) -> Record:
-    """A row of ``RECORD_COLUMNS`` and the clock, converted as the ORM would, without a model."""
+    """A row of ``RECORD_COLUMNS`` and the database's clock, converted as the ORM would.
+
+    Without building a model; only the columns the ORM converts.
+    """
     values = list(row)
     converters = _CONVERTERS.get(connection.vendor) or row_converters(connection)
     for index, expression, converter in converters[0]:
@@ -560,8 +578,10 @@ Found = Claim | Record | None
 
 
 class Backend:
-    """One database's way to claim a key, and what its errors mean: here, standard SQL (an
-    upsert that inserts or takes over an expired record, else a read of the live one).
+    """One database's way to claim a key, and what its errors mean.
+
+    Here, standard SQL: an upsert that inserts or takes over an expired record, else a read
+    of the live one. A vendor overrides what it does otherwise.
     """
 
     #: The wait happens at ``BEGIN`` (SQLite): :meth:`prepare` bounds it, :meth:`restore` after.
@@ -579,6 +599,7 @@ class Backend:
 
     def claim(self, connection: Connection, new: NewClaim, wait: float, take_over: bool) -> Found:
         """The key claimed, the live record holding it, or ``None`` if it vanished meanwhile.
+
         ``take_over``: take an abandoned claim over too.
         """
         claimed_key = claim_upsert(connection, new, take_over)

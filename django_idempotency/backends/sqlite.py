@@ -1,5 +1,7 @@
-"""SQLite: one write lock for the whole database, taken at ``BEGIN IMMEDIATE``, so the
-claim's wait (the busy timeout) is set before the transaction opens and put back after.
+"""SQLite: one write lock for the whole database, taken at ``BEGIN IMMEDIATE``.
+
+So the claim's wait (the busy timeout) is set before the transaction opens and put back
+after.
 """
 
 from __future__ import annotations
