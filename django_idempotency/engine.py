@@ -1,9 +1,7 @@
-"""The engine: run a body at most once per (scope, key), whoever asks.
+"""The engine: run a body at most once per (scope, key), for every adapter.
 
-Every adapter (views, the DRF mixin, the middleware, functions, tasks) describes itself in a
-:class:`Kind`; the claim, the answer to a duplicate and what happens when the body ends
-(docs/concepts.rst, "How a handler ends") are decided here, once. Statements live in
-:mod:`django_idempotency.store`.
+Each adapter describes itself in a :class:`Kind`; the claim, a duplicate's answer and what
+happens when a body ends (docs/concepts.rst, "How a handler ends") are decided here, once.
 """
 
 from __future__ import annotations
@@ -64,19 +62,17 @@ class Kind:
     encode: Callable[[Any], StoredResponse | None]
     #: What a duplicate gets from a stored result.
     decode: Callable[[StoredResponse], Any]
-    #: A duplicate's errors: the original still runs (with the seconds to wait), or
-    #: the key was used for other work.
+    #: A duplicate's errors: the original still runs (seconds to wait); the key is other work's.
     in_flight: Callable[[float], IdempotencyError]
     mismatch: Callable[[], IdempotencyError]
-    #: SQLite's write lock held past ``WAIT`` by any request; ``None``: ``in_flight(1)``.
+    #: Lease mode: the refusal that completes a key whose result cannot be kept, so that
+    #: the body, which acted, never reruns.
+    unstorable: Callable[[], StoredResponse]
+    #: For :class:`store.DatabaseLocked`; ``None``: ``in_flight(1)``.
     database_busy: Callable[[], IdempotencyError] | None = None
     ending: Callable[[BaseException], Ending] = plain_ending
-    #: Stored for ``Ending.COMPLETED``, decoded back into that ending for a duplicate;
-    #: ``None``: the kind's bodies never end so.
+    #: Stored for ``Ending.COMPLETED`` (``None``: this kind's bodies never end so).
     ended_on_purpose: StoredResponse | None = None
-    #: Lease mode: completes a key whose result cannot be kept (not rendered, not
-    #: JSON): a refusal every later call gets, so the body, which acted, never reruns.
-    unstorable: Callable[[], StoredResponse] = lambda: StoredResponse(500, [], None)
     #: Stored when the database refuses the body (MySQL's ``max_allowed_packet``).
     without_body: Callable[[StoredResponse], StoredResponse] = lambda stored: replace(
         stored, body=None
@@ -102,11 +98,7 @@ class _Owned:
 
 @dataclass(frozen=True)
 class _Recorded:
-    """A lease-mode checkpoint: the names it set, and whether its transaction committed.
-
-    ``marker``, an on-commit callback, appends to ``committed`` (at once outside a
-    transaction); a block that rolls back drops the marker and leaves it empty.
-    """
+    """A lease-mode checkpoint: the names it set; ``committed`` is non-empty once it commits."""
 
     added: dict[str, Any]
     committed: list[bool]
@@ -131,8 +123,7 @@ class Call:
     finish: Callable[[Any], Any] = lambda result: result
     using: str = field(default_factory=lambda: idempotency_settings.database)
     started: float = field(default_factory=time.monotonic, init=False)
-    #: Lease mode: the checkpoints this attempt started from, and what each of its
-    #: checkpoints added since (see ``_note_progress``).
+    #: Lease mode: the checkpoints at the start, and what each checkpoint since added.
     _progress_at_start: dict[str, Any] | None = field(default=None, init=False)
     _progress_log: list[_Recorded] = field(default_factory=list, init=False)
     _put_back_at_request_end: bool = field(default=False, init=False)
@@ -149,13 +140,11 @@ class Call:
         connection = connections[self.using]
         # The caller's transaction: atomic(), or autocommit turned off by hand.
         in_transaction = connection.in_atomic_block or not connection.get_autocommit()
-        if not in_transaction and store.reads_before_claiming(self.using, connection):
+        if not in_transaction and store.reads_before_claiming(connection):
             # A replay in one indexed read, without a transaction. Inside the caller's
             # transaction the read would change what it sees, so the claim decides.
             try:
-                completed = store.find_completed(
-                    self.using, self.info.scope, self.info.key, connection=connection
-                )
+                completed = store.find_completed(connection, self.info.scope, self.info.key)
             except store.Busy as busy:
                 raise self._busy(busy) from busy
             if completed is not None:
@@ -185,13 +174,11 @@ class Call:
             return self._leased(body, lease, token, claim)
         raise self._gave_up()
 
-    # Atomic mode: claim, body and stored result in one transaction.
-
     def _atomic(self, body: Callable[[], Any], connection: BaseDatabaseWrapper) -> Any:
-        """One attempt: claim, body and stored result commit together, or none does.
+        """Atomic mode: claim, body and stored result commit together, or none does.
 
-        Raises :class:`store.Retry` (or a MySQL deadlock, up to ``COMMIT``) to start over, and
-        :class:`store.Busy` when the wait ran out; :meth:`run` answers both after the rollback.
+        Raises :class:`store.Retry` (or a MySQL deadlock, as late as ``COMMIT``) to start over
+        and :class:`store.Busy` when the wait ran out; :meth:`run` answers both.
         """
         finished_by: BaseException | None = None
         using = self.using
@@ -236,9 +223,8 @@ class Call:
                 # Not stored: undo the claim with the body's writes, answer as it did.
                 transaction.set_rollback(True, using=using)
                 return result
-            # The claim's expiry is kept if the body took under 1% of TTL (no indexed
-            # column changes: a heap-only update on PostgreSQL). A slower body would commit a
-            # record (nearly) expired, and a retry could run it again.
+            # Keep the claim's expiry if the body took under 1% of TTL (a heap-only update on
+            # PostgreSQL); a slower body would commit a record nearly expired, for a retry to rerun.
             ttl = self.options.ttl
             grace = ttl / 100
             store.complete(
@@ -262,10 +248,7 @@ class Call:
         return result if fresh is None else fresh(result, stored)
 
     def _encode(self, result: Any) -> StoredResponse | None:
-        """What is kept of ``result``: the kind's rule, narrowed by the ``store`` option.
-
-        ``None``: not stored; atomic mode rolls back, lease mode releases the key.
-        """
+        """What is kept of ``result`` (``None``: nothing): the kind's rule, then ``store``'s."""
         stored = self.kind.encode(result)
         accepts = self.options.store
         if stored is None or accepts is None:
@@ -307,7 +290,6 @@ class Call:
         try:
             with self._progress(claim, lambda cps: self._record_progress(owned, cps)):
                 if claim.attempt > 1:
-                    # A takeover: this run resumes from the checkpoints.
                     self._send(signals.claim_taken_over)
                     if not counted:
                         observability.record_recovery("started", self.sender)
@@ -342,12 +324,10 @@ class Call:
         return result if self.kind.fresh is None else self.kind.fresh(result, stored)
 
     def _refuse(self, owned: _Owned) -> None:
-        """Complete the key with the kind's refusal, committed at once.
+        """Complete the key with the kind's refusal, committed at once, as a checkpoint is.
 
-        Unlike a result, it must outlive the caller's transaction (about to roll back): the
-        body may have acted on other systems. So it is written on the lease's own connection,
-        as a checkpoint is. On SQLite or in a test's transaction the claim itself is the
-        caller's transaction's, and goes with it either way.
+        It must outlive the caller's transaction, about to roll back: the body may have acted
+        elsewhere. (On SQLite or in a test's transaction the claim goes with it anyway.)
         """
         stored, ttl = self.kind.unstorable(), self.options.ttl
         # Kept for an operator's release: only committed checkpoints. Inside the
@@ -404,11 +384,10 @@ class Call:
         return written
 
     def _note_progress(self, owned: _Owned, checkpoints: dict[str, Any]) -> None:
-        """Remember what a checkpoint added, and follow whether its transaction commits.
+        """Remember what a checkpoint added, and whether its block commits.
 
-        The checkpoint commits at once; the writes it records may still roll back with their
-        block, and a retry must not skip them: the checkpoints of blocks that did not commit
-        are put back at release or request end (:meth:`_settle_progress`).
+        The checkpoint commits at once, but the writes it records may roll back with their
+        block; a retry must not skip them, so :meth:`_settle_progress` puts such checkpoints back.
         """
         # Against those in force: a step run again after its block rolled
         # back may record what it recorded then (SQLite reuses the ids).
@@ -437,11 +416,9 @@ class Call:
             self._put_back_progress_at_request_end(owned)
 
     def _checkpoints_in_force(self) -> dict[str, Any]:
-        """The checkpoints whose blocks did not roll back: committed, or still open.
+        """What ``request.idempotency.checkpoints`` shows: those whose blocks did not roll back.
 
-        What ``request.idempotency.checkpoints`` shows. Django drops a rolled-back block's
-        on-commit callbacks: a checkpoint whose marker has neither run nor is still waiting
-        rolled back, and a body that runs its block again must not skip it.
+        A marker neither run nor still waiting was dropped with its rolled-back block.
         """
         log = self._progress_log
         if all(recorded.committed for recorded in log):
@@ -556,8 +533,8 @@ class Call:
     def _complete_lease(self, owned: _Owned, stored: StoredResponse) -> bool:
         """Store a finished body's result; whether it was. Never releases the key.
 
-        On the lease's own connection it joins the request's transaction, to commit with the
-        body's writes; if that rolls back, :func:`release_unless_committed` releases the claim.
+        On the lease's own connection this joins the request's transaction, to commit with the
+        body's writes; :func:`release_unless_committed` releases the claim if that rolls back.
         """
         lease = owned.connection
         if lease.own and lease.request_transaction_will_roll_back():
@@ -605,9 +582,9 @@ class Call:
         stored: StoredResponse,
         lease: LeaseConnection,
     ) -> tuple[bool, StoredResponse] | None:
-        """``complete(stored)``, or without its body if the database refuses; ``None`` if neither.
+        """Complete with ``stored``, else with ``Kind.without_body`` of it: the key completes.
 
-        The body-less record (``Kind.without_body``) still completes the key: no rerun.
+        Returns the outcome and what was stored; ``None`` if neither could be.
         """
         attempts = [stored] if not stored.body else [stored, self.kind.without_body(stored)]
         for attempt in attempts:
@@ -641,8 +618,8 @@ class Call:
     def _release(self, owned: _Owned) -> None:
         """Give the key back after a failed body, so that a retry can run.
 
-        A claim with checkpoints keeps them (those whose transactions committed) and its
-        attempt, and the retry takes it over at once and resumes; one without is deleted.
+        A claim with (committed) checkpoints keeps them and its attempt, for the retry to resume;
+        one without is deleted.
         """
         lease = owned.connection
         checkpoints: dict[str, Any] | None = None
@@ -698,7 +675,6 @@ class Call:
         self._send(signals.wait_timed_out)
         if not isinstance(busy, store.DatabaseLocked):
             return self._conflict(retry_after=1)
-        # SQLite: the holder of its one write lock may be a request for any key.
         self._send(signals.request_conflict)
         self._log(
             logging.INFO,
@@ -752,13 +728,11 @@ class Call:
             self._cache_after_commit(cache_alias, stored, lifetime)
 
     def _cache_after_commit(self, alias: str, stored: StoredResponse, lifetime: timedelta) -> None:
-        """Cache a stored answer for ``lifetime``, the rest of its record's life.
+        """Cache a stored answer once its record commits; one that rolls back is never cached.
 
-        A duration by the database's clock: the app hosts' clocks never decide.
+        ``lifetime``: the record's remaining life, by the database's clock.
         """
         info, using = self.info, self.using
-        # Once the record's transaction commits (at once outside one): a result that rolls
-        # back is never cached.
         transaction.on_commit(
             lambda: replay_cache.put(alias, info, stored, lifetime, using), using=using
         )
@@ -772,10 +746,9 @@ class Call:
         waited: bool = True,
         exc_info: bool = False,
     ) -> None:
-        """Log about this call; ``message`` starts with its key (masked) and scope.
+        """Log ``message`` with the masked key and scope first, then ``args``.
 
-        ``outcome`` adds the fields of docs/observability.rst, with the time waited unless
-        ``waited`` is false.
+        ``outcome`` adds docs/observability.rst's fields, with the time waited if ``waited``.
         """
         extra = None
         if outcome is not None:
@@ -797,18 +770,16 @@ class Call:
         observability.record(signal, self.sender, self.request, self.info, self.started)
 
 
-# The request's end. On its own connection, lease mode stores the response inside the
-# request's transaction; if that rolls back after the view returned, the committed claim
-# is released when the request ends, not left to its lease (docs/decorator.rst).
-# A view's release is tied to its request object (under ASGI the view and the request's
-# close run in different contexts); a function's to request_finished under WSGI.
-# Outside a request cycle nothing asks: the key stays claimed until its lease runs out.
+# The request's end. Lease mode on its own connection stores the response inside the
+# request's transaction; if that rolls back after the view returned, the committed claim is
+# released when the request ends (docs/decorator.rst). A view's release is tied to its request
+# object (under ASGI the view and the request's close run in different contexts); a
+# function's to request_finished, under WSGI only: under ASGI request_started runs in a
+# context the view does not see. Elsewhere the key stays claimed until its lease runs out.
 
 Release = Callable[[], None]
 
-# The releases of this request cycle's functions; ``None`` outside one. Under ASGI
-# request_started runs in a copy of the context the view does not see, so a function's
-# key there stays claimed until its lease runs out.
+# The releases of this request cycle's functions; ``None`` outside one.
 _pending: contextvars.ContextVar[list[Release] | None] = contextvars.ContextVar(
     "django_idempotency_pending_leases", default=None
 )
@@ -837,10 +808,7 @@ def in_request_cycle(request: Any) -> bool:
 
 
 def at_request_end(using: str, then: Release, request: Any) -> None:
-    """Call ``then`` when the request ends, if ``using``'s transactions have ended by then.
-
-    A transaction still open (a test's) is not this request's to decide about.
-    """
+    """Call ``then`` when the request ends, if ``using``'s transactions (a test's) ended by then."""
     pending = _pending.get() if request is None else None
     if request is None and pending is None:
         return

@@ -1,9 +1,9 @@
 """Lease mode's own database connection, for when the request's cannot commit.
 
-Lease mode commits its claim before the view runs, and its result or release after.
-Inside the request's transaction (``ATOMIC_REQUESTS`` through ``method_decorator``, a
-DRF ``@api_view``), or once that connection died, those statements run on a second
-connection: one per thread and alias, kept only as ``CONN_MAX_AGE`` keeps Django's.
+Lease mode commits its claim before the view runs and its result or release after. Inside
+the request's transaction (``ATOMIC_REQUESTS`` through ``method_decorator``, DRF's
+``@api_view``), or once that connection died, they run on a second connection: one per
+thread and alias, kept only as ``CONN_MAX_AGE`` keeps Django's.
 """
 
 from __future__ import annotations
@@ -39,11 +39,10 @@ def _own_wrapper(using: str) -> BaseDatabaseWrapper:
 
 @contextmanager
 def own_connection(using: str, *, fresh: bool = False) -> Iterator[BaseDatabaseWrapper]:
-    """Route ``using`` to this thread's own connection for the block.
+    """Point the alias ``using`` at this thread's own connection for the block.
 
-    The store's statements name an alias, so the alias is pointed at the second connection
-    while they run and back afterwards; nothing else runs on this thread in between.
-    ``fresh`` first closes it, so the next statement runs on a new one.
+    The store's statements name an alias; nothing else runs on this thread meanwhile.
+    ``fresh``: a new connection.
     """
     wrapper = _own_wrapper(using)
     if fresh:
@@ -59,16 +58,14 @@ def own_connection(using: str, *, fresh: bool = False) -> Iterator[BaseDatabaseW
 
 
 def is_usable(connection: BaseDatabaseWrapper) -> bool:
-    """Whether ``connection`` is open and still answers (a closed one is not)."""
+    """Whether ``connection`` is open and still answers."""
     return connection.connection is not None and connection.is_usable()
 
 
 def needs_own_connection(using: str) -> bool:
     """Whether the request's connection is inside a transaction lease mode cannot commit.
 
-    Django's ``TestCase`` transaction is tolerated (the claim commits with it). SQLite
-    allows one writer, so there the lease stays on the request's connection and commits
-    with it (docs/backends.rst).
+    Not a ``TestCase``'s, nor on SQLite, whose one writer is the request (docs/backends.rst).
     """
     connection = connections[using]
     blocks = connection.atomic_blocks
@@ -81,7 +78,7 @@ def needs_own_connection(using: str) -> bool:
 class LeaseConnection:
     """Where one lease's statements run: the request's connection, or one of their own.
 
-    ``own`` is decided once, when the lease is claimed.
+    ``own`` is decided at the claim.
     """
 
     using: str
@@ -98,19 +95,18 @@ class LeaseConnection:
         return nullcontext()
 
     def run(self, step: Callable[[], T], *, at_once: bool = False) -> T:
-        """Run a lease statement; if its connection has died, again on a fresh one.
+        """Run a lease statement; if it fails, again on a fresh connection.
 
-        A handler can outlive its connection; the statements that end its lease must not die
-        with it. Every driver error counts (psycopg2's ``InterfaceError`` is no
-        ``DatabaseError``). ``at_once``: commit now even inside the handler's own transaction
-        (a checkpoint), on the lease's own connection.
+        A handler can outlive its connection, and the statements ending its lease must not
+        die with it; unless the claim lives in the request's transaction, which they cannot
+        leave. ``at_once``: commit now even inside the handler's transaction (a checkpoint).
         """
         try:
             with self.statements(own=at_once and needs_own_connection(self.using)):
                 return step()
         except Error:
-            # Usability cannot be told reliably afterwards; the statements match on the owner
-            # token, so they are safe to repeat.
+            # Any driver error (psycopg2's InterfaceError is no DatabaseError): whether the
+            # connection died cannot be told reliably, and statements fenced by token repeat safely.
             if self.shares_request_transaction():
                 raise
         with self.statements(fresh=True):
@@ -119,7 +115,7 @@ class LeaseConnection:
     def shares_request_transaction(self) -> bool:
         """Whether the claim lives in the request's open transaction (a test's, or SQLite's).
 
-        Then it is invisible to other connections, and commits or rolls back with the request.
+        Then it is invisible to other connections, and commits or rolls back with it.
         """
         return not self.own and connections[self.using].in_atomic_block
 

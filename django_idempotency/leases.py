@@ -1,20 +1,13 @@
 """The states of a record, each defined once, by the database's clock.
 
-A record is ``completed``, or in progress; an in-progress record is
+A record is ``completed``, or in progress and ``held`` (its owner's lease is still ahead of
+the clock), ``abandoned`` (its owner's lease ran out: the next retry may take it over) or
+``released`` (given back, token cleared, keeping its checkpoints: taken over at once).
+While a lease is held ``expires_at`` is its end: one indexed column decides lease and expiry.
 
-- ``held``: its owner's lease is ahead of the database's clock; its owner may still be running;
-- ``abandoned``: it has an owner (a token) whose lease ran out: the owner stopped before
-  it finished, and the next retry may take it over;
-- ``released``: its owner gave it back (token cleared) keeping its checkpoints, so the
-  next retry takes it over at once.
-
-While a lease is held ``expires_at`` is its end, so one indexed column decides both the
-lease and expiry. Each state is written three ways: Python for a record read with the
-clock, an ORM ``Q``, and SQL for the fenced statements; ``tests/test_leases.py`` checks
-that they agree on every backend. The purge's ``retained_until`` decides no state; what
-the purge deletes is built here from these rules, as SQL (:func:`purgeable_sql`, what
-the purge runs) and as a ``Q`` (:func:`purgeable_q`), which
-``tests/test_purge_progress.py`` holds to the same rows.
+Each state, and what the purge deletes, is written for Python (a record read with the
+clock), the ORM and SQL; tests/test_leases.py and tests/test_purge_progress.py hold each
+three to the same rows on every backend. The purge's ``retained_until`` decides no state.
 """
 
 from __future__ import annotations
@@ -33,7 +26,6 @@ COMPLETED: State = "completed"
 HELD: State = "held"
 ABANDONED: State = "abandoned"
 RELEASED: State = "released"
-STATES: tuple[State, ...] = (COMPLETED, HELD, ABANDONED, RELEASED)
 
 _IN_PROGRESS = str(IdempotencyKey.State.IN_PROGRESS)
 
@@ -43,15 +35,15 @@ NO_OWNER = ""
 
 
 def expired(expires_at: datetime, now: datetime) -> bool:
-    """Whether a record is past its expiry by the database's clock ``now``, read with it."""
+    """Whether a record is past its expiry at ``now``, the database's clock read with it."""
     return expires_at <= now
 
 
 def owned(owner_token: str) -> bool:
     """Whether an in-progress claim still has its owner (held or abandoned), by its token.
 
-    Its owner's attempt ends when the claim is given back or taken over, and counts then:
-    a claim its owner gave back (released) counted it already.
+    The owner's attempt counts when it gives the claim back or it is taken over: a
+    released claim counted it already.
     """
     return owner_token != NO_OWNER
 
@@ -67,16 +59,13 @@ def owned_q() -> Q:
 
 
 def given_back_sql(connection: BaseDatabaseWrapper) -> dict[str, str]:
-    """The assignments that make a claim :data:`RELEASED`: no owner, its lease over now.
-
-    Last in a statement's assignments: MySQL assigns left to right.
-    """
+    """The assignments that make a claim :data:`RELEASED`; last, as MySQL assigns left to right."""
     now = clock.now_sql(connection)
     return {"owner_token": f"'{NO_OWNER}'", "locked_until": now, "expires_at": now}
 
 
 def state_of(completed: bool, owner_token: str, expires_at: datetime, now: datetime) -> State:
-    """A record's state, from its columns and the database's clock read with them."""
+    """A record's state, ``now`` being the database's clock read with its columns."""
     if completed:
         return COMPLETED
     if not owned(owner_token):
@@ -102,7 +91,7 @@ def q(state: State, now: Any = None) -> Q:
 
 
 def sql(state: State, connection: BaseDatabaseWrapper, table: str = "") -> str:
-    """The records in ``state`` as a SQL condition, by the database's clock in the statement.
+    """The records in ``state``, as SQL, by the database's clock in the statement.
 
     ``table`` qualifies the columns (``"t."``).
     """
@@ -116,10 +105,7 @@ def sql(state: State, connection: BaseDatabaseWrapper, table: str = "") -> str:
 
 
 def carries_checkpoints(checkpoints: Any) -> bool:
-    """Whether a claim's checkpoints record a step: a JSON object with a member.
-
-    SQL ``NULL``, JSON ``null``, ``{}`` and ``[]`` record none.
-    """
+    """Whether checkpoints record a step: a JSON object with a member (not ``null``, ``[]``)."""
     return isinstance(checkpoints, dict) and bool(checkpoints)
 
 
@@ -136,24 +122,17 @@ def checkpoints_sql(connection: BaseDatabaseWrapper, table: str = "") -> str:
 
 
 def retained(retained_until: datetime | None, now: datetime) -> bool:
-    """Whether the purge still keeps a claim at the database's clock ``now``, read with it.
-
-    ``None`` (atomic mode) retains nothing past expiry.
-    """
+    """Whether the purge still keeps a claim at ``now`` (``None``: atomic mode, never)."""
     return retained_until is not None and retained_until > now
 
 
-def retained_q(now: Any = None) -> Q:
-    """:func:`retained`, as an ORM condition; ``now`` is the database's clock unless given."""
-    now = clock.DatabaseNow() if now is None else now
+def retained_q(now: Any) -> Q:
+    """:func:`retained`, as an ORM condition at ``now``: the database's clock, or a cutoff."""
     return Q(retained_until__gt=now)
 
 
 def retained_sql(connection: BaseDatabaseWrapper, table: str = "", now: str | None = None) -> str:
-    """The records still retained (:func:`retained`), as SQL; never ``NULL``.
-
-    ``now`` is SQL (a parameter, ``%s``), the database's clock in the statement unless given.
-    """
+    """:func:`retained`, as SQL never ``NULL``, by the database's clock unless ``now`` (SQL)."""
     column = _column(connection, table, "retained_until")
     now = clock.now_sql(connection) if now is None else now
     return f"({column} IS NOT NULL AND {column} > {now})"
@@ -162,9 +141,9 @@ def retained_sql(connection: BaseDatabaseWrapper, table: str = "", now: str | No
 def expiry_sql(
     past: bool, connection: BaseDatabaseWrapper, table: str = "", now: str | None = None
 ) -> str:
-    """The records past their expiry (``past``) or not, as SQL, by the database's clock in it.
+    """The records past their expiry (``past``) or not, as SQL, by the database's clock.
 
-    ``now`` is SQL (a parameter, ``%s``) in place of the clock, if given.
+    ``now``: SQL (a parameter) in place of the clock.
     """
     compare = "<=" if past else ">"
     now = clock.now_sql(connection) if now is None else now
@@ -172,20 +151,18 @@ def expiry_sql(
 
 
 def purgeable_q(cutoff: Any) -> Q:
-    """The records a purge with ``cutoff`` deletes: expired by then, and completed or not retained.
+    """What a purge with ``cutoff`` deletes: expired by then, and completed or not retained.
 
-    A claim left in progress (released, or abandoned, however its lease ended) keeps its
-    attempt and checkpoints for the retry until ``retained_until``. :func:`purgeable_sql`
-    is the same rule; ``tests/test_purge_progress.py`` checks that they agree.
+    A claim left in progress keeps its progress for the retry until ``retained_until``.
     """
     return expiry_q(True, cutoff) & (q(COMPLETED) | ~retained_q(cutoff))
 
 
 def purgeable_sql(connection: BaseDatabaseWrapper, cutoff: str) -> str:
-    """:func:`purgeable_q` as SQL, ``cutoff`` SQL (a parameter) in it twice; never ``NULL``.
+    """:func:`purgeable_q` as SQL, never ``NULL``, with ``cutoff`` (SQL) in it twice.
 
-    The expiry comes first, so that each backend walks the ``expires_at`` index and reads
-    the other columns only of the rows it finds there.
+    The expiry first: each backend walks the ``expires_at`` index, reading other columns
+    only there.
     """
     expired_then = expiry_sql(True, connection, now=cutoff)
     kept = retained_sql(connection, now=cutoff)

@@ -1,9 +1,7 @@
 """Every statement a request makes on the key table, and what each answer means.
 
-The unique constraint on (scope, key) is the only authority on who owns a key. The wait
-for an in-flight original is bounded by the database, never by a sleep loop here.
-Vendor SQL is in :mod:`django_idempotency.backends`; the purge in
-:mod:`django_idempotency.purge`.
+The unique constraint on (scope, key) is the only authority on who owns a key; the wait for
+an in-flight original is bounded by the database, never by a sleep loop here.
 """
 
 from __future__ import annotations
@@ -43,7 +41,6 @@ from django_idempotency.backends.base import (
     complete_sql,
     delete_sql,
     errno,
-    missing_table,
     read_record,
     update_sql,
 )
@@ -59,7 +56,6 @@ __all__ = [
     "Retry",
     "StoredResponse",
     "galera_sync_wait",
-    "missing_table",
 ]
 
 State = IdempotencyKey.State
@@ -68,30 +64,21 @@ State = IdempotencyKey.State
 CLAIM_ATTEMPTS = 3
 
 
-def reads_before_claiming(using: str, connection: BaseDatabaseWrapper | None = None) -> bool:
-    """Whether a replay is looked for with one read before the claim, outside a transaction.
+def reads_before_claiming(connection: BaseDatabaseWrapper) -> bool:
+    """Whether to read for a replay before claiming: on PostgreSQL alone.
 
-    Only on PostgreSQL, where the claim after a miss is a cheap planned-once ``INSERT``;
-    elsewhere the claim is a plain insert already and the read would tax every new key.
+    There the claim after a miss is a cheap ``INSERT``; elsewhere the read would tax every
+    new key.
     """
-    vendor = (connections[using] if connection is None else connection).vendor
-    return BY_VENDOR.get(vendor, STANDARD).reads_before_claiming
+    return BY_VENDOR.get(connection.vendor, STANDARD).reads_before_claiming
 
 
-def find_completed(
-    using: str,
-    scope: str,
-    key: str,
-    *,
-    connection: BaseDatabaseWrapper | None = None,
-) -> Record | None:
-    """The key's completed, live record, from one indexed read; ``None`` if there is none.
+def find_completed(connection: BaseDatabaseWrapper, scope: str, key: str) -> Record | None:
+    """The key's completed, live record, from one indexed read outside a transaction.
 
-    Must run outside a transaction. A completed record is committed and unchanged until it
-    expires, so this gives what a claim would find; anything else is left to :func:`claim`.
+    A completed record is committed and unchanged until it expires, so this finds what a
+    claim would; anything else (``None``) is left to :func:`claim`.
     """
-    if connection is None:
-        connection = connections[using]
     try:
         record = read_record(connection, scope, key)
     except DatabaseError as exc:
@@ -113,18 +100,16 @@ def claim(
 ) -> Claim:
     """Claim the key, or find the live record that holds it.
 
-    Runs inside ``transaction.atomic(using=using)``: the caller's, or one entered on
-    ``opening``, left open for the body. SQLite waits at ``BEGIN IMMEDIATE``, its busy
-    timeout set first and put back after the claim; an error at ``BEGIN`` means what it
-    would mean in the claim. A returned live record is committed and changes only when it
-    expires (or when its lease-mode owner completes or releases it), so it is read without
-    a lock: a replay writes nothing. An expired record is taken over in the same statement
-    (``Record.free_to_take``), except an abandoned claim when not ``take_over_abandoned``
-    (left to a recovery policy, then :func:`take_over`) and one bound to other work (422).
-    A takeover by the same request carries its attempt and checkpoints.
+    Inside the caller's ``atomic`` or one entered on ``opening``, left open for the body.
+    SQLite waits at ``BEGIN IMMEDIATE``, under a busy timeout set first and put back after;
+    an error at ``BEGIN`` means what it would mean in the claim. A live record is committed
+    and changes only when it expires or its owner ends it, so it is read without a lock: a
+    replay writes nothing. An expired record is taken over in the same statement
+    (``Record.free_to_take``; without ``take_over_abandoned`` an abandoned claim is left to
+    a recovery policy), a takeover by the same request carrying its attempt and checkpoints.
 
-    Raises :class:`Busy` when the wait runs out, :class:`Retry` to start over, and
-    :class:`~django.core.exceptions.ImproperlyConfigured` when the table is missing.
+    Raises :class:`Busy` when the wait runs out, :class:`Retry` to start over,
+    ``ImproperlyConfigured`` when the table is missing.
     """
     if connection is None:
         connection = connections[using]
@@ -142,7 +127,7 @@ def claim(
         if backend.waits_at_begin:
             backend.restore(connection)
     if found is None:
-        # Changed between our statements (a purge or a takeover): a new transaction sees it.
+        # Changed between our statements (a purge, a takeover): a new transaction sees it.
         raise Retry("The idempotency record changed during the claim.", transaction_lost=False)
     return found
 
@@ -178,9 +163,9 @@ def complete(
 ) -> bool:
     """Store the response for ``ttl``; ``False`` if the claim is no longer ours (lease lost).
 
-    ``grace``: keep the claim's expiry if it is no older than that by the database's clock
-    (atomic mode, see ``Call._atomic``). ``fence``: by default the owner's token, or without
-    one the writer's transaction.
+    ``grace``: keep the claim's expiry if the claim is younger than that by the database's
+    clock (``Call._atomic``).
+    ``fence``: by default the owner's token, or without one the writer's transaction.
     """
     if connection is None:
         connection = connections[using]
@@ -222,9 +207,9 @@ def release(
 ) -> bool:
     """Give an in-progress claim back so a retry can run; only its owner may.
 
-    ``keep_progress`` keeps a claim with checkpoints (and its attempt) free to take at once,
-    with ``checkpoints`` replacing those that rolled back; ``ttl`` retains it for the purge
-    until ``ttl`` from now, by the database's clock.
+    ``keep_progress`` keeps the claim, free to take at once, with its attempt and
+    ``checkpoints`` (if given: those that committed), retained ``ttl`` from now by the
+    database's clock.
     """
     connection = connections[using]
     if keep_progress:
@@ -243,13 +228,11 @@ def release(
 
 
 def release_on_behalf(using: str, record_id: int, owner_token: str, *, unless_held: bool) -> bool:
-    """An operator's release: the claim given back for its owner, keeping its progress.
+    """An operator's release for the claim's owner, keeping its progress and ``retained_until``.
 
-    Fenced by the token the operator read: a claim taken over, released or completed since
-    is left alone (``False``); ``retained_until`` is left as is. An owned claim's release
-    counts as its owner's attempt (the retry's takeover of a claim given back does not).
-    ``unless_held`` leaves alone, in the statement, a lease still ahead of the database's
-    clock: its request may still be running.
+    Fenced by the token the operator read (``False``: changed since). An owned claim's
+    release counts its owner's attempt, as the retry's takeover then will not. ``unless_held``
+    leaves alone a lease still running by the database's clock: its request may be too.
     """
     connection = connections[using]
     counted = leases.owned(owner_token)
@@ -271,7 +254,7 @@ def _release_keeping_progress_sql(
     counted: bool = False,
     unless_held: bool = False,
 ) -> str:
-    """Give a claim back, its lease over and its token cleared: the next retry takes it at once.
+    """Give a claim back (:data:`~leases.RELEASED`), keeping its progress.
 
     ``corrected``/``retained``: set checkpoints/``retained_until`` from parameters;
     ``counted``: attempt + 1; ``unless_held``: leave a held lease alone.
@@ -294,9 +277,9 @@ def release_refusal(using: str, record_id: int, owner_token: str) -> bool:
     """An operator's release of a refusal: the next retry runs the body again, resuming.
 
     Leaves what :func:`release_on_behalf` leaves of an owned claim, retained at least as long
-    as the refusal was. Fenced by the refusal as read (id and owner's token): one deleted,
-    taken over or no longer a refusal since is left alone (``False``), and so is one past
-    its expiry by the database's clock in the statement, its key already free.
+    as the refusal was. Fenced by the refusal as read (id and owner's token): ``False`` if it
+    changed since, or is past its expiry by the database's clock in the statement (its key
+    already free).
     """
     connection = connections[using]
     sql = cached_sql(connection, "release refusal", _release_refusal_sql)
@@ -325,8 +308,8 @@ def _release_refusal_sql(connection: BaseDatabaseWrapper) -> str:
 def take_over(using: str, abandoned: Record, new: NewClaim) -> Claim | None:
     """Take an abandoned claim over as its next attempt; ``None`` if another request did first.
 
-    Fenced by the dead owner's token and its run-out lease: one of two racers wins, and an
-    owner that renewed meanwhile keeps it.
+    Fenced by the dead owner's token and its run-out lease (``ABANDONED``): one of two racers
+    wins, and an owner that renewed meanwhile keeps it.
     """
     connection = connections[using]
     leased = new.lease is not None
@@ -355,10 +338,7 @@ def _take_over_sql(connection: BaseDatabaseWrapper, leased: bool) -> str:
 
 
 def settle(using: str, abandoned: Record, response: StoredResponse, *, ttl: timedelta) -> bool:
-    """Complete an abandoned claim with a recovery policy's response; ``False`` if it is not.
-
-    Fenced as :func:`take_over` is: an owner that renewed meanwhile keeps its claim.
-    """
+    """Complete an abandoned claim with a recovery policy's answer, fenced as :func:`take_over`."""
     return complete(
         using, abandoned.id, response, owner_token=abandoned.owner_token, ttl=ttl, fence=ABANDONED
     )
@@ -373,14 +353,12 @@ def record_progress(
     lease: timedelta | None = None,
     ttl: timedelta | None = None,
 ) -> bool:
-    """Write an in-progress claim's checkpoints, and renew its lease for ``lease``.
+    """Write a claim's checkpoints, renew its lease, or both; ``False`` if no longer this owner's.
 
-    With ``ttl``, the purge keeps the claim until ``ttl`` past the renewed lease, so a handler
-    that outlives its first lease still leaves its progress. ``False`` when the claim is no
-    longer this owner's. Atomic mode passes no token: the claim is its own transaction's.
+    With ``ttl``, the claim is retained ``ttl`` past the renewed lease, by the database's
+    clock, so a handler that outlives its first lease still leaves its progress. No token:
+    atomic mode's own claim. Callers pass ``checkpoints``, ``lease`` or both.
     """
-    if checkpoints is None and lease is None:
-        raise ValueError("record_progress() needs checkpoints, a lease, or both.")
     connection = connections[using]
     fence = OWN_TRANSACTION if owner_token is None else OWNER
     retained = lease is not None and ttl is not None
@@ -414,10 +392,10 @@ def _progress_sql(
 def restore_progress(
     using: str, record_id: int, owner_token: str, checkpoints: dict[str, Any]
 ) -> bool:
-    """Put a claim's checkpoints back to ``checkpoints`` after their transaction rolled back.
+    """Put a claim's checkpoints back after their transaction rolled back.
 
-    Fenced by the token of the owner that recorded them (or its release, or its refusal), so
-    a new owner's progress is never touched.
+    Fenced by the recording owner's token (or its release or refusal), so that a new
+    owner's progress is never touched.
     """
     connection = connections[using]
     value = CHECKPOINTS_FIELD.get_db_prep_save(checkpoints or None, connection)
@@ -433,19 +411,18 @@ def restore_progress(
 
 
 def _write(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> bool:
-    """Run one fenced write; whether it found its claim."""
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount == 1
 
 
 def lost_race(using: str, exc: DatabaseError) -> bool:
-    """Whether ``exc``, anywhere in an atomic-mode attempt, means: start the claim over.
+    """Whether ``exc`` in an atomic-mode attempt means: start the claim over.
 
-    A MySQL/MariaDB 1213 (a deadlock, or a lost Galera certification, at any statement or
-    ``COMMIT``): the server rolled the whole attempt back, so it starts over as a new claim.
+    A MySQL 1213 (a deadlock or a lost Galera certification, up to ``COMMIT``) rolled the
+    whole attempt back.
     """
-    if isinstance(exc, Retry) or connections[using].vendor != "mysql":
+    if connections[using].vendor != "mysql":
         return False
     if errno(exc) != ER_LOCK_DEADLOCK:
         return False
@@ -455,7 +432,6 @@ def lost_race(using: str, exc: DatabaseError) -> bool:
 
 
 def _other_transaction_open(using: str) -> bool:
-    """Whether a connection other than ``using``'s is inside a transaction."""
     return any(
         connection.alias != using and connection.in_atomic_block
         for connection in connections.all(initialized_only=True)
@@ -466,8 +442,8 @@ def _other_transaction_open(using: str) -> bool:
 def explained(using: str) -> Iterator[None]:
     """Raise what a database error on the key table means, where it is known.
 
-    A lock wait that ran out becomes :class:`Busy` (:class:`DatabaseLocked` on SQLite), a
-    deadlock :class:`Retry`, a missing table ``ImproperlyConfigured``; others propagate.
+    A lock wait run out :class:`Busy`, a deadlock :class:`Retry`, a missing table
+    ``ImproperlyConfigured``; others propagate.
     """
     try:
         yield
@@ -477,7 +453,6 @@ def explained(using: str) -> Iterator[None]:
 
 
 def _raise_meaning(backend: Backend, exc: DatabaseError) -> None:
-    """Raise what ``exc`` means on the key table (see :func:`explained`); return if nothing."""
     if isinstance(exc, (Busy, Retry)):
         return
     meaning = backend.meaning(exc)

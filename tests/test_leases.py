@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 from django.db import connection
@@ -48,7 +48,7 @@ def test_each_row_is_in_the_state_a_person_would_name(every_kind_of_row):
     )
 
 
-@pytest.mark.parametrize("state", leases.STATES)
+@pytest.mark.parametrize("state", get_args(leases.State))
 def test_the_orm_and_sql_select_the_rows_python_names(every_kind_of_row, state):
     named = {pk for pk, found in every_kind_of_row.items() if found == state}
     table = connection.ops.quote_name(IdempotencyKey._meta.db_table)

@@ -1,8 +1,7 @@
 """What every backend shares: the records, the key table's columns and standard SQL.
 
-A backend holds one database's claim statements, its bounded wait and the meaning of its
-error codes; :class:`Backend` is the standard-SQL one. :mod:`django_idempotency.store`
-is their only caller: it decides, they say how to ask.
+A backend says how one database claims a key, bounds the wait and names its errors;
+:mod:`django_idempotency.store`, its only caller, decides.
 """
 
 from __future__ import annotations
@@ -28,25 +27,18 @@ Connection = BaseDatabaseWrapper
 
 
 class Busy(OperationalError):
-    """A bounded lock wait ran out: another transaction still holds the key.
-
-    A ``DatabaseError``, so an untranslated one still says what happened.
-    """
+    """A bounded lock wait ran out: another transaction still holds the key."""
 
 
 class DatabaseLocked(Busy):
-    """SQLite: another connection held the database's one write lock past the wait.
-
-    The holder may be a request for any key (docs/backends.rst, "SQLite").
-    """
+    """SQLite: its one write lock was held past the wait, by a request for any key."""
 
 
 class Retry(OperationalError):
-    """Start the claim over in a new transaction (or savepoint).
+    """Start the claim over.
 
-    ``transaction_lost``: the database aborted the whole transaction (a MySQL deadlock);
-    false when only the claim's view of the record was stale and rolling back its savepoint
-    is enough.
+    ``transaction_lost``: the database aborted the whole transaction (a MySQL deadlock), not
+    only the claim's savepoint (a stale view of the record).
     """
 
     def __init__(self, message: str, *, transaction_lost: bool = True) -> None:
@@ -71,10 +63,8 @@ class Record:
     id: int
     fingerprint: str
     completed: bool
-    #: The stored answer of a completed record, else ``None``.
     response: StoredResponse | None
     owner_token: str
-    locked_until: datetime | None
     created_at: datetime
     expires_at: datetime
     #: The database's clock, read in the same statement: every decision about this
@@ -107,11 +97,7 @@ class Record:
         return state == leases.ABANDONED
 
     def free_to_take(self, fingerprint: str, take_over_abandoned: bool) -> bool:
-        """Whether a claim of ``fingerprint`` takes this record over: :func:`takeover_condition`.
-
-        Past its expiry, and neither an abandoned claim left to a recovery policy (without
-        ``take_over_abandoned``) nor bound to another request.
-        """
+        """Whether a claim of ``fingerprint`` takes this record over: :func:`takeover_condition`."""
         if not self.expired:
             return False
         if not take_over_abandoned and self.abandoned():
@@ -121,9 +107,8 @@ class Record:
     def bound_to_other_work(self, fingerprint: str) -> bool:
         """Bound to work other than ``fingerprint``'s: not to be taken over by it.
 
-        A released or abandoned claim with checkpoints stays bound to its request while the
-        purge retains it: another fingerprint is answered 422 (SPEC 4.3). In SQL:
-        :func:`unless_bound`.
+        A claim left with checkpoints stays bound to its request while the purge retains it:
+        another fingerprint gets 422 (SPEC 4.3). :func:`unless_bound` is the rule in SQL.
         """
         state = leases.state_of(self.completed, self.owner_token, self.expires_at, self.seen_at)
         return (
@@ -149,8 +134,8 @@ class Claim:
 class NewClaim:
     """What a request writes when it claims a key.
 
-    Its times are durations from the database's clock in the writing statement
-    (:mod:`django_idempotency.clock`), never app host instants.
+    Times are durations from the database's clock in the writing statement, never app host
+    instants.
     """
 
     scope: str
@@ -175,8 +160,8 @@ class NewClaim:
     ) -> NewClaim:
         """The claim of ``info``'s key: for ``ttl``, or held for ``lease``.
 
-        A held lease expires with the lease (one index answers "may this be taken over?") and
-        is retained ``ttl`` past it, so a claim left in progress keeps its progress.
+        A lease's claim is retained ``ttl`` past it, so that a claim left in progress keeps
+        its progress.
         """
         new = object.__new__(cls)
         # What the generated __init__ sets, without its frame: every request makes one.
@@ -198,17 +183,14 @@ _COLUMNS = MappingProxyType(
 
 
 def column_names() -> Mapping[str, str]:
-    """Each field's column, read once."""
     return _COLUMNS
 
 
 def quoted_table(connection: BaseDatabaseWrapper) -> str:
-    """The key table's name, quoted for ``connection``."""
     return connection.ops.quote_name(IdempotencyKey._meta.db_table)
 
 
 def key_columns(connection: BaseDatabaseWrapper) -> tuple[str, str]:
-    """The scope and key columns, quoted: together they name a record."""
     quote = connection.ops.quote_name
     return quote(_COLUMNS["scope"]), quote(_COLUMNS["key"])
 
@@ -219,7 +201,6 @@ STATEMENTS: dict[Any, str] = clock.sql_cache()
 
 
 def cached_sql(connection: BaseDatabaseWrapper, name: Any, build: Callable[..., str]) -> str:
-    """The SQL of statement ``name``, from ``STATEMENTS`` or else built and kept there."""
     sql = STATEMENTS.get((connection.vendor, name))
     if sql is None:
         sql = build(connection)
@@ -243,7 +224,7 @@ RESPONSE_FIELDS = ["status_code", "response_headers", "response_body"]
 
 
 def claim_values(connection: BaseDatabaseWrapper) -> str:
-    """A new claim's values in ``CLAIM_FIELDS`` order, then its first attempt.
+    """A new claim's values in ``CLAIM_FIELDS`` order, then attempt 1.
 
     Parameters from ``insert_params``; times by the database's clock.
     """
@@ -252,7 +233,6 @@ def claim_values(connection: BaseDatabaseWrapper) -> str:
 
 
 def insert_claim_into(connection: BaseDatabaseWrapper) -> str:
-    """``INSERT INTO`` the key table, naming the columns :func:`claim_values` fill."""
     quote = connection.ops.quote_name
     columns = column_names()
     names = [quote(columns[field]) for field in [*CLAIM_FIELDS, "attempt"]]
@@ -265,11 +245,7 @@ BODY_FIELD: Field[Any, Any] = IdempotencyKey._meta.get_field("response_body")  #
 
 
 def complete_sql(connection: BaseDatabaseWrapper, fence: str, *, with_grace: bool) -> str:
-    """Store a response on a claim behind ``fence``: the one statement that completes a key.
-
-    ``with_grace`` keeps the claim's expiry while the claim is younger than a (negative)
-    parameter: see ``store.complete``.
-    """
+    """The one statement that completes a key; ``with_grace``: see ``store.complete``."""
     expires, later = column_names()["expires_at"], clock.later_sql(connection)
     if with_grace:
         quote = connection.ops.quote_name
@@ -287,21 +263,19 @@ def complete_sql(connection: BaseDatabaseWrapper, fence: str, *, with_grace: boo
     )
 
 
-#: The fences of a write to a claim, checked in the writing statement: whose it must
-#: still be. Parameters end with the record's id, then (not ``OWN_TRANSACTION``) a token.
+#: Fences: whose a claim must still be, checked in the writing statement. Parameters end
+#: with the record's id, then (not ``OWN_TRANSACTION``) a token.
 #: Atomic mode: the claim is the writer's own transaction's.
 OWN_TRANSACTION = "own transaction"
 #: Lease mode: still this owner's (not taken over, released or completed).
 OWNER = "owner"
-#: Still its dead owner's: that token, its lease run out by the database's clock.
-#: The fence of a takeover and of a settlement.
+#: A takeover or settlement: still its dead owner's, its lease run out by the database's clock.
 ABANDONED = "abandoned"
-#: This owner's, or released by it (its token cleared): its checkpoints.
+#: This owner's, or released by it: its checkpoints.
 OWNER_OR_RELEASED = "owner or released"
 #: A completed refusal (SPEC 4.6), still its owner's as an operator read it.
 REFUSED = "refused"
-#: The lowest refusal status (a view's 500, a function's 507); no result the contract
-#: stores is a 5xx.
+#: The lowest refusal status (a view's 500, a function's 507); no stored result is a 5xx.
 REFUSAL_STATUS = 500
 
 
@@ -327,7 +301,6 @@ def fenced(connection: BaseDatabaseWrapper, fence: str) -> str:
 
 
 def update_sql(connection: BaseDatabaseWrapper, fence: str, **assigned: str) -> str:
-    """``UPDATE`` one claim behind ``fence``, each named column set to its SQL."""
     quote = connection.ops.quote_name
     columns = column_names()
     assignments = ", ".join(f"{quote(columns[name])} = {sql}" for name, sql in assigned.items())
@@ -335,7 +308,6 @@ def update_sql(connection: BaseDatabaseWrapper, fence: str, **assigned: str) -> 
 
 
 def delete_sql(connection: BaseDatabaseWrapper, fence: str) -> str:
-    """``DELETE`` one claim behind ``fence``."""
     table = connection.ops.quote_name(IdempotencyKey._meta.db_table)
     return f"DELETE FROM {table} WHERE {fenced(connection, fence)}"
 
@@ -381,10 +353,7 @@ def insert_params(connection: BaseDatabaseWrapper, new: NewClaim) -> list[Any]:
 def claim_upsert(
     connection: BaseDatabaseWrapper, new: NewClaim, take_over_abandoned: bool
 ) -> Claim | None:
-    """SQLite: insert, or take over an expired record, in one statement.
-
-    The wait happened at ``BEGIN`` (or here) under the busy timeout.
-    """
+    """SQLite: insert, or take over an expired record, in one statement."""
     name = ("upsert", take_over_abandoned)
     sql = STATEMENTS.get((connection.vendor, name)) or cached_sql(
         connection, name, lambda c: upsert_sql(c, take_over_abandoned)
@@ -412,10 +381,7 @@ def upsert_sql(connection: BaseDatabaseWrapper, take_over_abandoned: bool) -> st
 
 
 def takeover_assignments(connection: BaseDatabaseWrapper, *, from_excluded: bool) -> str:
-    """SET clause giving an expired record to a new claim: its values, no response.
-
-    Values from the upsert's ``EXCLUDED`` row, or parameters (``insert_params(...)[2:]``).
-    """
+    """Give an expired record to a new claim, from ``EXCLUDED`` or ``insert_params(...)[2:]``."""
     quote = connection.ops.quote_name
     columns = column_names()
     claim = [quote(columns[field]) for field in CLAIM_FIELDS[2:]]
@@ -429,10 +395,10 @@ def takeover_assignments(connection: BaseDatabaseWrapper, *, from_excluded: bool
 
 
 def progress_assignments(connection: BaseDatabaseWrapper, fingerprint: str) -> str:
-    """SET clause of a takeover's attempt and checkpoints: kept for the same request's claim.
+    """A takeover's attempt and checkpoints, first, as MySQL assigns left to right.
 
-    Same request: abandoned becomes attempt n + 1, released stays n (SPEC counts
-    takeovers); otherwise 1 and none. Must come first: MySQL assigns left to right.
+    The same request's abandoned claim goes to attempt n + 1, its released one stays n,
+    another request's to 1 and no checkpoints.
     """
     quote = connection.ops.quote_name
     columns = column_names()
@@ -441,7 +407,6 @@ def progress_assignments(connection: BaseDatabaseWrapper, fingerprint: str) -> s
         f"{quote(columns['state'])} = '{State.IN_PROGRESS}' "
         f"AND {quote(columns['fingerprint'])} = {fingerprint}"
     )
-    # Only taking over an owned (abandoned) claim counts its owner's attempt.
     return (
         f"{attempt} = CASE WHEN {same} "
         f"THEN {attempt} + CASE WHEN {leases.owned_sql(connection)} THEN 1 ELSE 0 END ELSE 1 END, "
@@ -452,11 +417,11 @@ def progress_assignments(connection: BaseDatabaseWrapper, fingerprint: str) -> s
 def takeover_condition(
     connection: BaseDatabaseWrapper, take_over_abandoned: bool, fingerprint: str, table: str = ""
 ) -> str:
-    """Which record a claim of ``fingerprint`` takes over: every takeover statement's condition.
+    """Every takeover's condition, :meth:`Record.free_to_take` in SQL.
 
-    :meth:`Record.free_to_take` in SQL: past its expiry, not an abandoned claim left to a
-    recovery policy, not bound to another request. ``fingerprint`` is SQL (a parameter, or
-    the upsert's ``EXCLUDED`` column); ``table`` qualifies the columns (``"t."``).
+    Expired by the database's clock in the statement, not an abandoned claim left to a
+    recovery policy, not bound to another request. ``fingerprint`` is SQL (``%s`` or an
+    ``EXCLUDED`` column); ``table`` qualifies the columns (``"t."``).
     """
     return (
         f"{leases.expiry_sql(True, connection, table)}"
@@ -466,18 +431,13 @@ def takeover_condition(
 
 
 def unless_abandoned(connection: BaseDatabaseWrapper, take_over_abandoned: bool, table: str) -> str:
-    """A takeover's extra condition when abandoned claims are left to a recovery policy."""
     if take_over_abandoned:
         return ""
     return f" AND NOT {leases.sql(leases.ABANDONED, connection, table)}"
 
 
 def unless_bound(connection: BaseDatabaseWrapper, fingerprint: str, table: str = "") -> str:
-    """A takeover's condition leaving alone a claim bound to another request.
-
-    :meth:`Record.bound_to_other_work` in SQL. ``fingerprint`` is SQL (a parameter, or
-    the upsert's ``EXCLUDED`` column); ``table`` qualifies the columns (``"t."``).
-    """
+    """Not :meth:`Record.bound_to_other_work`, in SQL; arguments as :func:`takeover_condition`."""
     quote = connection.ops.quote_name
     ran_out = (
         f"({leases.sql(leases.RELEASED, connection, table)} "
@@ -490,7 +450,7 @@ def unless_bound(connection: BaseDatabaseWrapper, fingerprint: str, table: str =
 
 
 def claimed_columns(connection: BaseDatabaseWrapper, table: str = "") -> str:
-    """The id and progress columns, qualified by ``table`` if given (SQLite's RETURNING is not)."""
+    """The id and progress columns (``table``: qualified; SQLite's ``RETURNING`` is not)."""
     quote = connection.ops.quote_name
     columns = column_names()
     names = [quote(IdempotencyKey._meta.pk.column), *(quote(columns[f]) for f in PROGRESS)]
@@ -502,7 +462,6 @@ PROGRESS = ["attempt", "checkpoints"]
 
 
 def claimed(connection: BaseDatabaseWrapper, row: Any) -> Claim:
-    """The claim of ``row``: the record id, then its attempt and checkpoints."""
     values = list(row)
     converters = _CONVERTERS.get(connection.vendor) or row_converters(connection)
     for index, expression, converter in converters[1]:
@@ -520,7 +479,6 @@ RECORD_COLUMNS = [
     "response_headers",
     "response_body",
     "owner_token",
-    "locked_until",
     "created_at",
     "expires_at",
     "retained_until",
@@ -529,7 +487,7 @@ RECORD_COLUMNS = [
 
 
 def record_of(connection: BaseDatabaseWrapper, row: Any) -> Record:
-    """A row of ``RECORD_COLUMNS`` and the database's clock, as the ORM would convert it.
+    """A row of ``RECORD_COLUMNS`` and the database's clock, converted as the ORM would.
 
     Without building a model; only the columns the ORM converts.
     """
@@ -545,7 +503,6 @@ def record_of(connection: BaseDatabaseWrapper, row: Any) -> Record:
         headers,
         body,
         owner_token,
-        locked_until,
         created_at,
         expires_at,
         retained_until,
@@ -560,7 +517,6 @@ def record_of(connection: BaseDatabaseWrapper, row: Any) -> Record:
         completed=completed,
         response=StoredResponse(status_code or 200, headers or [], body) if completed else None,
         owner_token=owner_token,
-        locked_until=locked_until,
         created_at=created_at,
         expires_at=expires_at,
         seen_at=seen_at,
@@ -576,7 +532,6 @@ _CONVERTERS: dict[str, tuple[list[tuple[int, Col, Any]], list[tuple[int, Col, An
 
 
 def row_converters(connection: BaseDatabaseWrapper) -> tuple[list[Any], list[Any]]:
-    """Build this vendor's entry of ``_CONVERTERS``."""
     record: list[tuple[int, Col, Any]] = []
     # The clock, last, is converted as the expiry (a datetime column) is.
     for index, name in enumerate([*RECORD_COLUMNS, "expires_at"]):
@@ -623,15 +578,13 @@ Found = Claim | Record | None
 
 
 class Backend:
-    """One database's way to claim a key, and what its errors mean: here, standard SQL.
+    """One database's way to claim a key, and what its errors mean.
 
-    One upsert that inserts or takes over an expired record, else a read of the live one.
-    A database that waits or claims otherwise overrides :meth:`claim`, and :meth:`prepare`
-    and :meth:`restore` for a wait set before the claim's transaction opens.
+    Here, standard SQL: an upsert that inserts or takes over an expired record, else a read
+    of the live one. A vendor overrides what it does otherwise.
     """
 
-    #: Whether the wait happens when the claim's transaction begins (SQLite): then
-    #: :meth:`prepare` bounds it first and :meth:`restore` puts it back.
+    #: The wait happens at ``BEGIN`` (SQLite): :meth:`prepare` bounds it, :meth:`restore` after.
     waits_at_begin = False
     #: Whether a replay is read before the claim (``store.reads_before_claiming``).
     reads_before_claiming = False
@@ -645,9 +598,9 @@ class Backend:
         """Give the connection back what :meth:`prepare` changed."""
 
     def claim(self, connection: Connection, new: NewClaim, wait: float, take_over: bool) -> Found:
-        """The key claimed, the live record that holds it, or ``None`` if it vanished meanwhile.
+        """The key claimed, the live record holding it, or ``None`` if it vanished meanwhile.
 
-        ``take_over``: an abandoned claim is taken over too, not returned.
+        ``take_over``: take an abandoned claim over too.
         """
         claimed_key = claim_upsert(connection, new, take_over)
         if claimed_key is not None:
@@ -655,7 +608,6 @@ class Backend:
         return read_record(connection, new.scope, new.key)
 
     def code(self, exc: DatabaseError) -> Any:
-        """The server's code for ``exc``: the error number the driver gives first."""
         return errno(exc)
 
     def meaning(self, exc: DatabaseError) -> Exception | None:

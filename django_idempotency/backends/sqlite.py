@@ -1,7 +1,7 @@
-"""SQLite: one write lock for the whole database, waited for under the busy timeout.
+"""SQLite: one write lock for the whole database, taken at ``BEGIN IMMEDIATE``.
 
-The lock is taken at ``BEGIN IMMEDIATE``, so the claim's wait is set on the connection
-before the transaction opens and put back after the claim. Errors are words, not codes.
+So the claim's wait (the busy timeout) is set before the transaction opens and put back
+after.
 """
 
 from __future__ import annotations
@@ -16,10 +16,7 @@ class SQLite(base.Backend):
     waits_at_begin = True
 
     def prepare(self, connection: BaseDatabaseWrapper, wait: float) -> None:
-        """Set the busy timeout to ``wait``, unless it equals the connection's ``timeout`` option.
-
-        With the defaults (5 s both), never: the view's statements wait as configured.
-        """
+        """Set the busy timeout to ``wait`` unless it is the connection's (5 s both by default)."""
         connection.ensure_connection()
         # The busy timeout, in ms, that Django opened the connection with.
         own = round(connection.settings_dict.get("OPTIONS", {}).get("timeout", 5.0) * 1000)
