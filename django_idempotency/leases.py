@@ -5,9 +5,9 @@ the clock), ``abandoned`` (its owner's lease ran out: the next retry may take it
 ``released`` (given back, token cleared, keeping its checkpoints: taken over at once).
 While a lease is held ``expires_at`` is its end: one indexed column decides lease and expiry.
 
-Each state, and what the purge deletes, is written for Python (a record read with the
-clock), the ORM and SQL; tests/test_leases.py and tests/test_purge_progress.py hold each
-three to the same rows on every backend. The purge's ``retained_until`` decides no state.
+Each state is written for Python (a record read with the clock), the ORM and SQL, which
+tests/test_leases.py holds to the same rows on every backend; what the purge deletes, for
+the ORM and SQL, which tests/test_purge_progress.py holds to the same rows. The purge's ``retained_until`` decides no state.
 """
 
 from __future__ import annotations

@@ -346,6 +346,42 @@ def test_a_first_request_runs_no_more_package_frames_than_measured(client):
     assert len(frames) <= FIRST_REQUEST_MODULES, sorted(frames)
 
 
+#: The same for a replay of a completed key, once the process has answered one.
+REPLAY_FRAMES = 41
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_replay_runs_no_more_package_frames_than_measured(client):
+    import sys
+
+    body = json.dumps({"item": "book"})
+    for key in ("warm", "warm", "replayed"):
+        client.post(
+            "/orders/", body, content_type="application/json", headers={"Idempotency-Key": key}
+        )
+    frames: Counter[str] = Counter()
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            module = frame.f_globals.get("__name__", "")
+            if module.startswith("django_idempotency"):
+                frames[module] += 1
+
+    sys.setprofile(profile)
+    try:
+        response = client.post(
+            "/orders/",
+            body,
+            content_type="application/json",
+            headers={"Idempotency-Key": "replayed"},
+        )
+    finally:
+        sys.setprofile(None)
+
+    assert response["Idempotent-Replayed"] == "true"
+    assert sum(frames.values()) <= REPLAY_FRAMES, frames.most_common()
+
+
 #: The same for a first request that ``IdempotencyMiddleware`` protects (a
 #: plain view it wraps, atomic mode, SQLite): the middleware's own frames
 #: (resolving the view, asking ``view_protection``) on top of the path above.

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from django.test import AsyncClient, Client, RequestFactory
+from rest_framework.test import APIClient
 
 from django_idempotency.adapters import reach
 from django_idempotency.fingerprint import method_of
@@ -112,3 +113,17 @@ class LowerCaseMethodTests:
         assert retry.status_code == 422
         assert calls.value == 1
         assert IdempotencyKey.objects.count() == 1
+
+    def test_a_drf_retry_in_another_case_is_another_request(self, settings) -> None:
+        client, _ = token_client()
+        first = drf_post(client, "/drf/orders/")
+        settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if m != LOWER_CASE]
+        # A new client: a client's handler keeps the middleware it loaded first.
+        retry_client = APIClient()
+        retry_client.credentials(**client._credentials)
+
+        retry = drf_post(retry_client, "/drf/orders/")
+
+        assert first.status_code == 201
+        assert retry.status_code == 422
+        assert Order.objects.count() == 1
