@@ -7,7 +7,8 @@ While a lease is held ``expires_at`` is its end: one indexed column decides leas
 
 Each state is written for Python (a record read with the clock), the ORM and SQL, which
 tests/test_leases.py holds to the same rows on every backend; what the purge deletes, for
-the ORM and SQL, which tests/test_purge_progress.py holds to the same rows. The purge's ``retained_until`` decides no state.
+the ORM and SQL, which tests/test_purge_progress.py holds to the same rows. The purge's
+``retained_until`` decides no state.
 """
 
 from __future__ import annotations

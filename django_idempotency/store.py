@@ -164,7 +164,8 @@ def complete(
     """Store the response for ``ttl``; ``False`` if the claim is no longer ours (lease lost).
 
     ``grace``: keep the claim's expiry if the claim is younger than that by the database's
-    clock (``Call._atomic``). ``fence``: by default the owner's token, or without one the writer's transaction.
+    clock (``Call._atomic``). ``fence``: by default the owner's token, or without one the
+    writer's transaction.
     """
     if connection is None:
         connection = connections[using]
