@@ -6,7 +6,9 @@ import ast
 import json
 import os
 import re
+import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -271,27 +273,19 @@ FIRST_REQUEST_PATH = {
 
 @pytest.mark.django_db(transaction=True)
 def test_a_first_request_and_its_replay_cross_only_the_adapter_core_store_and_helpers(client):
-    import sys
-
-    ran: set[str] = set()
-
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        if event == "call":
-            module = frame.f_globals.get("__name__", "")
-            if module.startswith("django_idempotency"):
-                ran.add(module)
-
     body = json.dumps({"item": "book"})
     # The URLconf and its decorated views load at the first request.
     client.post("/orders/", body, content_type="application/json")
-    sys.setprofile(profile)
-    try:
+
+    def first_and_replay() -> Any:
         for _ in range(2):
             response = client.post(
                 "/orders/", body, content_type="application/json", headers={"Idempotency-Key": "k"}
             )
-    finally:
-        sys.setprofile(None)
+        return response
+
+    response, frames = package_frames(first_and_replay)
+    ran = set(frames)
 
     assert response["Idempotent-Replayed"] == "true"
     assert {"django_idempotency.engine", "django_idempotency.store"} <= ran  # it looked
@@ -307,14 +301,12 @@ FIRST_REQUEST_FRAMES = 39
 FIRST_REQUEST_MODULES = 12
 
 
-def first_request_frames(client: Any, url: str) -> tuple[Any, Counter[str]]:
-    """One first request to ``url``, after a warm-up one, and the package frames it ran, by module.
+def package_frames(call: Callable[[], Any]) -> tuple[Any, Counter[str]]:
+    """What ``call()`` returns, and the package's frames it ran, by module.
 
-    The warm-up builds what is built once: the URLconf, the view's options,
-    the statements' SQL.
+    Each call of a package function, and each resumption of a package
+    generator, is one frame.
     """
-    import sys
-
     frames: Counter[str] = Counter()
 
     def profile(frame: Any, event: str, arg: Any) -> None:
@@ -323,15 +315,27 @@ def first_request_frames(client: Any, url: str) -> tuple[Any, Counter[str]]:
             if module.startswith("django_idempotency"):
                 frames[module] += 1
 
-    body = json.dumps({"item": "book"})
-    client.post(url, body, content_type="application/json", headers={"Idempotency-Key": "warm"})
     sys.setprofile(profile)
     try:
-        response = client.post(
-            url, body, content_type="application/json", headers={"Idempotency-Key": "first"}
-        )
+        value = call()
     finally:
         sys.setprofile(None)
+    return value, frames
+
+
+def post_order(client: Any, url: str, key: str) -> Any:
+    body = json.dumps({"item": "book"})
+    return client.post(url, body, content_type="application/json", headers={"Idempotency-Key": key})
+
+
+def first_request_frames(client: Any, url: str) -> tuple[Any, Counter[str]]:
+    """One first request to ``url``, after a warm-up one, and the package frames it ran, by module.
+
+    The warm-up builds what is built once: the URLconf, the view's options,
+    the statements' SQL.
+    """
+    post_order(client, url, "warm")
+    response, frames = package_frames(lambda: post_order(client, url, "first"))
     assert response.status_code == 201
     assert "Idempotent-Replayed" not in response
     return response, frames
@@ -352,31 +356,10 @@ REPLAY_FRAMES = 41
 
 @pytest.mark.django_db(transaction=True)
 def test_a_replay_runs_no_more_package_frames_than_measured(client):
-    import sys
-
-    body = json.dumps({"item": "book"})
     for key in ("warm", "warm", "replayed"):
-        client.post(
-            "/orders/", body, content_type="application/json", headers={"Idempotency-Key": key}
-        )
-    frames: Counter[str] = Counter()
+        post_order(client, "/orders/", key)
 
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        if event == "call":
-            module = frame.f_globals.get("__name__", "")
-            if module.startswith("django_idempotency"):
-                frames[module] += 1
-
-    sys.setprofile(profile)
-    try:
-        response = client.post(
-            "/orders/",
-            body,
-            content_type="application/json",
-            headers={"Idempotency-Key": "replayed"},
-        )
-    finally:
-        sys.setprofile(None)
+    response, frames = package_frames(lambda: post_order(client, "/orders/", "replayed"))
 
     assert response["Idempotent-Replayed"] == "true"
     assert sum(frames.values()) <= REPLAY_FRAMES, frames.most_common()
@@ -410,26 +393,6 @@ FUNCTION_FIRST_CALL_FRAMES = 41
 FUNCTION_REPLAY_FRAMES = 40
 
 
-def function_call_frames(function: Any, *args: Any) -> tuple[Any, Counter[str]]:
-    """One call of ``function`` and the package frames it ran, by module."""
-    import sys
-
-    frames: Counter[str] = Counter()
-
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        if event == "call":
-            module = frame.f_globals.get("__name__", "")
-            if module.startswith("django_idempotency"):
-                frames[module] += 1
-
-    sys.setprofile(profile)
-    try:
-        value = function(*args)
-    finally:
-        sys.setprofile(None)
-    return value, frames
-
-
 @pytest.mark.django_db(transaction=True)
 def test_a_functions_first_call_and_replay_run_no_more_package_frames_than_measured():
     from django_idempotency import idempotent_function
@@ -446,8 +409,8 @@ def test_a_functions_first_call_and_replay_run_no_more_package_frames_than_measu
     create("warm")
     create("warm")
 
-    first, first_frames = function_call_frames(create, "book")
-    replay, replay_frames = function_call_frames(create, "book")
+    first, first_frames = package_frames(lambda: create("book"))
+    replay, replay_frames = package_frames(lambda: create("book"))
 
     assert bodies == ["warm", "book"]  # a first call, then a replay
     assert replay == first
