@@ -149,7 +149,7 @@ def purge_expired(
 ) -> int:
     """Delete every record that expired at or before ``now``; return how many went.
 
-    ``using`` defaults to the ``DATABASE`` setting. ``now`` defaults to the
+    ``using`` defaults to ``IDEMPOTENCY["DATABASE"]``, ``now`` to the
     database's clock (never the host's), read once at the start so that a
     run ends even while records keep expiring. A lease-mode claim left in
     progress (released, or its lease ran out) is also kept until its
