@@ -70,7 +70,7 @@ class Adapter:
     #: (``None`` for a view not of the framework).
     view_protection: Callable[[Any, str, Any], Any] | None = None
     #: How a body that raised the framework's control flow ``exc`` ended (an
-    #: ``engine.Ending``; Celery's ``Ignore``: on purpose); ``None`` for other errors.
+    #: ``engine.Ending``; Celery's ``Ignore``: completed on purpose); ``None`` for other errors.
     ending: Callable[[BaseException], Any] | None = None
     #: Raises the framework's "ended on purpose" (Celery's ``Ignore``), for a
     #: duplicate of a body that ended so.

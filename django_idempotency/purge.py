@@ -150,7 +150,7 @@ def purge_expired(
     """Delete every record that expired at or before ``now``; return how many went.
 
     ``using`` defaults to ``IDEMPOTENCY["DATABASE"]``, ``now`` to the
-    database's clock (never the host's), read once at the start so that a
+    database's clock (never the host's, which may be wrong), read once at the start so that a
     run ends even while records keep expiring. A lease-mode claim left in
     progress (released, or its lease ran out) is also kept until its
     ``retained_until`` (the key's TTL past its lease's end), so the retry
@@ -161,7 +161,10 @@ def purge_expired(
 
     Before deleting anything, a value out of range raises
     :class:`ValueError`, and a call inside a transaction (unless
-    ``dry_run``) :class:`~django.db.TransactionManagementError`. An unknown
+    ``dry_run``) :class:`~django.db.TransactionManagementError`: every
+    batch commits on its own and the purge rests between them, which inside
+    a caller's transaction would hold it, and every row deleted so far, for
+    the whole purge (run it outside, or from ``transaction.on_commit``). An unknown
     alias, or a missing table (run ``migrate``), raises
     :class:`~django.core.exceptions.ImproperlyConfigured`; a lock wait that
     ran out, :class:`~django_idempotency.store.Busy` (a
@@ -266,8 +269,9 @@ def _with_deadlock_retry(
     """Run one batch again if the database chose it as a deadlock victim.
 
     InnoDB can deadlock two deletes walking the same secondary index. The
-    victim's batch was rolled back whole, so it simply runs again; inside a
-    caller's transaction, lost too, the error is raised.
+    victim's batch was rolled back whole, so nothing of it was deleted or
+    counted, and it simply runs again. Inside a caller's transaction, which
+    the deadlock rolled back too, the error is raised.
     """
     for attempt in range(1, DEADLOCK_ATTEMPTS + 1):
         try:
@@ -397,8 +401,9 @@ def _delete_batch_bounded(
     First, unlocked, the boundary: the expiry of the ``batch_size``-th
     purgeable row from where the last batch ended (none when fewer are
     left). Then at most ``batch_size`` purgeable rows up to it go, in
-    ``expires_at`` order; rows sharing it that the limit left start the
-    next batch, so none steps again over the claims kept ahead of it.
+    ``expires_at`` order, none past the cutoff ever deleted (the condition
+    holds it too); rows sharing it that the limit left start the next
+    batch, so none steps again over the claims kept ahead of it.
 
     MySQL/MariaDB have ``SKIP LOCKED`` only on ``SELECT``, and a locked
     ``SELECT`` then ``DELETE ... WHERE id IN (...)`` deadlocked concurrent

@@ -58,7 +58,9 @@ def refuse_untestable(using: str) -> None:
 
     In a ``TestCase``'s transaction the copies would deadlock on its claim;
     in-memory SQLite is private to one connection, or a shared cache
-    answering "table is locked" at once; and see :func:`_refuse_proxied`.
+    answering "table is locked" at once. Called from a running event loop,
+    or on a server database reached through a pooler, the race cannot run
+    either (:func:`_refuse_event_loop`, :func:`_refuse_proxied`).
     """
     _refuse_event_loop()
     for connection in connections.all(initialized_only=True):
@@ -84,8 +86,10 @@ def refuse_untestable(using: str) -> None:
 def _refuse_event_loop() -> None:
     """Refuse a running event loop, as Django refuses the database there.
 
-    Django would raise ``SynchronousOnlyOperation`` only at the race's first
-    query, after the setup had begun. ``DJANGO_ALLOW_ASYNC_UNSAFE`` lifts both.
+    The race blocks the calling thread until every request has answered,
+    and reads ``effect()`` and the database from it. Django would raise
+    ``SynchronousOnlyOperation`` only at the race's first query, after the
+    setup had begun. ``DJANGO_ALLOW_ASYNC_UNSAFE`` lifts both.
     """
     try:
         asyncio.get_running_loop()

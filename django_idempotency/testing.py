@@ -173,7 +173,9 @@ class RaceCheck:
     #: original was let go (PostgreSQL: a lock wait; MariaDB, MySQL: a statement
     #: running; SQLite: a claim not returned). Always ``False`` in lease mode.
     waited: list[bool]
-    #: What every duplicate was expected to get: ``expect``, or its default.
+    #: What every duplicate was expected to get: ``expect``, or by default
+    #: ``"replayed"`` for an original held inside a transaction (atomic mode)
+    #: and ``"in_flight"`` for one held outside (lease mode).
     expected: Expect = "either"
 
     @property
@@ -233,12 +235,15 @@ def race_duplicates(
     (``wait=0``, a ``WAIT`` shorter than the race).
 
     ``client`` is a test client, copied for each thread (cookies included),
-    or a callable returning a new one; ``AsyncClient`` is refused.
-    ``timeout`` bounds, in seconds, each wait: for the hold, for the
-    duplicates to arrive, for every request to end. A failed check raises
-    ``AssertionError``. Needs a transactional test: a ``TestCase``, a running
-    event loop (use ``sync_to_async``) or a pooler such as PgBouncer raises
-    :class:`RaceSetupError`. Returns a :class:`RaceCheck`.
+    or a callable returning a new one (``Client``, ``APIClient``, a
+    function); ``AsyncClient`` is refused with ``TypeError``, since each
+    request runs in a thread of its own. ``timeout`` bounds, in seconds,
+    each wait: for the hold, for the duplicates to arrive, for every request
+    to end. A failed check raises ``AssertionError``. Needs a transactional
+    test: inside a ``TestCase`` it raises :class:`RaceSetupError`, as it does
+    called from a running event loop (use ``sync_to_async``) and on a
+    database reached through a pooler such as PgBouncer. Returns a
+    :class:`RaceCheck`.
     """
     if duplicates < 1:
         raise ValueError(f"duplicates must be 1 or more, not {duplicates!r}")
