@@ -207,7 +207,7 @@ def _call(
     if not isinstance(fingerprint, str):
         _refuse_text("fingerprint", fingerprint, options.fingerprint)
     if len(fingerprint) > FINGERPRINT_COLUMN_LENGTH:
-        # Longer than the column's SHA-256 hex digest (a custom function): digested.
+        # The column fits a SHA-256 hex digest: a longer custom value is digested, not cut.
         fingerprint = hashlib.sha256(fingerprint.encode()).hexdigest()
     info = IdempotencyInfo(key=key, scope=fit_key_column(scope), fingerprint=fingerprint)
     request.idempotency = info  # type: ignore[attr-defined]

@@ -302,7 +302,7 @@ def idempotent_function(
     JSON-serialisable and comes back as JSON gives it (a tuple as a list). The same key with
     other arguments raises :class:`~django_idempotency.exceptions.ArgumentsMismatch`; a call
     while the original runs past ``wait``, :class:`~django_idempotency.exceptions.CallInFlight`.
-    An ``async def`` function is awaited.
+    An ``async def`` function is protected alike and awaited.
 
     ``recover`` (lease mode) is asked ``recover(abandoned)`` when a call finds the claim of
     one that stopped unfinished: ``None`` takes it over (the body runs again, with the

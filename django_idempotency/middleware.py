@@ -289,9 +289,9 @@ ORDER_CHECK_ID = "django_idempotency.E006"
 def misplaced() -> tuple[str, str] | None:
     """``(message, fix)`` when ``IdempotencyMiddleware`` is listed where it cannot be right.
 
-    Before ``AuthenticationMiddleware`` or ``RemoteUserMiddleware``, it takes the scope before
-    Django sets ``request.user``: every user looks anonymous, and one user's key replays
-    another's stored response. Before another middleware's hooks: :func:`_view_hook_after`.
+    Listed before ``AuthenticationMiddleware`` or ``RemoteUserMiddleware``, it takes the scope
+    before Django knows the user, who looks anonymous: one user's key replays another's stored
+    response. Before another middleware's hooks: :func:`_view_hook_after`.
     Subclasses count as the class they extend; WSGI and ASGI share one ``MIDDLEWARE``.
     """
     middleware = settings.MIDDLEWARE
