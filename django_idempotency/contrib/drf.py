@@ -270,6 +270,7 @@ def _shadow(view: Any, method: str, options: DeclaredOptions, answer: Answer) ->
     else:
         is_async = iscoroutinefunction(handler)
     if is_async:
+
         async def protected_async(request: Request, *args: Any, **kwargs: Any) -> Any:
             call = partial(handler, request, *args, **kwargs)
             guard = Guard(finish=partial(finish, request), answer=answer)
