@@ -127,7 +127,8 @@ def protect(
     else:
         http_request, own, _ = adapters.reach(request)
     try:
-        # The fingerprint reads the body into a copy, closed however the request ends.
+        # The fingerprint reads the body into a copy, closed however the request ends: a
+        # refused key included.
         call = _call(request, http_request, own, options, sender, finish)
         if call is None:
             response: HttpResponseBase = handler()
@@ -170,10 +171,13 @@ def _call(
     sender: Any,
     finish: Finish,
 ) -> engine.Call | None:
-    """The engine's call for this request, or ``None`` when :func:`may_claim` would say no.
+    """The engine's call for this request, or ``None`` when it is not protected.
 
-    ``http_request`` is Django's request (``request`` or the one inside it); ``own``, what was
-    set on a framework's ``request`` itself, which comes first (``adapters.reach``).
+    Not protected: disabled, a method the view does not protect, no key and none required
+    (:func:`may_claim`, asked here with the key read once), or an outer layer protects it
+    as this one would. ``http_request`` is Django's request (``request`` or the one inside
+    it); ``own``, what was set on a framework's ``request`` itself, which comes first
+    (``adapters.reach``).
     """
     if (_PROTECTED_WITH in own or hasattr(http_request, _PROTECTED_WITH)) and _protected_outside(
         request, declared, sender
@@ -299,7 +303,8 @@ def _protected_outside(request: HttpRequest, declared: DeclaredOptions, sender: 
 def may_claim(request: HttpRequest, options: Options) -> bool:
     """Whether this request may be protected: enabled, a protected method, a key or required.
 
-    A view's ``key`` function is asked only by :func:`_call`, in the request's thread.
+    A view's ``key`` function is asked once, by :func:`_call`, in the request's thread: it
+    may read the body or the database.
     """
     if not _applies(request, options):
         return False

@@ -41,8 +41,9 @@ RESULT_HEADERS = [["Content-Type", "application/json"]]
 #: The body ended on purpose without a value (Celery's ``Ignore``, which ``self.replace()``
 #: raises): a later call, a redelivered task's included, ends the same way.
 ENDED_STATUS = 204
-#: The body returned, but its value could not be kept (not JSON, or refused by the
-#: database): a later call is told so, and the body never runs again.
+#: The body returned, but its value could not be kept (not JSON, or the database refused
+#: it: too large for it, or failing at that moment): a later call is told so, and the body
+#: never runs again.
 UNSTORED_STATUS = 507
 
 
@@ -69,8 +70,9 @@ def decode(stored: StoredResponse) -> Any:
             "delete its record (manage.py idempotency_keys delete)."
         )
     if stored.status_code == ENDED_STATUS:
-        # End as the first did, so that what followed the call (a second publish) never
-        # runs. Only an adapter that ends tasks on purpose (Celery's) writes this record.
+        # End as the first did, so that what follows the call in its caller, which never ran
+        # the first time, does not run now (a redelivered task, a second publish). Only an
+        # adapter that ends tasks on purpose (Celery's) writes this record.
         for adapter in adapters.in_use(importing=True):
             if adapter.end_on_purpose is not None:
                 adapter.end_on_purpose()
@@ -152,7 +154,8 @@ def checked_key(value: object, owner: str) -> str:
 def arguments_fingerprint(arguments: Mapping[str, Any], owner: str) -> str:
     """SHA-256 over the arguments, canonicalised as JSON request bodies are.
 
-    So ``charge(10)`` and ``charge(10.0)``, or keywords in another order, are the same work.
+    So ``charge(10)`` and ``charge(10.0)``, or keywords in another order, are the same work,
+    and any change of meaning is not.
     """
     try:
         document = json.dumps(dict(arguments), cls=DjangoJSONEncoder, allow_nan=False)
@@ -197,8 +200,8 @@ def run_once(
 ) -> Any:
     """Run ``body`` once per (scope, key); return its value, stored or fresh.
 
-    Raises the kind's in-flight error while the original still runs past ``wait`` (or its
-    lease), and its mismatch error when the key was used with other arguments.
+    Raises the kind's in-flight error while the original still runs past ``wait`` (or inside
+    its lease), and its mismatch error when the key was used with other arguments.
     """
     info = IdempotencyInfo(
         key=fit_key_column(key),

@@ -222,8 +222,9 @@ class IdempotentMixin:
     ) -> HttpResponseBase:
         """DRF's, which has nothing left to do for a response this view finalised to store it.
 
-        It would only set again the renderer, ``Allow`` and ``Vary``; skipped only while what
-        finalises after this class is DRF's own, as a base class's may not repeat itself.
+        It would only set what it set then (the renderer, ``Allow``; ``Vary`` was taken), so it
+        is skipped for that response, as long as what finalises after this class is DRF's own:
+        a base class's may not repeat itself, and runs again.
         """
         finalize = super().finalize_response  # type: ignore[misc]
         if (
@@ -330,7 +331,11 @@ def _dispatch_protecting_the_handler(
     *args: Any,
     **kwargs: Any,
 ) -> Any:
-    """Run ``dispatch``, protecting the handler that DRF picks after ``initial()``, if reached."""
+    """Run ``dispatch``, protecting the handler that DRF picks after ``initial()``.
+
+    A ``dispatch`` of the project's own that answers without DRF's (and so before any
+    authentication) is not protected: that is logged, as the decorator did nothing there.
+    """
     authenticated = view.initial
     reached: list[bool] = []
 
