@@ -514,8 +514,10 @@ def _refuse_unknown_keys() -> None:
     """Fail an ``override_settings`` that misspells a key, as the system check fails start-up.
 
     Otherwise a test with a typo would run with the default and pass for the
-    wrong reason. A bad *value* is left to its first read: refusing it here
-    would refuse the overrides that test the checks themselves.
+    wrong reason. Django's ``override_settings`` undoes an override whose
+    receiver raises, then raises the error. A bad *value* is left to its
+    first read: refusing it here would refuse the overrides that test the
+    checks themselves.
     """
     user = getattr(django_settings, SETTING_NAME, {})
     if not isinstance(user, dict) or UNKNOWN_KEY_CHECK_ID in django_settings.SILENCED_SYSTEM_CHECKS:

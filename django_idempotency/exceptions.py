@@ -120,8 +120,9 @@ class RequestAbandoned(InFlight):
 class DatabaseBusy(RequestInFlight):
     """SQLite's one write lock was held by another request for longer than ``WAIT``.
 
-    A 409 like :class:`RequestInFlight`: the lock's holder may be this key's
-    original or any other request, and the two cannot be told apart.
+    A 409 like :class:`RequestInFlight`, which clients already retry after
+    ``Retry-After``: on SQLite the lock's holder may be this key's original
+    or a request for any other key, and the two cannot be told apart.
     """
 
     title = "Database busy"

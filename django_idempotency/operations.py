@@ -53,8 +53,9 @@ def records(using: str | None = None) -> QuerySet[IdempotencyKey]:
 def stored_forms(value: str) -> list[str]:
     """A scope (or key) as typed, and as the column stores it when it is long (its digest).
 
-    A digest (``sha256:...``) is compared as typed only, as
-    :func:`~django_idempotency.scopes.fit_key_column` stores it.
+    A digest copied from the list (``sha256:...``) is compared as typed
+    only: the value that spells it is stored as a digest of its own, so
+    that no value can pass for another's, and a search keeps that rule.
     """
     if value.startswith(DIGEST_PREFIX):
         return [value]
@@ -98,15 +99,18 @@ def release(record: IdempotencyKey, *, force: bool = False) -> bool:
     """Let the next retry of an in-progress claim, or of a refusal, take it over at once.
 
     The record keeps its attempt and checkpoints, so the retry resumes where
-    its owners got to. ``False`` if it changed since it was read. A live
+    its owners got to. ``False`` if it was deleted, taken over or changed
+    since it was read. A live
     lease raises :class:`LeaseStillHeld` unless ``force``; the fence is in
     the releasing statement, by the database's clock, so an owner renewing
     its lease meanwhile keeps it.
 
     A refusal (:func:`is_refusal`) has no running owner: its answer is
-    dropped, from the replay cache too. :class:`RefusalExpired` if it is
-    past its expiry by the database's clock: its key is free already, and
-    releasing would revive it past its ``TTL``.
+    dropped, from the replay cache too, and the next retry runs the body
+    again, resuming from its checkpoints. :class:`RefusalExpired` if it is
+    past its expiry by the database's clock: its key is free already (the
+    next request runs as a new one), and releasing would revive it past
+    its ``TTL``.
     """
     using = record._state.db or idempotency_settings.database
     if is_refusal(record):

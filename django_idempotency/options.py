@@ -1,7 +1,7 @@
 """Per-view options, and those of idempotent functions and tasks.
 
 Each option is validated by its settings row where it is written (view
-decorated, class created), and resolved over the settings at each call.
+decorated, class created, function decorated), and resolved over the settings at each call.
 Dotted paths are checked for shape then but imported at the first request
 or by a system check: importing a project's module while its views module
 is being imported invites import cycles.
@@ -36,7 +36,11 @@ OPTION_NAMES: tuple[str, ...] = tuple(OPTIONS)
 
 
 class CallOptions(TypedDict, total=False):
-    """The options of a function or task besides its key, each defaulting to its setting."""
+    """The options of a function or task besides its key, each defaulting to its setting.
+
+    ``atomic``, ``ttl`` (a timedelta or seconds), ``wait`` (seconds) and
+    ``lease`` (a timedelta or seconds).
+    """
 
     atomic: bool | None
     ttl: timedelta | float | None

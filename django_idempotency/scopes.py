@@ -26,19 +26,28 @@ ANONYMOUS = "anonymous"
 DIGEST_PREFIX = "sha256:"
 #: The hex digits of the ``Authorization`` header's digest kept in the scope.
 CREDENTIAL_DIGEST_LENGTH = 32
-# Never changed: the scopes of records already stored were made with it.
+# Must never change. The middleware introduced these scopes (hence the name); the same
+# salt keeps their records replayable to retries sent across an upgrade: another salt
+# gives such a retry another scope, and it runs again.
 _CREDENTIAL_SALT = "django_idempotency.middleware.credential"
 
 
 def user_scope(request: HttpRequest) -> str:
     """``user:<pk>`` for an authenticated user; else its session, its credentials, or ``anonymous``.
 
-    A caller without a user is scoped by the session cookie it *sent* (one
-    the view creates is too late, and a retry resends the request as it
-    was), held as a digest since the session key is a secret. Without a
-    session, an ``Authorization`` header gives ``anonymous|credential:<digest>``.
-    Credentials sent any other way (another header, the query string, the
-    body) are not seen: use a scope function of your own for them.
+    A browser without a user (a guest checkout) is scoped by the session
+    it sent, so that two browsers sending the same key never share a
+    record. Only a session the client *sent* counts: one the view creates
+    during this request does not exist yet when the scope is taken, so such
+    a request stays anonymous, and so must its retry (a retry resends the
+    request as it was, cookies included). The session key is a secret, so
+    the scope holds its digest, never the key.
+
+    A caller with neither a user nor a session that sends an
+    ``Authorization`` header is ``anonymous|credential:<digest>``, so that
+    two such callers never share a scope. Credentials sent any other way
+    (an API key in another header, in the query string or in the body) are
+    not seen: use a scope function of your own for them.
     """
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated:
@@ -84,7 +93,8 @@ def session_scope(request: HttpRequest) -> str:
 def _session(session: Any) -> str | None:
     if session.session_key is None:
         return None
-    # Loading drops a key the store does not know: a forged cookie gets no scope.
+    # Loading drops a key the store does not know (expired, forged): a made-up cookie gets
+    # no scope of its own.
     session.keys()
     key = session.session_key
     if not key:

@@ -14,8 +14,9 @@ answers 400 to a delivery without an id, keeps the record past the
 provider's redelivery window, and stores only a 2xx (:func:`success_only`).
 Override by merging: ``@idempotent(**{**webhooks.STRIPE, "ttl": timedelta(days=30)})``.
 
-The signature checks go *above* ``@idempotent``, so that a forged delivery
-is refused before it can claim an event id. They need no provider SDK.
+The signature checks (:func:`stripe_signature`, :func:`github_signature`,
+:func:`standard_signature`) go *above* ``@idempotent``, so that a forged
+delivery is refused before it can claim an event id. They need no provider SDK.
 """
 
 from __future__ import annotations
@@ -133,7 +134,8 @@ def _preset(
 STRIPE: dict[str, Any] = _preset("stripe", stripe_event_id, timedelta(days=7))
 
 #: GitHub redelivers only by hand, within three days (seven on Enterprise
-#: Server) (docs.github.com, "Redelivering webhooks"); eight days outlasts both.
+#: Server), with the same ``X-GitHub-Delivery`` GUID (docs.github.com,
+#: "Redelivering webhooks"); eight days outlasts both.
 GITHUB: dict[str, Any] = _preset("github", github_delivery_id, timedelta(days=8))
 
 #: Standard Webhooks' example schedule retries for 75.5 hours
@@ -167,8 +169,8 @@ class Signature:
     def secret(self) -> bytes:
         """The key to sign with; an empty or malformed one raises ``ImproperlyConfigured``.
 
-        An empty HMAC key would let anyone sign. A callable is read at each
-        delivery, so a bad secret fails it with a 500, which the provider
+        An empty HMAC key would let anyone sign. A callable's value is read,
+        and so checked, at each delivery, so a bad secret fails it with a 500, which the provider
         redelivers once the secret is fixed.
         """
         value = self._secret() if callable(self._secret) else self._secret

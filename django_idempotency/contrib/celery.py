@@ -38,10 +38,12 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 KeyFunction = Callable[..., str]
 
-# The logger name projects' LOGGING configurations use.
+# The name it has logged under since before the move to contrib/, which projects'
+# LOGGING configurations name.
 logger = logging.getLogger("django_idempotency.tasks")
 
 
+# The task name it has always had: beat schedules and django-celery-beat rows name it.
 @shared_task(name="django_idempotency.tasks.purge_expired_keys")
 def purge_expired_keys(
     batch_size: int = DEFAULT_BATCH_SIZE,
@@ -53,10 +55,11 @@ def purge_expired_keys(
     """Delete expired idempotency records; return how many were deleted.
 
     ``database`` defaults to ``IDEMPOTENCY["DATABASE"]``. Safe on several
-    workers at once: each record is deleted, and counted, once.
-    ``batch_seconds``, ``pause`` and ``rate`` pace it as the command's
-    options do; a value out of range raises ``ValueError`` before anything
-    is deleted.
+    workers at once: each record is deleted, and counted, once. Idempotent
+    tasks' records share the table and go with the rest. ``batch_seconds``,
+    ``pause`` and ``rate`` pace it as the command's options do
+    (``batch_seconds=None, pause=0`` runs batches back to back); a value
+    out of range raises ``ValueError`` before anything is deleted.
     """
     return purge_expired(
         using=database, batch_size=batch_size, batch_seconds=batch_seconds, pause=pause, rate=rate
@@ -141,8 +144,9 @@ def idempotent_task(
     settings. In the body, ``task.request.idempotency`` (``self.request``
     when bound) has the key and ``derive(name)``, and in lease mode the
     attempt, the checkpoints and ``checkpoint()``/``heartbeat()``.
-    ``recover(abandoned)`` decides for the claim of a run that died
-    (``recovery.hold_call`` retries it later).
+    ``recover`` is an ``idempotent_function``'s: ``recover(abandoned)``
+    decides for the claim of a run that died (``recovery.hold_call``
+    retries it later).
     """
     declared = functions.declare_task(key, **options)
     functions.checked_recover(recover, "idempotent_task")
