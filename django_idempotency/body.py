@@ -3,19 +3,11 @@
 A request body is a stream that can be read once. Loading it with
 ``request.body`` would apply ``DATA_UPLOAD_MAX_MEMORY_SIZE`` and turn a
 large upload the view streams into a 400, only because a key was sent. So
-the body is copied, as it arrives, into a temporary file that stays in
-memory up to ``FILE_UPLOAD_MAX_MEMORY_SIZE`` and moves to
-``FILE_UPLOAD_TEMP_DIR`` past it (as Django does for uploads and for ASGI
-bodies), and that copy becomes the stream the view reads. Nothing else
-about the request changes: ``request.body``, ``request.POST``,
-``request.read()`` and what a framework parses from the stream behave,
-limits and errors included, as they would have without a key.
-
-Every body is kept whole, whatever its media type: Django limits only
-``request.body`` and ``request.POST`` (which still refuse a copy past
-``DATA_UPLOAD_MAX_MEMORY_SIZE``, from ``Content-Length`` or the copy's
-size), never a view that reads the stream itself, as ``json.load(request)``
-does (``docs/fingerprint.rst``).
+the body is copied into a temporary file, in memory up to
+``FILE_UPLOAD_MAX_MEMORY_SIZE`` and in ``FILE_UPLOAD_TEMP_DIR`` past it (as
+Django does for uploads), and the copy becomes the stream the view reads.
+``request.body``, ``request.POST``, ``request.read()`` and a framework's
+parsers behave, limits and errors included, as they would have without a key.
 """
 
 from __future__ import annotations
@@ -36,13 +28,7 @@ CHUNK_SIZE = 64 * 1024
 
 
 def django_request(request: Any) -> HttpRequest:
-    """The Django request under a framework's own request object, or the request itself.
-
-    The body, its copies and ``META`` belong to Django's request; a
-    framework that wraps it says how to reach it in its adapter
-    (:mod:`django_idempotency.adapters`), so that no module here needs to
-    know the framework.
-    """
+    """The Django request under a framework's own request object (its adapter says how)."""
     if isinstance(request, HttpRequest):
         return request
     return adapters.reach(request)[0]
@@ -51,11 +37,8 @@ def django_request(request: Any) -> HttpRequest:
 def body_stream(request: HttpRequest) -> IO[bytes] | None:
     """The whole body as a seekable stream at its start, or ``None`` if already consumed.
 
-    ``None`` means something (a middleware, a framework's parsers) read the raw
-    stream before us without keeping it, so only its parsed result is left.
-    The caller seeks the stream back to 0 once done, so that the view finds
-    it at the start of the body. One function for the common case (a body
-    not read yet, copied once): it runs for every protected request.
+    ``None``: something read the raw stream before us without keeping it.
+    The caller seeks back to 0 once done, for the view.
     """
     if hasattr(request, "_body"):
         # Read before us with request.body: the bytes are kept.
@@ -99,8 +82,7 @@ def body_stream(request: HttpRequest) -> IO[bytes] | None:
         setattr(request, _SPOOLS, [spool])
     else:
         spools.append(spool)
-    # Closed with the request too: an error after the view may replace the
-    # response the copy was handed to (close_spools_with).
+    # Closed with the request too: an error after the view may replace the response.
     callbacks: list[Callable[[], None]] | None = getattr(request, _ON_CLOSE, None)
     if callbacks is None:
         # _called_on_close, inline: a body is copied once per request.
@@ -108,8 +90,7 @@ def body_stream(request: HttpRequest) -> IO[bytes] | None:
         setattr(request, _ON_CLOSE, callbacks)
         request.close = partial(_run_all, callbacks)  # type: ignore[method-assign]
     callbacks.append(spool.close)
-    # Django reads the body through request._stream (read(), body, POST,
-    # the multipart parser, a framework's parsers all go through it).
+    # Every reader of the body (read(), body, POST, parsers) goes through _stream.
     request._stream = spool
     return spool
 
@@ -128,12 +109,9 @@ _ON_CLOSE = "_idempotency_on_close"
 def when_closed(request: HttpRequest, callback: Callable[[], None]) -> None:
     """Call ``callback`` when Django closes ``request``, whatever response it sends.
 
-    Django's handler adds ``request.close`` to the closers of the response
-    it finally sends, also when an error after the view (a request
-    transaction that fails to commit) replaces the view's response, whose
-    own closers then never run; the server closes that response once it is
-    sent, under WSGI and ASGI alike. Callbacks run in the order given, each
-    whatever the others did.
+    Also when an error after the view (a request transaction failing to
+    commit) replaces the view's response, whose own closers never run.
+    Callbacks run in order, each whatever the others did.
     """
     callbacks: list[Callable[[], None]] | None = getattr(request, _ON_CLOSE, None)
     if callbacks is None:
@@ -143,7 +121,6 @@ def when_closed(request: HttpRequest, callback: Callable[[], None]) -> None:
 
 def _called_on_close(request: HttpRequest) -> list[Callable[[], None]]:
     """A list of callbacks that ``request.close`` calls from now on, after its own work."""
-    # Its own close first, then each callback: one call, no wrapper of ours.
     callbacks: list[Callable[[], None]] = [request.close]
     setattr(request, _ON_CLOSE, callbacks)
     request.close = partial(_run_all, callbacks)  # type: ignore[method-assign]
@@ -164,11 +141,7 @@ def _run_all(callbacks: list[Callable[[], None]]) -> None:
 
 
 def close_spools_with(request: Any, response: HttpResponseBase | None) -> None:
-    """Close the request's copies of its body when ``response`` is closed (now if ``None``).
-
-    The copy is the view's stream until then; the server closes the
-    response once it is sent, as Django closes the request's uploads.
-    """
+    """Close the request's copies of its body when ``response`` is closed (now if ``None``)."""
     http_request = request if isinstance(request, HttpRequest) else django_request(request)
     spools: list[IO[bytes]] | None = getattr(http_request, _SPOOLS, None)
     if not spools:

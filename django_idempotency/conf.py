@@ -1,15 +1,10 @@
 """The ``IDEMPOTENCY`` settings: each described once, as an attribute of the settings object.
 
 A setting's default, validator, normaliser, check id and hint live in one
-row, and everything else derives from that row: the settings object below,
-the system checks (:mod:`django_idempotency.checks`), the per-view options
-and the ``IdempotentMixin`` attributes (:mod:`django_idempotency.options`).
-A per-view option therefore cannot accept a value its setting would refuse.
-
-Values are normalised once and cached; the cache is dropped on Django's
-``setting_changed`` signal, so ``override_settings`` keeps working, and an
-override with a key that is not a setting fails there and then. Defaults
-are never written into ``django.conf.settings``.
+row, from which the system checks and the per-view options derive too, so
+an option cannot accept a value its setting would refuse. Values are cached
+until Django's ``setting_changed``; defaults are never written into
+``django.conf.settings``.
 """
 
 from __future__ import annotations
@@ -49,9 +44,6 @@ StoreFunction = Callable[[Any], bool]
 
 class InvalidValue(ValueError):
     """A value that passed its type rule but could not be normalised (an import failed)."""
-
-
-# Validators: what each setting accepts.
 
 
 def _is_bool(value: Any) -> bool:
@@ -101,9 +93,6 @@ def _is_key_length(value: Any) -> bool:
 
 def _is_request_function(value: Any) -> bool:
     return callable(value) or (isinstance(value, str) and bool(_DOTTED_PATH.match(value)))
-
-
-# Normalisers: the one type each accessor and option returns.
 
 
 def to_timedelta(value: timedelta | int | float) -> timedelta:
@@ -170,11 +159,9 @@ def _to_optional_function(value: Any) -> Any:
 class Setting(Generic[T]):
     """One row of the settings table, and the typed attribute that reads it.
 
-    Rows are declared as attributes of :class:`IdempotencySettings`, and a
-    row takes its name from its attribute (``ttl`` is ``IDEMPOTENCY["TTL"]``):
-    the table and the settings object are one list, with nothing to keep in
-    step. Read from the class, an attribute is its row; from the settings
-    object, the setting's normalised value.
+    A row is named after its attribute (``ttl`` is ``IDEMPOTENCY["TTL"]``).
+    Read from the class it is the row; from the settings object, the
+    normalised value.
     """
 
     default: Any
@@ -184,11 +171,9 @@ class Setting(Generic[T]):
     hint: str
     #: Also a per-view option (``@idempotent(ttl=...)``, ``idempotency_ttl``).
     option: bool = False
-    #: Normalising imports code: a per-view value is imported at first use,
-    #: not when the view module is imported (see docs/decorator.rst).
+    #: Normalising imports code: a per-view value is imported at first use.
     imports: bool = False
-    #: The key in ``IDEMPOTENCY``: its attribute's name in capitals, or given
-    #: for an option that has no setting (:data:`OPTION_ONLY`).
+    #: The key in ``IDEMPOTENCY``; given only for :data:`OPTION_ONLY`.
     name: str = ""
 
     def __set_name__(self, owner: type, attribute: str) -> None:
@@ -267,11 +252,7 @@ def _request_function(
 
 
 class IdempotencySettings:
-    """The user's ``IDEMPOTENCY`` dict over the defaults, normalised and cached.
-
-    Every setting, once: its default, rule, normaliser, check id (E101...,
-    one per setting's value rule) and hint.
-    """
+    """The user's ``IDEMPOTENCY`` dict over the defaults, normalised and cached."""
 
     header = Setting(
         "Idempotency-Key",
@@ -419,11 +400,9 @@ class IdempotencySettings:
         self._cache: dict[str, Any] = {}
         # Held while a value is cached or the cache dropped, never while read.
         self._lock = threading.Lock()
-        #: Bumped on every reload, so that values derived from the settings
-        #: (a view's resolved options) know when to derive themselves again.
+        #: Bumped on every reload, so that derived values know they are stale.
         self.generation = 0
-        #: Called on every reload, under the lock, as the generation moves on:
-        #: what was derived from the settings forgets it.
+        #: Called on every reload, under the lock: derived values forget themselves.
         self.on_reload: list[Callable[[], None]] = []
 
     def user_settings(self) -> dict[str, Any]:
@@ -444,14 +423,12 @@ class IdempotencySettings:
         except KeyError:
             pass
         generation = self.generation
-        # The system checks report a bad value at start-up; should they be
-        # silenced, the first use still fails with the same words.
+        # Fails in the system check's words, should the check be silenced.
         value = setting.clean(self.raw(setting.name), f"{SETTING_NAME}[{setting.name!r}]")
 
         def keep() -> None:
             self._cache[setting.name] = value
-            # A row is a non-data descriptor: the instance's own attribute
-            # now answers every later read as a plain lookup, with no call.
+            # A row is a non-data descriptor: later reads are plain lookups.
             self.__dict__[setting.option_name] = value
 
         self.keep_if_current(generation, keep)
@@ -469,8 +446,8 @@ class IdempotencySettings:
     def keep_if_current(self, generation: int, keep: Callable[[], None]) -> None:
         """Call ``keep`` unless the settings were reloaded since ``generation`` was read.
 
-        Under the lock that :meth:`reload` holds, so a value derived from the
-        settings before an override is never kept past it.
+        Under :meth:`reload`'s lock, so a value derived before an override is
+        never kept past it.
         """
         with self._lock:
             if generation == self.generation:
@@ -482,10 +459,8 @@ SETTINGS: tuple[Setting[Any], ...] = tuple(
     row for row in vars(IdempotencySettings).values() if isinstance(row, Setting)
 )
 
-#: Options with no setting of their own: given per view (``@idempotent(key=...)``,
-#: ``idempotency_key``) and validated by their row as every option is. They
-#: have no ``IDEMPOTENCY`` key, so no value check; a dotted path that fails
-#: to import is the views' check, E118.
+#: Per-view options with no setting, so no value check; a dotted path that
+#: fails to import is the views' check, E118.
 OPTION_ONLY: tuple[Setting[Any], ...] = (
     _request_function(
         None,
@@ -515,17 +490,13 @@ DEFAULTS: dict[str, Any] = {setting.name: setting.default for setting in SETTING
 idempotency_settings = IdempotencySettings()
 
 
-#: The system check for a key that is not a setting; also silences the
-#: same refusal under ``override_settings``.
+#: The check for a key that is not a setting; silencing it also silences
+#: the refusal under ``override_settings``.
 UNKNOWN_KEY_CHECK_ID = "django_idempotency.E002"
 
 
 def unknown_key(key: Any) -> tuple[str, str]:
-    """The message and hint for a key of ``IDEMPOTENCY`` that is not a setting.
-
-    The one wording of the system check and of the refusal on
-    ``setting_changed``.
-    """
+    """The message and hint for an ``IDEMPOTENCY`` key that is not a setting."""
     close = difflib.get_close_matches(str(key), DEFAULTS, n=1)
     hint = f"Did you mean {close[0]!r}?" if close else f"Known keys: {', '.join(DEFAULTS)}."
     return f"{SETTING_NAME}[{key!r}] is not a known setting.", hint
@@ -542,12 +513,11 @@ def _reload_settings(*, setting: str, enter: bool = True, **kwargs: Any) -> None
 def _refuse_unknown_keys() -> None:
     """Fail an ``override_settings`` that misspells a key, as the system check fails start-up.
 
-    The check sees only the settings a process starts with; a test that
-    overrides them with a typo would otherwise run with the default and pass
-    for the wrong reason. Django's ``override_settings`` undoes an override
-    whose receiver raises, then raises the error. A bad *value* is left to
-    its first read, which refuses it in the check's words; refusing it here
-    too would also refuse the overrides that test the checks themselves.
+    Otherwise a test with a typo would run with the default and pass for the
+    wrong reason. Django's ``override_settings`` undoes an override whose
+    receiver raises, then raises the error. A bad *value* is left to its
+    first read: refusing it here would refuse the overrides that test the
+    checks themselves.
     """
     user = getattr(django_settings, SETTING_NAME, {})
     if not isinstance(user, dict) or UNKNOWN_KEY_CHECK_ID in django_settings.SILENCED_SYSTEM_CHECKS:

@@ -1,12 +1,8 @@
 """Requests through the engine: the key, the scope and the fingerprint, and the answers.
 
-The decorator, the DRF mixin and the middleware are thin adapters over
-:func:`protect` (sync handlers) and :func:`protect_async` (coroutines). This
-module reads what identifies a request, tells the engine
-(:mod:`django_idempotency.engine`) how a response is stored and replayed,
-and holds what the adapters differ in, a :class:`Guard`: how a response is
-finished before it is stored (DRF renders through the view) and how an
-error of ours is answered (problem details, or DRF's exception handler).
+The decorator, the DRF mixin and the middleware are adapters over :func:`protect` and
+:func:`protect_async`. A :class:`Guard` holds what they differ in: how a response is finished
+before it is stored, and how an error of ours is answered.
 """
 
 from __future__ import annotations
@@ -52,9 +48,8 @@ AsyncHandler = Callable[[], Awaitable[HttpResponseBase]]
 Finish = Callable[[HttpResponseBase], HttpResponseBase]
 Answer = Callable[[Any, IdempotencyError], HttpResponseBase]
 
-# Set on the request by the layer that claims its key: the options it runs
-# with and the request object it took the scope from, so that a layer
-# inside it can tell whether it would protect the request the same way.
+# Set by the layer that claims the key: its options and the request it took the scope
+# from, so that an inner layer can tell whether it would protect the request the same way.
 _PROTECTED_WITH = "_idempotency_protected_with"
 
 
@@ -120,20 +115,20 @@ def protect(
 ) -> HttpResponseBase:
     """Run ``handler`` once per key and replay its response to every retry.
 
-    ``finish`` turns the handler's response into the bytes that will be
-    sent (DRF rendering), so that what is stored is exactly what the client
-    got. Raises an :class:`~django_idempotency.exceptions.IdempotencyError`
-    for the 400/409/422 answers; a :class:`Guard` renders those.
+    ``finish`` makes the response the bytes that will be sent (DRF renders), so what is
+    stored is what the client got. Raises an
+    :class:`~django_idempotency.exceptions.IdempotencyError` for 400/409/422; a
+    :class:`Guard` answers those.
     """
-    # A framework's request (DRF's) is read through Django's inside it, as
-    # the handler is called with it (adapters.reach); Django's own needs no call.
+    # A framework's request (DRF's) is read through the Django request inside it now, as
+    # the handler is called with it (adapters.reach).
     if isinstance(request, HttpRequest):
         http_request, own = request, NOT_A_FRAMEWORKS
     else:
         http_request, own, _ = adapters.reach(request)
     try:
-        # The key's checks read the body (its fingerprint) into a copy, which
-        # is closed however the request ends: a refused key included.
+        # The fingerprint reads the body into a copy, closed however the request ends: a
+        # refused key included.
         call = _call(request, http_request, own, options, sender, finish)
         if call is None:
             response: HttpResponseBase = handler()
@@ -162,8 +157,7 @@ async def protect_async(
         return await handler()
 
     def run(body: Handler) -> HttpResponseBase:
-        # Finished in the request's thread, as for a sync view: rendering a
-        # template may run queries.
+        # Finished in the request's thread: rendering a template may run queries.
         return protect(request, body, options, sender=sender, finish=finish)
 
     return await run_async(run, handler)
@@ -179,10 +173,11 @@ def _call(
 ) -> engine.Call | None:
     """The engine's call for this request, or ``None`` when it is not protected.
 
-    Not protected: disabled, a method the view does not protect, or no key
-    and none required (:func:`may_claim`, asked here with the key read once).
-    ``http_request`` is Django's request, ``request`` or the one inside it, and ``own``
-    what was set on a framework's ``request`` itself, which comes first (``adapters.reach``).
+    Not protected: disabled, a method the view does not protect, no key and none required
+    (:func:`may_claim`, asked here with the key read once), or an outer layer protects it
+    as this one would. ``http_request`` is Django's request (``request`` or the one inside
+    it); ``own``, what was set on a framework's ``request`` itself, which comes first
+    (``adapters.reach``).
     """
     if (_PROTECTED_WITH in own or hasattr(http_request, _PROTECTED_WITH)) and _protected_outside(
         request, declared, sender
@@ -207,8 +202,7 @@ def _call(
             if not options.required:
                 return None  # no key sent, or the view's key function found none
             raise IdempotencyKeyRequired(_missing_key(request, options))
-        # What a function read from the request, or a form's field, has no
-        # header syntax to parse.
+        # A key function's value or a form's field has no header syntax to parse.
         key = check_key(raw_key, conf.key_max_length, conf.key_min_length)
     scope = options.scope(request)
     if not isinstance(scope, str):
@@ -217,16 +211,15 @@ def _call(
     if not isinstance(fingerprint, str):
         _refuse_text("fingerprint", fingerprint, options.fingerprint)
     if len(fingerprint) > FINGERPRINT_COLUMN_LENGTH:
-        # The column holds a SHA-256 hex digest; a custom function may return
-        # anything, so longer values are digested rather than truncated.
+        # The column fits a SHA-256 hex digest: a longer custom value is digested, not cut.
         fingerprint = hashlib.sha256(fingerprint.encode()).hexdigest()
     info = IdempotencyInfo(key=key, scope=fit_key_column(scope), fingerprint=fingerprint)
     request.idempotency = info  # type: ignore[attr-defined]
     setattr(request, _PROTECTED_WITH, (options, request))
 
     def finished(response: HttpResponseBase) -> HttpResponseBase:
-        # check_claimed_for, then finish, in one frame on the common path. A
-        # claim taken on a framework's own request was taken once it ran.
+        # check_claimed_for, then finish, in one frame. A claim taken on a framework's
+        # own request was taken once the framework authenticated the caller.
         for adapter in adapters.REGISTERED if request is http_request else ():
             checked = adapter.response_class
             if checked is not None and isinstance(response, checked) and adapter.check_claimed:
@@ -251,13 +244,10 @@ def _call(
 
 
 def check_claimed_for(response: HttpResponseBase, request: Any) -> HttpResponseBase:
-    """``response``, once it is known that the claim on ``request`` may store it.
+    """``response``, once its framework's adapter agrees the claim on ``request`` may store it.
 
-    Raises ``ImproperlyConfigured`` when the claim's scope cannot be right
-    for a response of this kind. Any response may be stored here; a
-    framework that authenticates inside its views checks its own responses
-    in its adapter (DRF's refuses one made under a claim taken before DRF
-    authenticated the caller).
+    Raises ``ImproperlyConfigured`` when the claim's scope cannot be right: DRF's adapter
+    refuses a response under a claim taken before DRF authenticated the caller.
     """
     for adapter in adapters.REGISTERED:
         checked = adapter.response_class
@@ -266,31 +256,21 @@ def check_claimed_for(response: HttpResponseBase, request: Any) -> HttpResponseB
     return response
 
 
-#: What decides whose response a caller is given and how the effect commits.
-#: Layers that differ only in the rest (``ttl``, ``required``, ``wait``...) are
-#: a design: ``@idempotent`` on ``dispatch`` claiming a sent key over a mixin
-#: that refuses a request without one.
+#: What decides whose response a caller gets and how the effect commits. Layers may differ
+#: in the rest (``@idempotent`` on ``dispatch`` over a mixin that requires a key).
 _DECISIVE = ("scope", "key", "fingerprint", "atomic", "store")
 
 
 def _protected_outside(request: HttpRequest, declared: DeclaredOptions, sender: Any) -> bool:
     """Whether an outer layer already protects this request, as this one would.
 
-    That happens when ``IdempotencyMiddleware`` cannot see that a view
-    protects itself: a project's decorator without ``functools.wraps`` (or
-    a callable class) hides ``@idempotent``'s mark. With the same options,
-    protected once is all. With others (a scope read from an API key, a
-    mode, a key function), the outer layer's would be the ones that count
-    and one client could be replayed another's response: refused before the
-    handler runs, so the outer layer ends as a raise and stores nothing.
-    Options compare field by field: functions by identity, values by value;
-    only those in ``_DECISIVE`` count.
-
-    Refused as well, whatever the options, when this layer's request is
-    not the one the outer layer claimed with: a framework's own request
-    (DRF's) wrapping Django's, made once the framework took over. The outer
-    layer took its scope before the framework authenticated the caller, so
-    callers it alone tells apart (an API key header) would share a scope.
+    One does when ``IdempotencyMiddleware`` cannot see that a view protects itself (a
+    decorator without ``functools.wraps`` hides ``@idempotent``'s mark). Raises
+    ``ImproperlyConfigured`` before the handler runs, so the outer layer stores nothing:
+    when the ``_DECISIVE`` options differ (functions by identity), as one client could be
+    replayed another's response; and whatever the options, when this layer runs on a
+    framework's request (DRF's) and the outer one claimed on Django's, scoped before the
+    framework authenticated the caller.
     """
     outer: tuple[Options, Any] | None = getattr(request, _PROTECTED_WITH, None)
     if outer is None:
@@ -323,8 +303,8 @@ def _protected_outside(request: HttpRequest, declared: DeclaredOptions, sender: 
 def may_claim(request: HttpRequest, options: Options) -> bool:
     """Whether this request may be protected: enabled, a protected method, a key or required.
 
-    A view's ``key`` function is asked once, by :func:`_call`, in the
-    request's thread: it may read the body or the database.
+    A view's ``key`` function is asked once, by :func:`_call`, in the request's thread: it
+    may read the body or the database.
     """
     if not _applies(request, options):
         return False
@@ -349,13 +329,10 @@ async def _may_claim_async(request: HttpRequest, options: Options) -> bool:
 
 
 def sent_key(request: HttpRequest, options: Options | None = None) -> str | None:
-    """What the view's ``key`` function reads from the request, else the key the client sent.
+    """The view's ``key`` function's value, else the ``HEADER``, else a form's ``FORM_FIELD``.
 
-    The ``HEADER`` as sent; without it, a form's ``FORM_FIELD`` (a browser
-    form cannot send a header). ``None`` when there is no key. The header
-    is read from ``META`` directly: ``request.headers`` builds a mapping of
-    every header on first use, which a replay otherwise never needs; the
-    body is looked at only when there is no header and it is a form.
+    ``None`` when there is no key. The header is read from ``META``: ``request.headers``
+    builds a mapping of every header, which a replay never needs.
     """
     if options is not None and options.key is not None:
         return options.key(request)
@@ -367,8 +344,7 @@ def sent_key(request: HttpRequest, options: Options | None = None) -> str | None
 
 
 def _form_key(request: HttpRequest, field: str) -> str | None:
-    # Read once per request: the adapters ask whether there is a key
-    # before they claim it.
+    # Read once per request: the adapters ask whether there is a key before claiming it.
     key, refusal = _read_form_key(request, field)
     if refusal is not None:
         raise InvalidIdempotencyKey(refusal)
@@ -391,11 +367,8 @@ def _read_form_key(request: HttpRequest, field: str) -> tuple[str | None, str | 
 async def read_form_key(request: HttpRequest) -> None:
     """Read a form's key from the body in a thread, so that :func:`sent_key` finds it read.
 
-    For an async view: under ASGI the body is a temporary file, on disk
-    past ``FILE_UPLOAD_MAX_MEMORY_SIZE``, and a multipart body's files are
-    digested as they are parsed; neither belongs in the event loop. Does
-    nothing when the key would not come from the body (a header was sent,
-    no ``FORM_FIELD``, no form) or was read already.
+    Under ASGI the body is a temporary file, on disk past ``FILE_UPLOAD_MAX_MEMORY_SIZE``,
+    and multipart files are digested as parsed: not work for the event loop.
     """
     field = idempotency_settings.form_field
     if field is None or not _key_in_body(request) or hasattr(django_request(request), _FORM_KEY):
@@ -404,11 +377,7 @@ async def read_form_key(request: HttpRequest) -> None:
 
 
 def may_send_key(request: HttpRequest) -> bool:
-    """Whether the request may have sent a key, from its headers alone.
-
-    The header, or a form that may hold the ``FORM_FIELD``: the body is
-    not looked at.
-    """
+    """Whether the request may have sent a key (the header, or a form): the body is not read."""
     conf = idempotency_settings
     if _meta_name(conf.header) in request.META:
         return True
@@ -437,8 +406,7 @@ def _missing_key(request: HttpRequest, options: Options) -> str:
                 f"inside it (the {conf.form_field} field), or send an {conf.header} header."
             )
         return f"This endpoint requires an {conf.header} header."
-    # A key function may say where the key should have been (the presets do),
-    # so that a provider's dashboard shows what the delivery lacked.
+    # A key function may say where the key should have been (the presets do).
     source = getattr(options.key, "source", None)
     if isinstance(source, str):
         return (
@@ -484,12 +452,7 @@ PLAIN = Guard()
 
 
 def guard_for(request: HttpRequest) -> Guard:
-    """The guard for a request: plain Django's, or its framework's, from the framework's adapter.
-
-    So the decorator needs to know no framework: a DRF ``Request`` (an
-    ``@api_view`` under ``@idempotent``) finds DRF's rendering and
-    exception handling through DRF's adapter.
-    """
+    """The guard for a request: plain Django's, or its framework's, from its adapter."""
     if isinstance(request, HttpRequest):
         return PLAIN
     adapter = adapters.for_request(request)

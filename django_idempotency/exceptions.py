@@ -1,10 +1,9 @@
 """Errors a protected request, function or task can end in, one class per outcome.
 
-Plain Django views answer them as RFC 9457 ``application/problem+json``;
-DRF views get the matching :mod:`django_idempotency.contrib.drf` exceptions so the
-project's own exception handler renders them. Functions and tasks raise
-their own (:class:`CallInFlight`, :class:`ArgumentsMismatch`), which are no
-HTTP answers.
+Plain views answer them as RFC 9457 ``application/problem+json``; DRF views
+raise the matching :mod:`django_idempotency.contrib.drf` exceptions for the
+project's exception handler. Functions and tasks raise :data:`CALL_ERRORS`,
+which are no HTTP answers.
 """
 
 from __future__ import annotations
@@ -36,8 +35,7 @@ class IdempotencyError(Exception):
         return (base or PROBLEM_TYPE_BASE) + self.code.replace("_", "-")
 
     def headers(self) -> dict[str, str]:
-        # A URN documents nothing a client could fetch; a URL does, and the
-        # IETF draft's error examples point at such documentation this way.
+        # A URN names nothing to fetch; the IETF draft's examples link a URL this way.
         if idempotency_settings.problem_type_base_url is None:
             return {}
         return {"Link": f'<{self.type_uri}>; rel="describedby"'}
@@ -86,10 +84,9 @@ class RequestInFlight(InFlight):
 class LeaseLost(InFlight):
     """The claim is no longer this request's: its lease ran out and another took it over.
 
-    Raised by ``request.idempotency.checkpoint()`` and ``heartbeat()`` in
-    lease mode, so that a handler that outlived its lease learns it before
-    its next effect. Let it propagate: the request answers 409 and the new
-    owner's result is the one stored.
+    Raised in lease mode by ``request.idempotency.checkpoint()`` and
+    ``heartbeat()``, before the handler's next effect. Let it propagate: the request answers
+    409 and the new owner's result is the one stored.
     """
 
     title = "Lease lost"
@@ -105,8 +102,7 @@ class RequestAbandoned(InFlight):
     """The original request with this key stopped before it finished, and is held.
 
     Answered by ``django_idempotency.recovery.hold``: the key stays claimed
-    until an operator decides what the abandoned request did (see the
-    operations page of the docs).
+    until an operator decides what the abandoned request did.
     """
 
     title = "Request abandoned"
@@ -160,8 +156,7 @@ class CallInFlight(InFlight):
 class CallAbandoned(CallInFlight):
     """An ``idempotent_function``'s or task's original stopped before it finished, and is held.
 
-    Raised by ``django_idempotency.recovery.hold_call``; a task's duplicate
-    is retried later by Celery, as for one still in flight.
+    Raised by ``django_idempotency.recovery.hold_call``; Celery retries a task's duplicate.
     """
 
     title = "Call abandoned"
@@ -209,8 +204,7 @@ class ResultNotStored(IdempotencyError):
     """Lease mode: the first request with this key ran, but its response could not be kept.
 
     The key is completed with this answer, since the handler has acted: it
-    never runs again for the key unless an operator releases the record
-    (resuming from its checkpoints) or deletes it.
+    runs again only if an operator releases or deletes the record.
     """
 
     status = 500
@@ -235,8 +229,7 @@ class UnstorableResult(IdempotencyError):
     )
 
 
-#: The errors a view answers with, each a problem ``type`` of its own (the
-#: others are raised to the caller of a function or task, never an HTTP answer).
+#: The errors a view answers with, each a problem ``type`` of its own.
 PROBLEM_TYPES: tuple[type[IdempotencyError], ...] = (
     IdempotencyKeyRequired,
     InvalidIdempotencyKey,

@@ -1,9 +1,9 @@
 """The request fingerprint: what makes a retry "the same request".
 
-A retry must match its original even when a client library re-serialises
-the body (key order, whitespace, ``10`` written as ``10.0``) or picks a new
-multipart boundary, yet any change of meaning must not match, so that a
-reused key is answered 422 rather than with the wrong stored response.
+A retry matches its original even when a client re-serialises the body
+(key order, whitespace, ``10`` as ``10.0``) or picks a new multipart
+boundary; any change of meaning does not, so a reused key gets a 422, never
+the wrong stored response.
 """
 
 from __future__ import annotations
@@ -35,12 +35,10 @@ from django_idempotency.multipart import DigestedFile
 def method_of(http_request: HttpRequest, own: Mapping[str, Any] = NOT_A_FRAMEWORKS) -> str | None:
     """The method a request's view dispatches on, in capitals: the one whose protection is decided.
 
-    ``http_request`` and ``own`` are what ``adapters.reach`` gives: an override
-    set on a framework's request comes first. Django's views and DRF's
-    dispatch on a method in any case (a project's middleware may set
-    ``request.method = "post"``, and ``post`` runs), so it is compared, in
-    capitals, with the methods a view protects. The fingerprint hashes the
-    method as it was set: a view may tell ``post`` from ``POST``.
+    Views dispatch on a method in any case (``request.method = "post"`` runs
+    ``post``); the fingerprint hashes it as set, since a view may tell
+    ``post`` from ``POST``. An override on a framework's request (``own``)
+    comes first.
     """
     method: str | None = own.get("method") or http_request.method
     if method is not None and not method.isupper():
@@ -53,8 +51,6 @@ def request_fingerprint(request: HttpRequest) -> str:
 
     The rules are described in ``docs/fingerprint.rst``.
     """
-    # A framework's own request (DRF's) is read through Django's inside it, what
-    # was set on it itself first, and through its adapter (adapters.reach).
     if isinstance(request, HttpRequest):
         http_request, own, adapter = request, NOT_A_FRAMEWORKS, None
     else:
@@ -68,13 +64,9 @@ def request_fingerprint(request: HttpRequest) -> str:
         query = _form_pairs(query_string.encode())
         if query is not None:
             query_string = urlencode(sorted(query, key=_NAME))
-    # The method: one set on a framework's request itself (an override) comes first, so the
-    # same key sent under another method is another request; as it was set, not in capitals
-    # (method_of), as a view may compare it exactly.
+    # The method as set, an override on a framework's request first (method_of).
     head = [own.get("method") or http_request.method, http_request.path, query_string, media_type]
-    # A framework may render the response in the format content negotiation
-    # picked (the browsable API's HTML, JSON...): a retry asking for another
-    # format is another request, not a replay of the first one's bytes.
+    # A retry negotiating another format (HTML, JSON) is another request.
     if adapter is not None and adapter.negotiated_format is not None:
         negotiated = adapter.negotiated_format(request)
         if negotiated is not None:
@@ -86,8 +78,7 @@ def request_fingerprint(request: HttpRequest) -> str:
         if adapter is not None and adapter.parsed_body is not None:
             parsed = adapter.parsed_body(request)
         else:
-            # A middleware that read the stream may have kept what it
-            # parsed as request.data (request.data = json.loads(request.read())).
+            # What a middleware that read the stream may have kept as request.data.
             parsed = getattr(request, "data", None)
         _update_with_parsed(digest, request, media_type, parsed)
         return digest.hexdigest()
@@ -113,7 +104,6 @@ def request_fingerprint(request: HttpRequest) -> str:
         else:
             _update_with_bytes(digest, body)
     finally:
-        # Where the view will start reading.
         body.seek(0)
     return digest.hexdigest()
 
@@ -127,9 +117,7 @@ def sort_pairs(pairs: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
 
 
 def _update_with_bytes(digest: Any, body: IO[bytes]) -> None:
-    # Bytes, streamed: a body past the limit is one Django would not load
-    # into memory either (the view can only stream it), so it is hashed as
-    # it is rather than parsed.
+    # Streamed, not parsed: past the limit Django would not load it either.
     digest.update(b"bytes:")
     while chunk := body.read(CHUNK_SIZE):
         digest.update(chunk)
@@ -140,10 +128,7 @@ _CANONICALISED = frozenset({"application/json", FORM})
 
 
 def _update_with_parsed(digest: Any, request: HttpRequest, media_type: str, data: Any) -> None:
-    # The raw stream was read before us and not kept. What was parsed,
-    # ``data``, is all that is left (a DRF permission read request.data; a
-    # middleware set request.data on a plain request), or for a multipart
-    # body the form Django parsed (a middleware read request.POST).
+    # The raw stream was read before us and not kept: only what was parsed is left.
     if media_type == MULTIPART:
         try:
             fields, files = request.POST, request.FILES
@@ -159,8 +144,7 @@ def _update_with_parsed(digest: Any, request: HttpRequest, media_type: str, data
     try:
         canonical = "parsed:" + canonical_parsed(data)
     except RecursionError:
-        # Nested deeper than this function recurses; json's encoder goes
-        # further. Still deterministic, only without numbers by value.
+        # Deeper than this recursion; json's encoder goes further, without numbers by value.
         canonical = "parsed-deep:" + json.dumps(data, sort_keys=True, default=canonical_parsed)
     digest.update(canonical.encode())
 
@@ -168,11 +152,9 @@ def _update_with_parsed(digest: Any, request: HttpRequest, media_type: str, data
 def canonical_parsed(value: Any) -> str:
     """Parsed request data in canonical form, as close to ``canonical_json`` as types allow.
 
-    Keys sorted, numbers by value (``10``, ``10.0`` and ``1e1`` agree, as in
-    a JSON body), the order of a key's values kept, an uploaded file by its
-    name, content type and the SHA-256 of its content. Other objects a
-    custom parser returns count by their type and their ``str()``, or their
-    attributes when ``str()`` is the default one (it shows an address).
+    Keys sorted, numbers by value, a key's values in order, a file by name,
+    content type and SHA-256. Other objects count by type and ``str()``, or
+    by their attributes when ``str()`` is the default (it shows an address).
     """
     if value is None or isinstance(value, (bool, str)):
         return json.dumps(value)
@@ -213,9 +195,7 @@ def _attributes(value: Any) -> dict[str, Any]:
 
 def _parsed_number(value: int | float | Decimal) -> str:
     if isinstance(value, float):
-        # repr() is the shortest text that parses back to this float: the
-        # number the client wrote, as far as the float can tell (0.1, not
-        # the binary 0.1000000000000000055...).
+        # repr() is the shortest text that parses back: 0.1, not 0.1000000000000000055.
         value = Decimal(repr(value))
     elif isinstance(value, int):
         value = Decimal(value)
@@ -243,8 +223,7 @@ def _form_pairs(body: bytes) -> list[tuple[str, str]] | None:
     """The fields, or ``None`` where Django's ``QueryDict`` would refuse them.
 
     Past ``DATA_UPLOAD_MAX_NUMBER_FIELDS`` the body counts as its bytes and
-    the view answers ``TooManyFieldsSent`` itself; the limit also keeps a
-    body of a million empty fields from becoming a million tuples here.
+    the view answers ``TooManyFieldsSent``; the limit also bounds the work here.
     """
     try:
         return parse_qsl(
@@ -266,8 +245,7 @@ def canonical_json(body: bytes) -> str | None:
             value = json.loads(body, **_JSON_OPTIONS)
         return _dump(value)
     except (ValueError, RecursionError):
-        # Not JSON (or too deeply nested to be worth canonicalising): the
-        # bytes themselves are the fingerprint, and the handler will reject it.
+        # Not JSON, or nested too deep: the bytes are the fingerprint.
         return None
 
 
@@ -286,8 +264,7 @@ _STRING = encode_basestring_ascii
 
 
 def _dump(value: Any) -> str:
-    # One call per object or array: strings and numbers inside are written
-    # in the loop, as json.dumps and _number would write them.
+    # Strings and numbers are written in the loop: one call per object or array.
     if isinstance(value, dict):
         parts = []
         for name, item in sorted(value.items()):
@@ -325,13 +302,10 @@ def _number(value: Decimal) -> str:
 
 
 def _update_with_multipart(digest: Any, request: HttpRequest, body: IO[bytes]) -> None:
-    # The boundary is random per send, so the parsed fields and files are
-    # hashed rather than the raw bytes, for every method (Django fills
-    # request.POST only for POST).
+    # The boundary is random per send: hash the parsed form, for every method, not only POST.
     parsed = parsed_multipart(request, body)
     if parsed is None:
-        # Malformed, or past Django's field limits: the view decides what to
-        # answer; the fingerprint takes the bytes as they are.
+        # Malformed or past Django's limits: the view answers; hash the bytes.
         _update_with_bytes(digest, body)
         return
     _update_with_form_data(digest, *parsed)

@@ -1,12 +1,9 @@
 """``idempotent_function``: any function's body once per key, its value given to every later call.
 
-For message consumers, webhooks handled off-request, outbox relays and
-tasks: the key comes from the function's arguments (a message id), the
-scope defaults to the function's dotted name, the fingerprint covers the
-arguments, and the stored "response" is the return value as JSON. It is
-the engine (:mod:`django_idempotency.engine`) with values instead of
-responses; :func:`django_idempotency.contrib.celery.idempotent_task` is the same for
-Celery. See ``docs/messages.rst``.
+For message consumers, off-request webhooks, outbox relays and tasks: the key comes from the
+arguments (a message id), the scope defaults to the function's dotted name, the fingerprint
+covers the arguments, and the stored "response" is the return value as JSON.
+:func:`django_idempotency.contrib.celery.idempotent_task` is the same for Celery.
 """
 
 from __future__ import annotations
@@ -38,16 +35,15 @@ KeyFunction = Callable[..., str]
 #: A function's or task's recovery policy: ``f(abandoned) -> value | None``.
 Recover = Callable[[Any], Any]
 
-#: The stored "response" of a function: its return value as a JSON document.
+#: A function's stored "response": its return value as JSON.
 RESULT_STATUS = 200
 RESULT_HEADERS = [["Content-Type", "application/json"]]
-#: The body ended on purpose without a value (Celery's ``Ignore``, which
-#: ``self.replace()`` raises): a later call, a task's redelivered message
-#: included, ends the same way.
+#: The body ended on purpose without a value (Celery's ``Ignore``, which ``self.replace()``
+#: raises): a later call, a redelivered task's included, ends the same way.
 ENDED_STATUS = 204
-#: The body ran and returned, but its value could not be kept (not JSON,
-#: or the database refused it: too large for it, or failing at that moment):
-#: a later call is told so, and the body never runs again.
+#: The body returned, but its value could not be kept (not JSON, or the database refused
+#: it: too large for it, or failing at that moment): a later call is told so, and the body
+#: never runs again.
 UNSTORED_STATUS = 507
 
 
@@ -74,11 +70,9 @@ def decode(stored: StoredResponse) -> Any:
             "delete its record (manage.py idempotency_keys delete)."
         )
     if stored.status_code == ENDED_STATUS:
-        # The first call did not return: it ended its task on purpose. A
-        # later one ends the same way, so that what follows the call in its
-        # caller, which never ran the first time, does not run now (a
-        # redelivered task, a second publish). Only a task framework whose
-        # adapter says how its tasks end on purpose (Celery's) writes this record.
+        # End as the first did, so that what follows the call in its caller, which never ran
+        # the first time, does not run now (a redelivered task, a second publish). Only an
+        # adapter that ends tasks on purpose (Celery's) writes this record.
         for adapter in adapters.in_use(importing=True):
             if adapter.end_on_purpose is not None:
                 adapter.end_on_purpose()
@@ -90,15 +84,11 @@ def decode(stored: StoredResponse) -> Any:
 
 
 def _ending(exc: BaseException) -> engine.Ending:
-    """How a body ended, a task framework's control flow included.
+    """How a body ended, counting a task framework's control flow, which its adapter knows.
 
-    A body may run inside a task (a function the task calls, or the task's
-    own) and end it with the framework's control flow, which its adapter
-    knows (Celery's: ``Ignore``, completed on purpose; a soft time limit,
-    an effect unknown; see :mod:`django_idempotency.contrib.celery`).
+    Celery's: ``Ignore`` completes on purpose; a soft time limit leaves the effect unknown.
     """
-    # Celery's adapter is registered here, not at start-up, once one of
-    # its exceptions has been raised (that is, once Celery is in use).
+    # Celery's adapter is registered here, once Celery is in use, not at start-up.
     for adapter in adapters.in_use():
         if adapter.ending is not None:
             ending = adapter.ending(exc)
@@ -131,11 +121,7 @@ def declare(where: str, **given: Any) -> DeclaredOptions:
 
 
 def declare_task(key: object, **given: Any) -> DeclaredOptions:
-    """A task's ``key=`` and options, validated when it is decorated.
-
-    Celery's ``idempotent_task`` and the Tasks framework's take the same
-    ones, and refuse a wrong one in the same words.
-    """
+    """A task's ``key=`` and options, validated when decorated, alike for both task frameworks."""
     if key is not None and not callable(key):
         raise TypeError(
             f"idempotent_task(key=...) must be a callable of the task's arguments, not {key!r}."
@@ -155,8 +141,7 @@ def checked_recover(recover: object, where: str) -> None:
 def checked_key(value: object, owner: str) -> str:
     """What a ``key=`` callable returned, checked (``run_once`` stores a long key as its digest).
 
-    Not the HTTP key rules (``keys.check_key``): the key comes from the project's code, not
-    a client, so there is no minimum length or charset, and an error is a ``TypeError``.
+    Not the HTTP key rules: the project's code chose it, so no minimum length or charset.
     """
     if not isinstance(value, str) or not value:
         raise TypeError(
@@ -169,8 +154,8 @@ def checked_key(value: object, owner: str) -> str:
 def arguments_fingerprint(arguments: Mapping[str, Any], owner: str) -> str:
     """SHA-256 over the arguments, canonicalised as JSON request bodies are.
 
-    So ``charge(10)`` and ``charge(10.0)``, or keyword arguments in another
-    order, are the same work, and any change of meaning is not.
+    So ``charge(10)`` and ``charge(10.0)``, or keywords in another order, are the same work,
+    and any change of meaning is not.
     """
     try:
         document = json.dumps(dict(arguments), cls=DjangoJSONEncoder, allow_nan=False)
@@ -188,8 +173,7 @@ def by_name(
 ) -> dict[str, Any]:
     """The arguments by parameter name, defaults filled in, a bound task left out.
 
-    So ``charge(7)``, ``charge(order_id=7)`` and ``charge(7, retries=3)``
-    with ``retries=3`` the default are the same work.
+    So ``charge(7)``, ``charge(order_id=7)`` and ``charge(7, retries=3)`` (the default) match.
     """
     try:
         call = inspect.signature(function).bind(*args, **kwargs)
@@ -216,9 +200,8 @@ def run_once(
 ) -> Any:
     """Run ``body`` once per (scope, key); return its value, stored or fresh.
 
-    Raises the kind's in-flight error while the original still runs after
-    ``wait`` (or inside its lease), and its mismatch error when the key was
-    used with other arguments.
+    Raises the kind's in-flight error while the original still runs past ``wait`` (or inside
+    its lease), and its mismatch error when the key was used with other arguments.
     """
     info = IdempotencyInfo(
         key=fit_key_column(key),
@@ -233,10 +216,8 @@ def run_once(
 class ProtectedFunction:
     """A protected function as its decorator declared it, and the steps of each of its calls.
 
-    ``idempotent_function`` and both frameworks' ``idempotent_task`` run every call with
-    it: the key function called and checked, the arguments by name, :func:`run_once`.
-    Each keeps around it what is its framework's own (Celery's bound task, message-id key,
-    replacements and retries; the Tasks framework's context and result-id key).
+    ``idempotent_function`` and both ``idempotent_task`` run every call with it, each keeping
+    its framework's own around it (Celery's bound task and retries, the Tasks one's context).
     """
 
     function: Callable[..., Any]
@@ -256,10 +237,7 @@ class ProtectedFunction:
         *,
         skip_first: bool = False,
     ) -> str:
-        """The key of a call: ``key=``'s of its own arguments, checked, or ``default()``.
-
-        ``args`` are the function's; ``skip_first`` leaves out a bound task or a context.
-        """
+        """The key of a call: ``key=``'s of its own arguments, checked, or ``default()``."""
         if self.key is None:
             assert default is not None  # a function's key= is required, a task's has a default
             return default()
@@ -305,9 +283,8 @@ class ProtectedFunction:
 
 
 def idempotent_function(
-    # Positional only so that a bare ``@idempotent_function`` is told the
-    # keyword it lacks ("missing ... argument: 'key'"), not that it gave
-    # one positional argument too many.
+    # Positional only: a bare ``@idempotent_function`` is told it lacks ``key``, not that
+    # it gave a positional argument too many.
     func: None = None,
     /,
     *,
@@ -321,23 +298,19 @@ def idempotent_function(
 ) -> Callable[[F], F]:
     """Run a function's body once per key; later calls get its first return value.
 
-    ``key`` is called with the function's own arguments and returns the key
-    (a message id, an event id). The scope defaults to the function's
-    dotted name. Atomic mode (the default) runs the body in the claim's
-    transaction, so its writes and the stored value commit together; lease
-    mode (``atomic=False``) is for bodies that call other systems. The
-    value must be JSON-serialisable; later calls get it back as JSON gives
-    it (a tuple comes back a list). A call with the same key and other
-    arguments raises :class:`~django_idempotency.exceptions.ArgumentsMismatch`;
-    one while the original still runs past ``wait``
-    :class:`~django_idempotency.exceptions.CallInFlight`. An ``async def``
-    function is protected the same way and awaited.
+    ``key`` is called with the function's arguments and returns the key (a message id).
+    ``scope`` defaults to the function's dotted name. Atomic mode (the default) runs the body
+    in the claim's transaction, so its writes and the stored value commit together; lease mode
+    (``atomic=False``) is for bodies that call other systems. The value must be
+    JSON-serialisable and comes back as JSON gives it (a tuple as a list). The same key with
+    other arguments raises :class:`~django_idempotency.exceptions.ArgumentsMismatch`; a call
+    while the original runs past ``wait``, :class:`~django_idempotency.exceptions.CallInFlight`.
+    An ``async def`` function is protected alike and awaited.
 
-    ``recover`` (lease mode) is asked ``recover(abandoned)`` when a call
-    finds the claim of one that stopped before it finished: ``None`` takes
-    it over (the body runs again as the next attempt, with the checkpoints
-    recorded so far), a value completes the key with it, and raising holds
-    the claim (``django_idempotency.recovery.hold_call``).
+    ``recover`` (lease mode) is asked ``recover(abandoned)`` when a call finds the claim of
+    one that stopped unfinished: ``None`` takes it over (the body runs again, with the
+    checkpoints recorded so far), a value completes the key with it, and raising holds the
+    claim (``django_idempotency.recovery.hold_call``).
     """
     if func is not None:
         raise TypeError("idempotent_function takes keywords only: @idempotent_function(key=...).")
@@ -356,8 +329,7 @@ def idempotent_function(
     def decorate(function: F) -> F:
         name = scope or f"{function.__module__}.{function.__qualname__}"
         if scope is None and "<locals>" in function.__qualname__:
-            # Every function a factory builds has this one qualified name:
-            # their keys would share one scope, and one closure would be
+            # Every function a factory builds has this qualified name: one closure would be
             # answered with another's value.
             raise TypeError(
                 f"idempotent_function on {function.__qualname__!r}, a function defined inside "

@@ -1,39 +1,24 @@
 """``IdempotencyMiddleware``: protect every view at once, with the settings' defaults.
 
-The middleware wraps the rest of the stack (later middleware, Django's
-``ATOMIC_REQUESTS`` transaction, the view) in :func:`core.protect`, so the
-request's own transaction nests inside ours in atomic mode and starts after
-our committed claim in lease mode. It leaves alone the views that protect
-themselves (``@idempotent``), that opt out (``@idempotency_exempt``), and
-the admin, whose forms cannot send a key. ``docs/middleware.rst`` has the
-details.
+It wraps the rest of the stack (later middleware, ``ATOMIC_REQUESTS``, the view) in
+:func:`core.protect`: the request's transaction nests inside ours in atomic mode and starts
+after our committed claim in lease mode. Which views it protects, and how, it asks
+:func:`~django_idempotency.protection.view_protection`: not those that protect themselves or
+opt out (``@idempotency_exempt``), nor the admin's. A framework that authenticates inside the
+view (DRF) protects its views after its authentication; the middleware calls that version in
+place of the resolved view.
 
-Which views it protects, and how, it asks of
-:func:`~django_idempotency.protection.view_protection`, as the OpenAPI
-extension does. A framework that authenticates inside the view (DRF)
-answers there for its views, through its adapter: they are protected by
-the framework's own protection, after its authentication, and the
-middleware calls that version of the view in place of the one the URL
-resolved to.
+What Django does around a view shapes the rest:
 
-Three things Django does around a view shape what the middleware does:
-
-- a view marked ``transaction.non_atomic_requests`` for our database
-  manages its own transactions: it runs in lease mode, outside any
-  transaction of ours;
-- an exception the view raises reaches us as the response Django made of
-  it (403, 404, 500): we hear of it through ``process_exception`` and
-  treat the response as the handler's failure, never stored;
-- a template response the view returns is rendered by Django after the
-  view, still inside our call: ``process_template_response`` tells us the
-  view returned, so that an exception ``process_exception`` then hears of
-  is the rendering's, after the view has acted, and the engine finishes
-  the response as one that cannot be kept (lease mode completes the key
-  with a refusal; atomic mode rolls back);
-- a view that authenticates the request itself runs after the scope is
-  taken: the default scope folds an unauthenticated request's
-  ``Authorization`` header into it (:mod:`django_idempotency.scopes`), as
-  under the decorator, so one client's token never replays another's answer.
+- a view marked ``transaction.non_atomic_requests`` for our database runs in lease mode;
+- an exception the view raises reaches us as Django's response (403, 404, 500), through
+  ``process_exception``: a failure, never stored;
+- a template response is rendered after the view returned (``process_template_response``
+  says so): an exception then is the rendering's, after the view acted, and the response
+  cannot be kept (lease mode completes the key with a refusal; atomic mode rolls back);
+- a view that authenticates the request itself does so after the scope is taken: the default
+  scope folds an unauthenticated request's ``Authorization`` header into it
+  (:mod:`django_idempotency.scopes`), so one client's token never replays another's answer.
 """
 
 from __future__ import annotations
@@ -68,21 +53,16 @@ from django_idempotency.responses import aproblem, discard, problem
 
 __all__ = ["IdempotencyMiddleware", "idempotency_exempt"]
 
-# Set on the request by process_view: the request got past every other
-# middleware's checks (CSRF, login) and reached the view. Ours is the last
-# process_view, or the middleware refuses to load (see misplaced()).
+# Set by process_view: the request passed every other middleware's checks (CSRF, login);
+# ours is the last process_view, or the middleware refuses to load (misplaced()).
 _REACHED_VIEW = "_idempotency_reached_view"
-# Set on the request by process_exception: the view raised, and the response
-# get_response returns is the one Django made of the exception.
+# Set by process_exception: the view raised; get_response returns Django's response to it.
 _VIEW_RAISED = "_idempotency_view_raised"
-# Set on the request by __call__: the view process_view calls in place of
-# the resolved one (a framework's own protection, see view_protection).
+# Set by __call__: the view process_view calls in place of the resolved one.
 _CALL_INSTEAD = "_idempotency_call_instead"
-# Set on the request by process_template_response: the view returned a
-# response that Django renders after it.
+# Set by process_template_response: the view returned a response Django renders after it.
 _VIEW_RETURNED = "_idempotency_view_returned"
-# Set on the request by process_exception once the view had returned: the
-# exception that rendering its response raised.
+# Set by process_exception after the view returned: what rendering its response raised.
 _RENDER_FAILED = "_idempotency_render_failed"
 
 
@@ -123,15 +103,13 @@ class IdempotencyMiddleware:
     def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
         problem = misplaced()
         if problem is not None and ORDER_CHECK_ID not in settings.SILENCED_SYSTEM_CHECKS:
-            # Never serve with the wrong scope, under a server that runs no
-            # system checks (gunicorn, uvicorn) as under runserver.
+            # Never serve with the wrong scope: gunicorn and uvicorn run no system checks.
             raise ImproperlyConfigured(" ".join(problem))
         self.get_response = get_response
         self.async_mode = iscoroutinefunction(get_response)
         if self.async_mode:
             markcoroutinefunction(self)
-            # Django adapts a sync process_view to an async stack with a hop
-            # to another thread on every request; an async one needs none.
+            # A sync process_view would cost an async stack a thread hop per request.
             self.process_view = self._process_view_async  # type: ignore[method-assign,assignment]
             self.process_template_response = self._process_template_response_async  # type: ignore[method-assign,assignment]
 
@@ -200,12 +178,7 @@ class IdempotencyMiddleware:
 
     @staticmethod
     def _view_instead(request: HttpRequest) -> Any:
-        """Mark the view reached; the view to call in the resolved one's place, if any.
-
-        Both modes' ``process_view`` start here, so that a request counts as
-        reaching its view, and a framework's protection replaces it, alike
-        under WSGI and ASGI.
-        """
+        """Mark the view reached; the view to call in the resolved one's place, if any."""
         setattr(request, _REACHED_VIEW, True)
         instead = getattr(request, _CALL_INSTEAD, None)
         return None if instead is None else _in_request_transactions(instead)
@@ -213,8 +186,7 @@ class IdempotencyMiddleware:
     def process_template_response(
         self, request: HttpRequest, response: HttpResponseBase
     ) -> HttpResponseBase:
-        # Ours is the first of these hooks Django calls (it calls them in
-        # reverse order), just after the view returned, before rendering.
+        # Called in reverse order, ours first: the view returned, nothing is rendered yet.
         _returned(request)
         return response
 
@@ -227,8 +199,7 @@ class IdempotencyMiddleware:
     def process_exception(self, request: HttpRequest, exception: Exception) -> None:
         # Django always calls this hook synchronously, in either mode.
         if getattr(request, _VIEW_RETURNED, False):
-            # Raised by the rendering of what the view returned: the view
-            # has acted (see _finish).
+            # Raised by the rendering, after the view acted (see _finish).
             setattr(request, _RENDER_FAILED, exception)
         else:
             setattr(request, _VIEW_RAISED, True)
@@ -238,8 +209,7 @@ class IdempotencyMiddleware:
         if not getattr(request, _REACHED_VIEW, False):
             raise _NotReached(response)
         if getattr(request, _VIEW_RAISED, False):
-            # A handler that raises leaves nothing stored, and atomic mode
-            # rolls back what it wrote before raising (docs/concepts.rst).
+            # Nothing stored; atomic mode rolls back what the view wrote before raising.
             return discard(response)
         return response
 
@@ -251,12 +221,9 @@ _Protects = Callable[[], tuple[Any, DeclaredOptions]]
 def _protection(request: HttpRequest) -> tuple[Any, _Protects] | None:
     """The view ``request`` resolves to, and how the middleware protects it if a key is sent.
 
-    ``None`` for a view it leaves alone: exempt, the admin's, one that
-    protects itself. Decided before the body is looked at for a form's
-    key: the body of a request the middleware will not protect is the
-    view's alone, for its own upload handlers and its own reading, as it
-    arrives. Without a header, and with no form that could carry the key,
-    a request cannot be protected, and the URL is not resolved.
+    ``None`` for a view it leaves alone (exempt, the admin's, one that protects itself),
+    decided before the body is read for a form's key: an unprotected request's body is the
+    view's alone, for its own upload handlers. Without a header or a form, no URL is resolved.
     """
     conf = idempotency_settings
     method = method_of(request) or ""
@@ -280,9 +247,8 @@ def _chosen(
 ) -> tuple[Any, DeclaredOptions] | None:
     """The view the middleware protects for ``request``, and its options, or ``None``.
 
-    ``None`` for a request without a key (unless ``REQUIRED``), and for a
-    framework's view that protects itself: the version of it that does is
-    left on the request for process_view.
+    ``None`` without a key (unless ``REQUIRED``), and for a framework's view that protects
+    itself: that version of it is left on the request for process_view.
     """
     if not idempotency_settings.required and not _has_key(request):
         return None
@@ -301,12 +267,10 @@ def _returned(request: HttpRequest) -> None:
 
 
 def _finish(request: HttpRequest) -> Callable[[HttpResponseBase], HttpResponseBase]:
-    """How the engine finishes the response of ``request``'s view.
+    """How the engine finishes the response of ``request``'s view: :func:`core.render`.
 
-    As under the decorator (:func:`core.render`), unless Django failed to
-    render the template response the view returned: then raises, so that
-    the engine ends the call as one whose result cannot be kept, and the
-    middleware answers with the response Django made of that failure.
+    If Django failed to render the view's template response, raises instead: the engine ends
+    the call as one whose result cannot be kept, and the middleware answers Django's response.
     """
 
     def finish(response: HttpResponseBase) -> HttpResponseBase:
@@ -325,16 +289,10 @@ ORDER_CHECK_ID = "django_idempotency.E006"
 def misplaced() -> tuple[str, str] | None:
     """``(message, fix)`` when ``IdempotencyMiddleware`` is listed where it cannot be right.
 
-    Before ``request.user`` is set, or before another middleware's
-    ``process_view`` (:func:`_view_hook_after`).
-
-    Listed before ``AuthenticationMiddleware``, the middleware takes the
-    scope before Django has set ``request.user``: every session user looks
-    anonymous, and one user's key replays another user's stored response.
-    The same holds for ``RemoteUserMiddleware`` (the web server's user),
-    listed after it. WSGI and ASGI share the one ``MIDDLEWARE`` list, so
-    one rule covers both. Subclasses count as the class they extend, as in
-    Django's admin checks.
+    Listed before ``AuthenticationMiddleware`` or ``RemoteUserMiddleware``, it takes the scope
+    before Django knows the user, who looks anonymous: one user's key replays another's stored
+    response. Before another middleware's hooks: :func:`_view_hook_after`.
+    Subclasses count as the class they extend; WSGI and ASGI share one ``MIDDLEWARE``.
     """
     middleware = settings.MIDDLEWARE
     ours = _first_subclass(IdempotencyMiddleware, middleware)
@@ -356,20 +314,13 @@ def misplaced() -> tuple[str, str] | None:
 def _view_hook_after(ours: str, later: list[str]) -> tuple[str, str] | None:
     """``(message, fix)`` when a middleware listed after ours hooks into the view's call.
 
-    Django calls the ``process_view`` hooks in ``MIDDLEWARE`` order and
-    gives a middleware no way to wrap the call of the view itself, so ours
-    must run last to know that the view was reached. Before a later hook,
-    a request that hook refuses (``CsrfViewMiddleware``'s 403,
-    ``LoginRequiredMiddleware``'s redirect) would look reached, and its
-    refusal be stored and replayed to the corrected request for the whole
-    ``TTL``; and a DRF view, which our hook calls itself, would skip the
-    later hook altogether.
-
-    Django calls the ``process_exception`` hooks the other way round, and
-    stops at the first that answers: a later one that turns the view's
-    exception into a response would answer before ours hears of it, and
-    that response would be stored as the view's own, with the writes the
-    view made before it raised.
+    Django calls ``process_view`` hooks in ``MIDDLEWARE`` order and lets none wrap the view's
+    call, so ours must run last to know the view was reached: else a later hook's refusal
+    (CSRF's 403, ``LoginRequiredMiddleware``'s redirect) would be stored and replayed to the
+    corrected request for the ``TTL``, and a DRF view, which our hook calls, would skip that
+    hook. ``process_exception`` hooks run the other way and stop at the first that answers: a
+    later one would make the view's exception a response, stored as the view's own with the
+    writes made before it raised.
     """
     for path in later:
         try:
@@ -405,11 +356,10 @@ def installed() -> bool:
 
 
 def listed_after() -> list[str]:
-    """The middleware listed after ``IdempotencyMiddleware``, which its answers skip.
+    """The middleware listed after ``IdempotencyMiddleware``, which its answers skip (``W006``).
 
-    A replay, and our own 400, 409 and 422, never reach them; and one that
-    cancels the view or answers in its place (a timeout) hides from ours
-    how the view ended. See the ``W006`` check.
+    Replays and our 400, 409 and 422 never reach them; one that cancels the view or answers
+    in its place (a timeout) hides how the view ended.
     """
     middleware = settings.MIDDLEWARE
     ours = _first_subclass(IdempotencyMiddleware, middleware)
@@ -451,9 +401,7 @@ def _first_subclass(cls: type, paths: list[str]) -> tuple[int, str] | None:
 def _in_request_transactions(view: Any) -> Any:
     """``view`` wrapped as Django wraps the views it calls itself for ``ATOMIC_REQUESTS``.
 
-    A view called from process_view is called by us, not by Django's
-    handler, so it gets the request transactions Django would have given
-    it, with the same exclusions and the same refusal for async views.
+    We call it from process_view, so we wrap it: same exclusions, same refusal of async views.
     """
     excluded = getattr(view, "_non_atomic_requests", ())
     for alias, settings_dict in connections.settings.items():

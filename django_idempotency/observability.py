@@ -1,24 +1,14 @@
 """Where each outcome of a protected request becomes visible outside the package.
 
-:mod:`django_idempotency.core` calls :func:`record` once per outcome. This
-module turns that into the signal, a ``DEBUG`` log record with structured
-fields, and, when ``opentelemetry-api`` is installed, attributes on the
-current span and a counter (below), so the protocol code carries one
-line per outcome instead of four. The replay
-cache reports its lookups with :func:`cache_looked_up`, and recovery of
-abandoned claims its steps with :func:`record_recovery`. See the
-observability page of the docs.
+:func:`record`, called once per outcome, sends the signal, logs at
+``DEBUG`` with structured fields and, with ``opentelemetry-api``
+installed, sets span attributes and adds to a counter.
 
-The counters go through the OpenTelemetry metrics API. Without
-``opentelemetry-api`` nothing is counted, and the import is tried once,
-when this module loads, never per request. They are created on first use
-from the global meter provider, or from the one given to
-:func:`use_meter_provider`. Created before the project sets its provider,
-they are the API's proxies, which start counting into the real provider
-once it is set, so the order in which the project and this package start
-up does not matter. Every counter carries one attribute,
-:data:`VIEW_ATTRIBUTE`, never a key or a scope: those are unbounded, and a
-key is a bearer token.
+Counters are created on first use from the global meter provider (or
+:func:`use_meter_provider`'s); created before the project sets its
+provider, they are proxies that count into it once set, so start-up order
+does not matter. Each carries only :data:`VIEW_ATTRIBUTE`, never a key or
+a scope: those are unbounded, and a key is a bearer token.
 """
 
 from __future__ import annotations
@@ -128,10 +118,7 @@ _counters: dict[str, Any] | None = None  # by metric name
 def use_meter_provider(provider: Any) -> None:
     """Count through ``provider`` from now on; ``None`` goes back to the global one.
 
-    OpenTelemetry lets a process set its global meter provider once, so a
-    test suite that wants to read the counters (with the SDK's
-    ``InMemoryMetricReader``) gives its own provider here and takes it back
-    afterwards, leaving the global one to the application.
+    For tests: the global provider can be set only once per process.
     """
     global _provider, _counters
     with _lock:
@@ -161,8 +148,7 @@ def _create_counters() -> dict[str, Any]:
         return _counters
 
 
-#: The ``outcome`` field of log records and the ``idempotency.outcome`` span
-#: attribute, by signal.
+#: The ``outcome`` of log records and of the ``idempotency.outcome`` span attribute.
 OUTCOMES: dict[Signal, str] = {
     signals.key_claimed: "claimed",
     signals.response_stored: "stored",
@@ -184,8 +170,7 @@ _COUNTED: dict[str, Metric] = {
     "conflict": CONFLICTS,
 }
 
-# Outcomes decided while claiming the key: their ``waited_ms`` is the time the
-# request spent getting there, mostly waiting on an in-flight original.
+# Outcomes decided while claiming: their ``waited_ms`` is mostly waiting on an original.
 _CLAIM_OUTCOMES = frozenset({"claimed", "replayed", "conflict", "mismatch", "wait_timed_out"})
 
 
@@ -211,12 +196,7 @@ def view_name(sender: Any) -> str:
 def log_fields(
     outcome: str, sender: Any, info: IdempotencyInfo, started: float | None = None
 ) -> dict[str, Any]:
-    """The ``extra=`` of a log record: structured fields, the key masked.
-
-    Prefixed, so that they never collide with :class:`logging.LogRecord`'s own
-    attributes, and flat, so JSON formatters and structlog's ``ExtraAdder``
-    pick them up as they are.
-    """
+    """The ``extra=`` of a log record: flat, prefixed fields, the key masked."""
     fields: dict[str, Any] = {
         "idempotency_outcome": outcome,
         "idempotency_scope": info.scope,
@@ -241,14 +221,9 @@ def record(
     info: IdempotencyInfo,
     started: float,
 ) -> None:
-    """Send ``signal`` and report its outcome to the log and the current span.
-
-    ``started`` is the :func:`time.monotonic` reading taken when the request
-    began claiming its key.
-    """
+    """Send ``signal`` and report its outcome; ``started`` is the claim's :func:`time.monotonic`."""
     outcome = OUTCOMES[signal]
-    # Each consumer is asked first whether it listens: a request with no
-    # DEBUG logging, no span and no receiver pays for none of them.
+    # Each consumer is asked first whether it listens, so an unobserved request pays nothing.
     waited = started if outcome in _CLAIM_OUTCOMES else None
     if logger.isEnabledFor(logging.DEBUG):
         fields = log_fields(outcome, sender, info, waited)
@@ -269,13 +244,11 @@ def record(
             (_counters or _create_counters())[counted.name].add(
                 1, {VIEW_ATTRIBUTE: view_name(sender)}
             )
-    # No receiver connected at all, the common case, is told without has_listeners(), which
-    # takes the signal's lock and walks its receivers: as Django's own send() does first.
+    # As Django's send(): no receivers is told before has_listeners() takes the lock.
     if not signal.receivers or not signal.has_listeners(sender):
         return
-    # Receivers are the project's code (metrics, audit) running inside the
-    # protocol: one that raises must not turn a stored response into a 500,
-    # nor leave a claimed key stuck, so its error is logged, not raised.
+    # A receiver that raises must not turn a stored response into a 500 nor
+    # leave a claimed key stuck: its error is logged, not raised.
     for receiver, result in signal.send_robust(sender=sender, request=request, idempotency=info):
         if isinstance(result, Exception):
             fields = log_fields(outcome, sender, info, waited)
@@ -294,8 +267,7 @@ def _set_span_attributes(
     span: Any, outcome: str, started: float | None, info: IdempotencyInfo
 ) -> None:
     waited = None if started is None else waited_ms(started)
-    # Later outcomes of the same request overwrite earlier ones, so the span
-    # ends with the final one (claimed, then stored).
+    # A later outcome overwrites an earlier one: the span ends with the final.
     span.set_attribute("idempotency.outcome", outcome)
     span.set_attribute("idempotency.replayed", outcome == "replayed")
     span.set_attribute("idempotency.attempt", info.progress.attempt)
@@ -312,9 +284,7 @@ def cache_looked_up(sender: Any, *, hit: bool) -> None:
 def record_recovery(step: Literal["started", "completed"], sender: Any) -> None:
     """Count a step of recovering an abandoned claim for the view or task ``sender``.
 
-    ``started`` when a request finds a claim whose lease ran out and sets
-    about recovering it (before the project's ``recover`` policy runs);
-    ``completed`` when that recovery ended with the key completed, by the
-    policy's response or by the handler run again.
+    ``started`` before the ``recover`` policy runs; ``completed`` once the
+    key is completed, by the policy's response or the handler run again.
     """
     add(RECOVERIES_STARTED if step == "started" else RECOVERIES_COMPLETED, view_name(sender))

@@ -1,8 +1,6 @@
 """What an operator does with records: find stuck keys, release them, delete them.
 
-``manage.py idempotency_keys`` and the admin both act through here, so a
-live lease is refused the same way by each. See the operations page of the
-docs for when to release and when to delete.
+The command and the admin both act through here.
 """
 
 from __future__ import annotations
@@ -67,19 +65,14 @@ def stored_forms(value: str) -> list[str]:
 def stored_keys(key: str) -> list[str]:
     """A key as typed, as a header may quote it (``"a\\"b"``), and as a long one is stored."""
     typed = [key]
-    # The header's own reading of a quoted key; its length rule is the
-    # view's, not the search's.
+    # The header's reading of a quoted key; its length rule is the view's.
     with contextlib.suppress(InvalidIdempotencyKey):
         typed.append(parse_key(key, max_length=len(key)))
     return list(dict.fromkeys(stored for value in typed for stored in stored_forms(value)))
 
 
 def database_now(using: str | None = None) -> datetime:
-    """The database's clock now: what shows an operator whether a lease is live.
-
-    One statement of its own; for display, since the statements that act
-    read the clock themselves.
-    """
+    """The database's clock now, for display: the statements that act read it themselves."""
     return clock.read(connections[using or idempotency_settings.database])
 
 
@@ -96,9 +89,8 @@ def abandoned(now: Any = None) -> Q:
 def is_refusal(record: IdempotencyKey) -> bool:
     """Completed with a refusal: the body returned, but its result could not be kept.
 
-    A view's ``500`` of type ``result-not-stored``, a function's or task's
-    ``507`` (``UnstorableResult``): the one kind of completed record that
-    :func:`release` lets run again.
+    A view's ``500`` ``result-not-stored``, a function's or task's ``507``
+    (``UnstorableResult``): the one completed record :func:`release` reopens.
     """
     return store.is_refusal(record.state, record.status_code)
 
@@ -106,24 +98,19 @@ def is_refusal(record: IdempotencyKey) -> bool:
 def release(record: IdempotencyKey, *, force: bool = False) -> bool:
     """Let the next retry of an in-progress claim, or of a refusal, take it over at once.
 
-    The record is kept, with its attempt and checkpoints, so that the retry
-    resumes where its owners got to (``request.idempotency.checkpoints``);
-    ``False`` if it completed or changed since it was read. A live lease is
-    refused unless ``force``: its request may still be running. The refusal
-    is in the statement that releases, by the database's clock then, so an
-    owner renewing its lease (or a retry taking it over) while the command
-    runs keeps it. That statement is the owner's own release keeping its
-    progress (:func:`django_idempotency.store.release_on_behalf`).
+    The record keeps its attempt and checkpoints, so the retry resumes where
+    its owners got to. ``False`` if it was deleted, taken over or changed
+    since it was read. A live
+    lease raises :class:`LeaseStillHeld` unless ``force``; the fence is in
+    the releasing statement, by the database's clock, so an owner renewing
+    its lease meanwhile keeps it.
 
-    A refusal (:func:`is_refusal`) is released the same way: its body has
-    returned, so no owner can still be running and no lease is refused. Its
-    answer is dropped, from the replay cache too, and the next retry runs
-    the body again, resuming from its checkpoints
-    (:func:`django_idempotency.store.release_refusal`). ``False`` if it
-    was deleted, taken over or changed since it was read;
-    :class:`RefusalExpired` if it is past its expiry, by the database's
-    clock in the statement: its key is free already (the next request runs
-    as a new one), and releasing it would bring it back past its ``TTL``.
+    A refusal (:func:`is_refusal`) has no running owner: its answer is
+    dropped, from the replay cache too, and the next retry runs the body
+    again, resuming from its checkpoints. :class:`RefusalExpired` if it is
+    past its expiry by the database's clock: its key is free already (the
+    next request runs as a new one), and releasing would revive it past
+    its ``TTL``.
     """
     using = record._state.db or idempotency_settings.database
     if is_refusal(record):
@@ -137,7 +124,7 @@ def release(record: IdempotencyKey, *, force: bool = False) -> bool:
 
 def _release_refusal(using: str, record: IdempotencyKey) -> bool:
     if not store.release_refusal(using, record.pk, record.owner_token):
-        # Say why, if it is still the refusal read, now past its expiry.
+        # Say why, if it is the refusal read, now past its expiry.
         read = records(using).filter(
             leases.expiry_q(True),
             pk=record.pk,
@@ -149,8 +136,7 @@ def _release_refusal(using: str, record: IdempotencyKey) -> bool:
         if expired_at is not None:
             raise RefusalExpired(expired_at)
         return False
-    # The cache holds the refusal until its expiry: a retry would get it
-    # there, not from the record that now lets it run.
+    # Else the cache would keep answering with the refusal.
     alias = idempotency_settings.replay_cache
     if alias is not None:
         replay_cache.evict(alias, record.scope, record.key, using)
@@ -158,18 +144,15 @@ def _release_refusal(using: str, record: IdempotencyKey) -> bool:
 
 
 def delete(record: IdempotencyKey, *, force: bool = False) -> bool:
-    """Delete a record: the next request with its key runs as a new one.
+    """Delete a record (and its replay-cache entry): the next request with its key runs anew.
 
-    A completed record's stored answer is gone (and evicted from the replay
-    cache); a live lease is refused unless ``force``, by the statement
-    that deletes, as :func:`release` refuses it.
+    A live lease is refused unless ``force``, as :func:`release` refuses it.
     """
     using = record._state.db
     fenced = records(using).filter(pk=record.pk)
     if not force:
         fenced = fenced.exclude(lease_held())
-    # One DELETE with its fence: Django's delete() may read the rows first
-    # (for signals or cascades) and delete them by primary key afterwards.
+    # One fenced DELETE: Django's delete() may read the rows first, then delete by pk.
     deleted = fenced._raw_delete(using)
     if not deleted and not force:
         _refuse_if_held(using, record)

@@ -1,19 +1,10 @@
-"""Per-view options (``@idempotent(ttl=...)``, ``IdempotentMixin.idempotency_ttl``) and
-the options of functions and tasks (``idempotent_function(ttl=...)``).
+"""Per-view options, and those of idempotent functions and tasks.
 
-Each option is a row of the settings table (:mod:`django_idempotency.conf`)
-and is validated by that row's rule when the view is decorated, its class
-is created or the function is decorated, so a wrong value fails where it is
-written, not on every request; at each call :meth:`DeclaredOptions.resolve`
-gives every option its value, the setting's where none was given. Nothing
-else re-derives them: the engine, the OpenAPI extension and the checks all
-read them here. ``key`` and ``store`` are options with no setting
-(``OPTION_ONLY``): left out, the key is the ``HEADER`` and every response
-SPEC 4.3 stores completes it. Dotted paths (``scope``, ``fingerprint``,
-``key``) are checked for shape
-then but imported later, by a system check or at the first request:
-importing a project's module while its views module is still being
-imported invites import cycles (see docs/decorator.rst).
+Each option is validated by its settings row where it is written (view
+decorated, class created, function decorated), and resolved over the settings at each call.
+Dotted paths are checked for shape then but imported at the first request
+or by a system check: importing a project's module while its views module
+is being imported invites import cycles.
 """
 
 from __future__ import annotations
@@ -45,11 +36,10 @@ OPTION_NAMES: tuple[str, ...] = tuple(OPTIONS)
 
 
 class CallOptions(TypedDict, total=False):
-    """The options a task takes besides its key: what a function or a task may be given.
+    """The options of a function or task besides its key, each defaulting to its setting.
 
-    The rest is about requests. Each is validated by its setting's row and
-    defaults to that setting: ``atomic``, ``ttl`` (a timedelta or seconds),
-    ``wait`` (seconds) and ``lease`` (a timedelta or seconds).
+    ``atomic``, ``ttl`` (a timedelta or seconds), ``wait`` (seconds) and
+    ``lease`` (a timedelta or seconds).
     """
 
     atomic: bool | None
@@ -60,13 +50,10 @@ class CallOptions(TypedDict, total=False):
 
 CALL_OPTION_NAMES: tuple[str, ...] = tuple(CallOptions.__annotations__)
 
-# Every view's options, so that the system checks can import the dotted
-# paths that views defer to their first request (see checks.py), and a
-# settings change forgets what each resolved. Weak: a view that is gone
-# takes its options with it.
+# Every view's options, for the checks' deferred imports and to forget
+# resolved values on a settings change. Weak: a view that is gone takes them.
 _ALL: weakref.WeakSet[DeclaredOptions] = weakref.WeakSet()
-# Held while one is added or all are listed: DRF builds a view's options per
-# request when they are properties, while a settings change lists them all.
+# Guards _ALL: DRF may build options per request while a settings change lists them.
 _ALL_LOCK = threading.Lock()
 
 
@@ -103,12 +90,10 @@ def suggest(name: str, known: tuple[str, ...]) -> str:
 class DeclaredOptions:
     """The options one view, function or task was given, validated once.
 
-    ``label(name)`` says where an option was written, for messages, e.g.
-    ``@idempotent(ttl=...)`` or ``OrderViewSet.idempotency_ttl``. ``None``
+    ``label(name)`` says where an option was written, for messages; ``None``
     leaves an option to its setting. ``allowed`` names the options that
-    apply (a task has no ``methods``); ``also`` names the caller's other
-    keyword arguments (a task's ``key`` and ``recover``), so that a near
-    miss of one is suggested and every valid name is listed.
+    apply; ``also`` the caller's other keyword arguments, for the
+    suggestions in the unknown-option message.
     """
 
     def __init__(
@@ -129,9 +114,7 @@ class DeclaredOptions:
         self._label = label
         self._given = {name: value for name, value in given.items() if value is not None}
         self._clean: dict[str, Any] = {}
-        #: The options resolved under the settings as they are, once asked
-        #: (:meth:`resolve`); ``None`` again whenever the settings change
-        #: (``override_settings``), the only thing that can change them.
+        #: What :meth:`resolve` gave; ``None`` again whenever the settings change.
         self.resolved: Options | None = None
         for name, value in self._given.items():
             setting = OPTIONS[name]
@@ -164,9 +147,7 @@ class DeclaredOptions:
     def resolve(self) -> Options:
         """The options for one request: settings read now, dotted paths imported on first use.
 
-        Resolved once and kept in :attr:`resolved` until the settings
-        change, so that a request reads ``declared.resolved or
-        declared.resolve()``.
+        Kept in :attr:`resolved` until the settings change.
         """
         resolved = self.resolved
         if resolved is not None:
@@ -217,12 +198,10 @@ def check_options(options: Mapping[str, Any], view: Any = None) -> DeclaredOptio
 class NonAtomicRequests(Set[str]):
     """A view's ``_non_atomic_requests``: every database in lease mode, none in atomic mode.
 
-    Lease mode must commit its claim before the view runs, which a
-    request-wide transaction (``ATOMIC_REQUESTS``) would prevent. Django
-    asks ``alias in view._non_atomic_requests`` at each request, so the
-    mode is read then, not when the view module is imported: a bad
-    ``IDEMPOTENCY`` setting is reported by the system checks rather than
-    by a traceback while the URLconf is imported.
+    Lease mode must commit its claim before the view runs, which
+    ``ATOMIC_REQUESTS`` would prevent. The mode is read at each request, not
+    at import, so a bad setting is reported by the system checks rather
+    than by a traceback while the URLconf is imported.
     """
 
     def __init__(self, options: DeclaredOptions, also: Set[str] = frozenset()) -> None:

@@ -1,28 +1,12 @@
 """Deleting expired records in bounded batches.
 
-The management command and the Celery task both call :func:`purge_expired`,
-so the purge is written (and tested) once. Each batch picks at most
-``batch_size`` primary keys by the indexed ``expires_at`` column and deletes
-them in one short transaction of its own: a purge of millions of rows never
-holds a long lock, never builds one huge transaction, and never loads a row
-into Python. Purges on several workers at once do not queue behind each
-other: where the database can, a batch skips rows another purge (or a claim
-taking over an expired key) has locked, and each row is counted by the one
-``DELETE`` that removed it.
-
-A record is purged once it expired (:func:`leases.purgeable_sql`); a lease-mode
-claim left in progress (released by its owner, or abandoned when its lease
-ran out) carries its attempt and checkpoints to the retry that takes it
-over, so it is kept until its ``retained_until`` too: the key's TTL past
-the end of its lease (as the claim, a takeover, a renewal or a release
-last set it).
-
-A purge also yields to the requests that share the database with it (see
-:class:`Pace`): each batch is sized to stay under a target time, the purge
-rests between batches in proportion to how long each took, and it may be
-held to a number of rows per second. So it runs outside any transaction:
-every batch commits on its own, and no rest holds a caller's transaction
-open.
+The management command and the tasks all call :func:`purge_expired`. Each
+batch deletes at most ``batch_size`` rows, found by the indexed
+``expires_at`` column, in one short transaction of its own: no long lock, no
+huge transaction, no row loaded into Python. Where the database can, a batch
+skips rows another purge (or a claim taking over an expired key) has locked,
+so concurrent purges do not queue; each row is counted by the one ``DELETE``
+that removed it.
 """
 
 from __future__ import annotations
@@ -45,32 +29,27 @@ from django_idempotency import clock, leases, store
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.models import IdempotencyKey
 
-#: Rows per batch. Measured with ``benchmarks/purge.py`` on PostgreSQL
-#: (1,000,000 expired rows, a writer claiming keys throughout, two runs):
-#: 1000 took 4.9-5.0 s, 2000 3.6 s, 5000 3.1-3.4 s and 10000 2.7-3.1 s; the
-#: writer's longest claim was 10-110 ms at every size, and peak RSS 52 MB.
-#: Past 5000 a doubling buys about 10% while every batch holds twice as many
-#: row locks for twice as long (on MariaDB/MySQL, where purges queue behind
-#: each other's batch, that wait is what a second purge sees), so 5000.
+#: Rows per batch. ``benchmarks/purge.py`` on PostgreSQL (1,000,000 rows, a
+#: writer claiming throughout): 1000 took 5.0 s, 5000 3.1-3.4 s, 10000
+#: 2.7-3.1 s; the writer's longest claim 10-110 ms at every size. Past 5000 a
+#: doubling buys ~10% while each batch holds twice the row locks twice as
+#: long (what a second purge waits for on MariaDB/MySQL).
 DEFAULT_BATCH_SIZE = 5000
 
 #: How often one batch runs again after losing a deadlock before giving up.
 DEADLOCK_ATTEMPTS = 5
 
-#: Target seconds of one batch's transaction (see :class:`Pace`). A batch of
-#: DEFAULT_BATCH_SIZE rows took 10-45 ms on PostgreSQL on a busy 2-core
-#: machine (``benchmarks/purge.py``), so the size shrinks only when a batch
-#: stalls (a checkpoint, a lock wait) rather than under ordinary load.
+#: Target seconds of one batch (:class:`Pace`). A full batch took 10-45 ms on
+#: PostgreSQL on a busy 2-core machine, so the size shrinks only when a batch
+#: stalls (a checkpoint, a lock wait).
 DEFAULT_BATCH_SECONDS = 0.1
 
-#: Rest after each batch, as a multiple of the time the batch took: the
-#: purge has the database at most two thirds of the time, and takes at most
-#: half as long again as back to back (docs/purge.rst has the figures).
+#: Rest after each batch, as a multiple of its time: the purge has the database
+#: at most two thirds of the time, and takes at most 1.5 times as long.
 DEFAULT_PAUSE = 0.5
 
-#: The adaptive batch size starts here and never shrinks below it (nor
-#: past ``batch_size``): under a hundred rows a batch's cost is its round
-#: trip and commit, and shrinking it further shortens no lock.
+#: The adaptive batch size's start and floor (unless the largest batch is
+#: smaller): below it a batch's cost is its round trip and commit.
 MIN_BATCH_SIZE = 100
 
 Progress = Callable[[int], None]
@@ -89,18 +68,15 @@ def _positive(value: object) -> bool:
 
 @dataclass(frozen=True)
 class Pace:
-    """How a purge shares the database with the requests that use it meanwhile.
+    """How a purge yields the database to the requests using it meanwhile.
 
-    A batch's ``DELETE`` competes with claims for the server's CPU, its
-    write-ahead log and its disk. ``batch_seconds`` bounds how long one
-    batch holds them: the batch size adapts (shrinking at once past the
-    target, doubling back while well under it) between
-    :data:`MIN_BATCH_SIZE` and the purge's ``batch_size``; ``None`` keeps
-    every batch at ``batch_size``. ``pause`` is the rest after each batch
-    as a multiple of the time it took, so the purge uses the database at
-    most ``1 / (1 + pause)`` of the time whatever the machine; ``0`` never
-    rests. ``rate``, if given, holds the purge to that many rows per
-    second, and no batch is larger than one second's worth.
+    ``batch_seconds`` is one batch's target time: the size shrinks in
+    proportion past it and doubles while under half of it, between
+    :data:`MIN_BATCH_SIZE` and ``batch_size``; ``None`` keeps every batch at
+    ``batch_size``. ``pause`` is the rest after each batch as a multiple of
+    its time, so the purge uses the database at most ``1 / (1 + pause)`` of
+    the time; ``0`` never rests. ``rate`` caps the rows per second, and no
+    batch is larger than one second's worth.
     """
 
     batch_seconds: float | None = DEFAULT_BATCH_SECONDS
@@ -145,7 +121,6 @@ class Pace:
         if self.batch_seconds is None:
             return self.largest(batch_size)
         if seconds > self.batch_seconds:
-            # Shrink in proportion: a batch over the target is what hurts.
             wanted = math.floor(size * self.batch_seconds / seconds)
         elif seconds * 2 <= self.batch_seconds:
             wanted = size * 2
@@ -174,35 +149,28 @@ def purge_expired(
 ) -> int:
     """Delete every record that expired at or before ``now``; return how many went.
 
-    ``using`` defaults to the ``IDEMPOTENCY["DATABASE"]`` setting and ``now``
-    to the database's clock (never the host's, which may be wrong) when the
-    purge starts, fixed so that a run always ends even while new records
-    keep expiring; each batch deletes only what expired by then. ``dry_run`` counts what would
-    be deleted and deletes nothing. ``progress`` is called after each batch
-    with the running total, so callers can report on long runs.
-    ``batch_size`` is the most rows one batch deletes; ``batch_seconds``,
-    ``pause`` and ``rate`` say how the purge yields to requests meanwhile
-    (see :class:`Pace`).
+    ``using`` defaults to ``IDEMPOTENCY["DATABASE"]``, ``now`` to the
+    database's clock (never the host's, which may be wrong), read once at the start so that a
+    run ends even while records keep expiring. A lease-mode claim left in
+    progress (released, or its lease ran out) is also kept until its
+    ``retained_until`` (the key's TTL past its lease's end), so the retry
+    that takes it over resumes from its checkpoints. ``dry_run`` only
+    counts. ``progress`` gets the running total after each batch.
+    ``batch_size`` caps one batch; ``batch_seconds``, ``pause`` and ``rate``
+    are :class:`Pace`'s.
 
-    A record still in progress (a lease-mode claim released by its owner,
-    or abandoned) is kept until its ``retained_until`` as well, so that the
-    retry that takes it over resumes from its checkpoints.
-
-    A value out of range raises :class:`ValueError` naming the fix, before
-    anything is deleted; so does a call inside a transaction
-    (:class:`~django.db.TransactionManagementError`; a dry run is allowed):
-    every batch commits on its own and the purge rests between them, which
-    inside a caller's transaction would hold it, and every row deleted so
-    far, for the whole purge. Run it outside, or from
-    ``transaction.on_commit``.
-    An unknown database alias, and a missing table, raise
-    :class:`~django.core.exceptions.ImproperlyConfigured` (the latter saying
-    to run ``migrate``); a lock wait that ran out (the database is
-    locked) raises :class:`~django_idempotency.store.Busy`, a
-    :class:`~django.db.DatabaseError`; other database errors propagate
-    unchanged.
-    Rows already deleted by earlier batches stay deleted if a later batch
-    fails: every batch commits on its own.
+    Before deleting anything, a value out of range raises
+    :class:`ValueError`, and a call inside a transaction (unless
+    ``dry_run``) :class:`~django.db.TransactionManagementError`: every
+    batch commits on its own and the purge rests between them, which inside
+    a caller's transaction would hold it, and every row deleted so far, for
+    the whole purge (run it outside, or from ``transaction.on_commit``). An unknown
+    alias, or a missing table (run ``migrate``), raises
+    :class:`~django.core.exceptions.ImproperlyConfigured`; a lock wait that
+    ran out, :class:`~django_idempotency.store.Busy` (a
+    :class:`~django.db.DatabaseError`); other database errors propagate.
+    Every batch commits on its own: rows deleted before a failure stay
+    deleted.
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}.")
@@ -211,8 +179,7 @@ def purge_expired(
     try:
         connection = connections[using]
     except ConnectionDoesNotExist as exc:
-        # A scheduled task meets this as the command does: as configuration
-        # to fix, not as an error of Django's connection handler.
+        # Configuration to fix, for the command and the tasks alike.
         raise ImproperlyConfigured(f"Unknown database {using!r}: {exc}") from exc
     if not dry_run and _in_a_transaction(connection):
         raise TransactionManagementError(
@@ -241,10 +208,9 @@ def _count(connection: BaseDatabaseWrapper, cutoff: datetime) -> int:
 
 
 def _in_a_transaction(connection: BaseDatabaseWrapper) -> bool:
-    """Whether ``connection`` is inside a transaction the purge's batches cannot commit.
+    """Whether ``connection`` is in a transaction the batches cannot commit.
 
-    The one Django's ``TestCase`` wraps each test in is tolerated, so that
-    the purge stays testable there (its batches commit with the test's).
+    ``TestCase``'s own is tolerated, so the purge is testable there.
     """
     if connection.in_atomic_block:
         blocks = connection.atomic_blocks
@@ -271,9 +237,8 @@ def _purge(
         passed = batch.passed
         if progress is not None and batch.removed:
             progress(deleted)
-        # Each statement deletes every row it chose, so a short batch means
-        # nothing more purgeable is left that this purge could lock; rows
-        # another purge holds are that purge's to delete.
+        # A short batch: nothing purgeable is left that this purge could
+        # lock; rows another purge holds are that purge's to delete.
         if batch.removed < size:
             return deleted
         rest = pace.rest(batch.removed, seconds)
@@ -303,11 +268,10 @@ def _with_deadlock_retry(
 ) -> Batch:
     """Run one batch again if the database chose it as a deadlock victim.
 
-    InnoDB can deadlock two deletes walking the same secondary index (one
-    holds the index entry, the other the row). The victim's batch is rolled
-    back whole, so nothing of it was deleted or counted and it can simply run
-    again. Inside a caller's transaction that transaction is lost too, so
-    the error is raised instead.
+    InnoDB can deadlock two deletes walking the same secondary index. The
+    victim's batch was rolled back whole, so nothing of it was deleted or
+    counted, and it simply runs again. Inside a caller's transaction, which
+    the deadlock rolled back too, the error is raised.
     """
     for attempt in range(1, DEADLOCK_ATTEMPTS + 1):
         try:
@@ -331,10 +295,9 @@ def _column(connection: BaseDatabaseWrapper, name: str) -> str:
 
 
 def _purgeable_sql(connection: BaseDatabaseWrapper) -> str:
-    """:func:`leases.purgeable_sql`, for the batches and the dry run: the cutoff twice.
+    """:func:`leases.purgeable_sql` for the batches and the dry run: the cutoff twice.
 
-    Each backend walks the ``expires_at`` index and only reads the other columns of the
-    rows it finds there: a claim still retained is stepped over, and left for a later run.
+    Found on the ``expires_at`` index, a claim still retained is stepped over for a later run.
     """
     return leases.purgeable_sql(connection, "%s")
 
@@ -343,10 +306,9 @@ def _cutoff(connection: BaseDatabaseWrapper, cutoff: datetime) -> list[Any]:
     """The parameters of :func:`_purgeable_sql`."""
     value = connection.ops.adapt_datetimefield_value(cutoff)
     if connection.vendor == "sqlite" and "." not in str(value):
-        # SQLite compares text: Django's text of a whole second has no
-        # fraction ("... 10:21:01"), which sorts before the stored
-        # "... 10:21:01.000" of STRFTIME's milliseconds. Six zeros sort
-        # after both that and Django's own "... 10:21:01".
+        # SQLite compares text: Django writes a whole second without a
+        # fraction ("10:21:01"), which sorts before the stored "10:21:01.000";
+        # six zeros sort after both.
         value = f"{value}.000000"
     return [value] * 2
 
@@ -356,17 +318,13 @@ def _delete_batch_postgresql(
 ) -> Batch:
     """PostgreSQL: choose and delete one batch in a single statement, from where the last ended.
 
-    One statement is one transaction under autocommit, with no round trip
-    carrying the keys. ``ORDER BY expires_at`` keeps the planner on the index
-    even when only a few rows of a large table have expired, and
-    ``FOR UPDATE SKIP LOCKED`` lets concurrent purges take disjoint batches.
-    A deleted row's index entry stays until ``VACUUM``, so a batch that
-    walked the index from its start stepped over every row the purge had
-    deleted so far: each batch slower than the last, a purge's time
-    quadratic in its rows. Each batch starts at the latest expiry the one
-    before deleted (``>=``: rows sharing it may remain). A row locked when
-    the purge passed it (a claim taking it over, another purge deleting it)
-    is that transaction's, and otherwise left to the next run.
+    One statement is its own transaction under autocommit, with no round
+    trip carrying the keys. ``ORDER BY expires_at`` keeps the planner on the
+    index even when few rows have expired; ``FOR UPDATE SKIP LOCKED`` leaves
+    a locked row (a claim taking it over, another purge) to that
+    transaction, or else to the next run. A deleted row's index entry stays
+    until ``VACUUM``: a batch walking the index from its start would step
+    over every row deleted so far, making a purge quadratic in its rows.
     """
     table, pk, expires = _names(connection)
     adapted = None if passed is None else connection.ops.adapt_datetimefield_value(passed)
@@ -374,14 +332,12 @@ def _delete_batch_postgresql(
     batch = (
         f"SELECT {pk} FROM {table} WHERE {where} ORDER BY {expires} LIMIT %s FOR UPDATE SKIP LOCKED"
     )
-    # With "IN (subquery)" the planner hash-joins the batch against a
-    # sequential scan of the whole table, every batch. An ARRAY(...) is
-    # computed once up front and then found through the primary key.
+    # "IN (subquery)" hash-joins each batch against a sequential scan of the
+    # table; an ARRAY(...) is computed once and found through the primary key.
     sql = (
         f"WITH gone AS (DELETE FROM {table} WHERE {pk} = ANY(ARRAY({batch})) "
         f"RETURNING {expires}) SELECT count(*), max({expires}) FROM gone"
     )
-    # Under autocommit the one statement is its own transaction.
     with connection.cursor() as cursor:
         cursor.execute(sql, [*params, batch_size])
         removed, last = cursor.fetchone()
@@ -389,12 +345,10 @@ def _delete_batch_postgresql(
 
 
 def _expiry_as_stored(connection: BaseDatabaseWrapper, expires: str) -> str:
-    """``expires_at`` as a batch reads it back to start the next batch from.
+    """``expires_at`` as read back to start the next batch from.
 
-    SQLite stores it as text of its own format (``STRFTIME``'s milliseconds)
-    and compares text: read back as a ``datetime`` and sent again, it would
-    be written another way (microseconds, or none) and compare unequal to
-    itself, so it is read as the text it is.
+    SQLite stores and compares it as text (``STRFTIME``'s milliseconds); sent
+    back as a ``datetime`` it would be written otherwise and not equal itself.
     """
     return f"CAST({expires} AS TEXT)" if connection.vendor == "sqlite" else expires
 
@@ -402,10 +356,9 @@ def _expiry_as_stored(connection: BaseDatabaseWrapper, expires: str) -> str:
 def _batch_where(
     connection: BaseDatabaseWrapper, cutoff: datetime, passed: Any
 ) -> tuple[str, list[Any]]:
-    """What a batch may delete, and its parameters: purgeable rows from where the last ended.
+    """What a batch may delete, and its parameters: purgeable rows from ``passed`` on.
 
-    From ``passed``, where the last batch ended (``>=``: rows sharing its
-    expiry may remain); from the start for the first batch.
+    ``>=``: rows sharing the last batch's final expiry may remain.
     """
     where, params = _purgeable_sql(connection), _cutoff(connection, cutoff)
     if passed is None:
@@ -418,19 +371,13 @@ def _delete_batch_returning(
 ) -> Batch:
     """MariaDB, SQLite 3.35+: delete one batch from where the last ended, learning where it ends.
 
-    One statement is one transaction under autocommit, with no round trip
-    carrying the keys; ``ORDER BY expires_at`` keeps the planner on the
-    index. Each batch starts at the latest expiry the one before deleted,
-    which ``RETURNING`` gives: a batch that walked the index from its start
-    stepped over every claim the purge keeps (still retained) ahead of the
-    rows it deletes, each batch again. The expiries come back as the
-    database stores them and go back in as they came
-    (:func:`_expiry_as_stored`).
-
-    MariaDB deletes with ``DELETE ... ORDER BY expires_at LIMIT`` (see
-    :func:`_delete_batch_bounded` for why not by keys); SQLite, which has no
-    ``LIMIT`` on ``DELETE`` by default, by the keys of a subquery, finding
-    ``IN`` rows by rowid (it serialises writers anyway).
+    One statement, its own transaction under autocommit. ``RETURNING`` gives
+    where the batch ended, so the next does not step again over the retained
+    claims ahead of the rows it deletes (expiries as stored:
+    :func:`_expiry_as_stored`). MariaDB deletes by ``ORDER BY expires_at
+    LIMIT``, not by keys (:func:`_delete_batch_bounded` says why); SQLite,
+    without ``LIMIT`` on ``DELETE``, by a subquery's keys (it serialises
+    writers anyway).
     """
     table, pk, expires = _names(connection)
     where, params = _batch_where(connection, cutoff, passed)
@@ -451,23 +398,20 @@ def _delete_batch_bounded(
 ) -> Batch:
     """MySQL (no ``DELETE ... RETURNING``), older SQLite, any other backend: read, then delete.
 
-    Where the batch will end is read first, without a lock: the expiry of
-    the ``batch_size``-th purgeable row from where the last batch ended (or
-    none, when fewer are left). The batch then deletes, in ``expires_at``
-    order, at most ``batch_size`` purgeable rows between the two. Every
-    purgeable row before that boundary is among them, and rows sharing it
-    that the limit left are where the next batch starts (``>=``); none past
-    the cutoff is ever deleted (the condition holds it too). So no batch
-    steps over the claims the purge keeps ahead of it again.
+    First, unlocked, the boundary: the expiry of the ``batch_size``-th
+    purgeable row from where the last batch ended (none when fewer are
+    left). Then at most ``batch_size`` purgeable rows up to it go, in
+    ``expires_at`` order, none past the cutoff ever deleted (the condition
+    holds it too); rows sharing it that the limit left start the next
+    batch, so none steps again over the claims kept ahead of it.
 
-    ``SKIP LOCKED`` exists only on ``SELECT`` on MySQL/MariaDB, and a locked
-    ``SELECT`` followed by ``DELETE ... WHERE id IN (...)`` deadlocked
-    between concurrent purges on MariaDB 10.11 while the optimizer is free
-    to scan the table for a long ``IN`` list. Walking the ``expires_at``
-    index in order, every purge locks rows in the same order, so concurrent
-    purges queue for at most one batch instead of deadlocking; a batch that
-    found rows gone behind such a wait ends this purge early, and the purge
-    that deleted them carries on.
+    MySQL/MariaDB have ``SKIP LOCKED`` only on ``SELECT``, and a locked
+    ``SELECT`` then ``DELETE ... WHERE id IN (...)`` deadlocked concurrent
+    purges on MariaDB 10.11 (the optimizer may scan the table for a long
+    ``IN`` list). Walking the index in order, every purge locks rows in the
+    same order: concurrent purges queue for at most one batch, and one that
+    finds its rows gone behind that wait ends early, leaving the rest to
+    the purge that deleted them.
     """
     table, pk, expires = _names(connection)
     where, params = _batch_where(connection, cutoff, passed)

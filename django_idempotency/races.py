@@ -1,14 +1,10 @@
 """Run a request held at a known point while copies of it run in other threads.
 
-The machinery behind :func:`django_idempotency.testing.race_duplicates`: it
-decides nothing about what the answers should be. The original runs in a
-thread until it sends a signal (by default ``key_claimed``, with its key
-claimed and its handler about to run) and is held there; the copies start
-and each is watched until it has either answered or is seen waiting in the
-database for the original; then the original is let go. A copy counted as
-waiting must still be in its claim statement at that moment, or the race
-reported did not take place and the run fails. Every thread uses, and
-closes, its own database connections and its own test client.
+For :func:`django_idempotency.testing.race_duplicates`, which judges the
+answers. The original is held where it sends a signal, and let go once each
+copy has answered or is seen waiting for it in the database; a copy counted
+as waiting must still be in its claim then. Each thread has its own
+connections and client.
 """
 
 from __future__ import annotations
@@ -28,8 +24,7 @@ from django.db.backends.sqlite3.creation import DatabaseCreation
 from django.dispatch import Signal
 from django.http import HttpResponseBase
 
-# How often the test's thread looks again at the copies while the original is
-# held: each look is one statement on a server database.
+# Seconds between looks at the copies while the original is held (a statement each).
 POLL_INTERVAL = 0.005
 
 _is_in_memory_db = DatabaseCreation.is_in_memory_db
@@ -61,14 +56,11 @@ class RaceRun:
 def refuse_untestable(using: str) -> None:
     """Raise :class:`RaceSetupError` where threads could not race the original.
 
-    Inside the transaction of a ``TestCase`` every other connection would
-    wait for the test's own uncommitted rows, and the copies for a claim the
-    test's transaction holds: they would deadlock on the row lock, not race.
-    An in-memory SQLite database is either private to one connection, or,
-    as Django's test runner makes it, a shared cache whose locks answer
-    "table is locked" at once instead of waiting. Called from a running
-    event loop, or on a server database reached through a pooler, the race
-    cannot run either (:func:`_refuse_event_loop`, :func:`_refuse_proxied`).
+    In a ``TestCase``'s transaction the copies would deadlock on its claim;
+    in-memory SQLite is private to one connection, or a shared cache
+    answering "table is locked" at once. Called from a running event loop,
+    or on a server database reached through a pooler, the race cannot run
+    either (:func:`_refuse_event_loop`, :func:`_refuse_proxied`).
     """
     _refuse_event_loop()
     for connection in connections.all(initialized_only=True):
@@ -92,13 +84,12 @@ def refuse_untestable(using: str) -> None:
 
 
 def _refuse_event_loop() -> None:
-    """Refuse to run inside an event loop, as Django refuses the database there.
+    """Refuse a running event loop, as Django refuses the database there.
 
     The race blocks the calling thread until every request has answered,
-    and reads ``effect()`` and the database from it: inside a running loop
-    (an async test) Django would raise ``SynchronousOnlyOperation`` at the
-    first query, after the setup had begun. ``DJANGO_ALLOW_ASYNC_UNSAFE``
-    lifts this as it lifts Django's own refusal.
+    and reads ``effect()`` and the database from it. Django would raise
+    ``SynchronousOnlyOperation`` only at the race's first query, after the
+    setup had begun. ``DJANGO_ALLOW_ASYNC_UNSAFE`` lifts both.
     """
     try:
         asyncio.get_running_loop()
@@ -118,15 +109,10 @@ def _refuse_event_loop() -> None:
 def _refuse_proxied(connection: BaseDatabaseWrapper) -> None:
     """Refuse a server database reached through a pooler or proxy (PgBouncer, ProxySQL).
 
-    The race tells which duplicate waits, and ends the session of a request
-    left running, by the session id each connection was given when it
-    connected. Connected to the server itself, that is the server process
-    (or thread) running the connection's statements for as long as it is
-    open. Through a pooler it is an id the pooler made up, or one of its
-    server connections, which in transaction pooling serves other clients
-    between transactions: the race could see no wait, and ending that
-    session could end another client's. The server names the session
-    running a statement; the two must agree.
+    The race finds waits, and ends requests left running, by the session id
+    a connection got on connecting. Through a pooler that id is made up, or
+    serves other clients between transactions: the race could see no wait
+    and end another client's session.
     """
     if connection.vendor not in {"postgresql", "mysql"}:
         return
@@ -161,9 +147,8 @@ def _refuse_proxied(connection: BaseDatabaseWrapper) -> None:
 class _Watch:
     """What one copy's thread is doing, as its connection's statements show it.
 
-    Written by the copy's thread and read by the test's, under ``lock``: the
-    lock every copy's watch shares with the let-go, so that the let-go sees
-    each claim statement either running or returned.
+    Written by the copy's thread, read by the test's, under ``lock``: shared with
+    the let-go, which so sees each claim statement running or returned.
     """
 
     table: str
@@ -182,8 +167,7 @@ class _Watch:
     ) -> Any:
         # Any statement: a copy stuck outside its claim is still named by its session.
         self.session = _session_id(context["connection"])
-        # The claim's statement (SQLite: the BEGIN that waits for the write
-        # lock) is marked while it runs: that is where a copy waits.
+        # Where a copy waits: the claim's statement (SQLite: the BEGIN awaiting the write lock).
         waits_here = self.table in sql or sql.lstrip().upper().startswith("BEGIN")
         if not waits_here:
             return execute(sql, params, many, context)
@@ -228,11 +212,9 @@ def _session_id(connection: BaseDatabaseWrapper) -> int | None:
 def _waiting(using: str, watches: list[_Watch]) -> set[int]:
     """The indexes of the copies whose claim is waiting in the database now.
 
-    PostgreSQL names the wait (a lock). MariaDB lists a claim's insert
-    waiting for a row lock only as a statement still running, which, while
-    the original holds its claim, is the wait. SQLite waits inside the
-    client library: a claim statement that has started and not returned
-    is all there is to see.
+    PostgreSQL names a lock wait; MariaDB shows only a statement running, which
+    is the wait while the original holds its claim; on SQLite, which waits in
+    the client library, a claim started and not returned is all there is.
     """
     claiming = {i: w.session for i, w in enumerate(watches) if w.claiming is not None}
     connection = connections[using]
@@ -291,8 +273,7 @@ def _thread(
             outcome.done.set()
             after()
 
-    # A daemon, so that a request stuck past every bound cannot keep the
-    # test run from exiting; the test has failed by then.
+    # A daemon: a request stuck past every bound (the test failed) cannot block exit.
     outcome.thread = threading.Thread(target=work, name=name, daemon=True)
     return outcome
 
@@ -315,11 +296,7 @@ def _holding(
     events: tuple[threading.Event, threading.Event, threading.Event],
     timeout: float,
 ) -> Iterator[_Hold]:
-    """Hold ``original`` the first time it sends ``signal`` (from ``sender``), until released.
-
-    ``events`` are (reached, settled, release): the hold sets the first two
-    (the original's answer sets ``settled`` too) and waits for the third.
-    """
+    """Hold ``original`` at the first ``signal`` it sends (from ``sender``) until ``release``."""
     reached, settled, release = events
     held = _Hold()
 
@@ -358,9 +335,8 @@ def run(
     """Run ``send`` once as the original, held at ``hold_on``, and ``count`` times beside it.
 
     Raises :class:`NotHeld` when the original answers without reaching the
-    hold, and ``AssertionError`` when a bound of ``timeout`` seconds runs
-    out or a copy counted as waiting for the held original was not (its
-    claim had not started, or had returned, when the original was let go).
+    hold, and ``AssertionError`` when a ``timeout`` runs out or a copy
+    counted as waiting was not (:func:`_check_sightings`).
     """
     # Set when the original is held or has answered; when a duplicate answers.
     settled, changed = threading.Event(), threading.Event()
@@ -399,14 +375,12 @@ def run(
                     using, watches, copies, changed, timeout, seen, can_wait=held.in_transaction
                 )
         finally:
-            # Each claim as it stands when the original goes: under the
-            # watches' lock, none starts or returns in between.
+            # Under the watches' lock: no claim starts or returns as the original goes.
             with lock:
                 let_go = time.monotonic()
                 sightings = [_sighting(watch) for watch in watches]
                 release.set()
-            # Joined even when the race failed, so that no request is left
-            # holding a transaction when the test's teardown empties the tables.
+            # Joined even after a failure: no request may hold a transaction into teardown.
             started = [o for o in (original, *copies) if o.thread and o.thread.ident]
             unfinished = _join(started, timeout)
             if unfinished:
@@ -463,13 +437,9 @@ def _check_sightings(
 ) -> list[bool]:
     """Which copies waited for the original; ``AssertionError`` if one seen waiting did not.
 
-    A copy seen waiting must have had its claim statement running when the
-    original was let go: one that had not started it would have met an
-    original already committed, and one whose claim had returned without
-    an error was not waiting for the original at all. Either means the race
-    reported did not take place. A claim that returned with an error gave
-    up waiting (``wait=0``, or ``WAIT`` ran out) and was answered while the
-    original was held: it did not wait for the original's answer.
+    One seen waiting must be in its claim when the original goes: one not yet
+    in it met a committed original, one whose claim returned without error
+    waited for nothing. A claim that raised gave up (``wait=0``, ``WAIT`` ran out).
     """
     waited = [False] * len(seen)
     wrong = []
@@ -528,10 +498,8 @@ def _until_all_arrived(
 ) -> str | None:
     """Wait until every duplicate has answered or is seen waiting for the original.
 
-    Marks in ``seen`` each copy seen waiting, and returns what went wrong
-    when ``timeout`` runs out first (``None`` otherwise). Nothing waits in
-    the database for an original held outside a transaction (lease mode, an
-    unprotected view): ``can_wait=False``, and every duplicate must answer.
+    Marks copies seen waiting in ``seen``; returns what went wrong on timeout.
+    With ``can_wait=False`` (nothing waits outside a transaction) all must answer.
     """
     deadline = time.monotonic() + timeout
     while True:
@@ -586,16 +554,10 @@ def _join(outcomes: list[_Outcome], timeout: float) -> list[str]:
 def _end_sessions(using: str, names: list[str], sessions: dict[str, int | None]) -> str:
     """End the database sessions of threads still running; say what each was left holding.
 
-    A request left running would keep its connection, and any transaction
-    and lock it holds, into the test's teardown. The server ends a session
-    it is asked to (PostgreSQL ``pg_terminate_backend``, MySQL ``KILL``);
-    a thread blocked outside the database, or on SQLite, keeps its
-    connection until it ends.
-
-    Only the race's own sessions are ended: each id is the one its thread's
-    connection was given by the server itself (:func:`_refuse_proxied`
-    refused a pooler before the race), and is ended only while the server
-    still lists it on this database, in the statement that ends it.
+    Left running, their locks would last into teardown; one blocked outside
+    the database, or on SQLite, keeps its connection. Only the race's own
+    sessions go: ids the server gave (:func:`_refuse_proxied`), still listed
+    on this database when the ending statement runs.
     """
     connection = connections[using]
     said = []

@@ -1,17 +1,12 @@
 """Scope functions: who owns a key.
 
-Keys are only unique within a scope, so the scope is what keeps one client
-from ever receiving another client's stored response. See the security
-section of docs/concepts.rst for choosing between them.
+Keys are unique only within a scope: the scope keeps one client from ever
+receiving another client's stored response.
 
-Both functions read the caller from ``request.user``, which is set before
-the scope is taken only when Django (or DRF, before the mixin) has
-authenticated the request. A view that authenticates its caller itself
-(a token checked in the view, as django-ninja or GraphQL libraries do) does
-so too late: every such caller would look anonymous. So a caller that is
-not authenticated but sends a session cookie is scoped by its session (two
-browsers never share a record), and one that sends an ``Authorization``
-header by a keyed digest of it, under every adapter alike.
+``request.user`` is set before the scope is taken only when Django (or DRF,
+before the mixin) authenticated the request; a view that authenticates its
+caller itself does so too late. Hence the session and ``Authorization``
+fallbacks of :func:`user_scope`.
 """
 
 from __future__ import annotations
@@ -31,8 +26,9 @@ ANONYMOUS = "anonymous"
 DIGEST_PREFIX = "sha256:"
 #: The hex digits of the ``Authorization`` header's digest kept in the scope.
 CREDENTIAL_DIGEST_LENGTH = 32
-# The middleware introduced these scopes; the same salt keeps its records
-# replayable to retries sent across an upgrade.
+# Must never change. The middleware introduced these scopes (hence the name); the same
+# salt keeps their records replayable to retries sent across an upgrade: another salt
+# gives such a retry another scope, and it runs again.
 _CREDENTIAL_SALT = "django_idempotency.middleware.credential"
 
 
@@ -53,13 +49,10 @@ def user_scope(request: HttpRequest) -> str:
     (an API key in another header, in the query string or in the body) are
     not seen: use a scope function of your own for them.
     """
-    # One call for the common cases: a user, or a caller with no session
-    # and no credentials.
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated:
         return f"user:{user.pk}"
-    # The session and the headers are Django's request's, but what was set
-    # on a framework's request itself comes first (adapters.reach).
+    # What was set on a framework's request itself comes first (adapters.reach).
     if isinstance(request, HttpRequest):
         http_request, own = request, NOT_A_FRAMEWORKS
     else:
@@ -79,12 +72,10 @@ def user_scope(request: HttpRequest) -> str:
             else http_request.headers
         )
     if headers is None:
-        # What request.headers would hold, without building a mapping of
-        # every header for one of them (servers send META's names in capitals).
+        # Without building request.headers for one header.
         credentials = http_request.META.get("HTTP_AUTHORIZATION")
     elif type(headers) is HttpHeaders:
-        # HttpHeaders.get without its three calls and the KeyError they
-        # raise and catch for a header not sent: the same lower-cased lookup.
+        # HttpHeaders.get's lower-cased lookup, without its KeyError round trip.
         found = headers._store.get("authorization")
         credentials = None if found is None else found[1]
     else:
@@ -95,18 +86,15 @@ def user_scope(request: HttpRequest) -> str:
 
 
 def session_scope(request: HttpRequest) -> str:
-    """The same as :func:`user_scope`, which now scopes a caller without a user by its session.
-
-    Kept for the settings that name it.
-    """
+    """The same as :func:`user_scope`; kept for the settings that name it."""
     return user_scope(request)
 
 
 def _session(session: Any) -> str | None:
     if session.session_key is None:
         return None
-    # Loading the session drops a key the store does not know (expired,
-    # forged), so a made-up cookie does not get a scope of its own.
+    # Loading drops a key the store does not know (expired, forged): a made-up cookie gets
+    # no scope of its own.
     session.keys()
     key = session.session_key
     if not key:
@@ -115,11 +103,10 @@ def _session(session: Any) -> str | None:
 
 
 def _anonymous(credentials: str) -> str:
-    """``anonymous``, narrowed by the request's ``Authorization`` header.
+    """``anonymous``, narrowed by a keyed digest of the ``Authorization`` header.
 
-    Only a digest of the header is kept, never its value, and a keyed one
-    (HMAC with ``SECRET_KEY``): a Basic header holds a password, which a
-    plain hash in the scope column would expose to a guessing attack.
+    Keyed (HMAC with ``SECRET_KEY``): a Basic header holds a password, which
+    a plain hash would expose to guessing.
     """
     digest = salted_hmac(_CREDENTIAL_SALT, credentials, algorithm="sha256").hexdigest()
     return f"{ANONYMOUS}|credential:{digest[:CREDENTIAL_DIGEST_LENGTH]}"
@@ -128,11 +115,8 @@ def _anonymous(credentials: str) -> str:
 def fit_key_column(value: str) -> str:
     """``value``, or its digest when the scope or key column cannot hold it.
 
-    A digest keeps a long value (a tenant name, a JWT subject, a task's
-    name) exact and unique, where truncating it would let two collide. A
-    value that looks like a digest is digested too, so that no value can
-    be stored as another's: a scope of a tenant's own choosing that spells
-    another scope's digest gets a digest of its own.
+    Truncating would let two long values collide. A value that spells a
+    digest is digested too, so that no value can be stored as another's.
     """
     if len(value) <= KEY_COLUMN_LENGTH and not value.startswith(DIGEST_PREFIX):
         return value

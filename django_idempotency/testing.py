@@ -1,29 +1,17 @@
 """Helpers that prove a project's own protected views are idempotent.
 
-Use them with Django's test client or DRF's ``APIClient``, from pytest or
-unittest::
+With Django's test client or DRF's ``APIClient``, from pytest or unittest::
 
     from django_idempotency.testing import assert_idempotent, race_duplicates
 
-    def test_create_order_is_idempotent(client):
-        assert_idempotent(
-            client, "post", "/orders/", {"item": "book"},
-            effect=lambda: Order.objects.count(),
-        )
+    def test_order_is_idempotent(client):
+        assert_idempotent(client, "post", "/orders/", {"item": "book"}, effect=Order.objects.count)
 
     @pytest.mark.django_db(transaction=True)
-    def test_duplicates_racing_an_order_are_one_order(client):
-        race_duplicates(
-            client, "post", "/orders/", {"item": "book"}, effect=Order.objects.count
-        )
+    def test_racing_duplicates_make_one_order(client):
+        race_duplicates(client, "post", "/orders/", {"item": "book"}, effect=Order.objects.count)
 
-A failed check raises ``AssertionError``. :func:`assert_idempotent` sends
-its duplicates once the first request has answered: inside a ``TestCase``
-(or a non-transactional pytest-django test) one after another, in a
-transactional test concurrently with each other. :func:`race_duplicates`
-sends them while the first request is held inside the view with its key
-claimed, which needs ``TransactionTestCase`` or
-``@pytest.mark.django_db(transaction=True)``.
+A failed check raises ``AssertionError``.
 """
 
 from __future__ import annotations
@@ -62,11 +50,9 @@ SEQUENTIAL_NOTE = (
     "to race them against a running original."
 )
 
-#: What a duplicate racing the original was answered: a replay of the
-#: original's response, or ``409`` while the original was in flight.
+#: A racing duplicate's answer: the original's replay, or ``409`` while it was in flight.
 Outcome = Literal["replayed", "in_flight"]
-#: What :func:`race_duplicates` insists every duplicate got: one outcome,
-#: or ``"either"`` of them.
+#: What :func:`race_duplicates` insists every duplicate got: one outcome, or ``"either"``.
 Expect = Literal["replayed", "in_flight", "either"]
 
 
@@ -102,26 +88,20 @@ def assert_idempotent(
 ) -> IdempotencyCheck:
     """Send a request, its retry and ``duplicates`` more; assert one effect.
 
-    ``effect`` is a callable whose value changes when the view has its
-    effect (a row count, a balance); it must change once and only once.
-    The retry and every duplicate must be a faithful replay: same status,
-    same body, same stored headers, plus the replay header. Concurrent
-    duplicates may also be answered 409 with ``Retry-After``: a database
-    too busy to let them claim within ``WAIT`` answers so (SQLite has one
-    writer). When ``changed_data`` is given (or ``data`` is a dict, from
-    which a changed copy is made), the same key with the changed body must
-    get 422.
-
-    Every duplicate is sent after the first request has answered, so none
-    of them races it: that is :func:`race_duplicates`' job. ``concurrent=None``
-    sends the duplicates concurrently with each other when the test allows
-    it, ``True`` insists (and fails inside a transaction), ``False`` never.
-
-    A webhook receiver checks a signature over the body: ``sign(body)``
-    returns the headers that sign each request's bytes (the webhooks
-    module's signatures have ``.headers(body)``). A view whose fingerprint
-    is its key alone (the webhook presets) replays a changed body rather
-    than refuse it: ``changed_body_replays=True`` asserts that instead.
+    ``effect()`` returns a value (a row count, a balance) that must change
+    once and only once. The retry and every duplicate must be a faithful
+    replay: same status, body and stored headers, plus the replay header.
+    Duplicates follow the first request's answer (to race it, use
+    :func:`race_duplicates`); ``concurrent=None`` sends them concurrently
+    with each other in a transactional test, one after another inside a
+    ``TestCase``; ``True`` insists (failing there), ``False`` never. A
+    concurrent one may get ``409`` with ``Retry-After``, from a database too
+    busy to let it claim within ``WAIT`` (SQLite has one writer). With
+    ``changed_data`` (or a changed copy of a dict ``data``) the same key
+    must get ``422``, or a replay with ``changed_body_replays=True`` (a view
+    fingerprinting its key alone, as the webhook presets do). ``sign(body)``
+    returns headers signing each request's bytes, for a webhook receiver (a
+    webhooks signature's ``.headers``). Returns an :class:`IdempotencyCheck`.
     """
     key = key or f"assert-idempotent-{uuid.uuid4().hex}"
     send = _sender(method, path, content_type, headers or {}, sign)
@@ -189,12 +169,9 @@ class RaceCheck:
     duplicates: list[HttpResponseBase]
     #: For each duplicate, how it was answered.
     outcomes: list[Outcome]
-    #: For each duplicate, whether it was waiting in the database for the
-    #: held original when it was let go: its claim statement had started and
-    #: not returned, and the database showed it waiting (PostgreSQL a lock
-    #: wait, MariaDB and MySQL a statement running, SQLite a ``BEGIN`` or a
-    #: claim that had not returned). Always ``False`` for an original held
-    #: outside a transaction (lease mode).
+    #: For each duplicate, whether its claim was waiting in the database when the
+    #: original was let go (PostgreSQL: a lock wait; MariaDB, MySQL: a statement
+    #: running; SQLite: a claim not returned). Always ``False`` in lease mode.
     waited: list[bool]
     #: What every duplicate was expected to get: ``expect``, or by default
     #: ``"replayed"`` for an original held inside a transaction (atomic mode)
@@ -242,37 +219,31 @@ def race_duplicates(
 ) -> RaceCheck:
     """Race ``duplicates`` copies of a request against the original while it runs; assert.
 
-    Like :func:`assert_idempotent`, it is an assertion: a view that fails
-    the check raises ``AssertionError``, saying what happened.
-
     The original is sent from a thread and held inside the view when it
-    sends ``hold_on`` (by default :data:`~django_idempotency.signals.key_claimed`:
-    its key is claimed and its handler about to run). The duplicates are
-    then sent from threads of their own, and the original is let go once
-    each has answered or is seen waiting for it in the database. A race
-    that :func:`assert_idempotent` cannot stage, since its duplicates
-    follow the original's answer.
+    sends ``hold_on`` (default :data:`~django_idempotency.signals.key_claimed`:
+    its key claimed, its handler about to run). The duplicates are sent from
+    threads of their own; the original is let go once each has answered or
+    is seen waiting for it in the database.
 
-    ``effect`` returns a number or a tuple of numbers (a row count, a
-    balance) that one run of the view changes by ``one_effect``; after the
-    race it must have changed by exactly that. Each duplicate must then be
-    answered as ``expect`` says. By default that follows from where the
-    original was held: inside a transaction (atomic mode) a duplicate waits
-    for it and must get a faithful replay of its response
-    (``"replayed"``); outside one (lease mode) it must get ``409`` with
-    ``Retry-After`` (``"in_flight"``). ``expect="either"`` accepts each
-    answer, for a view whose duplicates may stop waiting (``wait=0``, a
-    ``WAIT`` shorter than the race).
+    ``effect()`` returns a number or tuple of numbers that one run of the
+    view changes by ``one_effect``; after the race it must have changed by
+    exactly that. Each duplicate must be answered as ``expect`` says, by
+    default from where the original was held: inside a transaction (atomic
+    mode) a duplicate waits and must get a faithful replay (``"replayed"``);
+    outside (lease mode), ``409`` with ``Retry-After`` (``"in_flight"``).
+    ``"either"`` accepts both, for duplicates that may stop waiting
+    (``wait=0``, a ``WAIT`` shorter than the race).
 
     ``client`` is a test client, copied for each thread (cookies included),
     or a callable returning a new one (``Client``, ``APIClient``, a
-    function); ``AsyncClient`` is refused, since each request runs in a
-    thread of its own. Needs a transactional test: inside a ``TestCase`` it
-    raises :class:`RaceSetupError`, as it does called from a running event
-    loop (use ``sync_to_async``) and on a database reached through a
-    pooler such as PgBouncer. ``timeout`` bounds, in seconds, each
-    wait: for the original to reach the hold, for the duplicates to arrive,
-    and for every request to end.
+    function); ``AsyncClient`` is refused with ``TypeError``, since each
+    request runs in a thread of its own. ``timeout`` bounds, in seconds,
+    each wait: for the hold, for the duplicates to arrive, for every request
+    to end. A failed check raises ``AssertionError``. Needs a transactional
+    test: inside a ``TestCase`` it raises :class:`RaceSetupError`, as it does
+    called from a running event loop (use ``sync_to_async``) and on a
+    database reached through a pooler such as PgBouncer. Returns a
+    :class:`RaceCheck`.
     """
     if duplicates < 1:
         raise ValueError(f"duplicates must be 1 or more, not {duplicates!r}")
@@ -504,8 +475,7 @@ def _sender(
 
 
 def _assert_replay(first: HttpResponseBase, answer: HttpResponseBase, what: str) -> None:
-    # Imported here: responses imports the models, and this module may be
-    # imported before the app registry is ready (a conftest.py, say).
+    # Imported here: responses imports the models, not ready yet for a conftest.py.
     from django_idempotency.responses import BODY_HEADERS
 
     replay_header = idempotency_settings.replay_header
@@ -529,11 +499,7 @@ def _assert_replay(first: HttpResponseBase, answer: HttpResponseBase, what: str)
 
 
 def _assert_no_body_headers(answer: HttpResponseBase, what: str) -> None:
-    """A replay without the stored body must not describe one (docs/http.rst).
-
-    ``Content-Length: 0`` is the one exception: it describes the empty body
-    that was sent, and Django's ``CommonMiddleware`` adds it to every answer.
-    """
+    """A replay without its body has no header describing one but ``Content-Length: 0``."""
     from django_idempotency.responses import BODY_HEADERS
 
     for name in sorted(BODY_HEADERS):

@@ -1,27 +1,22 @@
 """Webhook receivers: the provider's event id as the key, and only a 2xx completes it.
 
-A provider redelivers an event until it gets a 2xx, for hours or days, and
-sometimes several deliveries at once. Each preset below is a dict of
-per-view options for one provider's convention::
+A provider redelivers an event until it gets a 2xx, sometimes several
+deliveries at once. Each preset is a dict of per-view options::
 
     @csrf_exempt
     @webhooks.stripe_signature(lambda: settings.STRIPE_WEBHOOK_SECRET)
     @idempotent(**webhooks.STRIPE)
     def stripe_webhook(request): ...
 
-Each takes the key from the provider's event or delivery id, fingerprints
-that id alone (a redelivery whose envelope changed is the same event),
-scopes by ``webhook:<provider>``, requires the id (a delivery without one
-is a 400 the provider shows in its dashboard), keeps the record longer than
-the provider's documented redelivery window, and stores only a 2xx
-(:func:`success_only`): any other answer rolls back or releases the key, so
-the provider's next delivery runs. Override by merging:
-``@idempotent(**{**webhooks.STRIPE, "ttl": timedelta(days=30)})``.
+Each keys and fingerprints by the event id alone (a redelivery whose
+envelope changed is the same event), scopes by ``webhook:<provider>``,
+answers 400 to a delivery without an id, keeps the record past the
+provider's redelivery window, and stores only a 2xx (:func:`success_only`).
+Override by merging: ``@idempotent(**{**webhooks.STRIPE, "ttl": timedelta(days=30)})``.
 
 The signature checks (:func:`stripe_signature`, :func:`github_signature`,
 :func:`standard_signature`) go *above* ``@idempotent``, so that a forged
-delivery is refused before it can claim an event id. They need no
-provider SDK.
+delivery is refused before it can claim an event id. They need no provider SDK.
 """
 
 from __future__ import annotations
@@ -63,14 +58,10 @@ DEFAULT_TOLERANCE = 300
 def success_only(response: HttpResponseBase) -> bool:
     """True for a 2xx answer only: a provider redelivers on anything else.
 
-    A stored 404 ("no such order yet") would be replayed to every
-    redelivery and the event would never be handled; refused here, it rolls
-    back (atomic mode) or releases the key (lease mode) instead.
+    Any other answer rolls back (atomic mode) or releases the key (lease
+    mode), so the next delivery runs instead of replaying, say, a 404.
     """
     return 200 <= response.status_code < 300
-
-
-# Where each provider puts the id that stays the same across redeliveries.
 
 
 def stripe_event_id(request: HttpRequest) -> str | None:
@@ -105,11 +96,7 @@ standard_webhook_id.source = "the webhook-id header"  # type: ignore[attr-define
 
 
 def _fingerprint_of(event_id: Callable[[HttpRequest], str | None]) -> Callable[[HttpRequest], str]:
-    """A fingerprint of the event id alone: the provider may change the envelope between deliveries.
-
-    Stripe's ``pending_webhooks`` counts down, a signature and its timestamp
-    are new at each attempt; none of that makes it another event.
-    """
+    """A fingerprint of the event id alone: the envelope changes between deliveries."""
 
     def fingerprint(request: HttpRequest) -> str:
         material = f"webhook-event:{event_id(request) or ''}"
@@ -142,36 +129,27 @@ def _preset(
     }
 
 
-#: Stripe: in live mode it retries a failed delivery with exponential backoff
-#: for up to three days (docs.stripe.com/webhooks, "Retry behavior"), and an
-#: event can also be resent by hand; the event's ``id`` names it in every
-#: delivery. Seven days outlasts both.
+#: Stripe retries for up to three days, and an event can be resent by hand
+#: (docs.stripe.com/webhooks, "Retry behavior"); seven days outlasts both.
 STRIPE: dict[str, Any] = _preset("stripe", stripe_event_id, timedelta(days=7))
 
-#: GitHub: no automatic redelivery; a delivery from the past three days (seven
-#: on GitHub Enterprise Server) can be redelivered by hand or through the REST
-#: API, with the same ``X-GitHub-Delivery`` GUID (docs.github.com, "Redelivering
-#: webhooks"). Eight days outlasts both.
+#: GitHub redelivers only by hand, within three days (seven on Enterprise
+#: Server), with the same ``X-GitHub-Delivery`` GUID (docs.github.com,
+#: "Redelivering webhooks"); eight days outlasts both.
 GITHUB: dict[str, Any] = _preset("github", github_delivery_id, timedelta(days=8))
 
-#: Standard Webhooks (``webhook-id``, kept by every retry): the specification's
-#: example schedule retries for 75.5 hours after the first attempt
-#: (standardwebhooks.com, "Deliverability and reliability"); providers offer
-#: manual replays too. Seven days outlasts the schedule.
+#: Standard Webhooks' example schedule retries for 75.5 hours
+#: (standardwebhooks.com, "Deliverability and reliability"); seven days outlasts it.
 STANDARD: dict[str, Any] = _preset("standard", standard_webhook_id, timedelta(days=7))
-
-
-# Signatures: checked before the claim, so that a forgery claims nothing.
 
 
 class Signature:
     """A provider's signature check, usable as a view decorator or called on a request.
 
     As a decorator above ``@idempotent`` (sync or async view), it answers
-    400 to a delivery whose signature does not check out, before the key
-    is claimed. ``is_valid(request)`` is the check alone (for a DRF
-    authentication class, say); ``headers(body)`` signs a body as the
-    provider would, for tests.
+    400 to a bad signature before the key is claimed. ``is_valid(request)``
+    is the check alone; ``headers(body)`` signs a body as the provider
+    would, for tests.
     """
 
     #: The header that carries the signature, for the 400's message.
@@ -189,12 +167,11 @@ class Signature:
             self.secret()  # a literal secret is checked where it is written
 
     def secret(self) -> bytes:
-        """The key to sign with; an empty or malformed secret is a configuration error.
+        """The key to sign with; an empty or malformed one raises ``ImproperlyConfigured``.
 
-        Never accepted quietly: an empty HMAC key would let anyone sign. A
-        callable's value is read, and so checked, at each delivery: the
-        delivery then fails with a 500, which the provider redelivers once
-        the secret is fixed.
+        An empty HMAC key would let anyone sign. A callable's value is read,
+        and so checked, at each delivery, so a bad secret fails it with a 500, which the provider
+        redelivers once the secret is fixed.
         """
         value = self._secret() if callable(self._secret) else self._secret
         if not isinstance(value, str | bytes) or not value:

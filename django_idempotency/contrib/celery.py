@@ -1,11 +1,7 @@
 """Celery integration: the purge task, and idempotent tasks.
 
-This is the only module that needs Celery to import, so the app works without it.
-``django_idempotency.tasks`` re-exports it, so that Celery's autodiscovery
-(which imports each installed app's ``tasks`` module) registers the purge,
-under the task name it has always had.
-Schedule the purge hourly with ``CELERY_BEAT_SCHEDULE`` or django-celery-beat;
-see ``docs/tasks.rst`` for :func:`idempotent_task`.
+The only module that imports Celery. ``django_idempotency.tasks``
+re-exports it, so that Celery's autodiscovery registers the purge.
 """
 
 from __future__ import annotations
@@ -42,11 +38,12 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 KeyFunction = Callable[..., str]
 
-# The name it has logged under since before the move to contrib/, which
-# projects' LOGGING configurations name.
+# The name it has logged under since before the move to contrib/, which projects'
+# LOGGING configurations name.
 logger = logging.getLogger("django_idempotency.tasks")
 
 
+# The task name it has always had: beat schedules and django-celery-beat rows name it.
 @shared_task(name="django_idempotency.tasks.purge_expired_keys")
 def purge_expired_keys(
     batch_size: int = DEFAULT_BATCH_SIZE,
@@ -57,14 +54,12 @@ def purge_expired_keys(
 ) -> int:
     """Delete expired idempotency records; return how many were deleted.
 
-    ``database`` defaults to ``IDEMPOTENCY["DATABASE"]``. Running it on
-    several workers at once is safe: each record is deleted, and counted,
-    once. Idempotent tasks' records share the table and go with the rest.
-    ``batch_seconds``, ``pause`` and ``rate`` pace the purge beside the
-    requests using the database, as the command's options of those names
-    do (``batch_seconds=None, pause=0`` runs batches back to back); a value
-    out of range fails the task with a ``ValueError`` before anything is
-    deleted.
+    ``database`` defaults to ``IDEMPOTENCY["DATABASE"]``. Safe on several
+    workers at once: each record is deleted, and counted, once. Idempotent
+    tasks' records share the table and go with the rest. ``batch_seconds``,
+    ``pause`` and ``rate`` pace it as the command's options do
+    (``batch_seconds=None, pause=0`` runs batches back to back); a value
+    out of range raises ``ValueError`` before anything is deleted.
     """
     return purge_expired(
         using=database, batch_size=batch_size, batch_seconds=batch_seconds, pause=pause, rate=rate
@@ -74,12 +69,9 @@ def purge_expired_keys(
 def _ending(exc: BaseException) -> engine.Ending | None:
     """How Celery's control flow ends a body, or ``None`` for another exception.
 
-    A body may run inside a Celery task (a function the task calls, or the
-    task's own) and end it on purpose with Celery's ``Ignore``, which
-    ``self.replace(...)`` raises too: the body did what it meant to, so its
-    writes commit and the key is completed (SPEC §4.6). Celery's
-    ``SoftTimeLimitExceeded`` interrupts a body wherever it stands, as a
-    cancellation does: its effect is unknown.
+    ``Ignore`` (also raised by ``self.replace(...)``) ends it on purpose: its
+    writes commit and the key is completed. ``SoftTimeLimitExceeded``
+    interrupts it anywhere, as a cancellation does: its effect is unknown.
     """
     if isinstance(exc, Ignore):
         return engine.Ending.COMPLETED
@@ -108,13 +100,10 @@ TASK_VALUES = replace(
 def _replacement_values(task_name: str) -> engine.Kind:
     """:data:`TASK_VALUES` for a message after a replacement, keyed by ``key=``: it warns.
 
-    ``self.replace(self.si(...))`` with the same arguments gives the
-    replacement the key its first step completed on the way out: it is a
-    duplicate of that step and ends ignored, and the work stops there.
-    That is the contract (one effect per key), but silent, so it is said.
-    A record does not say which message ended it, so a redelivered step,
-    or a chain's later task (Celery counts the replacement on those too),
-    that meets its own ending is told the same, in words that fit both.
+    A replacement with the same arguments has the key its first step
+    completed, so it ends ignored and the work stops: correct, but silent
+    without this warning. A redelivered step or a chain's later task gets the same
+    warning, as a record does not say which message ended it.
     """
 
     def decode(stored: StoredResponse) -> Any:
@@ -149,15 +138,15 @@ def idempotent_task(
         def charge(order_id): ...
 
     The key defaults to the task id, which a redelivered message keeps;
-    ``key`` is called with the task's own arguments (never the bound task)
-    so that two publishes of the same work are one effect. The scope is the
-    task's name. ``atomic``, ``ttl``, ``wait`` and ``lease`` default to the
-    settings of the same name. Inside the body,
-    ``task.request.idempotency`` (``self.request`` in a bound task) has the
-    key and ``derive(name)`` for downstream idempotency keys, and in lease
-    mode the attempt, the checkpoints and ``checkpoint()``/``heartbeat()``.
-    ``recover`` is an ``idempotent_function``'s: ``recover(abandoned)`` for
-    the claim of a run that died (``recovery.hold_call`` retries it later).
+    ``key`` is called with the task's arguments (never the bound task), so
+    two publishes of the same work are one effect. The scope is the task's
+    name. ``atomic``, ``ttl``, ``wait`` and ``lease`` default to their
+    settings. In the body, ``task.request.idempotency`` (``self.request``
+    when bound) has the key and ``derive(name)``, and in lease mode the
+    attempt, the checkpoints and ``checkpoint()``/``heartbeat()``.
+    ``recover`` is an ``idempotent_function``'s: ``recover(abandoned)``
+    decides for the claim of a run that died (``recovery.hold_call``
+    retries it later).
     """
     declared = functions.declare_task(key, **options)
     functions.checked_recover(recover, "idempotent_task")
@@ -193,9 +182,8 @@ def idempotent_task(
             running = _running.get()
             this_run = (task.name, task_key, task.request.id)
             if this_run in running:
-                # Called directly from its own body, which holds the key: the
-                # call is part of that run (Celery lends it the running
-                # message's id), protected with it, not a run of its own.
+                # Called from its own body (Celery lends it the running
+                # message's id): part of that run, not a run of its own.
                 task.request.idempotency = running[this_run]
                 return function(*args, **kwargs)
 
@@ -222,8 +210,7 @@ def idempotent_task(
     return decorate
 
 
-#: The bodies running in this context, each inside its claim: (task name,
-#: key, task id) to the ``request.idempotency`` they run with.
+#: Each body running here: (task name, key, task id) to its ``request.idempotency``.
 _running: ContextVar[dict[tuple[str, str, Any], Any]] = ContextVar(
     "django_idempotency_running_tasks",
     default={},  # noqa: B039 (never mutated)
@@ -233,11 +220,8 @@ _running: ContextVar[dict[tuple[str, str, Any], Any]] = ContextVar(
 def _message_key(request: Any) -> str:
     """The default key: the message's task id, and how many times it was replaced.
 
-    ``self.replace(...)`` gives the replacement the replaced task's id, so
-    that its result is the one the caller waits for. The replaced body
-    completed its key on the way out (``Ignore``); the replacement is new
-    work, under the id and its place in the replacements. A redelivered
-    message keeps both, so it is still one effect.
+    A replacement keeps the replaced task's id but is new work; a
+    redelivered message keeps both, so it is still one effect.
     """
     nesting = _nesting(request)
     return str(request.id) if not nesting else f"{request.id}:replaced:{nesting}"

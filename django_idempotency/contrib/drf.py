@@ -1,10 +1,8 @@
 """Django REST framework integration: ``IdempotentMixin`` and API exceptions.
 
-The only module that imports ``rest_framework``. The mixin wraps the
-handler after DRF's ``initial()``, so authentication, permissions and
-throttling have answered before any key is claimed, and the scope sees the
-DRF-authenticated user (token, JWT, session). Async handlers of ``adrf``
-views go through the same core (``docs/async.rst``).
+The mixin protects the handler after DRF's ``initial()``: authentication, permissions and
+throttling answer before any key is claimed, and the scope sees DRF's user (token, JWT,
+session). Async handlers of ``adrf`` views go through the same core.
 """
 
 from __future__ import annotations
@@ -39,8 +37,7 @@ from django_idempotency.options import OPTION_NAMES, DeclaredOptions, NonAtomicR
 from django_idempotency.protection import ViewProtection
 from django_idempotency.responses import problem_for
 
-# The name it has logged under since before the move to contrib/, which
-# projects' LOGGING configurations name.
+# Not __name__: the name projects' LOGGING configurations use.
 logger = logging.getLogger("django_idempotency.drf")
 
 
@@ -89,11 +86,9 @@ def to_api_exception(error: core_exceptions.IdempotencyError) -> exceptions.APIE
 
 
 def error_response(request: Request, error: core_exceptions.IdempotencyError) -> HttpResponseBase:
-    """Answer ``error`` through the view's own exception handling, plus its ``Link``.
+    """Answer ``error`` through the view's exception handling (the project's ``EXCEPTION_HANDLER``).
 
-    The same as raising the DRF exception from the handler (the project's
-    ``EXCEPTION_HANDLER`` renders it), except that headers DRF has no place
-    for, such as ``Link: <...>; rel="describedby"``, are added to the answer.
+    Headers DRF has no place for, such as ``Link: <...>; rel="describedby"``, are added.
     """
     view = request.parser_context["view"]
     response = view.handle_exception(to_api_exception(error))
@@ -103,9 +98,8 @@ def error_response(request: Request, error: core_exceptions.IdempotencyError) ->
     return response
 
 
-#: Set on a response that :func:`finish` had its view finalise: the view's
-#: ``id()``, so that ``IdempotentMixin.finalize_response`` does not finalise
-#: it a second time when DRF's ``dispatch`` asks.
+#: Set on a response :func:`finish` had its view finalise: the view's ``id()``, so that
+#: ``IdempotentMixin.finalize_response`` does not finalise it again.
 _FINALIZED_BY = "_idempotency_finalized_by"
 #: DRF's own ``finalize_response``, as imported (not as a test may patch it).
 _DRF_FINALIZE = APIView.finalize_response
@@ -114,17 +108,15 @@ _DRF_FINALIZE = APIView.finalize_response
 def finish(request: Request, response: HttpResponseBase) -> HttpResponseBase:
     """One rendering rule for the mixin and ``@api_view``: the view finalises, then it renders.
 
-    DRF gives a ``Response`` its renderer in ``finalize_response``, after the
-    handler returns; doing it now lets the bytes be stored as they will be
-    sent. A plain template response (which DRF passes through) is rendered too.
+    DRF gives a ``Response`` its renderer in ``finalize_response``, after the handler returns;
+    doing it now stores the bytes as they will be sent. A template response is rendered too.
     """
     if isinstance(response, Response) and not response.is_rendered:
         view = request.parser_context["view"]
         response = view.finalize_response(request, response)
         setattr(response, _FINALIZED_BY, id(view))
     if isinstance(response, SimpleTemplateResponse):
-        # As core.render does, without its frame; render() does nothing for
-        # a response already rendered, so it is not asked first.
+        # render() does nothing for a rendered response: no need to ask first.
         response.render()
     return response
 
@@ -132,9 +124,8 @@ def finish(request: Request, response: HttpResponseBase) -> HttpResponseBase:
 def refuse_above_api_view(view: Any) -> None:
     """Refuse ``@idempotent`` above ``@api_view`` (or on ``as_view()``): it scopes too early.
 
-    The decorator would see the plain ``HttpRequest``, before DRF's
-    authentication ran, so every token or JWT caller would share one
-    scope and one caller could receive another's stored response.
+    It would see Django's request before DRF authenticates: every token or JWT caller would
+    share one scope, and one could receive another's stored response.
     """
     view_class = getattr(view, "cls", None) or getattr(view, "view_class", None)
     if not (isinstance(view_class, type) and issubclass(view_class, APIView)):
@@ -160,13 +151,11 @@ def refuse_above_api_view(view: Any) -> None:
 def _claimed_after_authentication(response: HttpResponseBase, request: Any) -> HttpResponseBase:
     """Refuse a DRF view's response under a claim taken on Django's request, before DRF ran.
 
-    Only a layer that could not see the view was DRF's claims that way:
-    ``IdempotencyMiddleware`` or ``@idempotent`` outside a decorator that
-    hides the view's class (no ``functools.wraps``). Its scope was taken
-    before DRF authenticated the caller, so callers that only DRF tells
-    apart (an API key header) would share it, and one be replayed
-    another's response past DRF's permission checks. Nothing is stored:
-    in atomic mode the handler's writes roll back with the claim.
+    Only a layer that could not see the view was DRF's claims so (``IdempotencyMiddleware``,
+    or ``@idempotent`` outside a decorator without ``functools.wraps``). Its scope was taken
+    before DRF authenticated the caller, so callers only DRF tells apart (an API key header)
+    would share it, and one be replayed another's response past DRF's permission checks.
+    Nothing is stored: in atomic mode the handler's writes roll back with the claim.
     """
     context = getattr(response, "renderer_context", None) or {}
     view = context.get("view")
@@ -191,17 +180,14 @@ _read_attributes = operator.attrgetter(*_ATTRIBUTES)
 class IdempotentMixin:
     """Protect a DRF view's handlers; options as ``idempotency_<option>`` attributes.
 
-    Put it before the DRF base class: ``class OrderViewSet(IdempotentMixin,
-    ModelViewSet)``. Attributes left ``None`` fall back to the setting of
-    the same name. The order, the attribute names and their values are
-    checked when the class is created (see docs/drf.rst).
+    Put it before the DRF base class: ``class OrderViewSet(IdempotentMixin, ModelViewSet)``.
+    Attributes left ``None`` fall back to the setting of the same name. The order, the
+    attribute names and their values are checked when the class is created.
     """
 
-    # One ``idempotency_<option>`` attribute per option, each None: set below
-    # the class, from the options table.
+    # Each ``idempotency_<option>`` attribute is set to None below the class.
     _idempotency_options: DeclaredOptions
-    # The ``idempotency_*`` attributes as last read, and those of them that
-    # are properties (read per request): see view_options.
+    # The ``idempotency_*`` attributes as last read, and which are properties: view_options.
     _idempotency_properties: tuple[tuple[Any, ...], list[str]]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -215,10 +201,8 @@ class IdempotentMixin:
     def as_view(cls, *args: Any, **initkwargs: Any) -> Any:
         """Validate ``idempotency_*`` arguments; keep lease mode out of ``ATOMIC_REQUESTS``.
 
-        Lease mode must commit its claim before the handler runs, which a
-        request-wide transaction would prevent. Django decides this from the
-        view function before DRF's ``dispatch`` ever runs, so it is settled
-        here, from the attribute, the ``as_view`` argument or the setting.
+        Lease mode commits its claim before the handler, which a request-wide transaction
+        would prevent; Django decides that from the view function, before ``dispatch``.
         """
         given = {name: value for name, value in initkwargs.items() if name in _ATTRIBUTES}
         options = _class_options(cls, given) if given else cls._idempotency_options
@@ -238,10 +222,9 @@ class IdempotentMixin:
     ) -> HttpResponseBase:
         """DRF's, which has nothing left to do for a response this view finalised to store it.
 
-        It would only set what it set then (the renderer, ``Allow``; ``Vary``
-        was taken), so it is skipped for that response, as long as what
-        finalises after this class is DRF's own: a base class's may not
-        repeat itself, and runs again.
+        It would only set what it set then (the renderer, ``Allow``; ``Vary`` was taken), so it
+        is skipped for that response, as long as what finalises after this class is DRF's own:
+        a base class's may not repeat itself, and runs again.
         """
         finalize = super().finalize_response  # type: ignore[misc]
         if (
@@ -258,19 +241,13 @@ _CO_COROUTINE = inspect.CO_COROUTINE
 def _protect_handler(view: Any, request: Request, options: DeclaredOptions, answer: Answer) -> None:
     """Shadow the handler DRF is about to call, on the instance, with a protected one.
 
-    DRF looks the handler up after ``initial()``, which has authenticated
-    the caller and checked permissions and throttles; ViewSets set their
-    actions on the instance the same way. ``answer`` answers our errors:
-    through the view's exception handling, or as problem details.
-
-    The handler of every method the view protects is shadowed too: a method
-    override set after this runs (in a subclass's ``initial()`` after
-    ``super()``) makes DRF dispatch on a method not seen here, and that
-    handler must not run unprotected. The core protects each under the
-    method it reads when the handler is called.
+    DRF looks the handler up after ``initial()`` has authenticated the caller and checked
+    permissions and throttles. The handler of every method the view protects is shadowed
+    too: a method override set later (a subclass's ``initial()`` after ``super()``) makes DRF
+    dispatch on another method, whose handler must not run unprotected; the core reads the
+    method as each handler is called.
     """
-    # The method DRF dispatches on: one set on DRF's request itself (an
-    # override, clone_request) comes first, as DRF's proxy would give it.
+    # DRF dispatches on a method set on its own request (an override, clone_request) first.
     http_request, own, _ = reach(request)
     method = (method_of(http_request, own) or "").lower()
     _shadow(view, method, options, answer)
@@ -286,16 +263,14 @@ def _shadow(view: Any, method: str, options: DeclaredOptions, answer: Answer) ->
     if handler is None:
         return
     sender = type(view)
-    # iscoroutinefunction(handler), without its calls for a plain method: a
-    # function with nothing in its __dict__ carries no marker that makes it
-    # a coroutine function, so its code's flag is the whole answer.
+    # iscoroutinefunction(handler), cheaper: a function with an empty __dict__ carries no
+    # marker, so its code's flag is the whole answer.
     function = getattr(handler, "__func__", handler)
     if type(function) is FunctionType and not function.__dict__:
         is_async = bool(function.__code__.co_flags & _CO_COROUTINE)
     else:
         is_async = iscoroutinefunction(handler)
     if is_async:
-        # An async handler of an adrf view (docs/async.rst).
 
         async def protected_async(request: Request, *args: Any, **kwargs: Any) -> Any:
             call = partial(handler, request, *args, **kwargs)
@@ -321,16 +296,12 @@ def _shadow(view: Any, method: str, options: DeclaredOptions, answer: Answer) ->
 def protect_after_authentication(view_func: Any, options: DeclaredOptions, wrapper: Any) -> Any:
     """``@idempotent`` on a DRF view's ``dispatch``: protect its handler, after authentication.
 
-    ``method_decorator`` hands the decorator, for each request, a method of
-    the view bound to it. Around ``dispatch`` the scope would come from
-    Django's request, before DRF authenticates the caller, so callers that
-    DRF tells apart by a token or an API key header would share one scope,
-    and a replay would skip DRF's permission checks. So ``dispatch`` runs
-    as it is, and the handler it picks once ``initial()`` has authenticated
-    the caller (and checked permissions and throttles) is protected with
-    the decorator's options, as ``IdempotentMixin`` protects it; errors are
-    answered as problem details, as a decorator's are. Any other method
-    (a handler, a generic view's ``create``, a helper) keeps ``wrapper``.
+    Around ``dispatch`` the scope would come from Django's request before DRF authenticates,
+    so callers DRF tells apart by a token or an API key header would share one, and a replay
+    would skip DRF's permission checks. So ``dispatch`` runs as it is, and the handler it
+    picks after ``initial()`` is protected with the decorator's options, as the mixin does,
+    errors answered as problem details. ``method_decorator`` hands this a bound method per
+    request; any other than ``dispatch`` keeps ``wrapper``.
     """
     view = dispatched_view(view_func)
     if not isinstance(view, APIView):
@@ -362,9 +333,8 @@ def _dispatch_protecting_the_handler(
 ) -> Any:
     """Run ``dispatch``, protecting the handler that DRF picks after ``initial()``.
 
-    A ``dispatch`` of the project's own that answers without DRF's (and so
-    before any authentication) is not protected: that is logged, as the
-    decorator did nothing there.
+    A ``dispatch`` of the project's own that answers without DRF's (and so before any
+    authentication) is not protected: that is logged, as the decorator did nothing there.
     """
     authenticated = view.initial
     reached: list[bool] = []
@@ -415,14 +385,12 @@ for _attribute in _ATTRIBUTES:
 def view_options(view: IdempotentMixin) -> DeclaredOptions:
     """The options this view instance protects its handlers with, read now.
 
-    The class's, or its ``as_view()`` arguments'; an option given as a
-    property is read from the instance and checked now, as each request does.
+    The class's or its ``as_view()`` arguments'; an option given as a property is read from
+    the instance and checked per request.
     """
     options = view._idempotency_options
     cls = type(view)
-    # Which options are properties is looked for again only when the
-    # attributes, read in one call, are no longer what they were when it was
-    # last looked for: the class, or a base, was patched since.
+    # Properties are looked for again only when the attributes changed (a patched class).
     values = _read_attributes(cls)
     seen, dynamic = cls._idempotency_properties
     if values != seen:
@@ -487,14 +455,10 @@ def _check_attribute_names(cls: type) -> None:
             )
 
 
-# Which DRF handlers ``@idempotent`` protects, for view_protection below.
-
-
 def _decorated_options(func: Any, depth: int = 0) -> DeclaredOptions | None:
     """The options ``@idempotent`` gave ``func``, what it wraps, or a function its closure calls.
 
-    ``@api_view`` routes every method through one ``handler`` closure over
-    the decorated function, so that is where the decorator's mark is found.
+    ``@api_view`` routes every method through one ``handler`` closure over the function.
     """
     if func is None or depth > 4:
         return None
@@ -516,17 +480,12 @@ def _decorated_options(func: Any, depth: int = 0) -> DeclaredOptions | None:
 
 
 def decorated_options(view_class: type, name: str) -> DeclaredOptions | None:
-    """The options ``@idempotent`` gave ``view_class``'s method ``name``, if it decorates it.
-
-    ``name`` is a handler or ``dispatch``; the mixin's own options are not
-    the answer.
-    """
+    """The options ``@idempotent`` gave ``view_class``'s handler or ``dispatch`` ``name``."""
     return _decorated_options(getattr(view_class, name, None))
 
 
-#: DRF's own handlers that hand the request to another method of the view:
-#: a generic view's ``post`` calls ``create``, ``partial_update`` calls
-#: ``update``. A decorated ``create`` or ``update`` protects them too.
+#: DRF's handlers that hand the request to another method (a generic view's ``post`` calls
+#: ``create``): a decorated ``create`` protects ``post`` too.
 _HANDED_TO: dict[Any, str] = {
     getattr(view, method): target
     for view, methods in [
@@ -565,27 +524,19 @@ def handler_name(view: Any, method: str) -> str | None:
     return method.lower()
 
 
-# How DRF views are protected: DRF's answer to protection.view_protection.
-
 _FOR_MIDDLEWARE: weakref.WeakKeyDictionary[Any, tuple[bool, Any]] = weakref.WeakKeyDictionary()
 
 
 def view_protection(view: Any, method: str, instance: Any = None) -> ViewProtection | None:
     """How ``method`` of the DRF view function ``view`` is protected; ``None`` for a view not DRF's.
 
-    Its layers in the order of the run time: ``@idempotent`` on
-    ``dispatch`` protects the handler outside every other layer; the mixin
-    wraps the handler; ``@idempotent`` on the handler, or on a method DRF's
-    handler hands the request to (a generic view's ``create``), is
-    innermost. ``instance``, an instance of the view's class, gives the
-    mixin's options as read from it (``as_view()`` arguments, properties).
-
-    DRF authenticates inside the view, after every middleware, so the
-    middleware cannot take the scope itself. A DRF view that protects
-    nothing itself is protected by the middleware as a subclass with
-    ``IdempotentMixin`` in front, built once, with the same ``as_view``
-    arguments: the mixin's path, which claims the key after DRF's
-    authentication, permissions and throttling.
+    Layers, outermost first: ``@idempotent`` on ``dispatch``; the mixin; ``@idempotent`` on
+    the handler or a method it hands the request to (a generic view's ``create``).
+    ``instance`` gives the mixin's options as read from it (``as_view()`` arguments,
+    properties). DRF authenticates inside the view, after every middleware, so a DRF view
+    that protects nothing itself is protected under the middleware as a subclass with
+    ``IdempotentMixin`` in front (built once, same ``as_view`` arguments), which claims the
+    key after DRF's authentication, permissions and throttling.
     """
     view_class = getattr(view, "cls", None)
     if not (isinstance(view_class, type) and issubclass(view_class, APIView)):
@@ -594,9 +545,7 @@ def view_protection(view: Any, method: str, instance: Any = None) -> ViewProtect
     name = handler_name(view, method)
     if name is None or not hasattr(view_class, name):
         return ViewProtection(exempt=exempt)  # DRF answers 405 itself
-    # The handler and the methods it hands the request to (a generic view's
-    # ``post`` calls ``create``): one of them decorated protects the view with
-    # its own options, one of them exempt leaves it out.
+    # One of the chain decorated protects the view with its options; one exempt leaves it out.
     chain = handler_chain(view_class, name)
     exempt = exempt or any(
         getattr(getattr(view_class, each, None), EXEMPT_ATTRIBUTE, False) for each in chain
@@ -620,8 +569,7 @@ def view_protection(view: Any, method: str, instance: Any = None) -> ViewProtect
 
 def _for_middleware(view: Any, view_class: type) -> tuple[Any, DeclaredOptions]:
     """The version of ``view`` the middleware calls in its place, and its options."""
-    # A view that manages its own transactions runs in lease mode, as the
-    # middleware runs a plain one.
+    # A view that manages its own transactions runs in lease mode, as a plain one does.
     lease = idempotency_settings.database in getattr(view, "_non_atomic_requests", ())
     made = _FOR_MIDDLEWARE.get(view)
     if made is None or made[0] != lease:

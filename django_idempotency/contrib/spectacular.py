@@ -1,15 +1,10 @@
 """OpenAPI 3 for protected DRF operations, through drf-spectacular.
 
-Imported by the app's ``ready()`` when ``drf_spectacular`` is installed: the
-subclass of :class:`~drf_spectacular.extensions.OpenApiViewExtension` below
-registers itself on import. Whether an operation is protected, and with
-which options, is asked of the function the run time asks
-(:func:`~django_idempotency.protection.view_protection`, then
-:meth:`DeclaredOptions.resolve`), layer by layer in the order a request
-meets them; each protected operation then
-documents the key header, the 400/409/422 answers and the replay header.
-The only module importing ``drf_spectacular``; see the OpenAPI page of the
-docs.
+Imported by the app's ``ready()`` when ``drf_spectacular`` is installed; the
+view extension below registers itself on import. Protection is decided as
+at run time (:func:`~django_idempotency.protection.view_protection`); each
+protected operation documents the key header, the 400/409/422 answers and
+the replay header.
 """
 
 from __future__ import annotations
@@ -39,20 +34,15 @@ from django_idempotency.responses import PROBLEM_CONTENT_TYPE, TRANSIENT_STATUSE
 
 ERROR_COMPONENT = "IdempotencyError"
 PROBLEM_COMPONENT = "IdempotencyProblem"
-# Set on the view class drf-spectacular inspects: the view function the URL
-# resolves to, which is what the run time looks at.
+# Set on the view class drf-spectacular inspects: the view function the URL resolves to.
 _CALLBACK = "_idempotency_schema_callback"
-
-
-# Which operations are protected, and how: the run time's answer.
 
 
 @dataclass(frozen=True)
 class Protected:
     """How one operation is protected."""
 
-    #: The options of the layer that claims the key: the outermost whose
-    #: ``methods`` include the operation's.
+    #: The options of the outermost layer whose ``methods`` include the operation's.
     options: Options
     #: Whether a request without a key is refused: by any layer that protects the method.
     required: bool
@@ -62,11 +52,9 @@ class Protected:
 def layers(callback: Any, view: APIView, method: str, path_regex: str) -> list[Layer]:
     """What protects ``method`` of the view function ``callback``, outermost first.
 
-    The run time's answer (:func:`~django_idempotency.protection.view_protection`):
-    the view's own layers, or, for a view that protects nothing itself, the
-    one ``IdempotencyMiddleware`` puts in front of it when it protects this
-    operation. ``view`` is the instance being documented, whose ``as_view()``
-    arguments and properties the mixin reads.
+    The view's own layers, else the middleware's when it protects this
+    operation. ``view`` is the instance being documented, whose
+    ``as_view()`` arguments and properties the mixin reads.
     """
     try:
         protected = view_protection(callback, method, instance=view)
@@ -85,9 +73,8 @@ def layers(callback: Any, view: APIView, method: str, path_regex: str) -> list[L
 def protection(found: list[Layer], method: str) -> Protected | None:
     """How the operation is protected by ``found``, or ``None`` if it is not.
 
-    A layer whose ``methods`` leave the method out passes the request on;
-    the first that protects it claims a sent key, and any that protects it
-    refuses a request without one when it is ``required``.
+    The first layer protecting the method claims the key; any of them that
+    is ``required`` refuses a request without one.
     """
     if not idempotency_settings.enabled:
         return None
@@ -106,9 +93,7 @@ def protection(found: list[Layer], method: str) -> Protected | None:
 def _middleware_protects(method: str, path_regex: str) -> bool:
     """Whether ``IdempotencyMiddleware`` is installed and protects this method at this URL.
 
-    It protects every method in ``METHODS``, except on URLs under the
-    admin's namespace (views marked ``idempotency_exempt`` are left out by
-    ``view_protection``).
+    Every method in ``METHODS``, except under the admin's namespace.
     """
     conf = idempotency_settings
     return (
@@ -120,11 +105,7 @@ def _middleware_protects(method: str, path_regex: str) -> bool:
 
 @lru_cache(maxsize=8)
 def _admin_path_regexes(resolver: URLResolver) -> frozenset[str]:
-    """The URL patterns under an ``admin`` namespace, as drf-spectacular writes them.
-
-    Of the URLconf the middleware resolves requests against; drf-spectacular
-    joins each pattern to those it is included under, as done here.
-    """
+    """The URL patterns under an ``admin`` namespace, joined as drf-spectacular joins them."""
     found: set[str] = set()
 
     def walk(patterns: Any, prefix: str, admin: bool) -> None:
@@ -177,8 +158,7 @@ class IdempotentSchemaMixin:
     def get_description(self) -> str:
         description: str = super().get_description()  # type: ignore[misc]
         if description and description == get_doc(IdempotentMixin):
-            # drf-spectacular walks the view's bases for a docstring and found
-            # the mixin's, which is about this package, not about the API.
+            # The mixin's docstring, found among the bases, is not about the API.
             return project_doc(type(self.view))  # type: ignore[attr-defined]
         return description
 
@@ -201,11 +181,7 @@ class IdempotentSchemaMixin:
 
 
 def project_doc(view_class: type) -> str:
-    """The docstring drf-spectacular would find for ``view_class`` without the mixin.
-
-    The first one among the view's own classes, stopping, as drf-spectacular
-    does, at the classes of DRF itself; ``""`` when the project wrote none.
-    """
+    """The docstring drf-spectacular would find for ``view_class`` without the mixin, or ``""``."""
     excluded = set(spectacular_settings.GET_LIB_DOC_EXCLUDES())
     for cls in view_class.__mro__:
         if cls in excluded:
@@ -225,8 +201,7 @@ class IdempotencyViewExtension(OpenApiViewExtension):
 
     target_class = "rest_framework.views.APIView"
     match_subclasses = True
-    # First among view extensions, so that another extension for the same view
-    # is applied too (below) instead of replacing this one.
+    # First, so that another extension for the same view is applied too (below).
     priority = 1000
 
     def view_replacement(self) -> type[APIView]:
@@ -255,9 +230,6 @@ class IdempotencyViewExtension(OpenApiViewExtension):
         return None
 
 
-# Building the operation's additions.
-
-
 def _document(schema: AutoSchema, operation: dict[str, Any], protected: Protected) -> None:
     conf = idempotency_settings
     options = protected.options
@@ -274,8 +246,7 @@ def _document(schema: AutoSchema, operation: dict[str, Any], protected: Protecte
         if _replayable(code):
             response.setdefault("headers", {}).setdefault(conf.replay_header, replay_header)
 
-    # With ``key=`` the key comes from the request itself (a webhook's event
-    # id): the client sends no header, so none is documented.
+    # With ``key=`` the key comes from the request itself: no header to document.
     from_header = options.key is None
     parameters: list[dict[str, Any]] = operation.setdefault("parameters", [])
     header_listed = any(
@@ -392,8 +363,7 @@ def _add_response(
 ) -> None:
     existing = responses.get(code)
     if existing is not None:
-        # The view documents this status already (a validation error, say):
-        # keep its body, and say what else it can mean.
+        # Documented by the view already: keep its body, add what else it means.
         existing["description"] = f"{existing.get('description', '')} {description}".strip()
         if headers:
             existing.setdefault("headers", {}).update(headers)
@@ -452,11 +422,7 @@ def _error_content(schema: AutoSchema, problem_details: bool) -> dict[str, Any]:
 
 
 def _component(schema: AutoSchema, name: str, body: dict[str, Any]) -> dict[str, Any]:
-    """A reference to the schema component ``name``, registered the first time it is used.
-
-    Every protected operation's errors point at one component, so the
-    document describes each body once however many operations share it.
-    """
+    """A reference to the schema component ``name``, registered the first time it is used."""
     component = ResolvedComponent(
         name=name, type=ResolvedComponent.SCHEMA, object=name, schema=body
     )
