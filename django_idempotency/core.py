@@ -175,9 +175,11 @@ def _call(
 
     Not protected: disabled, a method the view does not protect, no key and none required
     (:func:`may_claim`, asked here with the key read once), or an outer layer protects it
-    as this one would. ``http_request`` is Django's request (``request`` or the one inside
-    it); ``own``, what was set on a framework's ``request`` itself, which comes first
-    (``adapters.reach``).
+    as this one would (one that protects it otherwise raises ``ImproperlyConfigured``,
+    :func:`_protected_outside`).
+
+    ``http_request`` is Django's request (``request`` or the one inside it); ``own``, what
+    was set on a framework's ``request`` itself, which comes first (``adapters.reach``).
     """
     if (_PROTECTED_WITH in own or hasattr(http_request, _PROTECTED_WITH)) and _protected_outside(
         request, declared, sender

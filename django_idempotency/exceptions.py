@@ -1,9 +1,9 @@
 """Errors a protected request, function or task can end in, one class per outcome.
 
 Plain views answer them as RFC 9457 ``application/problem+json``; DRF views
-raise the matching :mod:`django_idempotency.contrib.drf` exceptions for the
-project's exception handler. Functions and tasks raise :data:`CALL_ERRORS`,
-which are no HTTP answers.
+hand the matching :mod:`django_idempotency.contrib.drf` exceptions to the
+project's exception handler. Functions and tasks raise :data:`CALL_ERRORS`
+(and, in lease mode, ``LeaseLost``), which are no HTTP answers.
 """
 
 from __future__ import annotations

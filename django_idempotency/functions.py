@@ -43,7 +43,7 @@ RESULT_HEADERS = [["Content-Type", "application/json"]]
 ENDED_STATUS = 204
 #: The body returned, but its value could not be kept (not JSON, or the database refused
 #: it: too large for it, or failing at that moment): a later call is told so, and the body
-#: never runs again.
+#: runs again only if an operator releases or deletes the record.
 UNSTORED_STATUS = 507
 
 

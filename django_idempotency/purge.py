@@ -30,7 +30,7 @@ from django_idempotency.conf import idempotency_settings
 from django_idempotency.models import IdempotencyKey
 
 #: Rows per batch. ``benchmarks/purge.py`` on PostgreSQL (1,000,000 rows, a
-#: writer claiming throughout): 1000 took 5.0 s, 5000 3.1-3.4 s, 10000
+#: writer claiming throughout): 1000 took 4.9-5.0 s, 5000 3.1-3.4 s, 10000
 #: 2.7-3.1 s; the writer's longest claim 10-110 ms at every size. Past 5000 a
 #: doubling buys ~10% while each batch holds twice the row locks twice as
 #: long (what a second purge waits for on MariaDB/MySQL).

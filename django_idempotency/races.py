@@ -56,7 +56,8 @@ class RaceRun:
 def refuse_untestable(using: str) -> None:
     """Raise :class:`RaceSetupError` where threads could not race the original.
 
-    In a ``TestCase``'s transaction the copies would deadlock on its claim;
+    In a ``TestCase``'s transaction the threads' connections would block on
+    (or not see) the test's uncommitted rows;
     in-memory SQLite is private to one connection, or a shared cache
     answering "table is locked" at once. Called from a running event loop,
     or on a server database reached through a pooler, the race cannot run

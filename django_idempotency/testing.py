@@ -171,7 +171,8 @@ class RaceCheck:
     outcomes: list[Outcome]
     #: For each duplicate, whether its claim was waiting in the database when the
     #: original was let go (PostgreSQL: a lock wait; MariaDB, MySQL: a statement
-    #: running; SQLite: a claim not returned). Always ``False`` in lease mode.
+    #: running; SQLite: a claim not returned). Always ``False`` for an original held
+    #: outside a transaction (as in lease mode).
     waited: list[bool]
     #: What every duplicate was expected to get: ``expect``, or by default
     #: ``"replayed"`` for an original held inside a transaction (atomic mode)

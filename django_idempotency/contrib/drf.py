@@ -334,7 +334,8 @@ def _dispatch_protecting_the_handler(
     """Run ``dispatch``, protecting the handler that DRF picks after ``initial()``.
 
     A ``dispatch`` of the project's own that answers without DRF's (and so before any
-    authentication) is not protected: that is logged, as the decorator did nothing there.
+    authentication) is not protected: that is logged when the request carries a key (or one
+    is required), as the decorator did nothing there.
     """
     authenticated = view.initial
     reached: list[bool] = []
