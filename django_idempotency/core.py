@@ -33,7 +33,6 @@ from django_idempotency.exceptions import (
     ResultNotStored,
 )
 from django_idempotency.fields import FINGERPRINT_COLUMN_LENGTH
-from django_idempotency.fingerprint import method_of
 from django_idempotency.forms import form_key, is_form
 from django_idempotency.info import IdempotencyInfo
 from django_idempotency.keys import PLAIN_KEY, check_key, parse_key
@@ -188,7 +187,7 @@ def _call(
     # Resolved once per view, until the settings change.
     options = declared.resolved or declared.resolve()
     conf = idempotency_settings
-    if not conf.enabled or method_of(http_request, own) not in options.methods:
+    if protected_method(http_request, own, options.methods) is None:
         return None
     raw_key = None if options.key is not None else http_request.META.get(_meta_name(conf.header))
     if raw_key is not None:
@@ -308,24 +307,39 @@ def may_claim(request: HttpRequest, options: Options) -> bool:
     A view's ``key`` function is asked once, by :func:`_call`, in the request's thread: it
     may read the body or the database.
     """
-    if not _applies(request, options):
+    http_request, own, _ = adapters.reach(request)
+    if protected_method(http_request, own, options.methods) is None:
         return False
     return options.required or options.key is not None or sent_key(request) is not None
 
 
-def _applies(request: HttpRequest, options: Options) -> bool:
-    """Enabled, and the method the view dispatches on is one it protects, as :func:`_call` asks."""
-    if not idempotency_settings.enabled:
-        return False
-    if isinstance(request, HttpRequest):
-        return method_of(request) in options.methods
-    http_request, own, _ = adapters.reach(request)
-    return method_of(http_request, own) in options.methods
+def protected_method(
+    http_request: HttpRequest, own: Mapping[str, Any], methods: frozenset[str]
+) -> str | None:
+    """The method the view dispatches on, in capitals, if protection applies to it; else ``None``.
+
+    ``http_request`` and ``own`` are what ``adapters.reach`` gives: an override set on a
+    framework's request comes first. Views dispatch on a method in any case (a middleware's
+    ``request.method = "post"`` runs ``post``), so it is compared in capitals with
+    ``methods``. Asked before any key is looked for, by every layer; the fingerprint hashes
+    the method as set, since a view may tell ``post`` from ``POST``.
+    """
+    method: str | None = own.get("method") or http_request.method
+    if method is not None and not method.isupper():
+        method = method.upper()
+    if not idempotency_settings.enabled or method not in methods:
+        return None
+    return method
 
 
 async def _may_claim_async(request: HttpRequest, options: Options) -> bool:
     """:func:`may_claim`, with a form's key read in a thread (:func:`read_form_key`)."""
-    if not options.required and options.key is None and _applies(request, options):
+    http_request, own, _ = adapters.reach(request)
+    if (
+        not options.required
+        and options.key is None
+        and protected_method(http_request, own, options.methods) is not None
+    ):
         await read_form_key(request)
     return may_claim(request, options)
 

@@ -32,20 +32,6 @@ from django_idempotency.forms import FORM, MULTIPART, left_out, parsed_multipart
 from django_idempotency.multipart import DigestedFile
 
 
-def method_of(http_request: HttpRequest, own: Mapping[str, Any] = NOT_A_FRAMEWORKS) -> str | None:
-    """The method a request's view dispatches on, in capitals: the one whose protection is decided.
-
-    Views dispatch on a method in any case (``request.method = "post"`` runs
-    ``post``); the fingerprint hashes it as set, since a view may tell
-    ``post`` from ``POST``. An override on a framework's request (``own``)
-    comes first.
-    """
-    method: str | None = own.get("method") or http_request.method
-    if method is not None and not method.isupper():
-        return method.upper()
-    return method
-
-
 def request_fingerprint(request: HttpRequest) -> str:
     """SHA-256 hex over method, path, query, media type, negotiated format and body.
 
@@ -64,7 +50,8 @@ def request_fingerprint(request: HttpRequest) -> str:
         query = _form_pairs(query_string.encode())
         if query is not None:
             query_string = urlencode(sorted(query, key=_NAME))
-    # The method as set, an override on a framework's request first (method_of).
+    # The method as set, an override on a framework's request first: a view may tell
+    # ``post`` from ``POST``, though protection is decided in capitals (core.protected_method).
     head = [own.get("method") or http_request.method, http_request.path, query_string, media_type]
     # A retry negotiating another format (HTML, JSON) is another request.
     if adapter is not None and adapter.negotiated_format is not None:

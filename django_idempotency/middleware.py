@@ -35,17 +35,18 @@ from django.http import HttpRequest, HttpResponseBase
 from django.urls import Resolver404, resolve
 from django.utils.module_loading import import_string
 
+from django_idempotency.adapters import NOT_A_FRAMEWORKS
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.core import (
     may_send_key,
     protect,
     protect_async,
+    protected_method,
     read_form_key,
     render,
     sent_key,
 )
 from django_idempotency.exceptions import IdempotencyError, InvalidIdempotencyKey
-from django_idempotency.fingerprint import method_of
 from django_idempotency.marks import idempotency_exempt
 from django_idempotency.options import DeclaredOptions
 from django_idempotency.protection import view_protection
@@ -226,8 +227,8 @@ def _protection(request: HttpRequest) -> tuple[Any, _Protects] | None:
     view's alone, for its own upload handlers. Without a header or a form, no URL is resolved.
     """
     conf = idempotency_settings
-    method = method_of(request) or ""
-    if not conf.enabled or method not in conf.methods:
+    method = protected_method(request, NOT_A_FRAMEWORKS, conf.methods)
+    if method is None:
         return None
     if not conf.required and not may_send_key(request):
         return None

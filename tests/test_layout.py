@@ -295,7 +295,7 @@ def test_a_first_request_and_its_replay_cross_only_the_adapter_core_store_and_he
 #: The package's own Python frames and modules one first request crosses
 #: (a bare ``@idempotent`` view, atomic mode, SQLite), as measured when this
 #: bound was last lowered, and one more since the claim's gate compares the
-#: method in capitals (``fingerprint.method_of``); docs/internals.rst gives
+#: method in capitals (``core.protected_method``); docs/internals.rst gives
 #: the figures and the goal.
 FIRST_REQUEST_FRAMES = 39
 FIRST_REQUEST_MODULES = 12

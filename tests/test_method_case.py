@@ -1,4 +1,4 @@
-"""The method a view dispatches on is protected whatever its case (``fingerprint.method_of``).
+"""The method a view dispatches on is protected whatever its case (``core.protected_method``).
 
 A project's middleware may set ``request.method`` in lower case (a method
 override read from a form field, say). Django's views and DRF's still run
@@ -15,7 +15,7 @@ from django.test import AsyncClient, Client, RequestFactory
 from rest_framework.test import APIClient
 
 from django_idempotency.adapters import reach
-from django_idempotency.fingerprint import method_of
+from django_idempotency.core import protected_method
 from django_idempotency.models import IdempotencyKey
 from tests.clients import drf_post, post, token_client
 from tests.models import Order
@@ -25,18 +25,44 @@ LOWER_CASE = "tests.middleware_views.LowerCaseMethodMiddleware"
 MIDDLEWARE = "django_idempotency.middleware.IdempotencyMiddleware"
 
 
+ALL = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def reached(request: Any) -> tuple[Any, Any]:
+    http_request, own, _ = reach(request)
+    return http_request, own
+
+
 def test_the_method_is_given_in_capitals_whatever_its_case():
     request = RequestFactory().post("/")
-    assert method_of(request) == "POST"
+    assert protected_method(*reached(request), ALL) == "POST"
 
     request.method = "post"
-    assert method_of(request) == "POST"
+    assert protected_method(*reached(request), ALL) == "POST"
 
     request.method = "Put"
-    assert method_of(request) == "PUT"
+    assert protected_method(*reached(request), ALL) == "PUT"
+
+
+def test_a_method_not_protected_or_none_is_not_protected():
+    request = RequestFactory().get("/")
+    assert protected_method(*reached(request), ALL) is None
 
     request.method = None
-    assert method_of(request) is None
+    assert protected_method(*reached(request), ALL) is None
+
+    request.method = "post"
+    assert protected_method(*reached(request), frozenset({"PUT"})) is None
+
+
+def test_nothing_is_protected_when_disabled(settings):
+    settings.IDEMPOTENCY = {"ENABLED": False}
+    request = RequestFactory().post("/")
+
+    assert protected_method(*reached(request), ALL) is None
+
+    settings.IDEMPOTENCY = {"ENABLED": True}
+    assert protected_method(*reached(request), ALL) == "POST"
 
 
 def test_an_override_on_a_frameworks_request_comes_first_in_capitals():
@@ -45,7 +71,7 @@ def test_an_override_on_a_frameworks_request_comes_first_in_capitals():
     drf_request = Request(RequestFactory().post("/"))
     drf_request.method = "put"
 
-    assert method_of(*reach(drf_request)[:2]) == "PUT"
+    assert protected_method(*reached(drf_request), ALL) == "PUT"
 
 
 @pytest.fixture

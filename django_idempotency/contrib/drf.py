@@ -27,11 +27,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from django_idempotency import exceptions as core_exceptions
-from django_idempotency.adapters import Adapter, Layer, reach, register
+from django_idempotency.adapters import Adapter, Layer, register
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.core import Answer, Guard, may_claim, protect
 from django_idempotency.decorators import dispatched_view
-from django_idempotency.fingerprint import method_of
 from django_idempotency.marks import EXEMPT_ATTRIBUTE, is_exempt
 from django_idempotency.options import OPTION_NAMES, DeclaredOptions, NonAtomicRequests
 from django_idempotency.protection import ViewProtection
@@ -239,22 +238,16 @@ _CO_COROUTINE = inspect.CO_COROUTINE
 
 
 def _protect_handler(view: Any, request: Request, options: DeclaredOptions, answer: Answer) -> None:
-    """Shadow the handler DRF is about to call, on the instance, with a protected one.
+    """Shadow, on the instance, the handler of every method the view protects.
 
     DRF looks the handler up after ``initial()`` has authenticated the caller and checked
-    permissions and throttles. The handler of every method the view protects is shadowed
-    too: a method override set later (a subclass's ``initial()`` after ``super()``) makes DRF
-    dispatch on another method, whose handler must not run unprotected; the core reads the
-    method as each handler is called.
+    permissions and throttles. Every protected method's handler is shadowed, not only the
+    request's: a method override set later (a subclass's ``initial()`` after ``super()``)
+    makes DRF dispatch on another method, whose handler must not run unprotected; the core
+    reads the method DRF dispatches on as each handler is called.
     """
-    # DRF dispatches on a method set on its own request (an override, clone_request) first.
-    http_request, own, _ = reach(request)
-    method = (method_of(http_request, own) or "").lower()
-    _shadow(view, method, options, answer)
-    for protected_method in (options.resolved or options.resolve()).methods:
-        other = protected_method.lower()
-        if other != method and getattr(view, other, None) is not None:
-            _shadow(view, other, options, answer)
+    for method in (options.resolved or options.resolve()).methods:
+        _shadow(view, method.lower(), options, answer)
 
 
 def _shadow(view: Any, method: str, options: DeclaredOptions, answer: Answer) -> None:
