@@ -12,7 +12,7 @@ from django.http import HttpResponseBase
 from rest_framework import status
 from rest_framework.authentication import TokenAuthentication
 from rest_framework.permissions import IsAuthenticated
-from rest_framework.request import Request
+from rest_framework.request import Request, clone_request
 from rest_framework.response import Response
 
 from django_idempotency.contrib.drf import IdempotentMixin
@@ -54,6 +54,15 @@ class LowerCaseOverrideAPIView(OrderAPIView):
 
     async def put(self, request: Request) -> HttpResponseBase:
         return await _create(request)
+
+
+class DelegatingAPIView(OrderAPIView):
+    """An async PATCH handler that answers through the POST handler, with a cloned request."""
+
+    idempotency_methods = ["POST", "PATCH"]
+
+    async def patch(self, request: Request) -> HttpResponseBase:
+        return await self.post(clone_request(request, "POST"))
 
 
 class OrderViewSet(IdempotentMixin, ViewSet):

@@ -43,5 +43,6 @@ if find_spec("adrf") is not None:
     urlpatterns += [
         path("adrf/apiview/", adrf_views.OrderAPIView.as_view()),
         path("adrf/lower-case-override/", adrf_views.LowerCaseOverrideAPIView.as_view()),
+        path("adrf/delegating/", adrf_views.DelegatingAPIView.as_view()),
         path("adrf/viewset/", adrf_views.OrderViewSet.as_view({"post": "create"})),
     ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.contrib.auth.models import User
 from django.test import AsyncClient
 from rest_framework.authtoken.models import Token
@@ -56,6 +57,22 @@ def test_a_lower_case_method_override_is_protected(user: User) -> None:
     retry = clients.post(AsyncClient(raise_request_exception=False), url, "k-put", headers=headers)
 
     assert first.status_code == 201
+    assert retry["Idempotent-Replayed"] == "true" and retry.content == first.content
+    assert calls.value == 1
+
+
+def test_a_handler_called_by_the_protected_one_runs_inside_its_claim(user: User) -> None:
+    # PATCH's async handler awaits POST's, also protected, with a cloned request: the
+    # key is claimed once, by the handler DRF called.
+    url = "/async/adrf/delegating/"
+    token = Token.objects.get_or_create(user=user)[0].key
+    client = AsyncClient(raise_request_exception=False)
+    send = async_to_sync(client.patch)
+    headers = {"Authorization": f"Token {token}", "Idempotency-Key": "k-delegated"}
+    first = send(url, "{}", content_type="application/json", headers=headers)
+    retry = send(url, "{}", content_type="application/json", headers=headers)
+
+    assert first.status_code == 201, first.content
     assert retry["Idempotent-Replayed"] == "true" and retry.content == first.content
     assert calls.value == 1
 

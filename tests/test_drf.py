@@ -26,7 +26,7 @@ from django.utils.decorators import method_decorator
 from django.views import View
 from rest_framework import viewsets
 from rest_framework.permissions import AllowAny, IsAuthenticated
-from rest_framework.request import Request
+from rest_framework.request import Request, clone_request
 from rest_framework.response import Response
 from rest_framework.test import APIClient
 from rest_framework.views import APIView, exception_handler
@@ -698,6 +698,18 @@ class LateOverrideView(OpenAndCounting, APIView):
         return self.counted()
 
 
+class DelegatingView(OpenAndCounting, APIView):
+    """A PATCH handler that answers through the POST handler, with a request cloned as a POST."""
+
+    idempotency_methods = ["POST", "PATCH"]
+
+    def post(self, request: Request) -> Response:
+        return self.counted()
+
+    def patch(self, request: Request) -> Response:
+        return self.post(clone_request(request, "POST"))
+
+
 class PropertyMethodRequest(Request):
     """A request whose class gives the override as a property: never in its ``__dict__``."""
 
@@ -741,6 +753,7 @@ urlpatterns = [
     path("counting/", CountingView.as_view()),
     path("overridden-method/", OverriddenMethodView.as_view()),
     path("late-override/", LateOverrideView.as_view()),
+    path("delegating/", DelegatingView.as_view()),
     path("property-override/", PropertyOverrideView.as_view()),
     path("own-session/", SessionOnTheDrfRequestView.as_view()),
     path("finalizing/", FinalizingView.as_view()),
@@ -911,6 +924,18 @@ class MixinInheritanceTests:
         assert first.status_code == 201
         assert retry["Idempotent-Replayed"] == "true" and retry.json() == first.json()
         assert calls.value == 1
+
+    def test_a_handler_called_by_the_protected_one_runs_inside_its_claim(self) -> None:
+        # PATCH's handler calls POST's, also protected, with a cloned request: the
+        # key is claimed once, by the handler DRF called, and its answer replayed.
+        client = APIClient()
+        first = client.patch("/delegating/", {}, format="json", headers={"Idempotency-Key": "k-d"})
+        retry = client.patch("/delegating/", {}, format="json", headers={"Idempotency-Key": "k-d"})
+
+        assert first.status_code == 201, first.content
+        assert retry["Idempotent-Replayed"] == "true" and retry.json() == first.json()
+        assert calls.value == 1
+        assert IdempotencyKey.objects.get().state == IdempotencyKey.State.COMPLETED
 
     def test_a_key_sent_again_under_an_overridden_method_is_another_request(self) -> None:
         # The fingerprint covers the method the claim protects: a POST's key

@@ -244,14 +244,23 @@ def _protect_handler(view: Any, request: Request, options: DeclaredOptions, answ
     permissions and throttles. Every protected method's handler is shadowed, not only the
     request's: a method override set later (a subclass's ``initial()`` after ``super()``)
     makes DRF dispatch on another method, whose handler must not run unprotected; the core
-    reads the method DRF dispatches on as each handler is called.
+    reads the method DRF dispatches on as each handler is called. Only the handler DRF
+    calls claims the key: one it calls in turn (``self.post(clone_request(request,
+    "POST"))``) runs inside that claim, as an unshadowed handler would.
     """
+    entered: list[bool] = []
     for method in (options.resolved or options.resolve()).methods:
-        _shadow(view, method.lower(), options, answer)
+        _shadow(view, method.lower(), options, answer, entered)
 
 
-def _shadow(view: Any, method: str, options: DeclaredOptions, answer: Answer) -> None:
-    """Shadow the view's handler of ``method``, if it has one, with a protected one."""
+def _shadow(
+    view: Any, method: str, options: DeclaredOptions, answer: Answer, entered: list[bool]
+) -> None:
+    """Shadow the view's handler of ``method``, if it has one, with a protected one.
+
+    ``entered`` is shared by the handlers shadowed for one request: not empty while one
+    of them runs, so that a handler it calls runs as it is.
+    """
     handler = getattr(view, method, None)
     if handler is None:
         return
@@ -266,22 +275,33 @@ def _shadow(view: Any, method: str, options: DeclaredOptions, answer: Answer) ->
     if is_async:
 
         async def protected_async(request: Request, *args: Any, **kwargs: Any) -> Any:
+            if entered:
+                return await handler(request, *args, **kwargs)
             call = partial(handler, request, *args, **kwargs)
             guard = Guard(finish=partial(finish, request), answer=answer)
-            return await guard.acall(request, call, options, sender)
+            entered.append(True)
+            try:
+                return await guard.acall(request, call, options, sender)
+            finally:
+                entered.clear()
 
         setattr(view, method, protected_async)
         return
 
     def protected(request: Request, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        if entered:
+            return handler(request, *args, **kwargs)
         # Guard.call without building a guard per request.
         call = partial(handler, request, *args, **kwargs)
+        entered.append(True)
         try:
             # protect reads Django's request inside DRF's now, as the handler is called
             # with it, not as initial() saw it: a project may replace it in between.
             return protect(request, call, options, sender=sender, finish=partial(finish, request))
         except core_exceptions.IdempotencyError as error:
             return answer(request, error)
+        finally:
+            entered.clear()
 
     setattr(view, method, protected)
 
