@@ -61,6 +61,11 @@ class DelegatingAPIView(OrderAPIView):
 
     idempotency_methods = ["POST", "PATCH"]
 
+    async def post(self, request: Request) -> HttpResponseBase:
+        # The claim's record, as a payment handler reads it, on the cloned request too.
+        request.idempotency.derive("charge")
+        return await _create(request)
+
     async def patch(self, request: Request) -> HttpResponseBase:
         return await self.post(clone_request(request, "POST"))
 

@@ -35,7 +35,7 @@ from django_idempotency import idempotent
 from django_idempotency.contrib import drf
 from django_idempotency.contrib.drf import IdempotentMixin
 from django_idempotency.exceptions import DatabaseBusy
-from django_idempotency.info import IdempotencyInfo
+from django_idempotency.info import IdempotencyInfo, derive
 from django_idempotency.models import IdempotencyKey
 from tests import drf_views
 from tests.clients import PAYLOAD, token_client
@@ -704,7 +704,10 @@ class DelegatingView(OpenAndCounting, APIView):
     idempotency_methods = ["POST", "PATCH"]
 
     def post(self, request: Request) -> Response:
-        return self.counted()
+        # The claim's record, as a payment handler reads it, on the cloned request too.
+        charge = request.idempotency.derive("charge")
+        calls.increment()
+        return Response({"call": calls.value, "charge": charge}, status=201)
 
     def patch(self, request: Request) -> Response:
         return self.post(clone_request(request, "POST"))
@@ -935,7 +938,9 @@ class MixinInheritanceTests:
         assert first.status_code == 201, first.content
         assert retry["Idempotent-Replayed"] == "true" and retry.json() == first.json()
         assert calls.value == 1
-        assert IdempotencyKey.objects.get().state == IdempotencyKey.State.COMPLETED
+        record = IdempotencyKey.objects.get()
+        assert record.state == IdempotencyKey.State.COMPLETED
+        assert first.json()["charge"] == derive(record.scope, "k-d", "charge")
 
     def test_a_key_sent_again_under_an_overridden_method_is_another_request(self) -> None:
         # The fingerprint covers the method the claim protects: a POST's key

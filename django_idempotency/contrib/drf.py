@@ -248,18 +248,19 @@ def _protect_handler(view: Any, request: Request, options: DeclaredOptions, answ
     calls claims the key: one it calls in turn (``self.post(clone_request(request,
     "POST"))``) runs inside that claim, as an unshadowed handler would.
     """
-    entered: list[bool] = []
+    entered: list[Any] = []
     for method in (options.resolved or options.resolve()).methods:
         _shadow(view, method.lower(), options, answer, entered)
 
 
 def _shadow(
-    view: Any, method: str, options: DeclaredOptions, answer: Answer, entered: list[bool]
+    view: Any, method: str, options: DeclaredOptions, answer: Answer, entered: list[Any]
 ) -> None:
     """Shadow the view's handler of ``method``, if it has one, with a protected one.
 
-    ``entered`` is shared by the handlers shadowed for one request: not empty while one
-    of them runs, so that a handler it calls runs as it is.
+    ``entered`` is shared by the handlers shadowed for one request: it holds the request
+    of the one running, so that a handler it calls runs as it is, inside its claim, with
+    its ``request.idempotency`` (a ``clone_request`` copy has none of its own).
     """
     handler = getattr(view, method, None)
     if handler is None:
@@ -276,10 +277,10 @@ def _shadow(
 
         async def protected_async(request: Request, *args: Any, **kwargs: Any) -> Any:
             if entered:
-                return await handler(request, *args, **kwargs)
+                return await handler(_inside(entered, request), *args, **kwargs)
             call = partial(handler, request, *args, **kwargs)
             guard = Guard(finish=partial(finish, request), answer=answer)
-            entered.append(True)
+            entered.append(request)
             try:
                 return await guard.acall(request, call, options, sender)
             finally:
@@ -290,10 +291,10 @@ def _shadow(
 
     def protected(request: Request, *args: Any, **kwargs: Any) -> HttpResponseBase:
         if entered:
-            return handler(request, *args, **kwargs)
+            return handler(_inside(entered, request), *args, **kwargs)
         # Guard.call without building a guard per request.
         call = partial(handler, request, *args, **kwargs)
-        entered.append(True)
+        entered.append(request)
         try:
             # protect reads Django's request inside DRF's now, as the handler is called
             # with it, not as initial() saw it: a project may replace it in between.
@@ -304,6 +305,15 @@ def _shadow(
             entered.clear()
 
     setattr(view, method, protected)
+
+
+def _inside(entered: list[Any], request: Request) -> Request:
+    """``request``, given the claim's ``idempotency`` of the protected request it is called from."""
+    if "idempotency" not in request.__dict__:
+        info = getattr(entered[0], "idempotency", None)
+        if info is not None:
+            request.idempotency = info  # type: ignore[attr-defined]
+    return request
 
 
 def protect_after_authentication(view_func: Any, options: DeclaredOptions, wrapper: Any) -> Any:
