@@ -47,8 +47,10 @@ AsyncHandler = Callable[[], Awaitable[HttpResponseBase]]
 Finish = Callable[[HttpResponseBase], HttpResponseBase]
 Answer = Callable[[Any, IdempotencyError], HttpResponseBase]
 
-# Set by the layer that claims the key: its options and the request it took the scope
-# from, so that an inner layer can tell whether it would protect the request the same way.
+# Set on Django's request by the layer that claims the key, while its call runs: its options
+# and the request it took the scope from, so that an inner layer, given that request, a
+# framework's copy of it or Django's under it, can tell whether it would protect it the same
+# way. Removed when the call ends: the same request sent through again is a retry.
 _PROTECTED_WITH = "_idempotency_protected_with"
 
 
@@ -132,7 +134,10 @@ def protect(
         if call is None:
             response: HttpResponseBase = handler()
         else:
-            response = call.run(handler)
+            try:
+                response = call.run(handler)
+            finally:
+                http_request.__dict__.pop(_PROTECTED_WITH, None)
     except BaseException:
         close_spools_with(http_request, None)
         raise
@@ -180,9 +185,7 @@ def _call(
     ``http_request`` is Django's request (``request`` or the one inside it); ``own``, what
     was set on a framework's ``request`` itself, which comes first (``adapters.reach``).
     """
-    if (_PROTECTED_WITH in own or hasattr(http_request, _PROTECTED_WITH)) and _protected_outside(
-        request, declared, sender
-    ):
+    if _PROTECTED_WITH in http_request.__dict__ and _protected_outside(request, declared, sender):
         return None
     # Resolved once per view, until the settings change.
     options = declared.resolved or declared.resolve()
@@ -216,7 +219,7 @@ def _call(
         fingerprint = hashlib.sha256(fingerprint.encode()).hexdigest()
     info = IdempotencyInfo(key=key, scope=fit_key_column(scope), fingerprint=fingerprint)
     request.idempotency = info  # type: ignore[attr-defined]
-    setattr(request, _PROTECTED_WITH, (options, request))
+    http_request.__dict__[_PROTECTED_WITH] = (options, request)
 
     def finished(response: HttpResponseBase) -> HttpResponseBase:
         # check_claimed_for, then finish, in one frame. A claim taken on a framework's
@@ -266,19 +269,22 @@ def _protected_outside(request: HttpRequest, declared: DeclaredOptions, sender: 
     """Whether an outer layer already protects this request, as this one would.
 
     One does when ``IdempotencyMiddleware`` cannot see that a view protects itself (a
-    decorator without ``functools.wraps`` hides ``@idempotent``'s mark). Raises
+    decorator without ``functools.wraps`` hides ``@idempotent``'s mark), and when a
+    protected handler hands its request, or a copy (DRF's ``clone_request``), to another:
+    that one runs inside the claim and reads its ``request.idempotency``. Raises
     ``ImproperlyConfigured`` before the handler runs, so the outer layer stores nothing:
     when the ``_DECISIVE`` options differ (functions by identity), as one client could be
     replayed another's response; and whatever the options, when this layer runs on a
     framework's request (DRF's) and the outer one claimed on Django's, scoped before the
     framework authenticated the caller.
     """
-    outer: tuple[Options, Any] | None = getattr(request, _PROTECTED_WITH, None)
+    http_request = request if isinstance(request, HttpRequest) else adapters.reach(request)[0]
+    outer: tuple[Options, Any] | None = http_request.__dict__.get(_PROTECTED_WITH)
     if outer is None:
         return False
     outer_options, claimed_on = outer
     name = f"{getattr(sender, '__module__', '')}.{getattr(sender, '__qualname__', repr(sender))}"
-    if claimed_on is not request:
+    if claimed_on is http_request and request is not http_request:
         raise ImproperlyConfigured(
             f"{name} protects itself inside a layer that claimed the request's key before "
             "the view's framework authenticated the caller, usually IdempotencyMiddleware "
@@ -290,6 +296,8 @@ def _protected_outside(request: HttpRequest, declared: DeclaredOptions, sender: 
     inner = declared.resolve()
     differ = [o for o in _DECISIVE if getattr(inner, o) != getattr(outer_options, o)]
     if not differ:
+        if request is not claimed_on and "idempotency" not in vars(request):
+            request.idempotency = claimed_on.idempotency  # type: ignore[attr-defined]
         return True
     raise ImproperlyConfigured(
         f"{name} protects itself with other options "

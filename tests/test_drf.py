@@ -44,7 +44,7 @@ from tests.factories import IdempotencyKeyFactory
 from tests.isolation_views import HEADER_API_KEYS, HeaderApiKeyAuthentication
 from tests.models import Order
 from tests.polling import wait_until
-from tests.views import calls
+from tests.views import calls, idempotency_info
 
 ORDERS = "/drf/orders/"
 
@@ -713,6 +713,33 @@ class DelegatingView(OpenAndCounting, APIView):
         return self.post(clone_request(request, "POST"))
 
 
+@method_decorator(idempotent(methods=["POST", "PATCH"]), name="post")
+class DelegatingToDecoratedView(DelegatingView):
+    """The POST handler it answers PATCH through is also protected by ``@idempotent``."""
+
+
+class DecoratedDelegatingView(APIView):
+    """No mixin: PATCH's and POST's handlers each protected by ``@idempotent``."""
+
+    authentication_classes: list[type] = []
+    permission_classes = [AllowAny]
+
+    @method_decorator(idempotent(methods=["POST", "PATCH"]))
+    def post(self, request: Request) -> Response:
+        return DelegatingView.post(self, request)  # type: ignore[arg-type]
+
+    @method_decorator(idempotent(methods=["POST", "PATCH"]))
+    def patch(self, request: Request) -> Response:
+        return self.post(clone_request(request, "POST"))
+
+
+class DelegatingToPlainView(OpenAndCounting, APIView):
+    """A POST handler that answers through a plain ``@idempotent`` view, given Django's request."""
+
+    def post(self, request: Request) -> Any:
+        return idempotency_info(request._request)
+
+
 class PropertyMethodRequest(Request):
     """A request whose class gives the override as a property: never in its ``__dict__``."""
 
@@ -757,6 +784,9 @@ urlpatterns = [
     path("overridden-method/", OverriddenMethodView.as_view()),
     path("late-override/", LateOverrideView.as_view()),
     path("delegating/", DelegatingView.as_view()),
+    path("delegating-to-decorated/", DelegatingToDecoratedView.as_view()),
+    path("decorated-delegating/", DecoratedDelegatingView.as_view()),
+    path("delegating-to-plain/", DelegatingToPlainView.as_view()),
     path("property-override/", PropertyOverrideView.as_view()),
     path("own-session/", SessionOnTheDrfRequestView.as_view()),
     path("finalizing/", FinalizingView.as_view()),
@@ -941,6 +971,32 @@ class MixinInheritanceTests:
         record = IdempotencyKey.objects.get()
         assert record.state == IdempotencyKey.State.COMPLETED
         assert first.json()["charge"] == derive(record.scope, "k-d", "charge")
+
+    @pytest.mark.parametrize("url", ["/delegating-to-decorated/", "/decorated-delegating/"])
+    def test_a_decorated_handler_called_by_the_protected_one_runs_inside_its_claim(
+        self, url: str
+    ) -> None:
+        # PATCH's claim is marked on Django's request under DRF's, so the decorator on the
+        # POST handler it calls with a cloned request sees it, and reads its record.
+        client = APIClient()
+        first = client.patch(url, {}, format="json", headers={"Idempotency-Key": "k-d"})
+        retry = client.patch(url, {}, format="json", headers={"Idempotency-Key": "k-d"})
+
+        assert first.status_code == 201, first.content
+        assert retry["Idempotent-Replayed"] == "true" and retry.json() == first.json()
+        assert calls.value == 1
+        record = IdempotencyKey.objects.get()
+        assert first.json()["charge"] == derive(record.scope, "k-d", "charge")
+
+    def test_a_plain_view_given_djangos_request_runs_inside_the_claim(self) -> None:
+        client = APIClient()
+        first = post(client, "/delegating-to-plain/")
+        retry = post(client, "/delegating-to-plain/")
+
+        assert first.status_code == 200, first.content
+        assert retry["Idempotent-Replayed"] == "true" and retry.json() == first.json()
+        record = IdempotencyKey.objects.get()
+        assert first.json()["key"] == record.key and first.json()["scope"] == record.scope
 
     def test_a_key_sent_again_under_an_overridden_method_is_another_request(self) -> None:
         # The fingerprint covers the method the claim protects: a POST's key

@@ -244,24 +244,15 @@ def _protect_handler(view: Any, request: Request, options: DeclaredOptions, answ
     permissions and throttles. Every protected method's handler is shadowed, not only the
     request's: a method override set later (a subclass's ``initial()`` after ``super()``)
     makes DRF dispatch on another method, whose handler must not run unprotected; the core
-    reads the method DRF dispatches on as each handler is called. Only the handler DRF
-    calls claims the key: one it calls in turn (``self.post(clone_request(request,
-    "POST"))``) runs inside that claim, as an unshadowed handler would.
+    reads the method DRF dispatches on as each handler is called. A handler called by
+    another (``self.post(clone_request(request, "POST"))``) runs inside that one's claim.
     """
-    entered: list[Any] = []
     for method in (options.resolved or options.resolve()).methods:
-        _shadow(view, method.lower(), options, answer, entered)
+        _shadow(view, method.lower(), options, answer)
 
 
-def _shadow(
-    view: Any, method: str, options: DeclaredOptions, answer: Answer, entered: list[Any]
-) -> None:
-    """Shadow the view's handler of ``method``, if it has one, with a protected one.
-
-    ``entered`` is shared by the handlers shadowed for one request: it holds the request
-    of the one running, so that a handler it calls runs as it is, inside its claim, with
-    its ``request.idempotency`` (a ``clone_request`` copy has none of its own).
-    """
+def _shadow(view: Any, method: str, options: DeclaredOptions, answer: Answer) -> None:
+    """Shadow the view's handler of ``method``, if it has one, with a protected one."""
     handler = getattr(view, method, None)
     if handler is None:
         return
@@ -276,44 +267,24 @@ def _shadow(
     if is_async:
 
         async def protected_async(request: Request, *args: Any, **kwargs: Any) -> Any:
-            if entered:
-                return await handler(_inside(entered, request), *args, **kwargs)
             call = partial(handler, request, *args, **kwargs)
             guard = Guard(finish=partial(finish, request), answer=answer)
-            entered.append(request)
-            try:
-                return await guard.acall(request, call, options, sender)
-            finally:
-                entered.clear()
+            return await guard.acall(request, call, options, sender)
 
         setattr(view, method, protected_async)
         return
 
     def protected(request: Request, *args: Any, **kwargs: Any) -> HttpResponseBase:
-        if entered:
-            return handler(_inside(entered, request), *args, **kwargs)
         # Guard.call without building a guard per request.
         call = partial(handler, request, *args, **kwargs)
-        entered.append(request)
         try:
             # protect reads Django's request inside DRF's now, as the handler is called
             # with it, not as initial() saw it: a project may replace it in between.
             return protect(request, call, options, sender=sender, finish=partial(finish, request))
         except core_exceptions.IdempotencyError as error:
             return answer(request, error)
-        finally:
-            entered.clear()
 
     setattr(view, method, protected)
-
-
-def _inside(entered: list[Any], request: Request) -> Request:
-    """``request``, given the claim's ``idempotency`` of the protected request it is called from."""
-    if "idempotency" not in request.__dict__:
-        info = getattr(entered[0], "idempotency", None)
-        if info is not None:
-            request.idempotency = info  # type: ignore[attr-defined]
-    return request
 
 
 def protect_after_authentication(view_func: Any, options: DeclaredOptions, wrapper: Any) -> Any:
