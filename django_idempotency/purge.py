@@ -1,6 +1,7 @@
 """Deleting expired records in bounded batches.
 
-The management command and the tasks all call :func:`purge_expired`. Each
+The management command and the tasks (:func:`purge_expired_keys`) all call
+:func:`purge_expired`. Each
 batch deletes at most ``batch_size`` rows, found by the indexed
 ``expires_at`` column, in one short transaction of its own: no long lock, no
 huge transaction, no row loaded into Python. Where the database can, a batch
@@ -194,6 +195,27 @@ def purge_expired(
         if dry_run:
             return _count(connection, cutoff)
         return _purge(connection, cutoff, batch_size, pace, progress)
+
+
+def purge_expired_keys(
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    database: str | None = None,
+    batch_seconds: float | None = DEFAULT_BATCH_SECONDS,
+    pause: float = DEFAULT_PAUSE,
+    rate: float | None = None,
+) -> int:
+    """Delete expired idempotency records; return how many were deleted.
+
+    The body of Celery's task and the Tasks framework's, each registered by its ``contrib``
+    module. ``database`` defaults to ``IDEMPOTENCY["DATABASE"]``. Safe on several workers at
+    once: each record is deleted, and counted, once. Idempotent tasks' records share the
+    table and go with the rest. ``batch_seconds``, ``pause`` and ``rate`` pace it as the
+    command's options do (``batch_seconds=None, pause=0`` runs batches back to back); a value
+    out of range raises ``ValueError`` before anything is deleted.
+    """
+    return purge_expired(
+        using=database, batch_size=batch_size, batch_seconds=batch_seconds, pause=pause, rate=rate
+    )
 
 
 def _count(connection: BaseDatabaseWrapper, cutoff: datetime) -> int:

@@ -19,17 +19,11 @@ from celery.app.task import Task
 from celery.exceptions import Ignore, SoftTimeLimitExceeded
 from celery.local import Proxy
 
-from django_idempotency import engine, functions
+from django_idempotency import engine, functions, purge
 from django_idempotency.adapters import Adapter, register
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import CallAbandoned, TaskArgumentsMismatch, TaskInFlight
 from django_idempotency.options import CallOptions
-from django_idempotency.purge import (
-    DEFAULT_BATCH_SECONDS,
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_PAUSE,
-    purge_expired,
-)
 from django_idempotency.store import StoredResponse
 
 if TYPE_CHECKING:
@@ -44,26 +38,9 @@ logger = logging.getLogger("django_idempotency.tasks")
 
 
 # The task name it has always had: beat schedules and django-celery-beat rows name it.
-@shared_task(name="django_idempotency.tasks.purge_expired_keys")
-def purge_expired_keys(
-    batch_size: int = DEFAULT_BATCH_SIZE,
-    database: str | None = None,
-    batch_seconds: float | None = DEFAULT_BATCH_SECONDS,
-    pause: float = DEFAULT_PAUSE,
-    rate: float | None = None,
-) -> int:
-    """Delete expired idempotency records; return how many were deleted.
-
-    ``database`` defaults to ``IDEMPOTENCY["DATABASE"]``. Safe on several
-    workers at once: each record is deleted, and counted, once. Idempotent
-    tasks' records share the table and go with the rest. ``batch_seconds``,
-    ``pause`` and ``rate`` pace it as the command's options do
-    (``batch_seconds=None, pause=0`` runs batches back to back); a value
-    out of range raises ``ValueError`` before anything is deleted.
-    """
-    return purge_expired(
-        using=database, batch_size=batch_size, batch_seconds=batch_seconds, pause=pause, rate=rate
-    )
+purge_expired_keys = shared_task(name="django_idempotency.tasks.purge_expired_keys")(
+    purge.purge_expired_keys
+)
 
 
 def _ending(exc: BaseException) -> engine.Ending | None:

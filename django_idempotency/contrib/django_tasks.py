@@ -33,16 +33,10 @@ except ImportError:  # Django 5.2: the backport
             "pip install 'django-idempotency[tasks]'."
         ) from exc
 
-from django_idempotency import functions
+from django_idempotency import functions, purge
 from django_idempotency.asynchronous import run_async
 from django_idempotency.engine import plain_ending
 from django_idempotency.options import CALL_OPTION_NAMES, CallOptions
-from django_idempotency.purge import (
-    DEFAULT_BATCH_SECONDS,
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_PAUSE,
-    purge_expired,
-)
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -76,23 +70,9 @@ def _enqueued_under_its_old_path(function: Callable[..., Any]) -> Callable[..., 
 
 @task
 @_enqueued_under_its_old_path
-def purge_expired_keys(
-    batch_size: int = DEFAULT_BATCH_SIZE,
-    database: str | None = None,
-    batch_seconds: float | None = DEFAULT_BATCH_SECONDS,
-    pause: float = DEFAULT_PAUSE,
-    rate: float | None = None,
-) -> int:
-    """Delete expired idempotency records; return how many were deleted.
-
-    The same purge as the management command and the Celery task:
-    ``database`` defaults to ``IDEMPOTENCY["DATABASE"]``, several runs at
-    once are safe, and ``batch_seconds``, ``pause`` and ``rate`` pace it as
-    they do the Celery task.
-    """
-    return purge_expired(
-        using=database, batch_size=batch_size, batch_seconds=batch_seconds, pause=pause, rate=rate
-    )
+@functools.wraps(purge.purge_expired_keys)
+def purge_expired_keys(*args: Any, **kwargs: Any) -> int:
+    return purge.purge_expired_keys(*args, **kwargs)
 
 
 def idempotent_task(
