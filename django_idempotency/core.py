@@ -50,7 +50,8 @@ Answer = Callable[[Any, IdempotencyError], HttpResponseBase]
 # Set on Django's request by the layer that claims the key, while its call runs: its options
 # and the request it took the scope from, so that an inner layer, given that request, a
 # framework's copy of it or Django's under it, can tell whether it would protect it the same
-# way. Removed when the call ends: the same request sent through again is a retry.
+# way (_protected_outside). Removed when the call ends: the same request sent through again
+# is a retry.
 _PROTECTED_WITH = "_idempotency_protected_with"
 
 
@@ -130,6 +131,7 @@ def protect(
     try:
         # The fingerprint reads the body into a copy, closed however the request ends: a
         # refused key included.
+        outer = http_request.__dict__.get(_PROTECTED_WITH)
         call = _call(request, http_request, own, options, sender, finish)
         if call is None:
             response: HttpResponseBase = handler()
@@ -137,7 +139,11 @@ def protect(
             try:
                 response = call.run(handler)
             finally:
-                http_request.__dict__.pop(_PROTECTED_WITH, None)
+                # An outer claim's mark again (a nested claim of its own), or none.
+                if outer is None:
+                    del http_request.__dict__[_PROTECTED_WITH]
+                else:
+                    http_request.__dict__[_PROTECTED_WITH] = outer
     except BaseException:
         close_spools_with(http_request, None)
         raise
@@ -270,13 +276,15 @@ def _protected_outside(request: HttpRequest, declared: DeclaredOptions, sender: 
 
     One does when ``IdempotencyMiddleware`` cannot see that a view protects itself (a
     decorator without ``functools.wraps`` hides ``@idempotent``'s mark), and when a
-    protected handler hands its request, or a copy (DRF's ``clone_request``), to another:
-    that one runs inside the claim and reads its ``request.idempotency``. Raises
-    ``ImproperlyConfigured`` before the handler runs, so the outer layer stores nothing:
-    when the ``_DECISIVE`` options differ (functions by identity), as one client could be
-    replayed another's response; and whatever the options, when this layer runs on a
-    framework's request (DRF's) and the outer one claimed on Django's, scoped before the
-    framework authenticated the caller.
+    protected handler hands its request, a copy (DRF's ``clone_request``) or Django's under
+    it to another protected with the same ``_DECISIVE`` options (functions by identity):
+    that one runs inside the claim, with its ``request.idempotency``. Given a copy or
+    Django's request, a layer whose options differ claims a record of its own, as a view
+    of its own does. Raises ``ImproperlyConfigured`` before the handler runs, so the outer
+    layer stores nothing: when the options differ for the same request, as one client
+    could be replayed another's response; and whatever the options, when this layer runs
+    on a framework's request (DRF's) and the outer one claimed on Django's, scoped before
+    the framework authenticated the caller.
     """
     http_request = request if isinstance(request, HttpRequest) else adapters.reach(request)[0]
     outer: tuple[Options, Any] | None = http_request.__dict__.get(_PROTECTED_WITH)
@@ -296,9 +304,11 @@ def _protected_outside(request: HttpRequest, declared: DeclaredOptions, sender: 
     inner = declared.resolve()
     differ = [o for o in _DECISIVE if getattr(inner, o) != getattr(outer_options, o)]
     if not differ:
-        if request is not claimed_on and "idempotency" not in vars(request):
+        if request is not claimed_on:
             request.idempotency = claimed_on.idempotency  # type: ignore[attr-defined]
         return True
+    if request is not claimed_on:
+        return False
     raise ImproperlyConfigured(
         f"{name} protects itself with other options "
         f"({', '.join(differ)}) than the layer that already protects this request, "

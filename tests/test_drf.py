@@ -733,11 +733,23 @@ class DecoratedDelegatingView(APIView):
         return self.post(clone_request(request, "POST"))
 
 
+@idempotent(scope=lambda request: "other-scope")
+def other_scope_order(request: Any) -> JsonResponse:
+    calls.increment()
+    return JsonResponse({"other": calls.value}, status=201)
+
+
 class DelegatingToPlainView(OpenAndCounting, APIView):
-    """A POST handler that answers through a plain ``@idempotent`` view, given Django's request."""
+    """A POST handler that calls plain ``@idempotent`` views with Django's request.
+
+    The first has a scope of its own, so a record of its own; the second has the same options
+    as the mixin, so it runs inside the mixin's claim.
+    """
 
     def post(self, request: Request) -> Any:
-        return idempotency_info(request._request)
+        other = json.loads(other_scope_order(request._request).content)
+        inside = json.loads(idempotency_info(request._request).content)
+        return Response({**other, **inside}, status=201)
 
 
 class PropertyMethodRequest(Request):
@@ -988,15 +1000,22 @@ class MixinInheritanceTests:
         record = IdempotencyKey.objects.get()
         assert first.json()["charge"] == derive(record.scope, "k-d", "charge")
 
-    def test_a_plain_view_given_djangos_request_runs_inside_the_claim(self) -> None:
+    def test_plain_views_given_djangos_request_claim_or_run_inside_by_their_options(
+        self,
+    ) -> None:
         client = APIClient()
         first = post(client, "/delegating-to-plain/")
         retry = post(client, "/delegating-to-plain/")
 
-        assert first.status_code == 200, first.content
+        assert first.status_code == 201, first.content
         assert retry["Idempotent-Replayed"] == "true" and retry.json() == first.json()
-        record = IdempotencyKey.objects.get()
-        assert first.json()["key"] == record.key and first.json()["scope"] == record.scope
+        assert calls.value == 2  # each plain view's handler once
+        records = {record.scope: record for record in IdempotencyKey.objects.all()}
+        assert len(records) == 2 and "other-scope" in records
+        assert {r.state for r in records.values()} == {IdempotencyKey.State.COMPLETED}
+        # The second ran inside the mixin's claim, not in the other scope's claim before it.
+        assert first.json()["scope"] != "other-scope"
+        assert records[first.json()["scope"]].key == first.json()["key"]
 
     def test_a_key_sent_again_under_an_overridden_method_is_another_request(self) -> None:
         # The fingerprint covers the method the claim protects: a POST's key
