@@ -47,12 +47,14 @@ AsyncHandler = Callable[[], Awaitable[HttpResponseBase]]
 Finish = Callable[[HttpResponseBase], HttpResponseBase]
 Answer = Callable[[Any, IdempotencyError], HttpResponseBase]
 
-# Set on Django's request by the layer that claims the key, while its call runs: its options
-# and the request it took the scope from, so that an inner layer, given that request, a
+# Set on Django's request by the layer that claims the key, while its call runs: its options,
+# the request it took the scope from, and the records claimed inside it by layers of their
+# own (scope and key, to their sender), so that an inner layer, given that request, a
 # framework's copy of it or Django's under it, can tell whether it would protect it the same
-# way (_protected_outside). Removed when the call ends: the same request sent through again
-# is a retry.
+# way (_protected_outside) or claim another's record (_refuse_a_claimed_record). Removed
+# when the call ends: the same request sent through again is a retry.
 _PROTECTED_WITH = "_idempotency_protected_with"
+_Mark = tuple[Options, Any, dict[tuple[str, str], Any]]
 
 
 def render(response: HttpResponseBase) -> HttpResponseBase:
@@ -224,8 +226,11 @@ def _call(
         # The column fits a SHA-256 hex digest: a longer custom value is digested, not cut.
         fingerprint = hashlib.sha256(fingerprint.encode()).hexdigest()
     info = IdempotencyInfo(key=key, scope=fit_key_column(scope), fingerprint=fingerprint)
+    outer = http_request.__dict__.get(_PROTECTED_WITH)
+    if outer is not None:
+        _refuse_a_claimed_record(outer, info, sender)
     request.idempotency = info  # type: ignore[attr-defined]
-    http_request.__dict__[_PROTECTED_WITH] = (options, request)
+    http_request.__dict__[_PROTECTED_WITH] = (options, request, {})
 
     def finished(response: HttpResponseBase) -> HttpResponseBase:
         # check_claimed_for, then finish, in one frame. A claim taken on a framework's
@@ -287,19 +292,20 @@ def _protected_outside(request: HttpRequest, declared: DeclaredOptions, sender: 
     the framework authenticated the caller.
     """
     http_request = request if isinstance(request, HttpRequest) else adapters.reach(request)[0]
-    outer: tuple[Options, Any] | None = http_request.__dict__.get(_PROTECTED_WITH)
+    outer: _Mark | None = http_request.__dict__.get(_PROTECTED_WITH)
     if outer is None:
         return False
-    outer_options, claimed_on = outer
-    name = f"{getattr(sender, '__module__', '')}.{getattr(sender, '__qualname__', repr(sender))}"
+    outer_options, claimed_on, _ = outer
+    name = _name(sender)
     if claimed_on is http_request and request is not http_request:
         raise ImproperlyConfigured(
-            f"{name} protects itself inside a layer that claimed the request's key before "
-            "the view's framework authenticated the caller, usually IdempotencyMiddleware "
-            "or @idempotent around a decorator that hides the view's class. Its scope would "
-            "not tell apart the callers that only the framework knows. Keep the view visible "
-            "(functools.wraps in that decorator), or leave it out of the middleware with "
-            "@idempotency_exempt."
+            f"{name} protects itself inside a layer that claimed the request's key on "
+            "Django's request, before the view's framework authenticated the caller: "
+            "IdempotencyMiddleware, @idempotent around a decorator that hides the view's "
+            "class, or a protected view that calls this one with its request. Its scope "
+            "would not tell apart the callers that only the framework knows. Keep the view "
+            "visible (functools.wraps in that decorator), leave it out of the middleware "
+            "with @idempotency_exempt, or call the code behind the view rather than the view."
         )
     inner = declared.resolve()
     differ = [o for o in _DECISIVE if getattr(inner, o) != getattr(outer_options, o)]
@@ -317,6 +323,37 @@ def _protected_outside(request: HttpRequest, declared: DeclaredOptions, sender: 
         "(functools.wraps in that decorator, functools.update_wrapper in a callable "
         "class), or leave the view out of the middleware with @idempotency_exempt."
     )
+
+
+def _refuse_a_claimed_record(outer: _Mark, info: IdempotencyInfo, sender: Any) -> None:
+    """Refuse a claim, inside another, of a record this request's layers already hold.
+
+    A layer given a copy of the claimed request (or Django's under DRF's), whose options differ
+    from the claim's, claims a record of its own: unless its scope and key are the claim's
+    (its caller's record, in flight), or those of a record another view claimed inside the
+    same claim, whose response it would be replayed. The same view again (a retry loop) is
+    told by its name: ``method_decorator`` makes a new function for every call.
+    """
+    _, claimed_on, nested = outer
+    caller: IdempotencyInfo = claimed_on.idempotency
+    record, name = (info.scope, info.key), _name(sender)
+    if record == (caller.scope, caller.key):
+        holder = "its caller"
+    else:
+        holder = nested.setdefault(record, name)
+        if holder == name:
+            return
+    raise ImproperlyConfigured(
+        f"{name} was called, inside a protected view, with a request whose record (scope "
+        f"{info.scope!r} and its key) {holder} holds: it would be answered that one's "
+        "response, or wait for it. Give it a scope of its own, protect it with its caller's "
+        "options so that it runs inside its caller's claim, or call the code behind the "
+        "view rather than the view."
+    )
+
+
+def _name(sender: Any) -> str:
+    return f"{getattr(sender, '__module__', '')}.{getattr(sender, '__qualname__', repr(sender))}"
 
 
 def may_claim(request: HttpRequest, options: Options) -> bool:

@@ -752,6 +752,43 @@ class DelegatingToPlainView(OpenAndCounting, APIView):
         return Response({**other, **inside}, status=201)
 
 
+@idempotent(atomic=False)
+def lease_order(request: Any) -> JsonResponse:
+    calls.increment()
+    return JsonResponse({"view": "lease", "call": calls.value}, status=201)
+
+
+@idempotent
+def first_order(request: Any) -> JsonResponse:
+    calls.increment()
+    return JsonResponse({"view": "first", "call": calls.value}, status=201)
+
+
+@idempotent
+def second_order(request: Any) -> JsonResponse:
+    calls.increment()
+    return JsonResponse({"view": "second", "call": calls.value}, status=201)
+
+
+class CallingForItsOwnRecordView(OpenAndCounting, APIView):
+    """Calls a plain view whose options differ from the mixin's only in ``atomic``."""
+
+    def post(self, request: Request) -> Any:
+        return Response(json.loads(lease_order(request._request).content), status=201)
+
+
+class CallingTwoViewsView(OpenAndCounting, APIView):
+    """A scope of its own; calls the plain views its query string names, with one request."""
+
+    idempotency_scope = staticmethod(lambda request: "caller-scope")
+
+    def post(self, request: Request) -> Any:
+        views = {"first": first_order, "second": second_order}
+        answers = [views[name](request._request) for name in request.GET["views"].split(",")]
+        replayed = [answer.get("Idempotent-Replayed") == "true" for answer in answers]
+        return Response({"replayed": replayed}, status=201)
+
+
 class PropertyMethodRequest(Request):
     """A request whose class gives the override as a property: never in its ``__dict__``."""
 
@@ -799,6 +836,8 @@ urlpatterns = [
     path("delegating-to-decorated/", DelegatingToDecoratedView.as_view()),
     path("decorated-delegating/", DecoratedDelegatingView.as_view()),
     path("delegating-to-plain/", DelegatingToPlainView.as_view()),
+    path("for-its-own-record/", CallingForItsOwnRecordView.as_view()),
+    path("two-views/", CallingTwoViewsView.as_view()),
     path("property-override/", PropertyOverrideView.as_view()),
     path("own-session/", SessionOnTheDrfRequestView.as_view()),
     path("finalizing/", FinalizingView.as_view()),
@@ -1016,6 +1055,31 @@ class MixinInheritanceTests:
         # The second ran inside the mixin's claim, not in the other scope's claim before it.
         assert first.json()["scope"] != "other-scope"
         assert records[first.json()["scope"]].key == first.json()["key"]
+
+    def test_a_view_called_for_a_record_of_its_own_that_is_its_callers_is_refused(self) -> None:
+        # Its options differ (lease mode), but its scope and key are the caller's: it would
+        # wait for the caller's claim, or be answered 422. Refused before it runs.
+        with pytest.raises(ImproperlyConfigured, match="its caller holds"):
+            post(APIClient(), "/for-its-own-record/")
+        assert calls.value == 0
+        assert not IdempotencyKey.objects.exists()
+
+    def test_a_second_view_given_the_request_for_the_same_record_is_refused(self) -> None:
+        with pytest.raises(ImproperlyConfigured, match=r"tests\.test_drf\.first_order holds"):
+            post(APIClient(), "/two-views/?views=first,second")
+        assert calls.value == 1  # the first view's, rolled back with the caller's claim
+        assert not IdempotencyKey.objects.exists()
+
+    def test_the_same_view_given_the_request_again_is_replayed(self) -> None:
+        client = APIClient()
+        first = post(client, "/two-views/?views=first,first")
+        retry = post(client, "/two-views/?views=first,first")
+
+        assert first.json() == {"replayed": [False, True]}
+        assert retry["Idempotent-Replayed"] == "true" and retry.json() == first.json()
+        assert calls.value == 1
+        scopes = sorted(IdempotencyKey.objects.values_list("scope", flat=True))
+        assert len(scopes) == 2 and "caller-scope" in scopes
 
     def test_a_key_sent_again_under_an_overridden_method_is_another_request(self) -> None:
         # The fingerprint covers the method the claim protects: a POST's key
