@@ -16,10 +16,12 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import django
 import pytest
+from asgiref.sync import async_to_sync
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 
@@ -208,6 +210,38 @@ class IdempotentTaskTests:
         again = examples.stops_as_celery_would.enqueue("vase")
 
         assert (first.status.name, again.status.name) == ("FAILED", "FAILED")
+        assert not Order.objects.exists()
+        assert not IdempotencyKey.objects.exists()
+
+    @pytest.mark.parametrize("name", ["place_order", "place_order_lease"])
+    def test_called_in_this_thread_it_is_one_effect_with_the_enqueued(self, examples, name):
+        # Task.call() passes the framework's context only to a function that takes it.
+        task = getattr(examples, name)
+
+        enqueued = task.enqueue("lamp", quantity=2)
+        called = task.call("lamp", 2)
+        again = task.call("lamp", quantity=2)
+
+        assert called == again == enqueued.return_value
+        assert Order.objects.count() == 1
+        assert record_of(task).key == "order-lamp"
+
+    def test_an_async_task_called_in_this_thread_is_one_effect(self, examples):
+        first = examples.async_order.call("rug")
+        again = async_to_sync(examples.async_order.acall)("rug")
+
+        assert first == again == {"order": Order.objects.get().pk}
+
+    def test_a_task_that_takes_its_context_is_called_with_the_callers(self, examples):
+        enqueued = examples.with_context.enqueue("bench")
+        context = SimpleNamespace(attempt=1, task_result=enqueued)
+
+        assert examples.with_context.call(context, "bench") == enqueued.return_value
+        assert Order.objects.count() == 1
+
+    def test_called_without_a_context_to_key_by_it_names_the_fix(self, examples):
+        with pytest.raises(TypeError, match=r"no result id to take its key from.*key="):
+            examples.by_result_id.call("desk")
         assert not Order.objects.exists()
         assert not IdempotencyKey.objects.exists()
 

@@ -20,11 +20,13 @@ from django.core.exceptions import ImproperlyConfigured
 
 try:
     from django.tasks import Task, task
+    from django.tasks.base import TaskContext
 except ImportError:  # Django 5.2: the backport
     try:
         from django_tasks import task  # type: ignore[no-redef,import-not-found,unused-ignore]
         from django_tasks.base import (  # type: ignore[assignment,no-redef,import-not-found,unused-ignore]
             Task,
+            TaskContext,
         )
     except ImportError as exc:
         raise ImproperlyConfigured(
@@ -126,7 +128,20 @@ def idempotent_task(
         def own(context: Any, args: Any) -> tuple[Any, ...]:
             return (context, *args) if takes_context else tuple(args)
 
+        def split(given: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
+            """The context and the task's arguments: ``Task.call()`` passes the context only
+            to a function that takes it, from the caller, so another gets none."""
+            if given and (takes_context or isinstance(given[0], TaskContext)):
+                return given[0], given[1:]
+            return None, given
+
         def call_once(context: Any, args: Any, kwargs: Any, body: Callable[[], Any]) -> Any:
+            if context is None and key is None:
+                raise TypeError(
+                    f"Task {scope!r} was called without the framework's context (Task.call() "
+                    "or acall()), so it has no result id to take its key from. Give "
+                    "idempotent_task a key= function of the task's arguments, or enqueue it."
+                )
             # The key defaults to the result's id, which a run again of that result keeps.
             return protection.call(
                 own(context, args),
@@ -139,7 +154,9 @@ def idempotent_task(
         run: Any
         if iscoroutinefunction(func):
 
-            async def run(context: Any, *args: Any, **kwargs: Any) -> Any:
+            async def run(*given: Any, **kwargs: Any) -> Any:
+                context, args = split(given)
+
                 async def body() -> Any:
                     return await func(*own(context, args), **kwargs)
 
@@ -149,7 +166,8 @@ def idempotent_task(
 
         else:
 
-            def run(context: Any, *args: Any, **kwargs: Any) -> Any:
+            def run(*given: Any, **kwargs: Any) -> Any:
+                context, args = split(given)
                 return call_once(context, args, kwargs, lambda: func(*own(context, args), **kwargs))
 
         functools.update_wrapper(run, func)
