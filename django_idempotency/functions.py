@@ -229,6 +229,15 @@ class ProtectedFunction:
     #: What a wrong key is said to come from (``checked_key``); the scope unless given.
     owner: str = ""
 
+    def __post_init__(self) -> None:
+        if inspect.isgeneratorfunction(self.function) or inspect.isasyncgenfunction(self.function):
+            raise TypeError(
+                f"{self.owner or self.scope} is a generator function: its body runs as the "
+                "generator is iterated, after the call has returned, so the call's key would "
+                "be completed with a generator no one ran, which cannot be stored. Protect "
+                "the function that iterates it, or return a list."
+            )
+
     def key_of(
         self,
         args: Any,

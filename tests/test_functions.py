@@ -682,6 +682,19 @@ class DefinitionTests:
         with pytest.raises(TypeError, match=r"scope=\.\.\.\) must be a non-empty string"):
             idempotent_function(key=lambda: "k", scope=scope)
 
+    def test_a_generator_function_is_refused(self):
+        with pytest.raises(TypeError, match=r"is a generator function: its body runs as"):
+
+            @idempotent_function(key=lambda: "k", scope="generating")
+            def generating():  # type: ignore[no-untyped-def]
+                yield 1
+
+        with pytest.raises(TypeError, match=r"is a generator function: its body runs as"):
+
+            @idempotent_function(key=lambda: "k", scope="generating-async")
+            async def generating_async():  # type: ignore[no-untyped-def]
+                yield 1
+
     def test_an_unknown_option_is_a_type_error(self):
         with pytest.raises(TypeError, match="methods"):
             idempotent_function(key=lambda: "k", methods=("POST",))  # type: ignore[call-arg]
