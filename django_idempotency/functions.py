@@ -212,6 +212,17 @@ def run_once(
     return call.run(lambda: body(info))
 
 
+def refuse_a_generator(function: Callable[..., Any]) -> None:
+    """Refuse, where it is decorated, a function whose body would run after its call returned."""
+    if inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function):
+        raise TypeError(
+            f"{function.__qualname__} is a generator function: its body runs as the generator "
+            "is iterated, after the call has returned, so the call's key would be completed "
+            "with a generator no one ran, which cannot be stored. Protect the function that "
+            "iterates it, or return a list."
+        )
+
+
 @dataclass(frozen=True)
 class ProtectedFunction:
     """A protected function as its decorator declared it, and the steps of each of its calls.
@@ -228,15 +239,6 @@ class ProtectedFunction:
     kind: engine.Kind = VALUES
     #: What a wrong key is said to come from (``checked_key``); the scope unless given.
     owner: str = ""
-
-    def __post_init__(self) -> None:
-        if inspect.isgeneratorfunction(self.function) or inspect.isasyncgenfunction(self.function):
-            raise TypeError(
-                f"{self.owner or self.scope} is a generator function: its body runs as the "
-                "generator is iterated, after the call has returned, so the call's key would "
-                "be completed with a generator no one ran, which cannot be stored. Protect "
-                "the function that iterates it, or return a list."
-            )
 
     def key_of(
         self,
@@ -336,6 +338,7 @@ def idempotent_function(
     checked_recover(recover, "idempotent_function")
 
     def decorate(function: F) -> F:
+        refuse_a_generator(function)
         name = scope or f"{function.__module__}.{function.__qualname__}"
         if scope is None and "<locals>" in function.__qualname__:
             # Every function a factory builds has this qualified name: one closure would be

@@ -35,6 +35,8 @@ from django.test import override_settings
 
 from django_idempotency import clock as database_clock
 from django_idempotency import idempotent_function, store
+from django_idempotency.contrib.celery import idempotent_task as celery_task
+from django_idempotency.contrib.django_tasks import idempotent_task as tasks_framework_task
 from django_idempotency.exceptions import (
     ArgumentsMismatch,
     CallInFlight,
@@ -682,18 +684,25 @@ class DefinitionTests:
         with pytest.raises(TypeError, match=r"scope=\.\.\.\) must be a non-empty string"):
             idempotent_function(key=lambda: "k", scope=scope)
 
-    def test_a_generator_function_is_refused(self):
-        with pytest.raises(TypeError, match=r"is a generator function: its body runs as"):
+    @pytest.mark.parametrize(
+        "decorator",
+        [
+            idempotent_function(key=lambda: "k", scope="generating"),
+            celery_task(key=lambda: "k"),
+            tasks_framework_task(key=lambda: "k"),
+        ],
+        ids=["function", "celery", "tasks framework"],
+    )
+    def test_a_generator_function_is_refused_where_it_is_decorated(self, decorator):
+        def generating():  # type: ignore[no-untyped-def]
+            yield 1
 
-            @idempotent_function(key=lambda: "k", scope="generating")
-            def generating():  # type: ignore[no-untyped-def]
-                yield 1
+        async def generating_async():  # type: ignore[no-untyped-def]
+            yield 1
 
-        with pytest.raises(TypeError, match=r"is a generator function: its body runs as"):
-
-            @idempotent_function(key=lambda: "k", scope="generating-async")
-            async def generating_async():  # type: ignore[no-untyped-def]
-                yield 1
+        for function in (generating, generating_async):
+            with pytest.raises(TypeError, match=r"is a generator function: its body runs as"):
+                decorator(function)
 
     def test_an_unknown_option_is_a_type_error(self):
         with pytest.raises(TypeError, match="methods"):

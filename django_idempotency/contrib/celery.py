@@ -136,6 +136,7 @@ def idempotent_task(
             )
         if not callable(function):
             raise TypeError(f"@idempotent_task decorates a function, not {function!r}.")
+        functions.refuse_a_generator(function)
 
         @functools.wraps(function)
         def body(*args: Any, **kwargs: Any) -> Any:

@@ -120,6 +120,7 @@ def idempotent_task(
                 "django_idempotency.contrib.django_tasks.idempotent_task makes the task itself: "
                 "use it in place of @task, not together with it."
             )
+        functions.refuse_a_generator(func)
         scope = f"{func.__module__}.{func.__qualname__}"
         protection = functions.ProtectedFunction(
             func, scope, key, declared, recover, TASK_VALUES, f"task {scope!r}"
