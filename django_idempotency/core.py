@@ -48,11 +48,12 @@ Finish = Callable[[HttpResponseBase], HttpResponseBase]
 Answer = Callable[[Any, IdempotencyError], HttpResponseBase]
 
 # Set on Django's request by the layer that claims the key, while its call runs: its options,
-# the request it took the scope from, and the records claimed inside it by layers of their
-# own (scope and key, to their sender), so that an inner layer, given that request, a
-# framework's copy of it or Django's under it, can tell whether it would protect it the same
-# way (_protected_outside) or claim another's record (_refuse_a_claimed_record). Removed
-# when the call ends: the same request sent through again is a retry.
+# the request it took the scope from, and the records (scope, key) every claim of this
+# request holds, to its sender, shared with the claims nested in it: so that an inner
+# layer, given that request, a framework's copy of it or Django's under it, can tell
+# whether it would protect it the same way (_protected_outside), or would claim a record
+# already held (_refuse_a_held_record). Removed when the call ends: the same request sent
+# through again is a retry.
 _PROTECTED_WITH = "_idempotency_protected_with"
 _Mark = tuple[Options, Any, dict[tuple[str, str], Any]]
 
@@ -134,6 +135,8 @@ def protect(
         # The fingerprint reads the body into a copy, closed however the request ends: a
         # refused key included.
         outer = http_request.__dict__.get(_PROTECTED_WITH)
+        if outer is not None:
+            kept = request.__dict__.get("idempotency")
         call = _call(request, http_request, own, options, sender, finish)
         if call is None:
             response: HttpResponseBase = handler()
@@ -141,11 +144,15 @@ def protect(
             try:
                 response = call.run(handler)
             finally:
-                # An outer claim's mark again (a nested claim of its own), or none.
                 if outer is None:
                     del http_request.__dict__[_PROTECTED_WITH]
                 else:
+                    # A claim of its own inside another ended: the caller's mark and
+                    # request.idempotency again.
                     http_request.__dict__[_PROTECTED_WITH] = outer
+                    request.__dict__["idempotency"] = kept
+                    if kept is None:
+                        del request.__dict__["idempotency"]
     except BaseException:
         close_spools_with(http_request, None)
         raise
@@ -226,11 +233,17 @@ def _call(
         # The column fits a SHA-256 hex digest: a longer custom value is digested, not cut.
         fingerprint = hashlib.sha256(fingerprint.encode()).hexdigest()
     info = IdempotencyInfo(key=key, scope=fit_key_column(scope), fingerprint=fingerprint)
+    record = (info.scope, key)
     outer = http_request.__dict__.get(_PROTECTED_WITH)
-    if outer is not None:
-        _refuse_a_claimed_record(outer, info, sender)
+    if outer is None:
+        held = {record: sender}
+    else:
+        held = outer[2]
+        if record in held:
+            _refuse_a_held_record(info, sender, held[record])
+        held[record] = sender
     request.idempotency = info  # type: ignore[attr-defined]
-    http_request.__dict__[_PROTECTED_WITH] = (options, request, {})
+    http_request.__dict__[_PROTECTED_WITH] = (options, request, held)
 
     def finished(response: HttpResponseBase) -> HttpResponseBase:
         # check_claimed_for, then finish, in one frame. A claim taken on a framework's
@@ -325,30 +338,22 @@ def _protected_outside(request: HttpRequest, declared: DeclaredOptions, sender: 
     )
 
 
-def _refuse_a_claimed_record(outer: _Mark, info: IdempotencyInfo, sender: Any) -> None:
-    """Refuse a claim, inside another, of a record this request's layers already hold.
+def _refuse_a_held_record(info: IdempotencyInfo, sender: Any, holder: Any) -> None:
+    """Refuse a claim, inside another, of a record a claim of this request already took.
 
-    A layer given a copy of the claimed request (or Django's under DRF's), whose options differ
-    from the claim's, claims a record of its own: unless its scope and key are the claim's
-    (its caller's record, in flight), or those of a record another view claimed inside the
-    same claim, whose response it would be replayed. The same view again (a retry loop) is
-    told by its name: ``method_decorator`` makes a new function for every call.
+    A layer given a copy of the claimed request (or Django's under DRF's), whose options
+    differ from the claim's, claims a record of its own; a record its callers, or another
+    view called with the request, hold would have it wait for that claim, or be answered
+    that one's response. Views cannot be told apart by name (``method_decorator`` names
+    them all ``View.dispatch``), so inside one claim each record is claimed once.
     """
-    _, claimed_on, nested = outer
-    caller: IdempotencyInfo = claimed_on.idempotency
-    record, name = (info.scope, info.key), _name(sender)
-    if record == (caller.scope, caller.key):
-        holder = "its caller"
-    else:
-        holder = nested.setdefault(record, name)
-        if holder == name:
-            return
     raise ImproperlyConfigured(
-        f"{name} was called, inside a protected view, with a request whose record (scope "
-        f"{info.scope!r} and its key) {holder} holds: it would be answered that one's "
-        "response, or wait for it. Give it a scope of its own, protect it with its caller's "
-        "options so that it runs inside its caller's claim, or call the code behind the "
-        "view rather than the view."
+        f"{_name(sender)} was called, inside a protected view, with a request whose record "
+        f"(scope {info.scope!r} and its key) {_name(holder)} claimed for this request: it "
+        "would wait for that claim, or be answered its response. Inside a protected view, "
+        "give each protected view it calls a scope of its own, or the caller's options so "
+        "that it runs inside the caller's claim, or call the code behind the view rather "
+        "than the view."
     )
 
 

@@ -216,7 +216,8 @@ def refuse_a_generator(function: Callable[..., Any]) -> None:
     """Refuse, where it is decorated, a function whose body would run after its call returned."""
     if inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function):
         raise TypeError(
-            f"{function.__qualname__} is a generator function: its body runs as the generator "
+            f"{getattr(function, '__qualname__', function)!r} is a generator function: its "
+            "body runs as the generator "
             "is iterated, after the call has returned, so the call's key would be completed "
             "with a generator no one ran, which cannot be stored. Protect the function that "
             "iterates it, or return a list."

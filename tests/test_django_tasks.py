@@ -237,6 +237,7 @@ class IdempotentTaskTests:
         context = SimpleNamespace(attempt=1, task_result=enqueued)
 
         assert examples.with_context.call(context, "bench") == enqueued.return_value
+        assert examples.with_context.call(context=context, name="bench") == enqueued.return_value
         assert Order.objects.count() == 1
 
     def test_called_without_a_context_to_key_by_it_names_the_fix(self, examples):

@@ -748,8 +748,10 @@ class DelegatingToPlainView(OpenAndCounting, APIView):
 
     def post(self, request: Request) -> Any:
         other = json.loads(other_scope_order(request._request).content)
+        # The other view's claim ended: its record is no longer what Django's request says.
+        restored = "idempotency" not in vars(request._request)
         inside = json.loads(idempotency_info(request._request).content)
-        return Response({**other, **inside}, status=201)
+        return Response({**other, **inside, "restored": restored}, status=201)
 
 
 @idempotent(atomic=False)
@@ -777,13 +779,51 @@ class CallingForItsOwnRecordView(OpenAndCounting, APIView):
         return Response(json.loads(lease_order(request._request).content), status=201)
 
 
+@idempotent(scope=lambda request: "caller-scope")
+def caller_scoped_order(request: Any) -> JsonResponse:
+    calls.increment()
+    return JsonResponse({"view": "caller-scoped", "call": calls.value}, status=201)
+
+
+@method_decorator(idempotent, name="dispatch")
+class OrderView(View):
+    def post(self, request: Any) -> JsonResponse:
+        return first_order.__wrapped__(request)  # type: ignore[attr-defined,no-any-return]
+
+
+@method_decorator(idempotent, name="dispatch")
+class PaymentView(View):
+    def post(self, request: Any) -> JsonResponse:
+        return second_order.__wrapped__(request)  # type: ignore[attr-defined,no-any-return]
+
+
+class NestedCallerView(OpenAndCounting, APIView):
+    """A scope of its own; calls the plain view its query string names as ``inner``."""
+
+    idempotency_scope = staticmethod(lambda request: "nested-scope")
+
+    def post(self, request: Request) -> Any:
+        inner = INNER_VIEWS[request.GET["inner"]](request._request)
+        return Response(json.loads(inner.content), status=201)
+
+
+INNER_VIEWS: dict[str, Any] = {
+    "first": first_order,
+    "second": second_order,
+    "caller_scoped": caller_scoped_order,
+    "other": other_scope_order,
+    "order_view": OrderView.as_view(),
+    "payment_view": PaymentView.as_view(),
+}
+
+
 class CallingTwoViewsView(OpenAndCounting, APIView):
-    """A scope of its own; calls the plain views its query string names, with one request."""
+    """A scope of its own; calls the views its query string names, with one request."""
 
     idempotency_scope = staticmethod(lambda request: "caller-scope")
 
     def post(self, request: Request) -> Any:
-        views = {"first": first_order, "second": second_order}
+        views = {**INNER_VIEWS, "nested": NestedCallerView.as_view()}
         answers = [views[name](request._request) for name in request.GET["views"].split(",")]
         replayed = [answer.get("Idempotent-Replayed") == "true" for answer in answers]
         return Response({"replayed": replayed}, status=201)
@@ -1053,33 +1093,49 @@ class MixinInheritanceTests:
         assert len(records) == 2 and "other-scope" in records
         assert {r.state for r in records.values()} == {IdempotencyKey.State.COMPLETED}
         # The second ran inside the mixin's claim, not in the other scope's claim before it.
+        assert first.json()["restored"] is True
         assert first.json()["scope"] != "other-scope"
         assert records[first.json()["scope"]].key == first.json()["key"]
 
     def test_a_view_called_for_a_record_of_its_own_that_is_its_callers_is_refused(self) -> None:
         # Its options differ (lease mode), but its scope and key are the caller's: it would
         # wait for the caller's claim, or be answered 422. Refused before it runs.
-        with pytest.raises(ImproperlyConfigured, match="its caller holds"):
+        with pytest.raises(ImproperlyConfigured, match=r"CallingForItsOwnRecordView claimed"):
             post(APIClient(), "/for-its-own-record/")
         assert calls.value == 0
         assert not IdempotencyKey.objects.exists()
 
-    def test_a_second_view_given_the_request_for_the_same_record_is_refused(self) -> None:
-        with pytest.raises(ImproperlyConfigured, match=r"tests\.test_drf\.first_order holds"):
-            post(APIClient(), "/two-views/?views=first,second")
-        assert calls.value == 1  # the first view's, rolled back with the caller's claim
-        assert not IdempotencyKey.objects.exists()
+    @pytest.mark.parametrize(
+        ("views", "holder"),
+        [
+            ("first,second", r"tests\.test_drf\.first_order"),
+            ("first,first", r"tests\.test_drf\.first_order"),
+            # method_decorator names every such view View.dispatch: one record, one claim.
+            ("order_view,payment_view", r"View\.dispatch"),
+            # Two deep: the outermost caller's record, and a record its first call holds.
+            ("nested&inner=caller_scoped", r"CallingTwoViewsView"),
+            ("first,nested&inner=second", r"tests\.test_drf\.first_order"),
+        ],
+    )
+    def test_a_record_claimed_once_in_a_request_is_not_claimed_again(
+        self, views: str, holder: str
+    ) -> None:
+        with pytest.raises(ImproperlyConfigured, match=holder + " claimed for this request"):
+            post(APIClient(), f"/two-views/?views={views}")
+        assert not IdempotencyKey.objects.exists()  # rolled back with the caller's claim
 
-    def test_the_same_view_given_the_request_again_is_replayed(self) -> None:
+    def test_views_with_records_of_their_own_nest_two_deep(self) -> None:
         client = APIClient()
-        first = post(client, "/two-views/?views=first,first")
-        retry = post(client, "/two-views/?views=first,first")
+        first = post(client, "/two-views/?views=first,nested&inner=other")
+        retry = post(client, "/two-views/?views=first,nested&inner=other")
 
-        assert first.json() == {"replayed": [False, True]}
+        assert first.json() == {"replayed": [False, False]}
         assert retry["Idempotent-Replayed"] == "true" and retry.json() == first.json()
-        assert calls.value == 1
-        scopes = sorted(IdempotencyKey.objects.values_list("scope", flat=True))
-        assert len(scopes) == 2 and "caller-scope" in scopes
+        assert calls.value == 2  # first_order's and other_scope_order's handlers, once
+        records = list(IdempotencyKey.objects.all())
+        assert len(records) == 4  # the caller's, first_order's, the nested view's, and its call's
+        assert {"caller-scope", "nested-scope", "other-scope"} < {r.scope for r in records}
+        assert {r.state for r in records} == {IdempotencyKey.State.COMPLETED}
 
     def test_a_key_sent_again_under_an_overridden_method_is_another_request(self) -> None:
         # The fingerprint covers the method the claim protects: a POST's key

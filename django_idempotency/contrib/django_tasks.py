@@ -129,9 +129,12 @@ def idempotent_task(
         def own(context: Any, args: Any) -> tuple[Any, ...]:
             return (context, *args) if takes_context else tuple(args)
 
-        def split(given: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
+        def split(given: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
             """The context and the task's arguments: ``Task.call()`` passes the context only
-            to a function that takes it, from the caller, so another gets none."""
+            to a function that takes it, from the caller (first, or as ``context=``), so
+            another gets none."""
+            if takes_context and "context" in kwargs:
+                return kwargs.pop("context"), given
             if given and (takes_context or isinstance(given[0], TaskContext)):
                 return given[0], given[1:]
             return None, given
@@ -156,7 +159,7 @@ def idempotent_task(
         if iscoroutinefunction(func):
 
             async def run(*given: Any, **kwargs: Any) -> Any:
-                context, args = split(given)
+                context, args = split(given, kwargs)
 
                 async def body() -> Any:
                     return await func(*own(context, args), **kwargs)
@@ -168,7 +171,7 @@ def idempotent_task(
         else:
 
             def run(*given: Any, **kwargs: Any) -> Any:
-                context, args = split(given)
+                context, args = split(given, kwargs)
                 return call_once(context, args, kwargs, lambda: func(*own(context, args), **kwargs))
 
         functools.update_wrapper(run, func)
