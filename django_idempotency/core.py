@@ -47,15 +47,15 @@ AsyncHandler = Callable[[], Awaitable[HttpResponseBase]]
 Finish = Callable[[HttpResponseBase], HttpResponseBase]
 Answer = Callable[[Any, IdempotencyError], HttpResponseBase]
 
-# Set on Django's request by the layer that claims the key, while its call runs: its options,
-# the request it took the scope from, and the records (scope, key) every claim of this
-# request holds, to its sender, shared with the claims nested in it: so that an inner
-# layer, given that request, a framework's copy of it or Django's under it, can tell
-# whether it would protect it the same way (_protected_outside), or would claim a record
-# already held (_refuse_a_held_record). Removed when the call ends: the same request sent
-# through again is a retry.
+# Set on Django's request by the layer that claims the key, while its call runs: its options
+# and the request it took the scope from, so that an inner layer, given that request, a
+# framework's copy of it or Django's under it, can tell whether it would protect it the same
+# way (_protected_outside). Removed when the call ends: the same request sent through again
+# is a retry.
 _PROTECTED_WITH = "_idempotency_protected_with"
-_Mark = tuple[Options, Any, dict[tuple[str, str], Any]]
+# Kept on Django's request from its first claim on: each record (scope, key) a layer claimed
+# for it, to that layer's options and sender (_refuse_a_held_record).
+_HELD = "_idempotency_held"
 
 
 def render(response: HttpResponseBase) -> HttpResponseBase:
@@ -131,12 +131,13 @@ def protect(
         http_request, own = request, NOT_A_FRAMEWORKS
     else:
         http_request, own, _ = adapters.reach(request)
+    outer = http_request.__dict__.get(_PROTECTED_WITH)
+    if outer is not None:
+        # Inside another claim, whose layer reads the body into its copy and closes it.
+        return _protect_inside(request, http_request, own, options, sender, finish, handler)
     try:
         # The fingerprint reads the body into a copy, closed however the request ends: a
         # refused key included.
-        outer = http_request.__dict__.get(_PROTECTED_WITH)
-        if outer is not None:
-            kept = request.__dict__.get("idempotency")
         call = _call(request, http_request, own, options, sender, finish)
         if call is None:
             response: HttpResponseBase = handler()
@@ -144,20 +145,37 @@ def protect(
             try:
                 response = call.run(handler)
             finally:
-                if outer is None:
-                    del http_request.__dict__[_PROTECTED_WITH]
-                else:
-                    # A claim of its own inside another ended: the caller's mark and
-                    # request.idempotency again.
-                    http_request.__dict__[_PROTECTED_WITH] = outer
-                    request.__dict__["idempotency"] = kept
-                    if kept is None:
-                        del request.__dict__["idempotency"]
+                del http_request.__dict__[_PROTECTED_WITH]
     except BaseException:
         close_spools_with(http_request, None)
         raise
     close_spools_with(http_request, response)
     return response
+
+
+def _protect_inside(
+    request: HttpRequest,
+    http_request: HttpRequest,
+    own: Mapping[str, Any],
+    options: DeclaredOptions,
+    sender: Any,
+    finish: Finish,
+    handler: Handler,
+) -> HttpResponseBase:
+    """:func:`protect` inside another claim: it runs inside it, or claims a record of its own.
+
+    Either way the caller's mark and ``request.idempotency`` are put back when it ends.
+    """
+    outer = http_request.__dict__[_PROTECTED_WITH]
+    kept = request.__dict__.get("idempotency")
+    call = _call(request, http_request, own, options, sender, finish)
+    try:
+        return handler() if call is None else call.run(handler)
+    finally:
+        http_request.__dict__[_PROTECTED_WITH] = outer
+        request.__dict__["idempotency"] = kept
+        if kept is None:
+            del request.__dict__["idempotency"]
 
 
 async def protect_async(
@@ -234,16 +252,14 @@ def _call(
         fingerprint = hashlib.sha256(fingerprint.encode()).hexdigest()
     info = IdempotencyInfo(key=key, scope=fit_key_column(scope), fingerprint=fingerprint)
     record = (info.scope, key)
-    outer = http_request.__dict__.get(_PROTECTED_WITH)
-    if outer is None:
-        held = {record: sender}
-    else:
-        held = outer[2]
-        if record in held:
-            _refuse_a_held_record(info, sender, held[record])
-        held[record] = sender
+    held = http_request.__dict__.get(_HELD)
+    if held is None:
+        held = http_request.__dict__[_HELD] = {}
+    elif record in held:
+        _refuse_a_held_record(info, options, sender, held[record], http_request)
+    held[record] = (options, sender)
     request.idempotency = info  # type: ignore[attr-defined]
-    http_request.__dict__[_PROTECTED_WITH] = (options, request, held)
+    http_request.__dict__[_PROTECTED_WITH] = (options, request)
 
     def finished(response: HttpResponseBase) -> HttpResponseBase:
         # check_claimed_for, then finish, in one frame. A claim taken on a framework's
@@ -305,10 +321,10 @@ def _protected_outside(request: HttpRequest, declared: DeclaredOptions, sender: 
     the framework authenticated the caller.
     """
     http_request = request if isinstance(request, HttpRequest) else adapters.reach(request)[0]
-    outer: _Mark | None = http_request.__dict__.get(_PROTECTED_WITH)
+    outer: tuple[Options, Any] | None = http_request.__dict__.get(_PROTECTED_WITH)
     if outer is None:
         return False
-    outer_options, claimed_on, _ = outer
+    outer_options, claimed_on = outer
     name = _name(sender)
     if claimed_on is http_request and request is not http_request:
         raise ImproperlyConfigured(
@@ -338,22 +354,38 @@ def _protected_outside(request: HttpRequest, declared: DeclaredOptions, sender: 
     )
 
 
-def _refuse_a_held_record(info: IdempotencyInfo, sender: Any, holder: Any) -> None:
-    """Refuse a claim, inside another, of a record a claim of this request already took.
+def _refuse_a_held_record(
+    info: IdempotencyInfo,
+    options: Options,
+    sender: Any,
+    held: tuple[Options, Any],
+    http_request: HttpRequest,
+) -> None:
+    """Refuse a claim of a record a layer already claimed for this request, unless a retry.
 
-    A layer given a copy of the claimed request (or Django's under DRF's), whose options
-    differ from the claim's, claims a record of its own; a record its callers, or another
-    view called with the request, hold would have it wait for that claim, or be answered
-    that one's response. Views cannot be told apart by name (``method_decorator`` names
-    them all ``View.dispatch``), so inside one claim each record is claimed once.
+    Inside a claim, a layer given a copy of the request (or Django's under DRF's) whose options
+    differ claims a record of its own: one a claim of this request holds would have it wait
+    for that claim, or be answered that one's response. Views cannot be told apart by name
+    (``method_decorator`` names them all ``View.dispatch``), so there each record is claimed
+    once. Once the claims have ended, the same request sent through again with the options
+    it was claimed with is a retry (replayed); with other options it would be answered a
+    response they did not decide, and is refused.
     """
+    held_options, holder = held
+    inside = _PROTECTED_WITH in http_request.__dict__
+    differ = [o for o in _DECISIVE if getattr(options, o) != getattr(held_options, o)]
+    if not inside and not differ:
+        return
+    why = (
+        "it would wait for that claim, or be answered its response"
+        if inside
+        else f"with other options ({', '.join(differ)}), it would be answered its response"
+    )
     raise ImproperlyConfigured(
-        f"{_name(sender)} was called, inside a protected view, with a request whose record "
-        f"(scope {info.scope!r} and its key) {_name(holder)} claimed for this request: it "
-        "would wait for that claim, or be answered its response. Inside a protected view, "
-        "give each protected view it calls a scope of its own, or the caller's options so "
-        "that it runs inside the caller's claim, or call the code behind the view rather "
-        "than the view."
+        f"{_name(sender)} was given a request whose record (scope {info.scope!r} and its key) "
+        f"{_name(holder)} claimed already: {why}. Give each protected view a request "
+        "and a record of its own (a scope of its own), the same options so that one runs "
+        "inside the other's claim, or call the code behind the view rather than the view."
     )
 
 

@@ -7,15 +7,18 @@ any other.
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
 from asgiref.sync import async_to_sync
+from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import request_finished
 from django.db import close_old_connections
-from django.http import HttpRequest, HttpResponseBase
+from django.http import HttpRequest, HttpResponseBase, JsonResponse
 from django.test import RequestFactory
 
+from django_idempotency import idempotent
 from django_idempotency.models import IdempotencyKey
 from tests import async_views, views
 from tests.models import Order
@@ -80,3 +83,37 @@ def test_an_async_view_given_the_same_request_again_replays(reset_calls) -> None
     assert first.status_code == again.status_code == 201
     assert again["Idempotent-Replayed"] == "true"
     assert reset_calls.value == 1
+
+
+@pytest.mark.django_db
+def test_another_view_with_other_options_given_the_same_request_is_refused(reset_calls) -> None:
+    # Same scope, key and fingerprint, so the same record: the lease-mode view would be
+    # answered the atomic one's response, which options it does not share decided.
+    request = order_request()
+    answered(views.create_order(request))
+
+    with pytest.raises(ImproperlyConfigured, match=r"with other options \(atomic\)"):
+        views.create_order_lease(request)
+    assert reset_calls.value == 1
+
+
+@idempotent
+def fails_inside(request: HttpRequest) -> JsonResponse:
+    raise RuntimeError("the inner view failed")
+
+
+@idempotent
+def catches_and_reads_the_body(request: HttpRequest) -> JsonResponse:
+    with contextlib.suppress(RuntimeError):
+        fails_inside(request)
+    return JsonResponse(json.loads(request.body), status=201)
+
+
+@pytest.mark.django_db
+def test_a_failed_inner_layer_leaves_the_body_to_its_caller() -> None:
+    # The caller's layer copied the body for its fingerprint; the inner one must not close it.
+    response = answered(catches_and_reads_the_body(order_request()))
+
+    assert response.status_code == 201
+    assert json.loads(response.content) == {"item": "book"}
+    assert IdempotencyKey.objects.get().state == IdempotencyKey.State.COMPLETED
