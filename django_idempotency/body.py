@@ -140,13 +140,25 @@ def _run_all(callbacks: list[Callable[[], None]]) -> None:
             raise
 
 
-def close_spools_with(request: Any, response: HttpResponseBase | None) -> None:
-    """Close the request's copies of its body when ``response`` is closed (now if ``None``)."""
+def spools_made(request: HttpRequest) -> int:
+    """How many copies of its body were made for Django's ``request`` so far."""
+    return len(request.__dict__.get(_SPOOLS, ()))
+
+
+def close_spools_with(
+    request: Any, response: HttpResponseBase | None, made_before: int = 0
+) -> None:
+    """Close the request's copies of its body when ``response`` is closed (now if ``None``).
+
+    Those made before (``made_before``, :func:`spools_made`) are left to whoever made them, and
+    to the request's close: a view that called this one may still read the body from them.
+    """
     http_request = request if isinstance(request, HttpRequest) else django_request(request)
     spools: list[IO[bytes]] | None = getattr(http_request, _SPOOLS, None)
-    if not spools:
+    if not spools or len(spools) <= made_before:
         return
-    setattr(http_request, _SPOOLS, [])
+    spools, kept = spools[made_before:], spools[:made_before]
+    setattr(http_request, _SPOOLS, kept)
     if response is None:
         for spool in spools:
             spool.close()

@@ -21,7 +21,7 @@ from django.template.response import SimpleTemplateResponse
 from django_idempotency import adapters, engine
 from django_idempotency.adapters import NOT_A_FRAMEWORKS
 from django_idempotency.asynchronous import run_async
-from django_idempotency.body import close_spools_with, django_request
+from django_idempotency.body import close_spools_with, django_request, spools_made
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import (
     DatabaseBusy,
@@ -135,6 +135,8 @@ def protect(
     if outer is not None:
         # Inside another claim, whose layer reads the body into its copy and closes it.
         return _protect_inside(request, http_request, own, options, sender, finish, handler)
+    # The copies of the body made before (a caller's, which may still read it) stay open.
+    made_before = spools_made(http_request)
     try:
         # The fingerprint reads the body into a copy, closed however the request ends: a
         # refused key included.
@@ -147,9 +149,9 @@ def protect(
             finally:
                 del http_request.__dict__[_PROTECTED_WITH]
     except BaseException:
-        close_spools_with(http_request, None)
+        close_spools_with(http_request, None, made_before)
         raise
-    close_spools_with(http_request, response)
+    close_spools_with(http_request, response, made_before)
     return response
 
 

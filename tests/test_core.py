@@ -117,3 +117,21 @@ def test_a_failed_inner_layer_leaves_the_body_to_its_caller() -> None:
     assert response.status_code == 201
     assert json.loads(response.content) == {"item": "book"}
     assert IdempotencyKey.objects.get().state == IdempotencyKey.State.COMPLETED
+
+
+@idempotent
+def reads_the_form_after_a_failed_call(request: HttpRequest) -> JsonResponse:
+    with contextlib.suppress(RuntimeError):
+        fails_inside(request)
+    return JsonResponse({"item": request.POST["item"]}, status=201)
+
+
+@pytest.mark.django_db
+def test_a_failed_view_leaves_the_body_copy_its_caller_made_open() -> None:
+    # A form without a key: the caller's layer copied the body looking for one and claimed
+    # nothing; the failing view it calls must not close that copy, which the form reads.
+    request = RequestFactory().post("/orders/", {"item": "book"})
+    response = answered(reads_the_form_after_a_failed_call(request))
+
+    assert json.loads(response.content) == {"item": "book"}
+    assert not IdempotencyKey.objects.exists()
