@@ -77,9 +77,9 @@ def body_stream(request: HttpRequest) -> IO[bytes] | None:
         spool.close()
         raise
     spool.seek(0)
-    spools: list[IO[bytes]] | None = getattr(request, _SPOOLS, None)
+    spools: list[IO[bytes]] | None = getattr(request, SPOOLS, None)
     if spools is None:
-        setattr(request, _SPOOLS, [spool])
+        setattr(request, SPOOLS, [spool])
     else:
         spools.append(spool)
     # Closed with the request too: an error after the view may replace the response.
@@ -102,7 +102,8 @@ def body_size(body: IO[bytes]) -> int:
     return size
 
 
-_SPOOLS = "_idempotency_spools"
+#: Where the copies of its body made so far are listed on Django's request.
+SPOOLS = "_idempotency_spools"
 _ON_CLOSE = "_idempotency_on_close"
 
 
@@ -140,25 +141,21 @@ def _run_all(callbacks: list[Callable[[], None]]) -> None:
             raise
 
 
-def spools_made(request: HttpRequest) -> int:
-    """How many copies of its body were made for Django's ``request`` so far."""
-    return len(request.__dict__.get(_SPOOLS, ()))
-
-
 def close_spools_with(
     request: Any, response: HttpResponseBase | None, made_before: int = 0
 ) -> None:
     """Close the request's copies of its body when ``response`` is closed (now if ``None``).
 
-    Those made before (``made_before``, :func:`spools_made`) are left to whoever made them, and
-    to the request's close: a view that called this one may still read the body from them.
+    Those made before (``made_before``: the length of the list at ``SPOOLS`` then) are left
+    to whoever made them, and to the request's close: a view that called this one may still
+    read the body from them.
     """
     http_request = request if isinstance(request, HttpRequest) else django_request(request)
-    spools: list[IO[bytes]] | None = getattr(http_request, _SPOOLS, None)
+    spools: list[IO[bytes]] | None = getattr(http_request, SPOOLS, None)
     if not spools or len(spools) <= made_before:
         return
     spools, kept = spools[made_before:], spools[:made_before]
-    setattr(http_request, _SPOOLS, kept)
+    setattr(http_request, SPOOLS, kept)
     if response is None:
         for spool in spools:
             spool.close()

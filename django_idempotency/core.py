@@ -21,7 +21,7 @@ from django.template.response import SimpleTemplateResponse
 from django_idempotency import adapters, engine
 from django_idempotency.adapters import NOT_A_FRAMEWORKS
 from django_idempotency.asynchronous import run_async
-from django_idempotency.body import close_spools_with, django_request, spools_made
+from django_idempotency.body import SPOOLS, close_spools_with, django_request
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import (
     DatabaseBusy,
@@ -136,7 +136,7 @@ def protect(
         # Inside another claim, whose layer reads the body into its copy and closes it.
         return _protect_inside(request, http_request, own, options, sender, finish, handler)
     # The copies of the body made before (a caller's, which may still read it) stay open.
-    made_before = spools_made(http_request)
+    made_before = len(http_request.__dict__.get(SPOOLS, ()))
     try:
         # The fingerprint reads the body into a copy, closed however the request ends: a
         # refused key included.
