@@ -34,6 +34,14 @@ the table with one line in ``ADAPTERS`` (and its view in
 Below the table: servers started with the middleware listed before
 ``AuthenticationMiddleware`` never answer a protected request, and
 ``RemoteUserMiddleware`` listed after it is refused as that order is.
+
+Last, the table of calls (``CALL_ROWS``): a function's or task's caller is
+the protected function or task itself, its scope its dotted name or the
+``scope=`` it was given. Two of each kind (``idempotent_function``, sync and
+async; Celery's ``idempotent_task`` on a real worker; Django's Tasks
+framework's, enqueued, ``call()``-ed and ``acall()``-ed), and a function
+beside a task, are given one key: each runs its own body once, and alice's
+retry gets her value back.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -56,6 +65,7 @@ from asgiref.sync import async_to_sync
 from django.conf import settings as django_settings
 from django.contrib.auth.models import User
 from django.contrib.sessions.backends.db import SessionStore
+from django.db import connection
 from django.middleware.csrf import get_token
 from django.test import AsyncClient, Client, RequestFactory
 from django.utils.crypto import get_random_string
@@ -77,6 +87,8 @@ WSGI, ASGI = "wsgi", "asgi"
 BODY = json.dumps({"item": "book", "quantity": 1})
 FORM = "application/x-www-form-urlencoded"
 REQUEST_TIMEOUT = 30
+_TASKS = "django.tasks" if find_spec("django.tasks") else "django_tasks"
+IMMEDIATE_TASKS = f"{_TASKS}.backends.immediate.ImmediateBackend"
 
 
 # The rows: every adapter, and how it is served.
@@ -721,3 +733,142 @@ class RemoteUserTests:
         assert retry.replayed and retry.body == first.body
         users = {user.username: user.pk for user in User.objects.all()}
         assert records("shared") == {f"user:{users['alice']}": 1, f"user:{users['bob']}": 1}
+
+
+# Calls: functions and tasks. Their caller is the protected function or task
+# itself (its scope its dotted name, or the scope= it was given): two of each
+# kind, given one key, and a function and a task given one key.
+
+
+@dataclass(frozen=True)
+class Callee:
+    """One protected function or task, and how it is called."""
+
+    #: "call", "async" (awaited), "celery" (published to a real worker),
+    #: "enqueue" (Django's Tasks framework, ImmediateBackend), "task_call", "task_acall".
+    how: str
+    #: Its name in tests.isolation_calls (tests.tasks for Celery's).
+    name: str
+    #: The scope it was given; ``None``: its dotted name.
+    scope: str | None = None
+
+    def expected_key(self, key: str) -> str:
+        """The key its function makes of the argument (Celery's tasks here: ``order-<label>``)."""
+        return f"order-{key}" if self.how == "celery" else key
+
+    def target(self) -> Any:
+        if self.how == "celery":
+            from tests import tasks
+
+            return getattr(tasks, self.name)
+        from tests import isolation_calls
+
+        return getattr(isolation_calls, self.name)
+
+    def expected_scope(self) -> str:
+        """SPEC 8: the scope given, or the function's dotted name (a Celery task's name)."""
+        target = self.target()
+        if self.scope is not None:
+            return self.scope
+        if self.how == "celery":
+            return str(target.name)
+        if self.how in ("enqueue", "task_call", "task_acall"):
+            return str(target.module_path)
+        return f"{target.__module__}.{target.__qualname__}"
+
+    def call(self, key: str) -> Any:
+        target = self.target()
+        if self.how == "call":
+            return target(key)
+        if self.how == "async":
+            return async_to_sync(target)(key)
+        if self.how == "celery":
+            return target.delay(key).get(timeout=REQUEST_TIMEOUT)
+        if self.how == "enqueue":
+            result = target.enqueue(key)
+            assert result.status.name == "SUCCESSFUL", result.errors
+            return result.return_value
+        if self.how == "task_call":
+            return target.call(key)
+        assert self.how == "task_acall", self.how
+        return async_to_sync(target.acall)(key)
+
+
+CALL_ROWS = [
+    pytest.param(Callee("call", "alice_function"), Callee("call", "bob_function"), id="function"),
+    pytest.param(
+        Callee("call", "acme_function", "tenant:Acme"),
+        Callee("call", "other_acme_function", "tenant:acme"),
+        id="function_scopes_differing_in_case",
+    ),
+    pytest.param(
+        Callee("async", "alice_async_function"),
+        Callee("async", "bob_async_function"),
+        id="async_function",
+    ),
+    pytest.param(
+        Callee("celery", "place_order"), Callee("celery", "place_other_order"), id="celery_task"
+    ),
+    pytest.param(
+        Callee("enqueue", "alice_task"), Callee("enqueue", "bob_task"), id="django_task_enqueue"
+    ),
+    pytest.param(
+        Callee("enqueue", "alice_async_task"),
+        Callee("enqueue", "bob_async_task"),
+        id="django_async_task_enqueue",
+    ),
+    pytest.param(
+        Callee("task_call", "alice_task"), Callee("task_call", "bob_task"), id="django_task_call"
+    ),
+    pytest.param(
+        Callee("task_acall", "alice_async_task"),
+        Callee("task_acall", "bob_async_task"),
+        id="django_task_acall",
+    ),
+    pytest.param(
+        Callee("call", "alice_function"), Callee("enqueue", "bob_task"), id="function_and_task"
+    ),
+    pytest.param(
+        Callee("celery", "place_order"), Callee("call", "bob_function"), id="celery_and_function"
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def isolation_worker(
+    django_db_setup: None, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
+    """A real Celery worker on the test database, for the rows of Celery's tasks."""
+    from tests.celery_worker import find_broker, new_worker, publishing_to
+
+    with django_db_blocker.unblock():
+        database = str(connection.settings_dict["NAME"])
+    directory = tmp_path_factory.mktemp("isolation-worker")
+    worker = new_worker(find_broker(), database, directory, pool="solo", concurrency=1)
+    with publishing_to(worker):
+        yield worker.start()
+
+
+@pytest.mark.parametrize(("alice", "bob"), CALL_ROWS)
+def test_isolation_of_calls(
+    alice: Callee, bob: Callee, request: pytest.FixtureRequest, settings: Any
+) -> None:
+    settings.TASKS = {"default": {"BACKEND": IMMEDIATE_TASKS}}
+    if "celery" in (alice.how, bob.how):
+        request.getfixturevalue("isolation_worker")
+    key = f"iso-{uuid.uuid4().hex[:12]}"
+
+    first = alice.call(key)
+    other = bob.call(key)
+    retry = alice.call(key)
+
+    orders = list(Order.objects.order_by("pk").values_list("pk", flat=True))
+    assert len(orders) == 2, f"{len(orders)} effects, not one per caller"
+    assert other != first, f"bob got alice's value: {other}"
+    assert retry == first, f"alice's retry got {retry}, not her value {first}"
+    assert first["order"] == orders[0] and other["order"] == orders[1]
+    scopes = [alice.expected_scope(), bob.expected_scope()]
+    assert scopes[0] != scopes[1]
+    stored = sorted(IdempotencyKey.objects.values_list("scope", "key"))
+    expected = [(scopes[0], alice.expected_key(key)), (scopes[1], bob.expected_key(key))]
+    assert stored == sorted(expected), stored
