@@ -117,13 +117,15 @@ def protect(
     *,
     sender: Any,
     finish: Finish = render,
+    copies_before: int | None = None,
 ) -> HttpResponseBase:
     """Run ``handler`` once per key and replay its response to every retry.
 
     ``finish`` makes the response the bytes that will be sent (DRF renders), so what is
     stored is what the client got. Raises an
     :class:`~django_idempotency.exceptions.IdempotencyError` for 400/409/422; a
-    :class:`Guard` answers those.
+    :class:`Guard` answers those. ``copies_before``: how many copies of the body there
+    were before this layer began, when it made one before calling this (a form's key).
     """
     # A framework's request (DRF's) is read through the Django request inside it now, as
     # the handler is called with it (adapters.reach).
@@ -136,10 +138,10 @@ def protect(
         # Inside another claim, whose layer reads the body into its copy and closes it.
         return _protect_inside(request, http_request, own, options, sender, finish, handler)
     # The copies of the body made before (a caller's, which may still read it) stay open.
-    made_before = len(http_request.__dict__.get(SPOOLS, ()))
+    if copies_before is None:
+        copies_before = len(http_request.__dict__.get(SPOOLS, ()))
     try:
-        # The fingerprint reads the body into a copy, closed however the request ends: a
-        # refused key included.
+        # The fingerprint reads the body into a copy, which becomes the body the view reads.
         call = _call(request, http_request, own, options, sender, finish)
         if call is None:
             response: HttpResponseBase = handler()
@@ -148,11 +150,26 @@ def protect(
                 response = call.run(handler)
             finally:
                 del http_request.__dict__[_PROTECTED_WITH]
-    except BaseException:
-        close_spools_with(http_request, None, made_before)
+    except BaseException as error:
+        # After an error the copy stays the body until Django closes the request, for its
+        # error page and error report, or until a refusal's answer is closed (answered).
+        if not isinstance(error, Exception) or _read_in_part(http_request):
+            close_spools_with(http_request, None, copies_before)
+        elif isinstance(error, IdempotencyError):
+            http_request.__dict__[_REFUSED_AFTER] = copies_before
         raise
-    close_spools_with(http_request, response, made_before)
+    close_spools_with(http_request, response, copies_before)
     return response
+
+
+def _read_in_part(http_request: HttpRequest) -> bool:
+    """Whether the view began to read the body without Django keeping it (``read()``).
+
+    What is left is not the body: Django's own readers refuse it without the stream
+    (``RawPostDataException``), and the same request sent through again must fail on the
+    closed copy rather than run the view on the rest.
+    """
+    return bool(http_request.__dict__.get("_read_started")) and "_body" not in http_request.__dict__
 
 
 def _protect_inside(
@@ -189,15 +206,27 @@ async def protect_async(
     finish: Finish = render,
 ) -> HttpResponseBase:
     """:func:`protect` for a coroutine handler: the same rules, and it finishes when cancelled."""
-    if _protected_outside(request, options, sender) or not await _may_claim_async(
-        request, options.resolve()
-    ):
-        # Nothing to claim: skip the hop to the request's thread.
+    if _protected_outside(request, options, sender):
         return await handler()
+    # Reading a form's key copies the body, here, before protect() begins.
+    http_request = request if isinstance(request, HttpRequest) else django_request(request)
+    copies_before = len(http_request.__dict__.get(SPOOLS, ()))
+    try:
+        claims = await _may_claim_async(request, options.resolve())
+    except IdempotencyError:
+        http_request.__dict__[_REFUSED_AFTER] = copies_before  # a form's key refused
+        raise
+    if not claims:
+        # Nothing to claim: skip the hop to the request's thread.
+        response = await handler()
+        close_spools_with(request, response, copies_before)
+        return response
 
     def run(body: Handler) -> HttpResponseBase:
         # Finished in the request's thread: rendering a template may run queries.
-        return protect(request, body, options, sender=sender, finish=finish)
+        return protect(
+            request, body, options, sender=sender, finish=finish, copies_before=copies_before
+        )
 
     return await run_async(run, handler)
 
@@ -544,7 +573,7 @@ class Guard:
         try:
             return protect(request, handler, options, sender=sender, finish=self.finish)
         except IdempotencyError as error:
-            return self.answer(request, error)
+            return answered(request, self.answer(request, error))
 
     async def acall(
         self, request: HttpRequest, handler: AsyncHandler, options: DeclaredOptions, sender: Any
@@ -554,8 +583,28 @@ class Guard:
         except IdempotencyError as error:
             if prefers_html(request):
                 # A page's template may query the database: not in the event loop.
-                return await sync_to_async(self.answer, thread_sensitive=True)(request, error)
-            return self.answer(request, error)
+                answer = await sync_to_async(self.answer, thread_sensitive=True)(request, error)
+            else:
+                answer = self.answer(request, error)
+            return answered(request, answer)
+
+
+# Set on Django's request when a layer refuses it: how many copies of the body there were
+# before that layer began, so that its answer closes those made since (below).
+_REFUSED_AFTER = "_idempotency_refused_after"
+
+
+def answered(request: HttpRequest, answer: HttpResponseBase) -> HttpResponseBase:
+    """The answer to a refusal (400, 409, 422), which closes the body's copies made for it.
+
+    Until then the copy stays the body: a middleware logging the bodies of refused
+    requests, or the view's caller, reads it.
+    """
+    http_request = request if isinstance(request, HttpRequest) else django_request(request)
+    copies_before = http_request.__dict__.pop(_REFUSED_AFTER, None)
+    if copies_before is not None:
+        close_spools_with(http_request, answer, copies_before)
+    return answer
 
 
 PLAIN = Guard()

@@ -9,21 +9,28 @@ from __future__ import annotations
 
 import contextlib
 import json
+from typing import Any, ClassVar
 
 import pytest
 from asgiref.sync import async_to_sync
 from django.core.exceptions import ImproperlyConfigured
+from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.signals import request_finished
 from django.db import close_old_connections
 from django.http import HttpRequest, HttpResponseBase, JsonResponse
-from django.test import RequestFactory
+from django.test import Client, RequestFactory
+from django.urls import path
+from django.views.decorators.csrf import csrf_exempt
 
 from django_idempotency import idempotent
+from django_idempotency.exceptions import RequestInFlight
 from django_idempotency.models import IdempotencyKey
-from tests import async_views, views
+from tests import async_views, drf_views, views
+from tests.body_views import open_temporary_files
 from tests.models import Order
 
 BODY = json.dumps({"item": "book"})
+KEY_HEADER = {"Idempotency-Key": "key-1"}
 
 
 def order_request(key: str = "key-1") -> HttpRequest:
@@ -134,4 +141,264 @@ def test_a_failed_view_leaves_the_body_copy_its_caller_made_open() -> None:
     response = answered(reads_the_form_after_a_failed_call(request))
 
     assert json.loads(response.content) == {"item": "book"}
+    assert not IdempotencyKey.objects.exists()
+
+
+# The body's copy after an error: it stays the body until the request is closed.
+
+
+def reads_the_body_after_a_failed_call(request: HttpRequest) -> JsonResponse:
+    """Not protected itself: tries a protected view, and reads the body once it failed."""
+    with contextlib.suppress(RuntimeError):
+        fails_inside(request)
+    return JsonResponse(json.loads(request.body))
+
+
+@pytest.mark.django_db
+def test_an_unprotected_caller_reads_the_body_after_a_protected_view_raised() -> None:
+    request = order_request()
+    response = reads_the_body_after_a_failed_call(request)
+    request.close()
+
+    assert json.loads(response.content) == {"item": "book"}
+    assert not IdempotencyKey.objects.exists()
+
+
+@pytest.mark.django_db
+def test_the_body_of_a_request_refused_its_key_can_still_be_read() -> None:
+    answered(views.create_order(order_request()))
+    request = RequestFactory().post(
+        "/orders/", '{"item": "pen"}', content_type="application/json", headers=KEY_HEADER
+    )
+    refused = views.create_order(request)
+
+    assert refused.status_code == 422
+    assert json.loads(request.body) == {"item": "pen"}
+    request.close()
+
+
+@pytest.mark.django_db
+def test_a_copy_left_by_an_error_is_closed_with_the_request(settings, tmp_path) -> None:
+    settings.FILE_UPLOAD_MAX_MEMORY_SIZE = 1024
+    settings.FILE_UPLOAD_TEMP_DIR = str(tmp_path)
+    request = RequestFactory().post("/orders/", {"item": "x" * 4096}, headers=KEY_HEADER)
+    with pytest.raises(RuntimeError):
+        fails_inside(request)
+    assert open_temporary_files(directory=str(tmp_path)) == 1
+    assert request.POST["item"] == "x" * 4096
+
+    request.close()
+    assert open_temporary_files(directory=str(tmp_path)) == 0
+
+
+@csrf_exempt
+@idempotent
+def form_view_that_raises(request: HttpRequest) -> JsonResponse:
+    raise RuntimeError("the view failed before reading its form")
+
+
+class LogsTheBodyOfAFailure:
+    """A project's middleware that logs the body of a request answered 5xx."""
+
+    logged: ClassVar[list[bytes]] = []
+
+    def __init__(self, get_response: Any) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+        response = self.get_response(request)
+        if response.status_code >= 500:
+            self.logged.append(request.body)
+        return response
+
+
+urlpatterns = [path("form-raises/", form_view_that_raises)]
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db
+class ErrorReportsTests:
+    """What Django does with a request whose view raised reads its body: the copy is the body."""
+
+    def post(self) -> HttpResponseBase:
+        client = Client(raise_request_exception=False)
+        return client.post("/form-raises/", {"item": "book"}, headers=KEY_HEADER)
+
+    def test_the_debug_page_shows_the_form(self, settings) -> None:
+        settings.DEBUG = True
+        response = self.post()
+
+        assert response.status_code == 500
+        assert b"RuntimeError" in response.content
+        assert b"book" in response.content  # the page's POST section
+
+    # Django 6.1 asks projects to configure MAILERS; the test's mail goes to the outbox.
+    @pytest.mark.filterwarnings("ignore:Django 2028 will not have a default mailer")
+    def test_the_error_report_is_mailed_with_the_form(self, settings, mailoutbox) -> None:
+        settings.ADMINS = [("Admin", "admin@example.com")]
+        response = self.post()
+
+        assert response.status_code == 500
+        assert len(mailoutbox) == 1
+        assert "book" in mailoutbox[0].body
+
+    def test_a_middleware_reads_the_body_of_the_failure(self, settings) -> None:
+        settings.MIDDLEWARE = [*settings.MIDDLEWARE, f"{__name__}.LogsTheBodyOfAFailure"]
+        LogsTheBodyOfAFailure.logged.clear()
+        response = self.post()
+
+        assert response.status_code == 500
+        [logged] = LogsTheBodyOfAFailure.logged
+        assert b'name="item"\r\n\r\nbook\r\n' in logged  # the test client's multipart
+
+
+@csrf_exempt
+@idempotent
+async def async_form_view(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"item": request.POST["item"]}, status=201)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("key", ["form-key-1", None])
+def test_an_async_view_called_directly_closes_the_form_copy_with_its_response(
+    settings, tmp_path, key
+) -> None:
+    # The form's key is read before the claim: that copy is the layer's own to close.
+    settings.FILE_UPLOAD_MAX_MEMORY_SIZE = 1024
+    settings.FILE_UPLOAD_TEMP_DIR = str(tmp_path)
+    form = {"item": "x" * 4096, **({"idempotency_key": key} if key else {})}
+    request = RequestFactory().post("/orders/", form)
+    response = async_to_sync(async_form_view)(request)
+    assert response.status_code == 201
+    assert open_temporary_files(directory=str(tmp_path)) == 1
+
+    response.close()
+    assert open_temporary_files(directory=str(tmp_path)) == 0
+
+
+read_by_the_view: list[str] = []
+
+
+@idempotent
+def reads_a_little_then_fails_once(request: HttpRequest) -> JsonResponse:
+    start = request.read(5).decode()
+    if not read_by_the_view:
+        read_by_the_view.append(start)
+        raise RuntimeError("the view failed after reading a little")
+    read_by_the_view.append(start + request.read().decode())
+    return JsonResponse({"read": read_by_the_view[-1]}, status=201)
+
+
+@pytest.mark.django_db
+def test_the_same_request_sent_again_after_its_view_read_part_of_the_body_fails() -> None:
+    # What is left of the body is not what the client sent: the copy is closed, so the view
+    # sent it again fails on it rather than run on the rest, and nothing is stored.
+    read_by_the_view.clear()
+    request, retry = order_request(), order_request()
+    with pytest.raises(RuntimeError, match="after reading a little"):
+        reads_a_little_then_fails_once(request)
+    with pytest.raises(ValueError, match="closed file"):
+        reads_a_little_then_fails_once(request)
+    request.close()
+    assert not IdempotencyKey.objects.exists()
+
+    from_the_client = answered(reads_a_little_then_fails_once(retry))
+    retry.close()
+    assert from_the_client.status_code == 201
+    assert read_by_the_view == ['{"ite', BODY]
+
+
+@csrf_exempt
+@idempotent
+def reads_an_upload_then_fails_once(request: HttpRequest) -> JsonResponse:
+    data = request.FILES["scan"].read()
+    if not read_by_the_view:
+        read_by_the_view.append(data.decode())
+        raise RuntimeError("the view failed after reading the upload")
+    return JsonResponse({"size": len(data)}, status=201)
+
+
+@pytest.mark.django_db
+def test_the_same_upload_sent_again_after_its_view_read_the_files_runs_whole() -> None:
+    # Django keeps the parsed form: its files are fingerprinted and read again from their start.
+    read_by_the_view.clear()
+    upload = SimpleUploadedFile("scan.txt", b"hello world")
+    request = RequestFactory().post("/orders/", {"scan": upload}, headers=KEY_HEADER)
+    with pytest.raises(RuntimeError, match="after reading the upload"):
+        reads_an_upload_then_fails_once(request)
+    again = answered(reads_an_upload_then_fails_once(request))
+    request.close()
+    upload = SimpleUploadedFile("scan.txt", b"hello world")
+    retry = RequestFactory().post("/orders/", {"scan": upload}, headers=KEY_HEADER)
+    from_the_client = answered(reads_an_upload_then_fails_once(retry))
+    retry.close()
+
+    assert json.loads(again.content) == {"size": 11}
+    assert from_the_client["Idempotent-Replayed"] == "true"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "view",
+    [
+        views.create_order,
+        async_to_sync(async_views.create_order),
+        drf_views.OrderAPIView.as_view(),
+    ],
+    ids=["decorator", "async_decorator", "drf_mixin"],
+)
+def test_the_answer_to_a_refused_key_closes_the_copy_of_the_body(settings, tmp_path, view):
+    settings.FILE_UPLOAD_MAX_MEMORY_SIZE = 16
+    settings.FILE_UPLOAD_TEMP_DIR = str(tmp_path)
+    answered(view(order_request()))
+    other = json.dumps({"item": "a pen, not a book"})
+    request = RequestFactory().post(
+        "/orders/", other, content_type="application/json", headers=KEY_HEADER
+    )
+    refused = view(request)
+    assert refused.status_code == 422
+    assert open_temporary_files(directory=str(tmp_path)) == 1  # the body, until then
+
+    refused.close()
+    assert open_temporary_files(directory=str(tmp_path)) == 0
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("view", [views.create_order, async_to_sync(async_form_view)])
+def test_the_answer_to_a_form_key_sent_twice_closes_the_copy(settings, tmp_path, view) -> None:
+    settings.FILE_UPLOAD_MAX_MEMORY_SIZE = 1024
+    settings.FILE_UPLOAD_TEMP_DIR = str(tmp_path)
+    form = {"item": "x" * 4096, "idempotency_key": ["form-key-1", "form-key-2"]}
+    request = RequestFactory().post("/orders/", form)
+    refused = view(request)
+    assert refused.status_code == 400
+    assert open_temporary_files(directory=str(tmp_path)) == 1
+
+    refused.close()
+    assert open_temporary_files(directory=str(tmp_path)) == 0
+
+
+@idempotent
+def reads_a_little_then_is_refused_once(request: HttpRequest) -> JsonResponse:
+    start = request.read(5).decode()
+    if not read_by_the_view:
+        read_by_the_view.append(start)
+        # A refusal of the view's own: an idempotent function's call in flight, a lost lease.
+        raise RequestInFlight(retry_after=1)
+    read_by_the_view.append(start + request.read().decode())
+    return JsonResponse({"read": read_by_the_view[-1]}, status=201)
+
+
+@pytest.mark.django_db
+def test_a_view_refused_after_reading_part_of_the_body_is_not_run_on_the_rest() -> None:
+    read_by_the_view.clear()
+    request = order_request()
+    refused = reads_a_little_then_is_refused_once(request)  # a caller that sends it again
+    with pytest.raises(ValueError, match="closed file"):
+        reads_a_little_then_is_refused_once(request)
+    refused.close()
+    request.close()
+
+    assert refused.status_code == 409
+
     assert not IdempotencyKey.objects.exists()
