@@ -158,6 +158,16 @@ def new_worker(broker: str, database: str, directory: Path, **options: Any) -> W
 
 
 @contextmanager
+def running_worker(directory: Path, **options: Any) -> Iterator[WorkerProcess]:
+    """A started worker on the test database, its queue the one the tests publish to."""
+    from django.db import connection
+
+    worker = new_worker(find_broker(), str(connection.settings_dict["NAME"]), directory, **options)
+    with publishing_to(worker):
+        yield worker.start()
+
+
+@contextmanager
 def publishing_to(worker: WorkerProcess) -> Iterator[WorkerProcess]:
     """Make the tests' Celery app publish to the worker's queue; stop the worker after."""
     previous = current_app._get_current_object()

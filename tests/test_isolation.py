@@ -65,7 +65,6 @@ from asgiref.sync import async_to_sync
 from django.conf import settings as django_settings
 from django.contrib.auth.models import User
 from django.contrib.sessions.backends.db import SessionStore
-from django.db import connection
 from django.middleware.csrf import get_token
 from django.test import AsyncClient, Client, RequestFactory
 from django.utils.crypto import get_random_string
@@ -836,17 +835,14 @@ CALL_ROWS = [
 
 @pytest.fixture(scope="module")
 def isolation_worker(
-    django_db_setup: None, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
+    django_db_setup: None, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Any]:
     """A real Celery worker on the test database, for the rows of Celery's tasks."""
-    from tests.celery_worker import find_broker, new_worker, publishing_to
+    from tests.celery_worker import running_worker
 
-    with django_db_blocker.unblock():
-        database = str(connection.settings_dict["NAME"])
     directory = tmp_path_factory.mktemp("isolation-worker")
-    worker = new_worker(find_broker(), database, directory, pool="solo", concurrency=1)
-    with publishing_to(worker):
-        yield worker.start()
+    with running_worker(directory, pool="solo", concurrency=1) as worker:
+        yield worker
 
 
 @pytest.mark.parametrize(("alice", "bob"), CALL_ROWS)

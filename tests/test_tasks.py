@@ -36,7 +36,13 @@ from django_idempotency.exceptions import TaskArgumentsMismatch, TaskInFlight, U
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.purge import purge_expired
 from tests import tasks
-from tests.celery_worker import WorkerProcess, find_broker, new_worker, publishing_to
+from tests.celery_worker import (
+    WorkerProcess,
+    find_broker,
+    new_worker,
+    publishing_to,
+    running_worker,
+)
 from tests.factories import IdempotencyKeyFactory
 from tests.models import Order, RemoteCharge
 from tests.polling import wait_until
@@ -75,16 +81,10 @@ RESULT_TIMEOUT = 60.0
 @pytest.fixture(scope="module")
 def celery_worker(django_db_setup, tmp_path_factory) -> Iterator[WorkerProcess]:
     """A real ``celery worker`` process on the test database pytest-django created."""
-    worker = new_worker(
-        find_broker(),
-        str(connection.settings_dict["NAME"]),
-        tmp_path_factory.mktemp("celery"),
-        pool="solo",
-        concurrency=1,
-        result_timeout=RESULT_TIMEOUT,
-    )
-    with publishing_to(worker):
-        yield worker.start()
+    directory = tmp_path_factory.mktemp("celery")
+    options = {"pool": "solo", "concurrency": 1, "result_timeout": RESULT_TIMEOUT}
+    with running_worker(directory, **options) as worker:
+        yield worker
 
 
 @pytest.mark.django_db(transaction=True)
@@ -744,13 +744,10 @@ def broker() -> str:
 
 
 @pytest.fixture(scope="module")
-def prefork_worker(django_db_setup, django_db_blocker, broker, tmp_path_factory):
+def prefork_worker(django_db_setup, tmp_path_factory):
     """A prefork worker with 4 processes, shared by the module's worker tests."""
-    with django_db_blocker.unblock():
-        database = str(connection.settings_dict["NAME"])
-    worker = new_worker(broker, database, tmp_path_factory.mktemp("prefork"), concurrency=4)
-    with publishing_to(worker):
-        yield worker.start()
+    with running_worker(tmp_path_factory.mktemp("prefork"), concurrency=4) as worker:
+        yield worker
 
 
 @pytest.fixture
