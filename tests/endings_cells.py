@@ -13,11 +13,14 @@ database), how many of its rows committed, and what the record says.
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import re
+import select
 import socket
 import subprocess
 import sys
+import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +44,8 @@ IN_FLIGHT = "IN_FLIGHT"
 #: How long a retry keeps asking while the original is still in flight.
 SETTLE_LIMIT = 15.0
 REQUEST_TIMEOUT = 15.0
+#: Seconds a protected call may take in a caller process.
+CALL_LIMIT = 60.0
 #: What a browser asks for when it submits a form: HTML first.
 BROWSER_ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
 
@@ -69,6 +74,11 @@ class Cell:
     first: Answer | None = field(default=None, init=False)
     #: The framework ran the handler again by itself (Celery's retry, a requeue).
     retried_by_framework: bool = field(default=False, init=False)
+
+    @property
+    def tells_retry_after(self) -> bool:
+        """Whether an answer that the original is still in flight says when to come back."""
+        return True
 
     def play(self) -> None:
         raise NotImplementedError
@@ -303,32 +313,99 @@ class TaskCell(Cell):
         return put_off.search(self.log()) is not None
 
 
-@dataclass
-class FunctionCell(Cell):
-    """A cell of ``idempotent_function``: each call a process of its own.
+class CallerProcesses:
+    """Processes that make protected calls (``tests/endings_function.py``), started once.
 
-    ``tests/endings_function.py`` makes the call and prints its outcome:
-    ``SUCCESS`` and the value, ``FAILURE``, or ``IN_FLIGHT`` and its
-    ``retry_after``.
+    A call takes an idle one (a spare has already set Django up); one killed
+    mid-call (the ``kill9`` ending) is dropped, and another starts in its
+    place. Each writes its standard error to a log of its own.
     """
 
-    env: dict[str, str] = field(kw_only=True)
+    SPARES = 2
+
+    def __init__(self, env: dict[str, str], logs: Path) -> None:
+        self.env = env
+        self.logs = logs
+        self.lock = threading.Lock()
+        self.started: list[tuple[subprocess.Popen[bytes], Path]] = []
+        self.idle = [self.start() for _ in range(self.SPARES)]
+
+    def start(self) -> subprocess.Popen[bytes]:
+        log = self.logs / f"caller-{len(self.started)}.log"
+        with log.open("wb") as errors:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "tests.endings_function"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=errors,
+                env=self.env,
+                cwd=ROOT,
+            )
+        self.started.append((process, log))
+        return process
+
+    def call(self, **asked: str) -> dict[str, Any] | None:
+        """One call's outcome; ``None`` when its process was killed before it answered."""
+        with self.lock:
+            process = self.idle.pop(0) if self.idle else self.start()
+        assert process.stdin is not None and process.stdout is not None
+        process.stdin.write(json.dumps(asked).encode() + b"\n")
+        process.stdin.flush()
+        ready, _, _ = select.select([process.stdout], [], [], CALL_LIMIT)
+        assert ready, f"a call took over {CALL_LIMIT} s: {self.errors(process)}"
+        line = process.stdout.readline()
+        if line:
+            with self.lock:
+                self.idle.append(process)
+            return json.loads(line)
+        code = process.wait(timeout=CALL_LIMIT)
+        with self.lock:
+            self.idle.append(self.start())
+        assert code == -9, f"a caller ended with {code}: {self.errors(process)}"
+        return None
+
+    def errors(self, process: subprocess.Popen[bytes]) -> str:
+        [log] = [log for started, log in self.started if started is process]
+        return log.read_text()[-3000:]
+
+    def close(self) -> None:
+        """Ends every caller: a closed standard input is its signal to stop."""
+        for process, _ in self.started:
+            assert process.stdin is not None and process.stdout is not None
+            with contextlib.suppress(BrokenPipeError):
+                process.stdin.close()
+        for process, _ in self.started:
+            try:
+                process.wait(timeout=CALL_LIMIT)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            assert process.stdout is not None
+            process.stdout.close()
+
+
+@dataclass
+class FunctionCell(Cell):
+    """A cell of a protected call (``tests/endings_function.py``'s ``CALLERS``) from a process.
+
+    The call's outcome is ``SUCCESS`` and the value, ``FAILURE``, or
+    ``IN_FLIGHT`` and its ``retry_after``, which a task enqueued on Django's
+    Tasks framework is not told (its result keeps the error's class only).
+    """
+
+    caller: str = field(kw_only=True)
+    callers: CallerProcesses = field(kw_only=True)
+
+    @property
+    def tells_retry_after(self) -> bool:
+        return self.caller != "django_task_enqueue"
 
     def call(self) -> Answer | None:
         """One call; ``None`` when its process was killed before it answered."""
         mode = "atomic" if self.atomic else "lease"
-        process = subprocess.run(
-            [sys.executable, "-m", "tests.endings_function", self.key, self.ending, mode],
-            env=self.env,
-            cwd=ROOT,
-            capture_output=True,
-            timeout=60,
-        )
-        lines = process.stdout.decode().splitlines()
-        if not lines:
-            assert process.returncode == -9, process.stderr.decode()[-3000:]
+        outcome = self.callers.call(caller=self.caller, key=self.key, ending=self.ending, mode=mode)
+        if outcome is None:
             return None
-        outcome = json.loads(lines[-1])
         body = None
         if outcome["status"] == states.SUCCESS:
             body = json.dumps(outcome["value"], sort_keys=True).encode()

@@ -43,11 +43,17 @@ from celery import states
 from django.db import connection
 from django.utils import timezone
 
-import django_idempotency
 from django_idempotency.models import IdempotencyKey
-from tests.celery_worker import WorkerProcess, find_broker, new_worker, publishing_to
+from tests.celery_worker import WorkerProcess, running_worker
 from tests.drf_views import CONTROL_DIR_ENV
-from tests.endings_cells import IN_FLIGHT, Cell, FunctionCell, HttpCell, TaskCell
+from tests.endings_cells import (
+    IN_FLIGHT,
+    CallerProcesses,
+    Cell,
+    FunctionCell,
+    HttpCell,
+    TaskCell,
+)
 from tests.polling import wait_until
 from tests.server import DATABASE_NAME_ENV, GunicornServer, UvicornServer
 from tests.server_fixtures import controlled
@@ -169,9 +175,12 @@ ADAPTERS = [
         "middleware_asgi_form", "uvicorn", "http", "/endings/middleware/", form=True, store=False
     ),
     Adapter("celery_task", "celery", "task"),
-    # django_idempotency.idempotent_function, called from separate processes:
-    # its row waits for the function (see the ``function_runner`` fixture).
+    # Protected calls, each from a caller process (tests/endings_function.py):
+    # idempotent_function, a task of Django's Tasks framework enqueued (on its
+    # ImmediateBackend), and an async one awaited through Task.acall().
     Adapter("idempotent_function", "function", "function"),
+    Adapter("django_task_enqueue", "function", "function"),
+    Adapter("django_task_acall", "function", "function"),
 ]
 
 
@@ -234,41 +243,27 @@ def uvicorn_runner(
 
 @pytest.fixture(scope="module")
 def celery_runner(
-    django_db_setup: None, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
+    django_db_setup: None, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[WorkerProcess]:
-    with django_db_blocker.unblock():
-        database = str(connection.settings_dict["NAME"])
-    directory = tmp_path_factory.mktemp("endings-worker")
-    worker = new_worker(find_broker(), database, directory, concurrency=2)
-    with publishing_to(worker):
-        yield worker.start()
-
-
-@dataclass(frozen=True)
-class FunctionProcesses:
-    """Where the processes calling ``idempotent_function`` find the database and the files."""
-
-    env: dict[str, str]
+    with running_worker(tmp_path_factory.mktemp("endings-worker"), concurrency=2) as worker:
+        yield worker
 
 
 @pytest.fixture(scope="module")
 def function_runner(
-    django_db_setup: None, django_db_blocker: Any, endings_control: Path
-) -> FunctionProcesses:
+    django_db_setup: None, endings_control: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[CallerProcesses]:
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.endings_settings",
+        DATABASE_NAME_ENV: str(connection.settings_dict["NAME"]),
+        CONTROL_DIR_ENV: str(endings_control),
+    }
+    callers = CallerProcesses(env, tmp_path_factory.mktemp("endings-callers"))
     try:
-        django_idempotency.idempotent_function  # noqa: B018
-    except AttributeError:
-        pytest.skip("django_idempotency.idempotent_function is not built yet")
-    with django_db_blocker.unblock():
-        database = str(connection.settings_dict["NAME"])
-    return FunctionProcesses(
-        {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "tests.endings_settings",
-            DATABASE_NAME_ENV: database,
-            CONTROL_DIR_ENV: str(endings_control),
-        }
-    )
+        yield callers
+    finally:
+        callers.close()
 
 
 @pytest.fixture
@@ -279,8 +274,10 @@ def cell(request: pytest.FixtureRequest, endings_control: Path) -> Cell:
     atomic = mode == "atomic"
     if isinstance(runner, WorkerProcess):
         return TaskCell(key, ending, atomic, runner.task_dir, worker=runner)
-    if isinstance(runner, FunctionProcesses):
-        return FunctionCell(key, ending, atomic, endings_control, env=runner.env)
+    if isinstance(runner, CallerProcesses):
+        return FunctionCell(
+            key, ending, atomic, endings_control, caller=adapter.name, callers=runner
+        )
     return HttpCell(
         key,
         ending,
@@ -419,7 +416,8 @@ def check_held(cell: Cell) -> None:
         if timezone.now() < held.locked_until - timedelta(milliseconds=300):
             early = cell.again()
             if early.status == in_flight(cell):
-                assert early.retry_after is not None and float(early.retry_after) > 0
+                if cell.tells_retry_after:
+                    assert early.retry_after is not None and float(early.retry_after) > 0
             else:
                 # Sent inside the lease, but served only after it ran out (the
                 # server was still starting a worker in place of the killed one).
