@@ -11,6 +11,7 @@ import contextlib
 import json
 from typing import Any, ClassVar
 
+import django
 import pytest
 from asgiref.sync import async_to_sync
 from django.core.exceptions import ImproperlyConfigured
@@ -235,7 +236,9 @@ class ErrorReportsTests:
     # Django 6.1 asks projects to configure MAILERS; the test's mail goes to the outbox.
     @pytest.mark.filterwarnings("ignore:Django 2028 will not have a default mailer")
     def test_the_error_report_is_mailed_with_the_form(self, settings, mailoutbox) -> None:
-        settings.ADMINS = [("Admin", "admin@example.com")]
+        # Django 6.0 takes addresses, and deprecates the (name, address) pairs 5.2 needs.
+        admin = "admin@example.com"
+        settings.ADMINS = [admin if django.VERSION >= (6, 0) else ("Admin", admin)]
         response = self.post()
 
         assert response.status_code == 500
