@@ -141,6 +141,16 @@ def _run_all(callbacks: list[Callable[[], None]]) -> None:
             raise
 
 
+def read_in_part(request: HttpRequest) -> bool:
+    """Whether the view began to read the body without Django keeping it (``read()``).
+
+    What is left is not the body: Django's own readers refuse it without the stream
+    (``RawPostDataException``), and the same request sent through again must fail on the
+    closed copy rather than run the view on the rest.
+    """
+    return bool(request.__dict__.get("_read_started")) and "_body" not in request.__dict__
+
+
 def close_spools_with(
     request: Any, response: HttpResponseBase | None, made_before: int = 0
 ) -> None:

@@ -21,7 +21,7 @@ from django.template.response import SimpleTemplateResponse
 from django_idempotency import adapters, engine
 from django_idempotency.adapters import NOT_A_FRAMEWORKS
 from django_idempotency.asynchronous import run_async
-from django_idempotency.body import SPOOLS, close_spools_with, django_request
+from django_idempotency.body import SPOOLS, close_spools_with, django_request, read_in_part
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import (
     DatabaseBusy,
@@ -151,25 +151,13 @@ def protect(
             finally:
                 del http_request.__dict__[_PROTECTED_WITH]
     except BaseException as error:
-        # After an error the copy stays the body until Django closes the request, for its
-        # error page and error report, or until a refusal's answer is closed (answered).
-        if not isinstance(error, Exception) or _read_in_part(http_request):
+        # After an error or a refusal the copy stays the body until Django closes the
+        # request, for its error page and error report, and for a logging middleware.
+        if not isinstance(error, Exception) or read_in_part(http_request):
             close_spools_with(http_request, None, copies_before)
-        elif isinstance(error, IdempotencyError):
-            http_request.__dict__[_REFUSED_AFTER] = copies_before
         raise
     close_spools_with(http_request, response, copies_before)
     return response
-
-
-def _read_in_part(http_request: HttpRequest) -> bool:
-    """Whether the view began to read the body without Django keeping it (``read()``).
-
-    What is left is not the body: Django's own readers refuse it without the stream
-    (``RawPostDataException``), and the same request sent through again must fail on the
-    closed copy rather than run the view on the rest.
-    """
-    return bool(http_request.__dict__.get("_read_started")) and "_body" not in http_request.__dict__
 
 
 def _protect_inside(
@@ -211,12 +199,7 @@ async def protect_async(
     # Reading a form's key copies the body, here, before protect() begins.
     http_request = request if isinstance(request, HttpRequest) else django_request(request)
     copies_before = len(http_request.__dict__.get(SPOOLS, ()))
-    try:
-        claims = await _may_claim_async(request, options.resolve())
-    except IdempotencyError:
-        http_request.__dict__[_REFUSED_AFTER] = copies_before  # a form's key refused
-        raise
-    if not claims:
+    if not await _may_claim_async(request, options.resolve()):
         # Nothing to claim: skip the hop to the request's thread.
         response = await handler()
         close_spools_with(request, response, copies_before)
@@ -573,7 +556,7 @@ class Guard:
         try:
             return protect(request, handler, options, sender=sender, finish=self.finish)
         except IdempotencyError as error:
-            return answered(request, self.answer(request, error))
+            return self.answer(request, error)
 
     async def acall(
         self, request: HttpRequest, handler: AsyncHandler, options: DeclaredOptions, sender: Any
@@ -583,28 +566,8 @@ class Guard:
         except IdempotencyError as error:
             if prefers_html(request):
                 # A page's template may query the database: not in the event loop.
-                answer = await sync_to_async(self.answer, thread_sensitive=True)(request, error)
-            else:
-                answer = self.answer(request, error)
-            return answered(request, answer)
-
-
-# Set on Django's request when a layer refuses it: how many copies of the body there were
-# before that layer began, so that its answer closes those made since (below).
-_REFUSED_AFTER = "_idempotency_refused_after"
-
-
-def answered(request: HttpRequest, answer: HttpResponseBase) -> HttpResponseBase:
-    """The answer to a refusal (400, 409, 422), which closes the body's copies made for it.
-
-    Until then the copy stays the body: a middleware logging the bodies of refused
-    requests, or the view's caller, reads it.
-    """
-    http_request = request if isinstance(request, HttpRequest) else django_request(request)
-    copies_before = http_request.__dict__.pop(_REFUSED_AFTER, None)
-    if copies_before is not None:
-        close_spools_with(http_request, answer, copies_before)
-    return answer
+                return await sync_to_async(self.answer, thread_sensitive=True)(request, error)
+            return self.answer(request, error)
 
 
 PLAIN = Guard()

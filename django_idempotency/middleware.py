@@ -38,7 +38,6 @@ from django.utils.module_loading import import_string
 from django_idempotency.adapters import NOT_A_FRAMEWORKS
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.core import (
-    answered,
     may_send_key,
     protect,
     protect_async,
@@ -132,7 +131,7 @@ class IdempotencyMiddleware:
         except (_NotReached, _NotRendered) as unfinished:
             return unfinished.response
         except IdempotencyError as error:
-            return answered(request, problem(error, request))
+            return problem(error, request)
 
     async def _call_async(self, request: HttpRequest) -> HttpResponseBase:
         protection = _protection(request)
@@ -156,7 +155,7 @@ class IdempotencyMiddleware:
         except (_NotReached, _NotRendered) as unfinished:
             return unfinished.response
         except IdempotencyError as error:
-            return answered(request, await aproblem(error, request))
+            return await aproblem(error, request)
 
     def process_view(
         self, request: HttpRequest, view_func: Any, view_args: Any, view_kwargs: Any

@@ -29,7 +29,7 @@ from rest_framework.views import APIView
 from django_idempotency import exceptions as core_exceptions
 from django_idempotency.adapters import Adapter, Layer, register
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.core import Answer, Guard, answered, may_claim, protect
+from django_idempotency.core import Answer, Guard, may_claim, protect
 from django_idempotency.decorators import dispatched_view
 from django_idempotency.marks import EXEMPT_ATTRIBUTE, is_exempt
 from django_idempotency.options import OPTION_NAMES, DeclaredOptions, NonAtomicRequests
@@ -282,7 +282,7 @@ def _shadow(view: Any, method: str, options: DeclaredOptions, answer: Answer) ->
             # with it, not as initial() saw it: a project may replace it in between.
             return protect(request, call, options, sender=sender, finish=partial(finish, request))
         except core_exceptions.IdempotencyError as error:
-            return answered(request, answer(request, error))
+            return answer(request, error)
 
     setattr(view, method, protected)
 
