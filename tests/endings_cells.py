@@ -24,7 +24,7 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlencode
 
 import requests
@@ -32,9 +32,9 @@ from celery import states
 from celery.result import AsyncResult
 
 from django_idempotency.models import IdempotencyKey
+from tests import endings_function, endings_tasks
 from tests.celery_worker import WorkerProcess
 from tests.databases import kill_connection
-from tests.endings_tasks import endings_atomic, endings_lease
 from tests.models import Order
 from tests.polling import in_background, wait_until
 from tests.server import ROOT, GunicornServer, kill9, wait_for_exit, wait_for_file
@@ -45,7 +45,7 @@ IN_FLIGHT = "IN_FLIGHT"
 SETTLE_LIMIT = 15.0
 REQUEST_TIMEOUT = 15.0
 #: Seconds a protected call may take in a caller process.
-CALL_LIMIT = 60.0
+CALL_LIMIT = 25.0  # past a hold's own limit (HOLD_LIMIT), inside in_background's
 #: What a browser asks for when it submits a form: HTML first.
 BROWSER_ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
 
@@ -74,6 +74,8 @@ class Cell:
     first: Answer | None = field(default=None, init=False)
     #: The framework ran the handler again by itself (Celery's retry, a requeue).
     retried_by_framework: bool = field(default=False, init=False)
+    #: Seconds a dead owner's claim holds: the lease its handler's protection was given.
+    lease_seconds: ClassVar[float]
 
     @property
     def tells_retry_after(self) -> bool:
@@ -112,6 +114,8 @@ class Cell:
 @dataclass
 class HttpCell(Cell):
     """A cell on gunicorn or uvicorn: the views under ``path`` (tests/endings_views.py)."""
+
+    lease_seconds = 2  # the servers' LEASE (tests/endings_settings.py)
 
     server: GunicornServer = field(kw_only=True)
     path: str = field(kw_only=True)
@@ -226,12 +230,13 @@ class HttpCell(Cell):
 class TaskCell(Cell):
     """A cell on a real Celery worker: ``tests.endings_tasks``, published by the test."""
 
+    lease_seconds = endings_tasks.LEASE_SECONDS
     worker: WorkerProcess = field(kw_only=True)
     results: list[AsyncResult] = field(default_factory=list, init=False)
 
     @property
     def task(self) -> Any:
-        return endings_atomic if self.atomic else endings_lease
+        return endings_tasks.endings_atomic if self.atomic else endings_tasks.endings_lease
 
     def publish(self) -> AsyncResult:
         result = self.task.apply_async(args=[self.key, self.ending])
@@ -352,17 +357,28 @@ class CallerProcesses:
         process.stdin.write(json.dumps(asked).encode() + b"\n")
         process.stdin.flush()
         ready, _, _ = select.select([process.stdout], [], [], CALL_LIMIT)
-        assert ready, f"a call took over {CALL_LIMIT} s: {self.errors(process)}"
+        if not ready:
+            self.replace(process)
+            raise AssertionError(f"a call took over {CALL_LIMIT} s: {self.errors(process)}")
         line = process.stdout.readline()
         if line:
+            answer = json.loads(line)
+            assert answer.pop("key") == asked["key"], f"another call's answer: {line!r}"
             with self.lock:
                 self.idle.append(process)
-            return json.loads(line)
+            return answer
         code = process.wait(timeout=CALL_LIMIT)
-        with self.lock:
-            self.idle.append(self.start())
+        self.replace(process)
         assert code == -9, f"a caller ended with {code}: {self.errors(process)}"
         return None
+
+    def replace(self, process: subprocess.Popen[bytes]) -> None:
+        """Start a caller in place of one killed or stuck (which is killed)."""
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        with self.lock:
+            self.idle.append(self.start())
 
     def errors(self, process: subprocess.Popen[bytes]) -> str:
         [log] = [log for started, log in self.started if started is process]
@@ -393,6 +409,7 @@ class FunctionCell(Cell):
     Tasks framework is not told (its result keeps the error's class only).
     """
 
+    lease_seconds = endings_function.LEASE_SECONDS
     caller: str = field(kw_only=True)
     callers: CallerProcesses = field(kw_only=True)
 

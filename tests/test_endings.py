@@ -408,6 +408,9 @@ def check_held(cell: Cell) -> None:
     assert held is not None, "the dead owner's claim was released"
     assert held.state == State.IN_PROGRESS, describe(held)
     assert held.locked_until is not None
+    # Held for the lease its protection was given (a heartbeat may have lengthened it).
+    lease = held.locked_until - held.created_at
+    assert lease >= timedelta(seconds=cell.lease_seconds - 0.1), f"held for {lease} only"
     assert runs(cell) == 1
     assert cell.rows() == 1
     run_out = held.locked_until + timedelta(milliseconds=50)
