@@ -40,7 +40,10 @@ def post(view: Callable[[HttpRequest], HttpResponse], key: str) -> HttpResponse:
         "/", b"{}", content_type="application/json", headers={"Idempotency-Key": key}
     )
     response = view(request)
-    response.close()  # as a server does once it is sent: the body's copy with it
+    # As Django's handler does once the response is sent: the body's copy closes with the
+    # response, or after a refusal with the request.
+    response.close()
+    request.close()
     return response
 
 
