@@ -151,13 +151,21 @@ def protect(
             finally:
                 del http_request.__dict__[_PROTECTED_WITH]
     except BaseException as error:
-        # After an error or a refusal the copy stays the body until Django closes the
-        # request, for its error page and error report, and for a logging middleware.
-        if not isinstance(error, Exception) or read_in_part(http_request):
-            close_spools_with(http_request, None, copies_before)
+        _ended_with(error, http_request, copies_before)
         raise
     close_spools_with(http_request, response, copies_before)
     return response
+
+
+def _ended_with(error: BaseException, http_request: HttpRequest, copies_before: int) -> None:
+    """After an error or a refusal the copy stays the body until Django closes the request.
+
+    Django's error page and error report, and a middleware logging the body, read it. It is
+    closed at once when the view began to read it itself (``read_in_part``) or on a
+    ``BaseException`` that is not an ``Exception``.
+    """
+    if not isinstance(error, Exception) or read_in_part(http_request):
+        close_spools_with(http_request, None, copies_before)
 
 
 def _protect_inside(
@@ -201,7 +209,11 @@ async def protect_async(
     copies_before = len(http_request.__dict__.get(SPOOLS, ()))
     if not await _may_claim_async(request, options.resolve()):
         # Nothing to claim: skip the hop to the request's thread.
-        response = await handler()
+        try:
+            response = await handler()
+        except BaseException as error:
+            _ended_with(error, http_request, copies_before)
+            raise
         close_spools_with(request, response, copies_before)
         return response
 

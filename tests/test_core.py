@@ -409,3 +409,24 @@ def test_a_view_refused_after_reading_part_of_the_body_is_not_run_on_the_rest() 
     assert refused.status_code == 409
 
     assert not IdempotencyKey.objects.exists()
+
+
+@csrf_exempt
+@idempotent
+async def async_reads_a_little_then_fails(request: HttpRequest) -> JsonResponse:
+    request.read(5)
+    raise RuntimeError("failed after reading part of the body")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("key", [None, "form-key-1"], ids=["no_key", "form_key"])
+def test_an_async_view_that_read_part_of_a_form_and_raised_closes_its_copy_at_once(key) -> None:
+    # With no key nothing is claimed, and the view runs outside protect(): the same rule.
+    form = {"item": "book", **({"idempotency_key": key} if key else {})}
+    request = RequestFactory().post("/orders/", form)
+    with pytest.raises(RuntimeError):
+        async_to_sync(async_reads_a_little_then_fails)(request)
+    closed = request._stream.closed
+    request.close()
+
+    assert closed, "the copy the view read part of stayed open"
