@@ -200,13 +200,15 @@ async def protect_async(
     *,
     sender: Any,
     finish: Finish = render,
+    copies_before: int | None = None,
 ) -> HttpResponseBase:
     """:func:`protect` for a coroutine handler: the same rules, and it finishes when cancelled."""
     if _protected_outside(request, options, sender):
         return await handler()
     # Reading a form's key copies the body, here, before protect() begins.
     http_request = request if isinstance(request, HttpRequest) else django_request(request)
-    copies_before = len(http_request.__dict__.get(SPOOLS, ()))
+    if copies_before is None:
+        copies_before = len(http_request.__dict__.get(SPOOLS, ()))
     if not await _may_claim_async(request, options.resolve()):
         # Nothing to claim: skip the hop to the request's thread.
         try:

@@ -36,6 +36,7 @@ from django.urls import Resolver404, resolve
 from django.utils.module_loading import import_string
 
 from django_idempotency.adapters import NOT_A_FRAMEWORKS
+from django_idempotency.body import SPOOLS
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.core import (
     may_send_key,
@@ -118,6 +119,8 @@ class IdempotencyMiddleware:
         if self.async_mode:
             return self._call_async(request)
         protection = _protection(request)
+        # Looking for a form's key copies the body: this layer's copy, closed with its response.
+        copies_before = len(request.__dict__.get(SPOOLS, ()))
         protecting = None if protection is None else _chosen(request, protection)
         if protecting is None:
             return self.get_response(request)
@@ -127,7 +130,14 @@ class IdempotencyMiddleware:
             return self._reached_view(request, self.get_response(request))
 
         try:
-            return protect(request, handler, options, sender=view, finish=_finish(request))
+            return protect(
+                request,
+                handler,
+                options,
+                sender=view,
+                finish=_finish(request),
+                copies_before=copies_before,
+            )
         except (_NotReached, _NotRendered) as unfinished:
             return unfinished.response
         except IdempotencyError as error:
@@ -135,6 +145,7 @@ class IdempotencyMiddleware:
 
     async def _call_async(self, request: HttpRequest) -> HttpResponseBase:
         protection = _protection(request)
+        copies_before = len(request.__dict__.get(SPOOLS, ()))
         protecting = None
         if protection is not None:
             if not idempotency_settings.required:
@@ -150,7 +161,12 @@ class IdempotencyMiddleware:
 
         try:
             return await protect_async(
-                request, handler, options, sender=view, finish=_finish(request)
+                request,
+                handler,
+                options,
+                sender=view,
+                finish=_finish(request),
+                copies_before=copies_before,
             )
         except (_NotReached, _NotRendered) as unfinished:
             return unfinished.response

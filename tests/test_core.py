@@ -430,3 +430,41 @@ def test_an_async_view_that_read_part_of_a_form_and_raised_closes_its_copy_at_on
     request.close()
 
     assert closed, "the copy the view read part of stayed open"
+
+
+def form_view_behind_the_middleware(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"item": request.POST["item"][:4]}, status=201)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_the_middleware_closes_the_copy_it_made_for_a_forms_key_with_its_response(
+    settings, tmp_path, asynchronous
+) -> None:
+    from django_idempotency.middleware import IdempotencyMiddleware
+
+    settings.FILE_UPLOAD_MAX_MEMORY_SIZE = 1024
+    settings.FILE_UPLOAD_TEMP_DIR = str(tmp_path)
+    settings.ROOT_URLCONF = __name__
+    request = RequestFactory().post(
+        "/behind-the-middleware/", {"item": "x" * 4096, "idempotency_key": "form-key-mw"}
+    )
+    view = form_view_behind_the_middleware
+
+    def get_response(request: HttpRequest) -> HttpResponseBase:
+        return middleware.process_view(request, view, (), {}) or view(request)
+
+    async def aget_response(request: HttpRequest) -> HttpResponseBase:
+        return await middleware.process_view(request, view, (), {}) or view(request)
+
+    middleware = IdempotencyMiddleware(aget_response if asynchronous else get_response)
+    response = async_to_sync(middleware)(request) if asynchronous else middleware(request)
+    assert response.status_code == 201
+    assert open_temporary_files(directory=str(tmp_path)) == 1
+
+    response.close()
+    assert open_temporary_files(directory=str(tmp_path)) == 0
+    request.close()
+
+
+urlpatterns += [path("behind-the-middleware/", form_view_behind_the_middleware)]
