@@ -16,7 +16,11 @@ from asgiref.sync import async_to_sync, sync_to_async
 T = TypeVar("T")
 
 
-async def run_async(run: Callable[[Callable[[], T]], T], body: Callable[[], Awaitable[T]]) -> T:
+async def run_async(
+    run: Callable[[Callable[[], T]], T],
+    body: Callable[[], Awaitable[T]],
+    dropped: Callable[[T], object] | None = None,
+) -> T:
     """``run(body)`` from async code, for a coroutine ``body``, finishing even when cancelled.
 
     Django ties a transaction to a thread's connection, so the engine runs
@@ -29,7 +33,8 @@ async def run_async(run: Callable[[Callable[[], T]], T], body: Callable[[], Awai
     A cancellation (the client went away) must not stop a body that may
     already have acted, nor make the engine treat it as a failure and give
     the key back: the call is shielded and runs to its end, its result is
-    stored, and only then is the cancellation passed on.
+    stored, and only then is the cancellation passed on; ``dropped`` is given
+    the result no one will receive (a response to close).
     """
 
     async def coroutine() -> T:
@@ -49,4 +54,6 @@ async def run_async(run: Callable[[Callable[[], T]], T], body: Callable[[], Awai
                 continue
             except BaseException:
                 break
+        if dropped is not None and not task.cancelled() and task.exception() is None:
+            dropped(task.result())
         raise

@@ -202,7 +202,10 @@ async def protect_async(
     finish: Finish = render,
     copies_before: int | None = None,
 ) -> HttpResponseBase:
-    """:func:`protect` for a coroutine handler: the same rules, and it finishes when cancelled."""
+    """:func:`protect` for a coroutine handler: the same rules, and it finishes when cancelled.
+
+    ``copies_before`` is :func:`protect`'s.
+    """
     if _protected_outside(request, options, sender):
         return await handler()
     # Reading a form's key copies the body, here, before protect() begins.
@@ -225,7 +228,12 @@ async def protect_async(
             request, body, options, sender=sender, finish=finish, copies_before=copies_before
         )
 
-    return await run_async(run, handler)
+    # A response that a cancellation drops is closed, and with it the body's copy.
+    return await run_async(run, handler, dropped=_close)
+
+
+def _close(response: HttpResponseBase) -> None:
+    response.close()
 
 
 def _call(

@@ -7,6 +7,7 @@ any other.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from typing import Any, ClassVar
@@ -468,3 +469,41 @@ def test_the_middleware_closes_the_copy_it_made_for_a_forms_key_with_its_respons
 
 
 urlpatterns += [path("behind-the-middleware/", form_view_behind_the_middleware)]
+
+
+#: The events of the cancelled view below: it says it started, then waits to be let go.
+cancelled_view_events: dict[str, asyncio.Event] = {}
+
+
+@csrf_exempt
+@idempotent
+async def waits_to_be_let_go(request: HttpRequest) -> JsonResponse:
+    cancelled_view_events["started"].set()
+    await cancelled_view_events["let_go"].wait()
+    return JsonResponse({"item": request.POST["item"][:4]}, status=201)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_response_a_cancellation_drops_closes_the_copy_of_the_body(settings, tmp_path):
+    settings.FILE_UPLOAD_MAX_MEMORY_SIZE = 1024
+    settings.FILE_UPLOAD_TEMP_DIR = str(tmp_path)
+    request = RequestFactory().post(
+        "/orders/", {"item": "x" * 4096, "idempotency_key": "form-key-cancelled"}
+    )
+
+    async def cancel_it_while_it_runs() -> None:
+        cancelled_view_events.update(started=asyncio.Event(), let_go=asyncio.Event())
+        view = asyncio.ensure_future(waits_to_be_let_go(request))
+        await cancelled_view_events["started"].wait()
+        view.cancel()  # as Django's ASGI handler does when the client goes away
+        cancelled_view_events["let_go"].set()
+        with pytest.raises(asyncio.CancelledError):
+            await view
+
+    async_to_sync(cancel_it_while_it_runs)()
+    open_after_the_cancellation = open_temporary_files(directory=str(tmp_path))
+    request.close()
+
+    # The view ran to its end and its response was stored, then dropped and closed.
+    assert IdempotencyKey.objects.get().state == IdempotencyKey.State.COMPLETED
+    assert open_after_the_cancellation == 0
