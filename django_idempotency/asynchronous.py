@@ -54,6 +54,7 @@ async def run_async(
                 continue
             except BaseException:
                 break
-        if dropped is not None and not task.cancelled() and task.exception() is None:
+        finished = task.done() and not task.cancelled() and task.exception() is None
+        if dropped is not None and finished:
             dropped(task.result())
         raise

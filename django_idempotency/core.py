@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Awaitable, Callable, Mapping
+from contextlib import suppress
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from typing import Any
@@ -228,12 +229,20 @@ async def protect_async(
             request, body, options, sender=sender, finish=finish, copies_before=copies_before
         )
 
-    # A response that a cancellation drops is closed, and with it the body's copy.
-    return await run_async(run, handler, dropped=_close)
+    return await run_async(run, handler, dropped=_release)
 
 
-def _close(response: HttpResponseBase) -> None:
-    response.close()
+def _release(response: HttpResponseBase) -> None:
+    """Run the closers of a response a cancellation dropped: the body's copies are among them.
+
+    Not ``close()``, which also sends ``request_finished``: Django's ASGI handler sends it for
+    the cancelled request, and an async receiver cannot be called from the event loop's thread.
+    """
+    closers = response._resource_closers  # type: ignore[attr-defined]
+    for closer in closers:
+        with suppress(Exception):
+            closer()
+    closers.clear()
 
 
 def _call(

@@ -500,10 +500,21 @@ def test_the_response_a_cancellation_drops_closes_the_copy_of_the_body(settings,
         with pytest.raises(asyncio.CancelledError):
             await view
 
-    async_to_sync(cancel_it_while_it_runs)()
+    finished: list[object] = []
+
+    async def a_projects_async_receiver(**kwargs: Any) -> None:
+        finished.append(kwargs)
+
+    # Django's ASGI handler sends request_finished for the cancelled request, not this.
+    request_finished.connect(a_projects_async_receiver)
+    try:
+        async_to_sync(cancel_it_while_it_runs)()
+    finally:
+        request_finished.disconnect(a_projects_async_receiver)
     open_after_the_cancellation = open_temporary_files(directory=str(tmp_path))
     request.close()
 
-    # The view ran to its end and its response was stored, then dropped and closed.
+    # The view ran to its end and its response was stored, then dropped and released.
     assert IdempotencyKey.objects.get().state == IdempotencyKey.State.COMPLETED
     assert open_after_the_cancellation == 0
+    assert finished == []
