@@ -200,8 +200,8 @@ async def protect_async(
     options: DeclaredOptions,
     *,
     sender: Any,
-    finish: Finish = render,
     copies_before: int | None = None,
+    finish: Finish = render,
 ) -> HttpResponseBase:
     """:func:`protect` for a coroutine handler: the same rules, and it finishes when cancelled.
 

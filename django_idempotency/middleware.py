@@ -129,14 +129,10 @@ class IdempotencyMiddleware:
         def handler() -> HttpResponseBase:
             return self._reached_view(request, self.get_response(request))
 
+        finish = _finish(request)
         try:
             return protect(
-                request,
-                handler,
-                options,
-                sender=view,
-                finish=_finish(request),
-                copies_before=copies_before,
+                request, handler, options, sender=view, finish=finish, copies_before=copies_before
             )
         except (_NotReached, _NotRendered) as unfinished:
             return unfinished.response
@@ -159,14 +155,10 @@ class IdempotencyMiddleware:
         async def handler() -> HttpResponseBase:
             return self._reached_view(request, await self.get_response(request))
 
+        finish = _finish(request)
         try:
             return await protect_async(
-                request,
-                handler,
-                options,
-                sender=view,
-                finish=_finish(request),
-                copies_before=copies_before,
+                request, handler, options, sender=view, finish=finish, copies_before=copies_before
             )
         except (_NotReached, _NotRendered) as unfinished:
             return unfinished.response
