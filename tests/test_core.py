@@ -437,19 +437,10 @@ def form_view_behind_the_middleware(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"item": request.POST["item"][:4]}, status=201)
 
 
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
-def test_the_middleware_closes_the_copy_it_made_for_a_forms_key_with_its_response(
-    settings, tmp_path, asynchronous
-) -> None:
+def through_the_middleware(request: HttpRequest, asynchronous: bool) -> HttpResponseBase:
+    """``request`` through ``IdempotencyMiddleware`` alone, called directly, to the form view."""
     from django_idempotency.middleware import IdempotencyMiddleware
 
-    settings.FILE_UPLOAD_MAX_MEMORY_SIZE = 1024
-    settings.FILE_UPLOAD_TEMP_DIR = str(tmp_path)
-    settings.ROOT_URLCONF = __name__
-    request = RequestFactory().post(
-        "/behind-the-middleware/", {"item": "x" * 4096, "idempotency_key": "form-key-mw"}
-    )
     view = form_view_behind_the_middleware
 
     def get_response(request: HttpRequest) -> HttpResponseBase:
@@ -459,13 +450,73 @@ def test_the_middleware_closes_the_copy_it_made_for_a_forms_key_with_its_respons
         return await middleware.process_view(request, view, (), {}) or view(request)
 
     middleware = IdempotencyMiddleware(aget_response if asynchronous else get_response)
-    response = async_to_sync(middleware)(request) if asynchronous else middleware(request)
-    assert response.status_code == 201
-    assert open_temporary_files(directory=str(tmp_path)) == 1
+    return async_to_sync(middleware)(request) if asynchronous else middleware(request)
 
-    response.close()
-    assert open_temporary_files(directory=str(tmp_path)) == 0
-    request.close()
+
+def big_form(item: str, key: str) -> HttpRequest:
+    """A form past ``FILE_UPLOAD_MAX_MEMORY_SIZE`` (set by ``behind_the_middleware``)."""
+    return RequestFactory().post(
+        "/behind-the-middleware/", {"item": item * 4096, "idempotency_key": key}
+    )
+
+
+@pytest.fixture
+def behind_the_middleware(settings, tmp_path) -> Any:
+    settings.FILE_UPLOAD_MAX_MEMORY_SIZE = 1024
+    settings.FILE_UPLOAD_TEMP_DIR = str(tmp_path)
+    settings.ROOT_URLCONF = __name__
+    return lambda: open_temporary_files(directory=str(tmp_path))
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+class MiddlewareCopiesTests:
+    """The copies of the body behind ``IdempotencyMiddleware``, called directly."""
+
+    def test_it_closes_the_copy_it_made_for_a_forms_key_with_its_response(
+        self, behind_the_middleware, asynchronous
+    ) -> None:
+        open_files = behind_the_middleware
+        request = big_form("x", "form-key-mw")
+        response = through_the_middleware(request, asynchronous)
+        assert response.status_code == 201
+        assert open_files() == 1
+
+        response.close()
+        assert open_files() == 0
+        request.close()
+
+    def test_a_request_it_refuses_keeps_its_copy_until_the_request_closes(
+        self, behind_the_middleware, asynchronous
+    ) -> None:
+        open_files = behind_the_middleware
+        first = big_form("x", "form-key-refused")
+        through_the_middleware(first, asynchronous).close()
+        first.close()
+        request = big_form("y", "form-key-refused")  # another body: 422
+        refused = through_the_middleware(request, asynchronous)
+        assert refused.status_code == 422
+        refused.close()
+        assert open_files() == 1  # the body, for a logger
+
+        request.close()
+        assert open_files() == 0
+
+    def test_a_copy_made_before_it_is_left_to_the_request(
+        self, behind_the_middleware, asynchronous
+    ) -> None:
+        from django_idempotency.body import body_stream
+
+        open_files = behind_the_middleware
+        request = big_form("x", "form-key-made-before")
+        body_stream(request)  # a caller's layer copied the body first
+        response = through_the_middleware(request, asynchronous)
+        assert response.status_code == 201
+        response.close()
+        assert open_files() == 1
+
+        request.close()
+        assert open_files() == 0
 
 
 urlpatterns += [path("behind-the-middleware/", form_view_behind_the_middleware)]
