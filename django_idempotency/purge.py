@@ -388,6 +388,20 @@ def _batch_where(
     return f"{where} AND {_names(connection)[2]} >= %s", [*params, passed]
 
 
+def _delete_first(connection: BaseDatabaseWrapper, where: str) -> str:
+    """``DELETE`` of the first rows by expiry matching ``where``, ``LIMIT`` the last parameter.
+
+    MySQL/MariaDB delete by ``ORDER BY expires_at LIMIT``, not by keys
+    (:func:`_delete_batch_bounded` says why); SQLite, without ``LIMIT`` on
+    ``DELETE``, by a subquery's keys (it serialises writers anyway).
+    """
+    table, pk, expires = _names(connection)
+    if connection.vendor == "mysql":
+        return f"DELETE FROM {table} WHERE {where} ORDER BY {expires} LIMIT %s"
+    batch = f"SELECT {pk} FROM {table} WHERE {where} ORDER BY {expires} LIMIT %s"
+    return f"DELETE FROM {table} WHERE {pk} IN ({batch})"
+
+
 def _delete_batch_returning(
     connection: BaseDatabaseWrapper, cutoff: datetime, batch_size: int, passed: Any
 ) -> Batch:
@@ -396,19 +410,11 @@ def _delete_batch_returning(
     One statement, its own transaction under autocommit. ``RETURNING`` gives
     where the batch ended, so the next does not step again over the retained
     claims ahead of the rows it deletes (expiries as stored:
-    :func:`_expiry_as_stored`). MariaDB deletes by ``ORDER BY expires_at
-    LIMIT``, not by keys (:func:`_delete_batch_bounded` says why); SQLite,
-    without ``LIMIT`` on ``DELETE``, by a subquery's keys (it serialises
-    writers anyway).
+    :func:`_expiry_as_stored`), in the statement :func:`_delete_first` writes.
     """
-    table, pk, expires = _names(connection)
     where, params = _batch_where(connection, cutoff, passed)
-    returned = _expiry_as_stored(connection, expires)
-    if connection.vendor == "mysql":
-        sql = f"DELETE FROM {table} WHERE {where} ORDER BY {expires} LIMIT %s RETURNING {returned}"
-    else:
-        batch = f"SELECT {pk} FROM {table} WHERE {where} ORDER BY {expires} LIMIT %s"
-        sql = f"DELETE FROM {table} WHERE {pk} IN ({batch}) RETURNING {returned}"
+    returned = _expiry_as_stored(connection, _names(connection)[2])
+    sql = f"{_delete_first(connection, where)} RETURNING {returned}"
     with connection.cursor() as cursor:
         cursor.execute(sql, [*params, batch_size])
         gone = [row[0] for row in cursor.fetchall()]
@@ -435,7 +441,7 @@ def _delete_batch_bounded(
     finds its rows gone behind that wait ends early, leaving the rest to
     the purge that deleted them.
     """
-    table, pk, expires = _names(connection)
+    table, _, expires = _names(connection)
     where, params = _batch_where(connection, cutoff, passed)
     with connection.cursor() as cursor:
         cursor.execute(
@@ -448,12 +454,7 @@ def _delete_batch_bounded(
         if boundary is not None:
             where = f"{where} AND {expires} <= %s"
             params.append(boundary)
-        if connection.vendor == "mysql":
-            sql = f"DELETE FROM {table} WHERE {where} ORDER BY {expires} LIMIT %s"
-        else:
-            batch = f"SELECT {pk} FROM {table} WHERE {where} ORDER BY {expires} LIMIT %s"
-            sql = f"DELETE FROM {table} WHERE {pk} IN ({batch})"
-        cursor.execute(sql, [*params, batch_size])
+        cursor.execute(_delete_first(connection, where), [*params, batch_size])
         removed = cursor.rowcount
     return Batch(removed, passed if boundary is None else boundary)
 
