@@ -17,6 +17,7 @@ A failed check raises ``AssertionError``.
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import json
 import threading
@@ -127,10 +128,11 @@ def assert_idempotent(
     else:
         answers = [send(client, data, key) for _ in range(duplicates)]
     for index, answer in enumerate(answers, start=1):
-        if run_concurrently and answer.status_code == 409:
-            assert answer.has_header("Retry-After"), f"duplicate {index}: 409 without Retry-After"
-            continue
-        _assert_replay(first, answer, f"duplicate {index}")
+        # Only a concurrent duplicate may still find the first in flight.
+        if run_concurrently:
+            _outcome(first, answer, f"duplicate {index}")
+        else:
+            _assert_replay(first, answer, f"duplicate {index}")
 
     mismatch = None
     if changed_data is None and isinstance(data, dict):
@@ -312,14 +314,10 @@ def race_duplicates(
             f"{before!r} to {after!r} while {duplicates} duplicates raced the original; "
             f"one run changes it by {one_effect!r}"
         )
-    outcomes: list[Outcome] = []
-    for index, answer in enumerate(run.duplicates, start=1):
-        if answer.status_code == 409:
-            assert answer.has_header("Retry-After"), f"duplicate {index}: 409 without Retry-After"
-            outcomes.append("in_flight")
-            continue
-        _assert_replay(original, answer, f"duplicate {index}")
-        outcomes.append("replayed")
+    outcomes = [
+        _outcome(original, answer, f"duplicate {index}")
+        for index, answer in enumerate(run.duplicates, start=1)
+    ]
     if expect is None:
         expect = "replayed" if run.in_transaction else "in_flight"
     check = RaceCheck(
@@ -381,12 +379,14 @@ def _client_maker(client: Any) -> Callable[[], Any]:
     if callable(client):
         return client  # a class or a factory
 
-    def copied() -> Any:
-        own_client = copy.copy(client)
-        own_client.cookies = copy.deepcopy(client.cookies)
-        return own_client
+    return functools.partial(_own_copy, client)
 
-    return copied
+
+def _own_copy(client: Any) -> Any:
+    """A copy for one thread (a test client is not thread-safe), with cookies of its own."""
+    own_client = copy.copy(client)
+    own_client.cookies = copy.deepcopy(client.cookies)
+    return own_client
 
 
 def _difference(before: Any, after: Any) -> Any:
@@ -499,6 +499,15 @@ def _assert_replay(first: HttpResponseBase, answer: HttpResponseBase, what: str)
         assert answer.get(name) == first.get(name), f"{what} replayed a different {name} header"
 
 
+def _outcome(original: HttpResponseBase, answer: HttpResponseBase, what: str) -> Outcome:
+    """How a duplicate sent while the original ran was answered; anything else fails."""
+    if answer.status_code == 409:
+        assert answer.has_header("Retry-After"), f"{what}: 409 without Retry-After"
+        return "in_flight"
+    _assert_replay(original, answer, what)
+    return "replayed"
+
+
 def _assert_no_body_headers(answer: HttpResponseBase, what: str) -> None:
     """A replay without its body has no header describing one but ``Content-Length: 0``."""
     from django_idempotency.responses import BODY_HEADERS
@@ -524,8 +533,7 @@ def _send_concurrently(
     start = threading.Barrier(count)
 
     def worker(index: int) -> None:
-        own_client = copy.copy(client)  # clients are not thread-safe; cookies are copied
-        own_client.cookies = copy.deepcopy(client.cookies)
+        own_client = _own_copy(client)
         try:
             start.wait()
             results[index] = send(own_client, data, key)
