@@ -124,7 +124,11 @@ def in_use(*, importing: bool = False) -> list[Adapter]:
 NOT_A_FRAMEWORKS: Mapping[str, Any] = MappingProxyType({})
 
 
-def reach(request: Any) -> tuple[HttpRequest, Mapping[str, Any], Adapter | None]:
+#: What :func:`reach` gives: Django's request, what was set on a framework's, its adapter.
+Reached = tuple[HttpRequest, Mapping[str, Any], "Adapter | None"]
+
+
+def reach(request: Any) -> Reached:
     """Django's request under ``request``, what was set on ``request`` itself, and its adapter.
 
     A framework's request (DRF's) proxies Django's attributes, raising and

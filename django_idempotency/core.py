@@ -34,19 +34,21 @@ from django_idempotency.exceptions import (
     ResultNotStored,
 )
 from django_idempotency.fields import FINGERPRINT_COLUMN_LENGTH
+from django_idempotency.fingerprint import fingerprint_of, request_fingerprint
 from django_idempotency.forms import form_key, is_form
 from django_idempotency.info import IdempotencyInfo
 from django_idempotency.keys import PLAIN_KEY, check_key, parse_key
 from django_idempotency.options import DeclaredOptions, Options
 from django_idempotency.pages import prefers_html
 from django_idempotency.responses import capture, is_storable, problem, problem_for, replay
-from django_idempotency.scopes import fit_key_column
+from django_idempotency.scopes import fit_key_column, scope_of, user_scope
 from django_idempotency.store import StoredResponse
 
 Handler = Callable[[], HttpResponseBase]
 AsyncHandler = Callable[[], Awaitable[HttpResponseBase]]
 Finish = Callable[[HttpResponseBase], HttpResponseBase]
 Answer = Callable[[Any, IdempotencyError], HttpResponseBase]
+Reached = adapters.Reached
 
 # Set on Django's request by the layer that claims the key, while its call runs: its options
 # and the request it took the scope from, so that an inner layer, given that request, a
@@ -131,19 +133,20 @@ def protect(
     # A framework's request (DRF's) is read through the Django request inside it now, as
     # the handler is called with it (adapters.reach).
     if isinstance(request, HttpRequest):
-        http_request, own = request, NOT_A_FRAMEWORKS
+        reached: Reached = (request, NOT_A_FRAMEWORKS, None)
     else:
-        http_request, own, _ = adapters.reach(request)
+        reached = adapters.reach(request)
+    http_request = reached[0]
     outer = http_request.__dict__.get(_PROTECTED_WITH)
     if outer is not None:
         # Inside another claim, whose layer reads the body into its copy and closes it.
-        return _protect_inside(request, http_request, own, options, sender, finish, handler)
+        return _protect_inside(request, reached, options, sender, finish, handler)
     # The copies of the body made before (a caller's, which may still read it) stay open.
     if copies_before is None:
         copies_before = len(http_request.__dict__.get(SPOOLS, ()))
     try:
         # The fingerprint reads the body into a copy, which becomes the body the view reads.
-        call = _call(request, http_request, own, options, sender, finish)
+        call = _call(request, reached, options, sender, finish)
         if call is None:
             response: HttpResponseBase = handler()
         else:
@@ -171,8 +174,7 @@ def _ended_with(error: BaseException, http_request: HttpRequest, copies_before: 
 
 def _protect_inside(
     request: HttpRequest,
-    http_request: HttpRequest,
-    own: Mapping[str, Any],
+    reached: Reached,
     options: DeclaredOptions,
     sender: Any,
     finish: Finish,
@@ -182,9 +184,10 @@ def _protect_inside(
 
     Either way the caller's mark and ``request.idempotency`` are put back when it ends.
     """
+    http_request = reached[0]
     outer = http_request.__dict__[_PROTECTED_WITH]
     kept = request.__dict__.get("idempotency")
-    call = _call(request, http_request, own, options, sender, finish)
+    call = _call(request, reached, options, sender, finish)
     try:
         return handler() if call is None else call.run(handler)
     finally:
@@ -247,8 +250,7 @@ def _release(response: HttpResponseBase) -> None:
 
 def _call(
     request: HttpRequest,
-    http_request: HttpRequest,
-    own: Mapping[str, Any],
+    reached: Reached,
     declared: DeclaredOptions,
     sender: Any,
     finish: Finish,
@@ -260,9 +262,11 @@ def _call(
     as this one would (one that protects it otherwise raises ``ImproperlyConfigured``,
     :func:`_protected_outside`).
 
-    ``http_request`` is Django's request (``request`` or the one inside it); ``own``, what
-    was set on a framework's ``request`` itself, which comes first (``adapters.reach``).
+    ``reached`` is what ``adapters.reach(request)`` gives: Django's request (``request`` or
+    the one inside it), what was set on a framework's ``request`` itself, which comes
+    first, and the framework's adapter. The default scope and fingerprint are given it.
     """
+    http_request, own, adapter = reached
     if _PROTECTED_WITH in http_request.__dict__ and _protected_outside(request, declared, sender):
         return None
     # Resolved once per view, until the settings change.
@@ -286,10 +290,16 @@ def _call(
             raise IdempotencyKeyRequired(_missing_key(request, options))
         # A key function's value or a form's field has no header syntax to parse.
         key = check_key(raw_key, conf.key_max_length, conf.key_min_length)
-    scope = options.scope(request)
+    if options.scope is user_scope:
+        scope = scope_of(request, http_request, own)
+    else:
+        scope = options.scope(request)
     if not isinstance(scope, str):
         _refuse_text("scope", scope, options.scope)
-    fingerprint = options.fingerprint(request)
+    if options.fingerprint is request_fingerprint:
+        fingerprint = fingerprint_of(request, http_request, own, adapter)
+    else:
+        fingerprint = options.fingerprint(request)
     if not isinstance(fingerprint, str):
         _refuse_text("fingerprint", fingerprint, options.fingerprint)
     if len(fingerprint) > FINGERPRINT_COLUMN_LENGTH:

@@ -25,7 +25,7 @@ from django.http.request import RawPostDataException
 from django.utils.datastructures import MultiValueDict
 from django.utils.http import parse_header_parameters
 
-from django_idempotency.adapters import NOT_A_FRAMEWORKS, reach
+from django_idempotency.adapters import NOT_A_FRAMEWORKS, Adapter, reach
 from django_idempotency.body import CHUNK_SIZE, body_stream
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.forms import FORM, MULTIPART, left_out, parsed_multipart
@@ -38,11 +38,19 @@ def request_fingerprint(request: HttpRequest) -> str:
     The rules are described in ``docs/fingerprint.rst``.
     """
     if isinstance(request, HttpRequest):
-        http_request, own, adapter = request, NOT_A_FRAMEWORKS, None
-    else:
-        http_request, own, adapter = reach(request)
-        if http_request is request:
-            adapter = None
+        return fingerprint_of(request, request, NOT_A_FRAMEWORKS, None)
+    return fingerprint_of(request, *reach(request))
+
+
+def fingerprint_of(
+    request: HttpRequest,
+    http_request: HttpRequest,
+    own: Mapping[str, Any],
+    adapter: Adapter | None,
+) -> str:
+    """:func:`request_fingerprint` given what ``adapters.reach`` gives, which the core has."""
+    if http_request is request:
+        adapter = None
     media_type, _ = parse_header_parameters(http_request.META.get("CONTENT_TYPE", ""))
     media_type = media_type.lower()
     query_string = http_request.META.get("QUERY_STRING", "")

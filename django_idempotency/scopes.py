@@ -12,6 +12,7 @@ fallbacks of :func:`user_scope`.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from typing import Any
 
 from django.http import HttpRequest
@@ -49,14 +50,20 @@ def user_scope(request: HttpRequest) -> str:
     (an API key in another header, in the query string or in the body) are
     not seen: use a scope function of your own for them.
     """
+    if isinstance(request, HttpRequest):
+        return scope_of(request, request, NOT_A_FRAMEWORKS)
+    http_request, own, _ = reach(request)
+    return scope_of(request, http_request, own)
+
+
+def scope_of(request: HttpRequest, http_request: HttpRequest, own: Mapping[str, Any]) -> str:
+    """:func:`user_scope` given what ``adapters.reach`` gives, which the core has.
+
+    What was set on a framework's request itself (``own``) comes first.
+    """
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated:
         return f"user:{user.pk}"
-    # What was set on a framework's request itself comes first (adapters.reach).
-    if isinstance(request, HttpRequest):
-        http_request, own = request, NOT_A_FRAMEWORKS
-    else:
-        http_request, own, _ = reach(request)
     session = own.get("session")
     if session is None:
         session = getattr(http_request, "session", None)

@@ -248,14 +248,14 @@ def _protect_handler(view: Any, request: Request, options: DeclaredOptions, answ
     another (``self.post(clone_request(request, "POST"))``) runs inside that one's claim.
     """
     for method in (options.resolved or options.resolve()).methods:
-        _shadow(view, method.lower(), options, answer)
+        name = method.lower()
+        handler = getattr(view, name, None)
+        if handler is not None:
+            _shadow(view, name, handler, options, answer)
 
 
-def _shadow(view: Any, method: str, options: DeclaredOptions, answer: Answer) -> None:
-    """Shadow the view's handler of ``method``, if it has one, with a protected one."""
-    handler = getattr(view, method, None)
-    if handler is None:
-        return
+def _shadow(view: Any, method: str, handler: Any, options: DeclaredOptions, answer: Answer) -> None:
+    """Shadow the view's ``handler`` of ``method`` with a protected one."""
     sender = type(view)
     # iscoroutinefunction(handler), cheaper: a function with an empty __dict__ carries no
     # marker, so its code's flag is the whole answer.
