@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from asgiref.sync import async_to_sync, sync_to_async
 
@@ -34,7 +34,8 @@ async def run_async(
     already have acted, nor make the engine treat it as a failure and give
     the key back: the call is shielded and runs to its end, its result is
     stored, and only then is the cancellation passed on; ``dropped`` is given
-    the result no one will receive (a response to close).
+    the result no one will receive (a response to close), in the same thread,
+    as Django closes a response: what it runs may be sync-only.
     """
 
     async def coroutine() -> T:
@@ -47,14 +48,21 @@ async def run_async(
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
-        while not task.done():
-            try:
-                await asyncio.shield(task)
-            except asyncio.CancelledError:
-                continue
-            except BaseException:
-                break
-        finished = task.done() and not task.cancelled() and task.exception() is None
-        if dropped is not None and finished:
-            dropped(task.result())
+        if await _to_its_end(task) is None and dropped is not None:
+            release = sync_to_async(dropped, thread_sensitive=True)(task.result())
+            await _to_its_end(asyncio.ensure_future(release))
         raise
+
+
+async def _to_its_end(task: asyncio.Future[Any]) -> BaseException | None:
+    """Wait for ``task`` however often the waiter is cancelled; what ended it, if not a result."""
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            continue
+        except BaseException:
+            break
+    if not task.done() or task.cancelled():
+        return asyncio.CancelledError()
+    return task.exception()

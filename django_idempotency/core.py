@@ -7,6 +7,7 @@ before it is stored, and how an error of ours is answered.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import suppress
@@ -232,7 +233,13 @@ async def protect_async(
             request, body, options, sender=sender, finish=finish, copies_before=copies_before
         )
 
-    return await run_async(run, handler, dropped=_release)
+    try:
+        return await run_async(run, handler, dropped=_release)
+    except asyncio.CancelledError:
+        # The call has ended (run_async waits for it), and Django does not close a cancelled
+        # request: a copy an error or a refusal left to the request's close is closed now.
+        close_spools_with(http_request, None, copies_before)
+        raise
 
 
 def _release(response: HttpResponseBase) -> None:

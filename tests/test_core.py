@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 from typing import Any, ClassVar
 
 import django
@@ -522,7 +523,7 @@ class MiddlewareCopiesTests:
 urlpatterns += [path("behind-the-middleware/", form_view_behind_the_middleware)]
 
 
-#: The events of the cancelled view below: it says it started, then waits to be let go.
+#: The events of the cancelled views below: each says it started, then waits to be let go.
 cancelled_view_events: dict[str, asyncio.Event] = {}
 
 
@@ -534,23 +535,67 @@ async def waits_to_be_let_go(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"item": request.POST["item"][:4]}, status=201)
 
 
-@pytest.mark.django_db(transaction=True)
-def test_the_response_a_cancellation_drops_closes_the_copy_of_the_body(settings, tmp_path):
-    settings.FILE_UPLOAD_MAX_MEMORY_SIZE = 1024
-    settings.FILE_UPLOAD_TEMP_DIR = str(tmp_path)
-    request = RequestFactory().post(
-        "/orders/", {"item": "x" * 4096, "idempotency_key": "form-key-cancelled"}
-    )
+@csrf_exempt
+@idempotent
+async def fails_once_let_go(request: HttpRequest) -> JsonResponse:
+    cancelled_view_events["started"].set()
+    await cancelled_view_events["let_go"].wait()
+    raise ValueError("the view failed after its client went away")
 
-    async def cancel_it_while_it_runs() -> None:
+
+#: What the closer of the response below saw: the thread it ran in, and a query's answer.
+closer_saw: dict[str, Any] = {}
+
+
+@csrf_exempt
+@idempotent
+async def answers_with_a_closer_that_queries(request: HttpRequest) -> JsonResponse:
+    cancelled_view_events["started"].set()
+    await cancelled_view_events["let_go"].wait()
+    response = JsonResponse({"item": "book"}, status=201)
+
+    def closer() -> None:
+        closer_saw["in_the_event_loop"] = in_an_event_loop()
+        closer_saw["keys"] = IdempotencyKey.objects.count()  # sync-only: the ORM
+
+    response._resource_closers.append(closer)
+    return response
+
+
+def in_an_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def cancel_while_it_runs(view: Any, request: HttpRequest) -> None:
+    """Call ``view``, cancel it once it started, as Django's ASGI handler does when the client
+    goes away, then let it go on."""
+
+    async def cancel() -> None:
         cancelled_view_events.update(started=asyncio.Event(), let_go=asyncio.Event())
-        view = asyncio.ensure_future(waits_to_be_let_go(request))
+        running = asyncio.ensure_future(view(request))
         await cancelled_view_events["started"].wait()
-        view.cancel()  # as Django's ASGI handler does when the client goes away
+        running.cancel()
         cancelled_view_events["let_go"].set()
         with pytest.raises(asyncio.CancelledError):
-            await view
+            await running
 
+    async_to_sync(cancel)()
+
+
+def big_form_to(settings: Any, tmp_path: Any, key: str, item: str = "x") -> HttpRequest:
+    """A form whose copy of the body is a file in ``tmp_path``."""
+    settings.FILE_UPLOAD_MAX_MEMORY_SIZE = 1024
+    settings.FILE_UPLOAD_TEMP_DIR = str(tmp_path)
+    return RequestFactory().post("/orders/", {"item": item * 4096, "idempotency_key": key})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_response_a_cancellation_drops_closes_the_copy_of_the_body(settings, tmp_path):
+    request = big_form_to(settings, tmp_path, "form-key-cancelled")
     finished: list[object] = []
 
     async def a_projects_async_receiver(**kwargs: Any) -> None:
@@ -559,7 +604,7 @@ def test_the_response_a_cancellation_drops_closes_the_copy_of_the_body(settings,
     # Django's ASGI handler sends request_finished for the cancelled request, not this.
     request_finished.connect(a_projects_async_receiver)
     try:
-        async_to_sync(cancel_it_while_it_runs)()
+        cancel_while_it_runs(waits_to_be_let_go, request)
     finally:
         request_finished.disconnect(a_projects_async_receiver)
     open_after_the_cancellation = open_temporary_files(directory=str(tmp_path))
@@ -569,3 +614,71 @@ def test_the_response_a_cancellation_drops_closes_the_copy_of_the_body(settings,
     assert IdempotencyKey.objects.get().state == IdempotencyKey.State.COMPLETED
     assert open_after_the_cancellation == 0
     assert finished == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancelled_view_that_then_fails_closes_the_copy_of_the_body(settings, tmp_path):
+    # Django does not close a cancelled request: the copy an error leaves to it is closed.
+    request = big_form_to(settings, tmp_path, "form-key-cancelled-fails")
+
+    cancel_while_it_runs(fails_once_let_go, request)
+    open_after_the_cancellation = open_temporary_files(directory=str(tmp_path))
+    request.close()
+
+    assert not IdempotencyKey.objects.exists()  # the failure gave the key back
+    assert open_after_the_cancellation == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_closers_of_a_dropped_response_run_in_the_requests_thread(settings, tmp_path):
+    # As Django closes a response: out of the event loop, where the ORM may be used.
+    closer_saw.clear()
+    request = big_form_to(settings, tmp_path, "form-key-cancelled-closer")
+
+    cancel_while_it_runs(answers_with_a_closer_that_queries, request)
+    request.close()
+
+    assert closer_saw == {"in_the_event_loop": False, "keys": 1}
+
+
+#: The scope function below waits here, in the request's thread, before the claim.
+in_the_scope, let_the_scope_go = threading.Event(), threading.Event()
+
+
+def waits_in_the_scope(request: HttpRequest) -> str:
+    in_the_scope.set()
+    let_the_scope_go.wait(timeout=30)  # a bound should the test fail, not a synchronisation
+    return "cancelled-before-its-claim"
+
+
+@csrf_exempt
+@idempotent(scope=waits_in_the_scope)
+async def cancelled_before_its_claim(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"item": request.POST["item"][:4]}, status=201)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_request_cancelled_then_refused_closes_the_copy_of_the_body(settings, tmp_path):
+    let_the_scope_go.set()
+    first = big_form_to(settings, tmp_path, "form-key-then-refused")
+    async_to_sync(cancelled_before_its_claim)(first).close()
+    first.close()
+    in_the_scope.clear()
+    let_the_scope_go.clear()
+    # The same key with another body, cancelled before its claim refuses it (422).
+    other = big_form_to(settings, tmp_path, "form-key-then-refused", item="y")
+
+    async def cancel_in_the_scope() -> None:
+        running = asyncio.ensure_future(cancelled_before_its_claim(other))
+        await asyncio.get_running_loop().run_in_executor(None, in_the_scope.wait, 30)
+        running.cancel()  # as asyncio.wait_for does on its timeout
+        let_the_scope_go.set()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+
+    async_to_sync(cancel_in_the_scope)()
+    open_after_the_cancellation = open_temporary_files(directory=str(tmp_path))
+    other.close()
+
+    assert IdempotencyKey.objects.count() == 1
+    assert open_after_the_cancellation == 0
