@@ -119,9 +119,12 @@ class IdempotencyMiddleware:
         if self.async_mode:
             return self._call_async(request)
         protection = _protection(request)
-        # Looking for a form's key copies the body: this layer's copy, closed with its response.
-        copies_before = len(request.__dict__.get(SPOOLS, ()))
-        protecting = None if protection is None else _chosen(request, protection)
+        protecting = None
+        if protection is not None:
+            # Looking for a form's key copies the body: this layer's copy, closed with its
+            # response.
+            copies_before = len(request.__dict__.get(SPOOLS, ()))
+            protecting = _chosen(request, protection)
         if protecting is None:
             return self.get_response(request)
         view, options = protecting
@@ -141,9 +144,9 @@ class IdempotencyMiddleware:
 
     async def _call_async(self, request: HttpRequest) -> HttpResponseBase:
         protection = _protection(request)
-        copies_before = len(request.__dict__.get(SPOOLS, ()))
         protecting = None
         if protection is not None:
+            copies_before = len(request.__dict__.get(SPOOLS, ()))
             if not idempotency_settings.required:
                 await read_form_key(request)
             protecting = _chosen(request, protection)
