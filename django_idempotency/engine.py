@@ -10,6 +10,7 @@ import contextvars
 import enum
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, TypeVar
 
+from django.core.handlers.asgi import ASGIRequest
 from django.core.signals import request_finished, request_started
 from django.db import DatabaseError, Error, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -773,9 +775,12 @@ class Call:
 # The request's end. Lease mode on its own connection stores the response inside the
 # request's transaction; if that rolls back after the view returned, the committed claim is
 # released when the request ends (docs/decorator.rst). A view's release is tied to its request
-# object (under ASGI the view and the request's close run in different contexts); a
-# function's to request_finished, under WSGI only: under ASGI request_started runs in a
-# context the view does not see. Elsewhere the key stays claimed until its lease runs out.
+# object (under ASGI the view and the request's close run in different contexts), and, under
+# ASGI, to request_finished in the view's thread too: Django's ASGI handler does not close the
+# request of a view it cancelled (the client went away), but sends request_finished in that
+# thread once the view has ended. A function's release is tied to request_finished, under
+# WSGI only: under ASGI request_started runs in a context the function does not see.
+# Elsewhere the key stays claimed until its lease runs out.
 
 Release = Callable[[], None]
 
@@ -819,18 +824,45 @@ def at_request_end(using: str, then: Release, request: Any) -> None:
 
     if pending is not None:
         pending.append(when_ended)
-    else:
-        when_closed(django_request(request), when_ended)
+        return
+    http_request = django_request(request)
+    if not isinstance(http_request, ASGIRequest):
+        when_closed(http_request, when_ended)
+        return
+    once = _once(when_ended)
+    when_closed(http_request, once)
+    unclosed: list[Release] | None = getattr(_this_thread, "unclosed", None)
+    if unclosed is None:
+        unclosed = _this_thread.unclosed = []
+    unclosed.append(once)
+
+
+def _once(callback: Release) -> Release:
+    """``callback``, called at the first call only: the request's close or request_finished."""
+    left = [callback]
+
+    def call_once() -> None:
+        if left:
+            left.pop()()
+
+    return call_once
+
+
+# What the views of this thread's ASGI request left for its end.
+_this_thread = threading.local()
 
 
 def _request_started(**kwargs: Any) -> None:
     _pending.set([])
+    _this_thread.unclosed = []
 
 
 def _request_finished(**kwargs: Any) -> None:
     pending = _pending.get()
     _pending.set(None)
-    for release in pending or ():
+    unclosed = getattr(_this_thread, "unclosed", None)
+    _this_thread.unclosed = []
+    for release in [*(pending or ()), *(unclosed or ())]:
         release()
 
 

@@ -1,0 +1,198 @@
+"""A client that goes away while a lease-mode view runs under ``ATOMIC_REQUESTS`` and ASGI.
+
+Django's ASGI handler cancels the view's task and never closes the request; a sync view
+runs on to its end in the request's thread, then the handler sends ``request_finished``
+in that thread. What the request's end must do (give back a claim whose request rolled
+back, drop a checkpoint whose writes rolled back) happens then. The requests go through
+Django's own ``ASGIHandler``, the client's ``http.disconnect`` sent once the view started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.core.handlers.asgi import ASGIHandler
+from django.core.signals import request_finished
+from django.db import connection
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.urls import path
+from django.utils.decorators import method_decorator
+from django.views import View
+
+from django_idempotency import idempotent
+from django_idempotency.models import IdempotencyKey
+from tests.models import Order
+from tests.views import calls
+
+State = IdempotencyKey.State
+
+#: The view says it started, then waits until the client has gone (or is not going).
+started, client_gone = threading.Event(), threading.Event()
+#: How the next request fails: in the view after its checkpoint, after the view, at COMMIT.
+failing: dict[str, bool] = {}
+
+
+class ChecksOutThenWaits(View):
+    """Creates an order and checkpoints it, waits for the client to go, then fails as told."""
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        response = super().dispatch(request, *args, **kwargs)
+        if failing.pop("after_the_view", False):
+            raise RuntimeError("the request failed after the view")
+        return response
+
+    @method_decorator(idempotent(atomic=False))
+    def post(self, request: HttpRequest) -> HttpResponse:
+        calls.increment()
+        info = request.idempotency  # type: ignore[attr-defined]
+        if "order" not in info.checkpoints:
+            order = Order.objects.create(item="checked out")
+            info.checkpoint("order", {"id": order.pk})
+        started.set()
+        # A bound should the test fail, not a synchronisation.
+        assert client_gone.wait(timeout=30), "the client never went"
+        if failing.pop("in_the_view", False):
+            raise RuntimeError("the view failed after its checkpoint")
+        if failing.pop("at_commit", False):
+            with connection.cursor() as cursor:
+                # PostgreSQL checks Django's foreign keys at COMMIT, after the view returned.
+                cursor.execute(
+                    "INSERT INTO auth_user_groups (user_id, group_id) VALUES (%s, %s)",
+                    [999999, 999999],
+                )
+        return JsonResponse({"order": info.checkpoints["order"]["id"]}, status=201)
+
+
+urlpatterns = [path("checks-out/", ChecksOutThenWaits.as_view())]
+
+
+def post(*, goes_away: bool) -> tuple[int | None, dict[str, str], bytes]:
+    """POST through Django's ASGI handler: status (``None`` if nothing sent), headers, body.
+
+    A client that ``goes_away`` sends ``http.disconnect`` once the view started; the view
+    goes on once the handler has cancelled it (it sends ``request_finished`` for that).
+    """
+    body = json.dumps({"item": "book"}).encode()
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/checks-out/",
+        "raw_path": b"/checks-out/",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [
+            (b"host", b"testserver"),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"idempotency-key", b"client-gone"),
+        ],
+        "client": ("127.0.0.1", 50000),
+        "server": ("testserver", 80),
+    }
+    sent: list[dict[str, Any]] = []
+    started.clear()
+    if goes_away:
+        client_gone.clear()
+    else:
+        client_gone.set()
+
+    async def exchange() -> None:
+        messages = 0
+        staying = asyncio.Event()
+
+        async def receive() -> dict[str, Any]:
+            nonlocal messages
+            messages += 1
+            if messages == 1:
+                return {"type": "http.request", "body": body, "more_body": False}
+            if not goes_away:
+                await staying.wait()  # cancelled once the response is sent
+            view_started = await asyncio.get_running_loop().run_in_executor(None, started.wait, 30)
+            assert view_started, "the view never started"
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        async def cancelled(**kwargs: Any) -> None:
+            client_gone.set()
+
+        request_finished.connect(cancelled, dispatch_uid="tests.client_gone")
+        try:
+            await ASGIHandler()(scope, receive, send)
+        finally:
+            request_finished.disconnect(dispatch_uid="tests.client_gone")
+
+    async_to_sync(exchange)()
+    start = next((m for m in sent if m["type"] == "http.response.start"), None)
+    if start is None:
+        return None, {}, b""
+    headers = {name.decode().lower(): value.decode() for name, value in start["headers"]}
+    content = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return start["status"], headers, content
+
+
+@pytest.mark.django_db(transaction=True)
+class ClientGoneTests:
+    @pytest.fixture(autouse=True)
+    def atomic_requests(self, monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
+        monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", True)
+        settings.ROOT_URLCONF = __name__
+        failing.clear()
+
+    def test_a_checkpoint_rolled_back_with_the_request_is_not_kept(self) -> None:
+        failing["in_the_view"] = True
+        assert post(goes_away=True)[0] is None
+        assert not Order.objects.exists()  # rolled back with the request
+
+        status, _, content = post(goes_away=False)
+
+        # The step ran again: the order answered is one that exists.
+        assert status == 201, content
+        assert Order.objects.filter(pk=json.loads(content)["order"]).exists()
+        assert calls.value == 2
+        status, headers, replayed = post(goes_away=False)
+        assert (status, headers["idempotent-replayed"], replayed) == (201, "true", content)
+
+    @pytest.mark.parametrize(
+        "how",
+        [
+            "after_the_view",
+            pytest.param(
+                "at_commit",
+                marks=pytest.mark.skipif(
+                    connection.vendor != "postgresql", reason="foreign keys checked at COMMIT"
+                ),
+            ),
+        ],
+    )
+    def test_a_claim_rolled_back_with_the_request_is_given_back_at_once(self, how: str) -> None:
+        failing[how] = True
+        assert post(goes_away=True)[0] is None
+        assert not Order.objects.exists()
+        assert not IdempotencyKey.objects.exists()  # given back, not held for the lease
+
+        status, headers, content = post(goes_away=False)
+
+        assert status == 201, content
+        assert "idempotent-replayed" not in headers
+        assert Order.objects.filter(pk=json.loads(content)["order"]).exists()
+        assert calls.value == 2
+
+    def test_a_view_that_answers_after_its_client_went_is_stored_once(self) -> None:
+        assert post(goes_away=True)[0] is None
+        assert IdempotencyKey.objects.get().state == State.COMPLETED
+
+        status, headers, _ = post(goes_away=False)
+
+        assert (status, headers["idempotent-replayed"]) == (201, "true")
+        assert Order.objects.count() == 1
+        assert calls.value == 1
