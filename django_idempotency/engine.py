@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from django.core.handlers.asgi import ASGIRequest
 from django.core.signals import request_finished, request_started
-from django.db import DatabaseError, Error, connections, transaction
+from django.db import DatabaseError, Error, close_old_connections, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.dispatch import Signal
 
@@ -832,9 +832,8 @@ def at_request_end(using: str, then: Release, request: Any) -> None:
     once = _once(when_ended)
     when_closed(http_request, once)
     unclosed: list[Release] | None = getattr(_this_thread, "unclosed", None)
-    if unclosed is None:
-        unclosed = _this_thread.unclosed = []
-    unclosed.append(once)
+    if unclosed is not None:  # in the thread the handler began the request in
+        unclosed.append(once)
 
 
 def _once(callback: Release) -> Release:
@@ -842,13 +841,16 @@ def _once(callback: Release) -> Release:
     left = [callback]
 
     def call_once() -> None:
-        if left:
-            left.pop()()
+        try:
+            first = left.pop()
+        except IndexError:
+            return
+        first()
 
     return call_once
 
 
-# What the views of this thread's ASGI request left for its end.
+# What the views of the ASGI request this thread began left for its end; None between requests.
 _this_thread = threading.local()
 
 
@@ -857,13 +859,22 @@ def _request_started(**kwargs: Any) -> None:
     _this_thread.unclosed = []
 
 
-def _request_finished(**kwargs: Any) -> None:
+def _request_finished(sender: Any = None, **kwargs: Any) -> None:
     pending = _pending.get()
     _pending.set(None)
-    unclosed = getattr(_this_thread, "unclosed", None)
-    _this_thread.unclosed = []
-    for release in [*(pending or ()), *(unclosed or ())]:
-        release()
+    unclosed: list[Release] = []
+    if sender is not None:  # a handler's, not a response's closed inside a view
+        unclosed = getattr(_this_thread, "unclosed", None) or []
+        _this_thread.unclosed = None
+    for release in [*(pending or ()), *unclosed]:
+        try:
+            release()
+        except Exception:
+            # The others still run: each gives back a claim or progress of its own.
+            logger.exception("A release at the end of a request failed.")
+    if unclosed:
+        # Django closed this thread's connections before these ran: close what they opened.
+        close_old_connections()
 
 
 request_started.connect(_request_started, dispatch_uid="django_idempotency.engine.request_started")

@@ -38,3 +38,4 @@ def no_request_cycle_left_open():
 
     yield
     engine._pending.set(None)
+    engine._this_thread.unclosed = None

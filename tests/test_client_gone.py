@@ -21,12 +21,13 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.core.handlers.asgi import ASGIHandler
 from django.db import connection
+from django.db.backends.signals import connection_created
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import path
 from django.utils.decorators import method_decorator
 from django.views import View
 
-from django_idempotency import idempotent
+from django_idempotency import idempotent, store
 from django_idempotency.models import IdempotencyKey
 from tests.models import Order
 from tests.views import calls
@@ -55,6 +56,8 @@ class ChecksOutThenWaits(View):
         if "order" not in info.checkpoints:
             order = Order.objects.create(item="checked out")
             info.checkpoint("order", {"id": order.pk})
+        if failing.pop("closes_a_response", False):
+            HttpResponse("another view's").close()  # sends request_finished, from no handler
         started.set()
         # A bound should the test fail, not a synchronisation.
         assert client_gone.wait(timeout=30), "the client never went"
@@ -84,10 +87,12 @@ async def let_the_view_go_once_cancelled() -> None:
     client_gone.set()
 
 
-def post(*, goes_away: bool) -> tuple[int | None, dict[str, str], bytes]:
+def post(*, goes_away: bool, on_a_server: bool = False) -> tuple[int | None, dict[str, str], bytes]:
     """POST through Django's ASGI handler: status (``None`` if nothing sent), headers, body.
 
-    A client that ``goes_away`` sends ``http.disconnect`` once the view started.
+    A client that ``goes_away`` sends ``http.disconnect`` once the view started. Called from
+    sync code, as Django's tests do, the request's sync work runs in this thread; ``on_a_server``
+    it runs in a thread of its own, as a server runs it, which ends with the request.
     """
     body = json.dumps({"item": "book"}).encode()
     scope = {
@@ -139,7 +144,10 @@ def post(*, goes_away: bool) -> tuple[int | None, dict[str, str], bytes]:
         await ASGIHandler()(scope, receive, send)
         assert all(watcher.done() for watcher in watchers), "the view was never cancelled"
 
-    async_to_sync(exchange)()
+    if on_a_server:
+        asyncio.run(exchange())
+    else:
+        async_to_sync(exchange)()
     start = next((m for m in sent if m["type"] == "http.response.start"), None)
     if start is None:
         return None, {}, b""
@@ -157,9 +165,10 @@ class ClientGoneTests:
         settings.ROOT_URLCONF = __name__
         failing.clear()
 
-    def test_a_checkpoint_rolled_back_with_the_request_is_not_kept(self) -> None:
+    @pytest.mark.parametrize("on_a_server", [False, True], ids=["in_this_thread", "on_a_server"])
+    def test_a_checkpoint_rolled_back_with_the_request_is_not_kept(self, on_a_server: bool) -> None:
         failing["in_the_view"] = True
-        post(goes_away=True)
+        post(goes_away=True, on_a_server=on_a_server)
         assert not Order.objects.exists()  # rolled back with the request
 
         status, _, content = post(goes_away=False)
@@ -183,9 +192,12 @@ class ClientGoneTests:
             ),
         ],
     )
-    def test_a_claim_rolled_back_with_the_request_is_given_back_at_once(self, how: str) -> None:
+    @pytest.mark.parametrize("on_a_server", [False, True], ids=["in_this_thread", "on_a_server"])
+    def test_a_claim_rolled_back_with_the_request_is_given_back_at_once(
+        self, how: str, on_a_server: bool
+    ) -> None:
         failing[how] = True
-        post(goes_away=True)
+        post(goes_away=True, on_a_server=on_a_server)
         assert not Order.objects.exists()
         assert not IdempotencyKey.objects.exists()  # given back, not held for the lease
 
@@ -205,3 +217,45 @@ class ClientGoneTests:
         assert (status, headers["idempotent-replayed"]) == (201, "true")
         assert Order.objects.count() == 1
         assert calls.value == 1
+
+    def test_what_the_request_end_opens_is_closed_on_a_server(self) -> None:
+        # Django closes the request thread's connections before the checkpoint is put back.
+        opened: list[Any] = []
+
+        def note(sender: Any, connection: Any, **kwargs: Any) -> None:
+            if threading.current_thread() is not threading.main_thread():
+                opened.append(connection)
+
+        connection_created.connect(note, dispatch_uid="tests.client_gone.opened")
+        try:
+            failing["in_the_view"] = True
+            post(goes_away=True, on_a_server=True)
+        finally:
+            connection_created.disconnect(dispatch_uid="tests.client_gone.opened")
+
+        assert opened  # the request's thread had connections of its own
+        assert [each.alias for each in opened if each.connection is not None] == []
+
+    def test_a_response_closed_inside_the_view_does_not_end_the_request(self) -> None:
+        # Its request_finished (no handler sent it) comes inside the request's transaction.
+        failing["in_the_view"] = failing["closes_a_response"] = True
+        assert post(goes_away=False)[0] == 500
+        assert not Order.objects.exists()
+
+        status, _, content = post(goes_away=False)
+
+        assert status == 201, content
+        assert Order.objects.filter(pk=json.loads(content)["order"]).exists()
+
+    def test_a_release_that_fails_leaves_the_others_to_run(
+        self, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        def fails(*args: Any, **kwargs: Any) -> None:
+            raise RuntimeError("not a database error")
+
+        monkeypatch.setattr(store, "restore_progress", fails)
+        failing["after_the_view"] = True
+        post(goes_away=True)
+
+        assert not IdempotencyKey.objects.exists()  # the claim's release still ran
+        assert "A release at the end of a request failed." in caplog.text
