@@ -831,21 +831,26 @@ def at_request_end(using: str, then: Release, request: Any) -> None:
         return
     once = _once(when_ended)
     when_closed(http_request, once)
-    unclosed: list[Release] | None = getattr(_this_thread, "unclosed", None)
+    unclosed: list[Once] | None = getattr(_this_thread, "unclosed", None)
     if unclosed is not None:  # in the thread the handler began the request in
         unclosed.append(once)
 
 
-def _once(callback: Release) -> Release:
-    """``callback``, called at the first call only: the request's close or request_finished."""
+#: A request-end callback that says whether this call ran it.
+Once = Callable[[], bool]
+
+
+def _once(callback: Release) -> Once:
+    """``callback``, run at the first call only: the request's close or request_finished."""
     left = [callback]
 
-    def call_once() -> None:
+    def call_once() -> bool:
         try:
             first = left.pop()
         except IndexError:
-            return
+            return False
         first()
+        return True
 
     return call_once
 
@@ -862,19 +867,25 @@ def _request_started(**kwargs: Any) -> None:
 def _request_finished(sender: Any = None, **kwargs: Any) -> None:
     pending = _pending.get()
     _pending.set(None)
-    unclosed: list[Release] = []
-    if sender is not None:  # a handler's, not a response's closed inside a view
-        unclosed = getattr(_this_thread, "unclosed", None) or []
-        _this_thread.unclosed = None
-    for release in [*(pending or ()), *unclosed]:
-        try:
-            release()
-        except Exception:
-            # The others still run: each gives back a claim or progress of its own.
-            logger.exception("A release at the end of a request failed.")
-    if unclosed:
+    for release in pending or ():
+        _run(release)
+    if sender is None:  # a response closed inside a view: no handler ended the request
+        return
+    unclosed: list[Once] = getattr(_this_thread, "unclosed", None) or []
+    _this_thread.unclosed = None
+    # Left only when Django did not close the request (a view it cancelled).
+    if [ran for ran in map(_run, unclosed) if ran]:
         # Django closed this thread's connections before these ran: close what they opened.
         close_old_connections()
+
+
+def _run(release: Callable[[], Any]) -> Any:
+    """``release()``; an error is logged, so that the others still give back what is theirs."""
+    try:
+        return release()
+    except Exception:
+        logger.exception("A release at the end of a request failed.")
+        return None
 
 
 request_started.connect(_request_started, dispatch_uid="django_idempotency.engine.request_started")
