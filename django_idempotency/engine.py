@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from django.core.handlers.asgi import ASGIRequest
 from django.core.signals import request_finished, request_started
-from django.db import DatabaseError, Error, close_old_connections, connections, transaction
+from django.db import DatabaseError, Error, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.dispatch import Signal
 
@@ -873,10 +873,15 @@ def _request_finished(sender: Any = None, **kwargs: Any) -> None:
         return
     unclosed: list[Once] = getattr(_this_thread, "unclosed", None) or []
     _this_thread.unclosed = None
-    # Left only when Django did not close the request (a view it cancelled).
+    if not unclosed:
+        return
+    # Left to run only when Django did not close the request (a view it cancelled). Django
+    # closed this thread's connections before: close those the releases open again, and only
+    # those (a test's transaction keeps its connection open through the request).
+    closed = [each for each in connections.all() if each.connection is None]
     if [ran for ran in map(_run, unclosed) if ran]:
-        # Django closed this thread's connections before these ran: close what they opened.
-        close_old_connections()
+        for each in closed:
+            each.close_if_unusable_or_obsolete()
 
 
 def _run(release: Callable[[], Any]) -> Any:

@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync
 from django.core.handlers.asgi import ASGIHandler
-from django.db import connection
+from django.core.signals import request_finished, request_started
+from django.db import close_old_connections, connection
 from django.db.backends.signals import connection_created
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import path
@@ -259,3 +260,29 @@ class ClientGoneTests:
 
         assert not IdempotencyKey.objects.exists()  # the claim's release still ran
         assert "A release at the end of a request failed." in caplog.text
+
+
+@pytest.fixture
+def close_old_connections_disconnected() -> Any:
+    # As Django's test client does around a request, to keep the test's database open.
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    yield
+    request_started.connect(close_old_connections)
+    request_finished.connect(close_old_connections)
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="Python 3.11's Task.cancelling()")
+@pytest.mark.django_db
+@pytest.mark.parametrize("goes_away", [False, True])
+def test_the_request_end_leaves_a_test_transactions_connection_open(
+    goes_away: bool, settings: Any, close_old_connections_disconnected: None
+) -> None:
+    # A checkpoint inside the test's transaction leaves its put-back to the request's end.
+    settings.ROOT_URLCONF = __name__
+    failing.clear()
+
+    post(goes_away=goes_away)
+
+    assert connection.in_atomic_block
+    assert Order.objects.count() == 1  # the test's connection still answers
