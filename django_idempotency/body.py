@@ -83,7 +83,7 @@ def body_stream(request: HttpRequest) -> IO[bytes] | None:
     else:
         spools.append(spool)
     # Closed with the request too: an error after the view may replace the response.
-    callbacks: list[Callable[[], object]] | None = getattr(request, _ON_CLOSE, None)
+    callbacks: list[Callable[[], None]] | None = getattr(request, _ON_CLOSE, None)
     if callbacks is None:
         # _called_on_close, inline: a body is copied once per request.
         callbacks = [request.close]
@@ -107,28 +107,28 @@ SPOOLS = "_idempotency_spools"
 _ON_CLOSE = "_idempotency_on_close"
 
 
-def when_closed(request: HttpRequest, callback: Callable[[], object]) -> None:
+def when_closed(request: HttpRequest, callback: Callable[[], None]) -> None:
     """Call ``callback`` when Django closes ``request``, whatever response it sends.
 
     Also when an error after the view (a request transaction failing to
     commit) replaces the view's response, whose own closers never run.
     Callbacks run in order, each whatever the others did.
     """
-    callbacks: list[Callable[[], object]] | None = getattr(request, _ON_CLOSE, None)
+    callbacks: list[Callable[[], None]] | None = getattr(request, _ON_CLOSE, None)
     if callbacks is None:
         callbacks = _called_on_close(request)
     callbacks.append(callback)
 
 
-def _called_on_close(request: HttpRequest) -> list[Callable[[], object]]:
+def _called_on_close(request: HttpRequest) -> list[Callable[[], None]]:
     """A list of callbacks that ``request.close`` calls from now on, after its own work."""
-    callbacks: list[Callable[[], object]] = [request.close]
+    callbacks: list[Callable[[], None]] = [request.close]
     setattr(request, _ON_CLOSE, callbacks)
     request.close = partial(_run_all, callbacks)  # type: ignore[method-assign]
     return callbacks
 
 
-def _run_all(callbacks: list[Callable[[], object]]) -> None:
+def _run_all(callbacks: list[Callable[[], None]]) -> None:
     """Call each callback, also when one before it raised; the last error raised propagates."""
     # One registered while they run is called at the next close only.
     pending = callbacks[:]

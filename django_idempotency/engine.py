@@ -831,26 +831,21 @@ def at_request_end(using: str, then: Release, request: Any) -> None:
         return
     once = _once(when_ended)
     when_closed(http_request, once)
-    unclosed: list[Once] | None = getattr(_this_thread, "unclosed", None)
+    unclosed: list[Release] | None = getattr(_this_thread, "unclosed", None)
     if unclosed is not None:  # in the thread the handler began the request in
         unclosed.append(once)
 
 
-#: A request-end callback that says whether this call ran it.
-Once = Callable[[], bool]
-
-
-def _once(callback: Release) -> Once:
+def _once(callback: Release) -> Release:
     """``callback``, run at the first call only: the request's close or request_finished."""
     left = [callback]
 
-    def call_once() -> bool:
+    def call_once() -> None:
         try:
             first = left.pop()
         except IndexError:
-            return False
+            return
         first()
-        return True
 
     return call_once
 
@@ -871,26 +866,29 @@ def _request_finished(sender: Any = None, **kwargs: Any) -> None:
         _run(release)
     if sender is None:  # a response closed inside a view: no handler ended the request
         return
-    unclosed: list[Once] = getattr(_this_thread, "unclosed", None) or []
+    unclosed: list[Release] = getattr(_this_thread, "unclosed", None) or []
     _this_thread.unclosed = None
     if not unclosed:
         return
-    # Left to run only when Django did not close the request (a view it cancelled). Django
-    # closed this thread's connections before: close those the releases open again, and only
-    # those (a test's transaction keeps its connection open through the request).
-    closed = [each for each in connections.all() if each.connection is None]
-    if [ran for ran in map(_run, unclosed) if ran]:
-        for each in closed:
+    # What is left runs only when Django did not close the request (a view it cancelled).
+    # Django closed this thread's connections before: close those the releases open again,
+    # and only those (a test's transaction keeps its connection open through the request).
+    # The connections set up so far only: all() would make one for every alias.
+    set_up = connections.all(initialized_only=True)
+    was_open = {id(each) for each in set_up if each.connection is not None}
+    for release in unclosed:
+        _run(release)
+    for each in connections.all(initialized_only=True):
+        if id(each) not in was_open:
             each.close_if_unusable_or_obsolete()
 
 
-def _run(release: Callable[[], Any]) -> Any:
+def _run(release: Release) -> None:
     """``release()``; an error is logged, so that the others still give back what is theirs."""
     try:
-        return release()
+        release()
     except Exception:
         logger.exception("A release at the end of a request failed.")
-        return None
 
 
 request_started.connect(_request_started, dispatch_uid="django_idempotency.engine.request_started")

@@ -21,7 +21,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.core.handlers.asgi import ASGIHandler
 from django.core.signals import request_finished, request_started
-from django.db import close_old_connections, connection
+from django.db import close_old_connections, connection, connections
 from django.db.backends.signals import connection_created
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import path
@@ -157,6 +157,18 @@ def post(*, goes_away: bool, on_a_server: bool = False) -> tuple[int | None, dic
     return start["status"], headers, content
 
 
+def connections_opened_in_other_threads() -> list[Any]:
+    """The connections opened from now on in other threads, until its receiver is disconnected."""
+    opened: list[Any] = []
+
+    def note(sender: Any, connection: Any, **kwargs: Any) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            opened.append(connection)
+
+    connection_created.connect(note, dispatch_uid="tests.client_gone.opened", weak=False)
+    return opened
+
+
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="Python 3.11's Task.cancelling()")
 @pytest.mark.django_db(transaction=True)
 class ClientGoneTests:
@@ -221,13 +233,7 @@ class ClientGoneTests:
 
     def test_what_the_request_end_opens_is_closed_on_a_server(self) -> None:
         # Django closes the request thread's connections before the checkpoint is put back.
-        opened: list[Any] = []
-
-        def note(sender: Any, connection: Any, **kwargs: Any) -> None:
-            if threading.current_thread() is not threading.main_thread():
-                opened.append(connection)
-
-        connection_created.connect(note, dispatch_uid="tests.client_gone.opened")
+        opened = connections_opened_in_other_threads()
         try:
             failing["in_the_view"] = True
             post(goes_away=True, on_a_server=True)
@@ -260,6 +266,43 @@ class ClientGoneTests:
 
         assert not IdempotencyKey.objects.exists()  # the claim's release still ran
         assert "A release at the end of a request failed." in caplog.text
+
+    def test_the_request_end_needs_no_alias_it_did_not_use(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # A database configured for other work, its driver not installed here.
+        reporting = dict(
+            connections.settings["default"],
+            ENGINE="django.db.backends.oracle",
+            ATOMIC_REQUESTS=False,
+        )
+        monkeypatch.setitem(connections.settings, "reporting", reporting)
+        failing["in_the_view"] = True
+        post(goes_away=True, on_a_server=True)
+
+        status, _, content = post(goes_away=False)
+
+        assert status == 201, content
+        assert Order.objects.filter(pk=json.loads(content)["order"]).exists()
+
+    def test_what_a_failed_release_opened_is_closed_on_a_server(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        def opens_then_fails(using: str, *args: Any, **kwargs: Any) -> None:
+            with connections[using].cursor() as cursor:
+                cursor.execute("SELECT 1")
+            raise RuntimeError("not a database error")
+
+        monkeypatch.setattr(store, "restore_progress", opens_then_fails)
+        opened = connections_opened_in_other_threads()
+        try:
+            failing["in_the_view"] = True
+            post(goes_away=True, on_a_server=True)
+        finally:
+            connection_created.disconnect(dispatch_uid="tests.client_gone.opened")
+
+        assert opened
+        assert [each.alias for each in opened if each.connection is not None] == []
 
 
 @pytest.fixture
