@@ -870,10 +870,10 @@ def _request_finished(sender: Any = None, **kwargs: Any) -> None:
     _this_thread.unclosed = None
     if not unclosed:
         return
-    # What is left runs only when Django did not close the request (a view it cancelled).
-    # Django closed this thread's connections before: close those the releases open again,
-    # and only those (a test's transaction keeps its connection open through the request).
-    # The connections set up so far only: all() would make one for every alias.
+    # What is left runs only when Django did not close the request (a view it cancelled), in a
+    # thread that ends with it: close the connections the releases open, and only those (a
+    # test's transaction keeps its connection open through the request). The connections set
+    # up so far only: all() would make one for every alias.
     set_up = connections.all(initialized_only=True)
     was_open = {id(each) for each in set_up if each.connection is not None}
     for release in unclosed:
