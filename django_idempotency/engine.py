@@ -864,7 +864,7 @@ def _request_finished(sender: Any = None, **kwargs: Any) -> None:
     _pending.set(None)
     for release in pending or ():
         _run(release)
-    if sender is None:  # a response closed inside a view: no handler ended the request
+    if sender is None:  # not an ASGI handler's: a response closed inside a view, a test client
         return
     unclosed: list[Release] = getattr(_this_thread, "unclosed", None) or []
     _this_thread.unclosed = None

@@ -157,8 +157,11 @@ def post(*, goes_away: bool, on_a_server: bool = False) -> tuple[int | None, dic
     return start["status"], headers, content
 
 
-def connections_opened_in_other_threads() -> list[Any]:
-    """The connections opened from now on in other threads, until its receiver is disconnected."""
+def left_open_by_a_failure_on_a_server() -> list[str]:
+    """Send a request whose view fails once its client went away, on a thread of its own.
+
+    The aliases of the connections opened outside this thread that are still open after it.
+    """
     opened: list[Any] = []
 
     def note(sender: Any, connection: Any, **kwargs: Any) -> None:
@@ -166,7 +169,13 @@ def connections_opened_in_other_threads() -> list[Any]:
             opened.append(connection)
 
     connection_created.connect(note, dispatch_uid="tests.client_gone.opened", weak=False)
-    return opened
+    try:
+        failing["in_the_view"] = True
+        post(goes_away=True, on_a_server=True)
+    finally:
+        connection_created.disconnect(dispatch_uid="tests.client_gone.opened")
+    assert opened, "the request's thread had no connection of its own"
+    return [each.alias for each in opened if each.connection is not None]
 
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="Python 3.11's Task.cancelling()")
@@ -233,15 +242,7 @@ class ClientGoneTests:
 
     def test_what_the_request_end_opens_is_closed_on_a_server(self) -> None:
         # Django closes the request thread's connections before the checkpoint is put back.
-        opened = connections_opened_in_other_threads()
-        try:
-            failing["in_the_view"] = True
-            post(goes_away=True, on_a_server=True)
-        finally:
-            connection_created.disconnect(dispatch_uid="tests.client_gone.opened")
-
-        assert opened  # the request's thread had connections of its own
-        assert [each.alias for each in opened if each.connection is not None] == []
+        assert left_open_by_a_failure_on_a_server() == []
 
     def test_a_response_closed_inside_the_view_does_not_end_the_request(self) -> None:
         # Its request_finished (no handler sent it) comes inside the request's transaction.
@@ -294,15 +295,8 @@ class ClientGoneTests:
             raise RuntimeError("not a database error")
 
         monkeypatch.setattr(store, "restore_progress", opens_then_fails)
-        opened = connections_opened_in_other_threads()
-        try:
-            failing["in_the_view"] = True
-            post(goes_away=True, on_a_server=True)
-        finally:
-            connection_created.disconnect(dispatch_uid="tests.client_gone.opened")
 
-        assert opened
-        assert [each.alias for each in opened if each.connection is not None] == []
+        assert left_open_by_a_failure_on_a_server() == []
 
 
 @pytest.fixture
