@@ -819,8 +819,13 @@ def at_request_end(using: str, then: Release, request: Any) -> None:
         return
 
     def when_ended() -> None:
-        if not connections[using].in_atomic_block:
-            then()
+        # Logged here, once, so that the others still give back what is theirs: on the normal
+        # path Django's loop that closes the response would swallow the error.
+        try:
+            if not connections[using].in_atomic_block:
+                then()
+        except Exception:
+            logger.exception("A release at the end of a request failed.")
 
     if pending is not None:
         pending.append(when_ended)
@@ -863,7 +868,7 @@ def _request_finished(sender: Any = None, **kwargs: Any) -> None:
     pending = _pending.get()
     _pending.set(None)
     for release in pending or ():
-        _run(release)
+        release()
     if sender is None:  # not an ASGI handler's: a response closed inside a view, a test client
         return
     unclosed: list[Release] = getattr(_this_thread, "unclosed", None) or []
@@ -877,18 +882,10 @@ def _request_finished(sender: Any = None, **kwargs: Any) -> None:
     set_up = connections.all(initialized_only=True)
     was_open = {id(each) for each in set_up if each.connection is not None}
     for release in unclosed:
-        _run(release)
+        release()
     for each in connections.all(initialized_only=True):
         if id(each) not in was_open:
             each.close_if_unusable_or_obsolete()
-
-
-def _run(release: Release) -> None:
-    """``release()``; an error is logged, so that the others still give back what is theirs."""
-    try:
-        release()
-    except Exception:
-        logger.exception("A release at the end of a request failed.")
 
 
 request_started.connect(_request_started, dispatch_uid="django_idempotency.engine.request_started")
