@@ -247,16 +247,15 @@ def _protect_handler(view: Any, request: Request, options: DeclaredOptions, answ
     reads the method DRF dispatches on as each handler is called. A handler called by
     another (``self.post(clone_request(request, "POST"))``) runs inside that one's claim.
     """
-    for method in (options.resolved or options.resolve()).methods:
-        name = method.lower()
+    sender = type(view)
+    for name in (options.resolved or options.resolve()).handler_names:
         handler = getattr(view, name, None)
         if handler is not None:
-            _shadow(view, name, handler, options, answer)
+            setattr(view, name, _protected(handler, options, answer, sender))
 
 
-def _shadow(view: Any, method: str, handler: Any, options: DeclaredOptions, answer: Answer) -> None:
-    """Shadow the view's ``handler`` of ``method`` with a protected one."""
-    sender = type(view)
+def _protected(handler: Any, options: DeclaredOptions, answer: Answer, sender: type) -> Any:
+    """``handler``, protected with ``options``; ``answer`` turns a refusal into a response."""
     # iscoroutinefunction(handler), cheaper: a function with an empty __dict__ carries no
     # marker, so its code's flag is the whole answer.
     function = getattr(handler, "__func__", handler)
@@ -271,8 +270,7 @@ def _shadow(view: Any, method: str, handler: Any, options: DeclaredOptions, answ
             guard = Guard(finish=partial(finish, request), answer=answer)
             return await guard.acall(request, call, options, sender)
 
-        setattr(view, method, protected_async)
-        return
+        return protected_async
 
     def protected(request: Request, *args: Any, **kwargs: Any) -> HttpResponseBase:
         # Guard.call without building a guard per request.
@@ -284,7 +282,7 @@ def _shadow(view: Any, method: str, handler: Any, options: DeclaredOptions, answ
         except core_exceptions.IdempotencyError as error:
             return answer(request, error)
 
-    setattr(view, method, protected)
+    return protected
 
 
 def protect_after_authentication(view_func: Any, options: DeclaredOptions, wrapper: Any) -> Any:
