@@ -35,8 +35,8 @@ def make_records(expired: int = 3, lease_expired: int = 2) -> set[int]:
         IdempotencyKeyFactory().pk,
         IdempotencyKeyFactory().pk,
         IdempotencyKeyFactory(in_flight=True).pk,
-        # Expires soon, but not before a slow test's purge: must survive. The exact
-        # boundary has its own test.
+        # Expires ahead, by more than a slow test's purge takes: must survive. The
+        # exact boundary has its own test.
         IdempotencyKeyFactory(expires_at=timezone.now() + timedelta(minutes=10)).pk,
     }
     IdempotencyKey.objects.bulk_create(
