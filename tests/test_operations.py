@@ -422,9 +422,25 @@ def test_database_option_and_setting(settings):
     assert "user:6" not in out
 
 
-def test_an_unknown_database_is_a_clear_error():
+@pytest.mark.django_db(databases=["default", "other"])
+def test_the_database_option_is_taken_after_the_action_too():
+    IdempotencyKeyFactory.build(scope="user:6", key="elsewhere").save(using="other")
+
+    assert "user:6" in run("list", "--database", "other")[0]
+    assert "user:6" not in run("list", "--database", "default")[0]
+    assert "user:6" in run("--database", "other", "list")[0]  # before it, as ever
+    assert "user:6" in run("show", "user:6", "elsewhere", "--database", "other")[0]
+    with pytest.raises(CommandError, match="No idempotency record"):
+        run("show", "user:6", "elsewhere", "--database", "default")
+    run("delete", "user:6", "elsewhere", "--database", "other")
+    assert not IdempotencyKey.objects.using("other").exists()
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_an_unknown_database_is_a_clear_error(where):
+    args = ["--database", "nope", "list"] if where == "before" else ["list", "--database", "nope"]
     with pytest.raises(CommandError, match="Unknown database 'nope': --database takes an alias"):
-        run("--database", "nope", "list")
+        run(*args)
 
 
 @pytest.mark.parametrize("limit", ["-1", "0", "many"])

@@ -5,6 +5,8 @@
     idempotency_keys release SCOPE KEY [--force]
     idempotency_keys delete SCOPE KEY [--force]
 
+Each takes ``--database ALIAS``, before or after the action.
+
 Arguments and output only; what each action does is in
 :mod:`django_idempotency.operations`. Keys are shown masked, as in the logs,
 unless ``list --show-keys`` asks for them in clear.
@@ -12,6 +14,7 @@ unless ``list --show-keys`` asks for them in clear.
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Callable
 from typing import Any
@@ -31,16 +34,25 @@ State = IdempotencyKey.State
 #: ``--limit``: a whole number of records, at least 1.
 _limit = whole_number("a whole number of records, 1 or more")
 
+_DATABASE_HELP = "The alias to use (default: IDEMPOTENCY's)."
+
+
+def _database_after_action(action: CommandParser) -> None:
+    """``--database`` after the action too (``list --database replica``), as operators type it.
+
+    Left unset there unless given, so that one given before the action still counts.
+    """
+    action.add_argument("--database", default=argparse.SUPPRESS, help=_DATABASE_HELP)
+
 
 class Command(BaseCommand):
     help = "List, show, release or delete idempotency records."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument(
-            "--database", default=None, help="The alias to use (default: IDEMPOTENCY's)."
-        )
+        parser.add_argument("--database", default=None, help=_DATABASE_HELP)
         actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
         listing = actions.add_parser("list", help="List records, newest first.")
+        _database_after_action(listing)
         listing.add_argument("--scope", help="Only this scope (compared exactly).")
         listing.add_argument("--state", choices=[State.IN_PROGRESS, State.COMPLETED])
         listing.add_argument(
@@ -60,6 +72,7 @@ class Command(BaseCommand):
             ("delete", "Delete one record: the next request with its key runs anew."),
         ]:
             action = actions.add_parser(name, help=text)
+            _database_after_action(action)
             action.add_argument("scope")
             action.add_argument("key")
             if name != "show":
