@@ -132,6 +132,16 @@ def _identity(value: Any) -> Any:
     return value
 
 
+def _under(url: str | None) -> str | None:
+    """A base URL ready for a name: ``https://x/problems`` is ``https://x/problems/``.
+
+    One that ends as a name's place (``/``, ``#``, ``=``) is kept as given.
+    """
+    if url is None or url.endswith(("/", "#", "=")):
+        return url
+    return url + "/"
+
+
 def _is_response_predicate(value: Any) -> bool:
     # Asked in the request's thread, after the view: a coroutine function
     # would return a coroutine, never a verdict.
@@ -363,10 +373,10 @@ class IdempotencySettings:
         lambda value: (
             value is None or (isinstance(value, str) and _ABSOLUTE_URL.match(value) is not None)
         ),
-        _identity,
+        _under,
         "django_idempotency.E119",
         "Use None (URN problem types) or an absolute http(s) URL such as "
-        "'https://api.example.com/problems/'; each problem's name is appended to it.",
+        "'https://api.example.com/problems/'; each problem's name is put under it.",
     )
     replay_cache: Setting[str | None] = Setting(
         None,

@@ -39,6 +39,22 @@ class PlainViewProblemTypeTests:
         assert response.json()["type"] == url
         assert response["Link"] == f'<{url}>; rel="describedby"'
 
+    @pytest.mark.parametrize(
+        "base, expected",
+        [
+            ("https://api.example.com/problems", "https://api.example.com/problems/"),
+            ("https://api.example.com", "https://api.example.com/"),
+            ("https://api.example.com/errors#", "https://api.example.com/errors#"),
+            ("https://api.example.com/errors?problem=", "https://api.example.com/errors?problem="),
+        ],
+    )
+    def test_each_type_is_under_the_base_url_however_it_ends(self, client, base, expected):
+        post(client, "/orders/", item="a")
+        with override_settings(IDEMPOTENCY={"PROBLEM_TYPE_BASE_URL": base}):
+            response = post(client, "/orders/", item="b")
+
+        assert response.json()["type"] == expected + "idempotency-key-reused"
+
     @override_settings(IDEMPOTENCY=WITH_BASE)
     def test_invalid_key_has_link_too(self, client):
         response = post(client, "/orders/", "", item="a")
