@@ -30,7 +30,7 @@ from asgiref.sync import async_to_sync, iscoroutinefunction, markcoroutinefuncti
 from django.apps import apps
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections, transaction
+from django.db import DatabaseError, connections, transaction
 from django.http import HttpRequest, HttpResponseBase
 from django.urls import Resolver404, resolve
 from django.utils.module_loading import import_string
@@ -52,6 +52,7 @@ from django_idempotency.marks import idempotency_exempt
 from django_idempotency.options import DeclaredOptions
 from django_idempotency.protection import view_protection
 from django_idempotency.responses import aproblem, discard, problem
+from django_idempotency.store import lost_race
 
 __all__ = ["IdempotencyMiddleware", "idempotency_exempt"]
 
@@ -129,8 +130,10 @@ class IdempotencyMiddleware:
             return self.get_response(request)
         view, options = protecting
 
+        atomic = (options.resolved or options.resolve()).atomic
+
         def handler() -> HttpResponseBase:
-            return self._reached_view(request, self.get_response(request))
+            return self._reached_view(request, self.get_response(request), atomic)
 
         finish = _finish(request)
         try:
@@ -155,8 +158,10 @@ class IdempotencyMiddleware:
             return response
         view, options = protecting
 
+        atomic = (options.resolved or options.resolve()).atomic
+
         async def handler() -> HttpResponseBase:
-            return self._reached_view(request, await self.get_response(request))
+            return self._reached_view(request, await self.get_response(request), atomic)
 
         finish = _finish(request)
         try:
@@ -214,16 +219,25 @@ class IdempotencyMiddleware:
             # Raised by the rendering, after the view acted (see _finish).
             setattr(request, _RENDER_FAILED, exception)
         else:
-            setattr(request, _VIEW_RAISED, True)
+            setattr(request, _VIEW_RAISED, exception)
 
     @staticmethod
-    def _reached_view(request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
+    def _reached_view(
+        request: HttpRequest, response: HttpResponseBase, atomic: bool
+    ) -> HttpResponseBase:
         if not getattr(request, _REACHED_VIEW, False):
             raise _NotReached(response)
-        if getattr(request, _VIEW_RAISED, False):
-            # Nothing stored; atomic mode rolls back what the view wrote before raising.
-            return discard(response)
-        return response
+        raised: Exception | None = getattr(request, _VIEW_RAISED, None)
+        if raised is None:
+            return response
+        if atomic and isinstance(raised, DatabaseError) and _lost_the_attempt(raised):
+            # Django made its 500 of it, but the engine starts the claim over, as it does
+            # when the view raises it under the decorator: nothing of the attempt committed.
+            for mark in (_REACHED_VIEW, _VIEW_RAISED):
+                delattr(request, mark)
+            raise raised
+        # Nothing stored; atomic mode rolls back what the view wrote before raising.
+        return discard(response)
 
 
 #: What :func:`view_protection` gives for a view the middleware protects.
@@ -270,6 +284,15 @@ def _chosen(
         setattr(request, _CALL_INSTEAD, protected)
         return None
     return view, options
+
+
+def _lost_the_attempt(error: DatabaseError) -> bool:
+    """Whether the view's ``error`` rolled back the atomic-mode claim's whole transaction.
+
+    A deadlock, or a lost Galera certification, reported by one of the view's own statements.
+    """
+    using = idempotency_settings.database
+    return connections[using].in_atomic_block and lost_race(using, error)
 
 
 def _returned(request: HttpRequest) -> None:

@@ -30,7 +30,8 @@ INSTALLED_APPS = [
     "django_idempotency",
     "tests",
 ]
-MIDDLEWARE: list[str] = []
+# It protects the view at middleware/ alone: the others protect themselves.
+MIDDLEWARE = ["django_idempotency.middleware.IdempotencyMiddleware"]
 ROOT_URLCONF = "tests.galera_views"
 LOGGING = {
     "version": 1,

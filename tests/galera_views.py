@@ -64,6 +64,11 @@ def slow_effect(request: HttpRequest) -> JsonResponse:
     return _effect(request, seconds=SLOW_SECONDS)
 
 
+def middleware_effect(request: HttpRequest) -> JsonResponse:
+    """Protected by ``IdempotencyMiddleware`` alone, in atomic mode."""
+    return _effect(request)
+
+
 def ping(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"node": os.environ[NODE_ENV]})
 
@@ -72,5 +77,6 @@ urlpatterns = [
     path("atomic/", atomic_effect),
     path("lease/", lease_effect),
     path("slow/", slow_effect),
+    path("middleware/", middleware_effect),
     path("ping/", ping),
 ]

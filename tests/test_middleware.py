@@ -683,3 +683,64 @@ class MiddlewareOrderTests:
         settings.SILENCED_SYSTEM_CHECKS = ["django_idempotency.E006"]
 
         assert post(wsgi, "/async/sync/plain/", key="k").status_code == 201
+
+
+#: What the view below saw: the row it deadlocks on, and each attempt.
+_deadlocking: dict[str, Any] = {}
+
+
+def deadlocks_once(request: Any) -> HttpResponse:
+    """Deadlocks in its own statements on its first attempt (InnoDB's victim), then creates.
+
+    With ``always`` set it deadlocks on every attempt.
+    """
+    from tests.test_engine import deadlock_with_a_heavier_transaction
+
+    attempts = _deadlocking.setdefault("attempts", [])
+    attempts.append(len(attempts) + 1)
+    if len(attempts) == 1 or _deadlocking.get("always"):
+        deadlock_with_a_heavier_transaction(_deadlocking["row"])
+    order = Order.objects.create(item="deadlocked")
+    return HttpResponse(json.dumps({"order": order.pk}), status=201)
+
+
+urlpatterns.append(path("deadlocks-once/", deadlocks_once))
+
+
+@pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB's deadlock error 1213")
+@pytest.mark.urls("tests.test_middleware")
+@pytest.mark.usefixtures("installed")
+def test_a_deadlock_in_the_views_own_statements_starts_the_claim_over(wsgi) -> None:
+    # As under the decorator: the 1213 rolled the whole attempt back (a lost Galera
+    # certification reports the same error), so the view runs again instead of a 500.
+    _deadlocking.clear()
+    _deadlocking["row"] = Order.objects.create(item="shared").pk
+
+    first = post(wsgi, "/deadlocks-once/", "deadlocked")
+
+    assert first.status_code == 201, first.content[:300]
+    assert _deadlocking["attempts"] == [1, 2]
+    [order] = Order.objects.filter(item="deadlocked").values_list("pk", flat=True)
+    assert json.loads(first.content) == {"order": order}
+    retry = post(wsgi, "/deadlocks-once/", "deadlocked")
+    assert (retry.status_code, retry["Idempotent-Replayed"]) == (201, "true")
+    assert retry.content == first.content
+    assert _deadlocking["attempts"] == [1, 2]
+
+
+@pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB's deadlock error 1213")
+@pytest.mark.urls("tests.test_middleware")
+@pytest.mark.usefixtures("installed")
+def test_a_view_that_always_deadlocks_is_answered_409_not_500(wsgi) -> None:
+    from django_idempotency import store
+
+    _deadlocking.clear()
+    _deadlocking.update(row=Order.objects.create(item="shared").pk, always=True)
+
+    response = post(wsgi, "/deadlocks-once/", "always")
+
+    assert response.status_code == 409, response.content[:300]
+    assert response["Retry-After"] == "1"
+    assert len(_deadlocking["attempts"]) == store.CLAIM_ATTEMPTS
+    assert not Order.objects.filter(item="deadlocked").exists()
+    assert not IdempotencyKey.objects.filter(key="always").exists()
