@@ -58,9 +58,10 @@ def hold(request: HttpRequest, abandoned: Abandoned) -> HttpResponse:
 
     The answer is not stored, so the claim stays abandoned and every retry
     asks again, until an operator settles it (``manage.py idempotency_keys
-    release`` to let the next retry run, or a reconciling policy).
+    release`` to let the next retry run, or a reconciling policy). A browser gets the
+    page a plain view's other refusals get; a DRF view, DRF's JSON.
     """
-    return problem(RequestAbandoned())
+    return problem(RequestAbandoned(), request if isinstance(request, HttpRequest) else None)
 
 
 def hold_call(abandoned: Abandoned) -> Any:

@@ -80,6 +80,10 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[Clock]:
         database_clock.shift(timedelta(0))
 
 
+#: A browser's own ``Accept`` header: it ranks HTML first.
+BROWSER = {"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}
+
+
 def pay(client: Client, url: str = "/recovery/pay/", key: str = "order-1", amount: int = 10) -> Any:
     return post(client, url, key, amount=amount)
 
@@ -525,6 +529,17 @@ class PolicyTests:
         assert again.json()["resumed"] == ["charged"]
         assert steps_run() == ["charge", "ship"]
         assert Charge.objects.count() == 1
+
+    def test_hold_answers_a_browser_with_a_page(self, client, clock):
+        died(client, "/recovery/pay/held/")
+        clock.past_the_lease()
+
+        held = post(client, "/recovery/pay/held/", "order-1", amount=10, headers=BROWSER)
+
+        assert held.status_code == 409
+        assert held["Content-Type"].startswith("text/html")
+        assert held["Retry-After"] == "60"
+        assert IdempotencyKey.objects.get().state == State.IN_PROGRESS
 
     def test_an_abandoned_claim_with_another_body_is_422_under_a_policy(self, client, clock):
         died(client, "/recovery/pay/held/")
