@@ -43,7 +43,7 @@ def prefers_html(request: Any) -> bool:
 
 
 def problem_page(
-    request: Any, problem: Mapping[str, Any], headers: Mapping[str, str]
+    request: Any, problem: Mapping[str, Any], headers: Mapping[str, str], *, held: bool = False
 ) -> HttpResponse:
     """``problem`` (status, title, detail, type) as an HTML page with the same status.
 
@@ -52,17 +52,24 @@ def problem_page(
     (the page the form was on, when it is on this site) and ``resend``: the
     fields of a form-encoded POST, so that a 409 page can send the same
     submission again (the same key: it is answered with the first's result)
-    rather than reloading the form, which would render a new key.
+    rather than reloading the form, which would render a new key. ``held``:
+    the key waits for an operator (``recovery.hold``), so nothing is sent again.
     """
     http_request = django_request(request)
     header = headers.get("Retry-After")
     retry_after = int(header) if header and header.isdigit() else None
+    resends = problem["status"] == 409 and not held
     context = {
         "problem": problem,
+        "held": held,
         "retry_after": retry_after,
-        "resend_after": None if retry_after is None else max(min(retry_after, RESEND_AFTER_MAX), 1),
+        "resend_after": (
+            max(min(retry_after, RESEND_AFTER_MAX), 1)
+            if resends and retry_after is not None
+            else None
+        ),
         "back_url": _back_url(http_request),
-        "resend": _resend(http_request) if problem["status"] == 409 else None,
+        "resend": _resend(http_request) if resends else None,
         "action": http_request.get_full_path(),
     }
     try:

@@ -14,7 +14,7 @@ from asgiref.sync import sync_to_async
 from django.http import HttpResponse, HttpResponseBase
 from django.http.response import ResponseHeaders
 
-from django_idempotency.exceptions import IdempotencyError
+from django_idempotency.exceptions import IdempotencyError, RequestAbandoned
 from django_idempotency.pages import prefers_html, problem_page
 from django_idempotency.store import StoredResponse
 
@@ -112,7 +112,8 @@ def problem(error: IdempotencyError, request: Any = None) -> HttpResponse:
         "detail": error.detail,
     }
     if request is not None and prefers_html(request):
-        response = problem_page(request, document, error.headers())
+        held = isinstance(error, RequestAbandoned)
+        response = problem_page(request, document, error.headers(), held=held)
     else:
         response = HttpResponse(
             json.dumps(document), status=error.status, content_type=PROBLEM_CONTENT_TYPE

@@ -24,7 +24,7 @@ from django.test import AsyncClient, Client, RequestFactory, override_settings
 from django.test.client import encode_multipart
 
 from django_idempotency.body import close_spools_with
-from django_idempotency.exceptions import FingerprintMismatch, RequestInFlight
+from django_idempotency.exceptions import FingerprintMismatch, RequestAbandoned, RequestInFlight
 from django_idempotency.fingerprint import request_fingerprint
 from django_idempotency.forms import form_key
 from django_idempotency.models import IdempotencyKey
@@ -531,6 +531,19 @@ class ProblemPageTests:
 
         assert response["Retry-After"] == "290"
         assert "2 * 1000" in response.content.decode()
+
+    def test_a_held_key_page_sends_nothing_again(self):
+        # recovery.hold's 409: nothing changes until an operator acts, and each resend would
+        # ask the policy again.
+        response = problem(RequestAbandoned(retry_after=60), self.browser_request())
+
+        assert response.status_code == 409
+        assert response["Retry-After"] == "60"
+        html = response.content.decode()
+        assert "waiting for our staff" in html
+        assert "idempotency-resend" not in html
+        assert "setTimeout" not in html
+        assert 'href="http://testserver/checkout/"' in html
 
     def test_422_page_offers_the_form_again(self):
         html = problem(FingerprintMismatch(), self.browser_request()).content.decode()
