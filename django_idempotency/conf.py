@@ -135,9 +135,10 @@ def _identity(value: Any) -> Any:
 def _under(url: str | None) -> str | None:
     """A base URL ready for a name: ``https://x/problems`` is ``https://x/problems/``.
 
-    One that ends as a name's place (``/``, ``#``, ``=``) is kept as given.
+    Only one that ends in a letter or digit, a folder's name, gets the ``/``: any other
+    ending (``/``, ``#``, ``=``, ``-``) is where the name goes, as given.
     """
-    if url is None or url.endswith(("/", "#", "=")):
+    if url is None or not url[-1].isalnum():
         return url
     return url + "/"
 

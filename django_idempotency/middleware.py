@@ -12,10 +12,12 @@ What Django does around a view shapes the rest:
 
 - a view marked ``transaction.non_atomic_requests`` for our database runs in lease mode;
 - an exception the view raises reaches us as Django's response (403, 404, 500), through
-  ``process_exception``: a failure, never stored;
+  ``process_exception``: a failure, never stored; in atomic mode a deadlock or a lost Galera
+  certification instead starts the claim over, as it does under the decorator;
 - a template response is rendered after the view returned (``process_template_response``
   says so): an exception then is the rendering's, after the view acted, and the response
-  cannot be kept (lease mode completes the key with a refusal; atomic mode rolls back);
+  cannot be kept (lease mode completes the key with a refusal; atomic mode rolls back, or
+  starts over after a deadlock);
 - a view that authenticates the request itself does so after the scope is taken: the default
   scope folds an unauthenticated request's ``Authorization`` header into it
   (:mod:`django_idempotency.scopes`), so one client's token never replays another's answer.
@@ -135,7 +137,7 @@ class IdempotencyMiddleware:
         def handler() -> HttpResponseBase:
             return self._reached_view(request, self.get_response(request), atomic)
 
-        finish = _finish(request)
+        finish = _finish(request, atomic)
         try:
             return protect(
                 request, handler, options, sender=view, finish=finish, copies_before=copies_before
@@ -163,7 +165,7 @@ class IdempotencyMiddleware:
         async def handler() -> HttpResponseBase:
             return self._reached_view(request, await self.get_response(request), atomic)
 
-        finish = _finish(request)
+        finish = _finish(request, atomic)
         try:
             return await protect_async(
                 request, handler, options, sender=view, finish=finish, copies_before=copies_before
@@ -227,14 +229,14 @@ class IdempotencyMiddleware:
     ) -> HttpResponseBase:
         if not getattr(request, _REACHED_VIEW, False):
             raise _NotReached(response)
-        raised: Exception | None = getattr(request, _VIEW_RAISED, None)
+        # Taken off the request: its traceback holds the view's frames, which hold the request.
+        raised: Exception | None = request.__dict__.pop(_VIEW_RAISED, None)
         if raised is None:
             return response
-        if atomic and isinstance(raised, DatabaseError) and _lost_the_attempt(raised):
+        if atomic and _lost_the_attempt(raised):
             # Django made its 500 of it, but the engine starts the claim over, as it does
             # when the view raises it under the decorator: nothing of the attempt committed.
-            for mark in (_REACHED_VIEW, _VIEW_RAISED):
-                delattr(request, mark)
+            delattr(request, _REACHED_VIEW)
             raise raised
         # Nothing stored; atomic mode rolls back what the view wrote before raising.
         return discard(response)
@@ -286,11 +288,14 @@ def _chosen(
     return view, options
 
 
-def _lost_the_attempt(error: DatabaseError) -> bool:
-    """Whether the view's ``error`` rolled back the atomic-mode claim's whole transaction.
+def _lost_the_attempt(error: Exception) -> bool:
+    """Whether ``error`` rolled back the atomic-mode claim's whole transaction.
 
-    A deadlock, or a lost Galera certification, reported by one of the view's own statements.
+    A deadlock, or a lost Galera certification, reported by one of the view's own statements
+    or by its template's rendering.
     """
+    if not isinstance(error, DatabaseError):
+        return False
     using = idempotency_settings.database
     return connections[using].in_atomic_block and lost_race(using, error)
 
@@ -301,18 +306,23 @@ def _returned(request: HttpRequest) -> None:
         setattr(request, _VIEW_RETURNED, True)
 
 
-def _finish(request: HttpRequest) -> Callable[[HttpResponseBase], HttpResponseBase]:
+def _finish(request: HttpRequest, atomic: bool) -> Callable[[HttpResponseBase], HttpResponseBase]:
     """How the engine finishes the response of ``request``'s view: :func:`core.render`.
 
     If Django failed to render the view's template response, raises instead: the engine ends
-    the call as one whose result cannot be kept, and the middleware answers Django's response.
+    the call as one whose result cannot be kept, and the middleware answers Django's response;
+    or, for a deadlock in atomic mode, starts the claim over.
     """
 
     def finish(response: HttpResponseBase) -> HttpResponseBase:
-        failure: Exception | None = getattr(request, _RENDER_FAILED, None)
-        if failure is not None:
-            raise _NotRendered(response) from failure
-        return render(response)
+        failure: Exception | None = request.__dict__.pop(_RENDER_FAILED, None)
+        if failure is None:
+            return render(response)
+        if atomic and _lost_the_attempt(failure):
+            for mark in (_REACHED_VIEW, _VIEW_RETURNED):
+                request.__dict__.pop(mark, None)
+            raise failure
+        raise _NotRendered(response) from failure
 
     return finish
 

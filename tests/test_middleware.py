@@ -704,7 +704,28 @@ def deadlocks_once(request: Any) -> HttpResponse:
     return HttpResponse(json.dumps({"order": order.pk}), status=201)
 
 
+def deadlocks_rendering_once(request: Any) -> Any:
+    """Creates, then returns a template response whose rendering deadlocks the first time."""
+    from django.template import engines
+    from django.template.response import TemplateResponse
+
+    from tests.test_engine import deadlock_with_a_heavier_transaction
+
+    attempts = _deadlocking.setdefault("attempts", [])
+    attempts.append(len(attempts) + 1)
+    order = Order.objects.create(item="deadlocked")
+
+    def rendered() -> int:
+        if len(attempts) == 1:
+            deadlock_with_a_heavier_transaction(_deadlocking["row"])
+        return order.pk
+
+    template = engines["django"].from_string("order {{ rendered }}")
+    return TemplateResponse(request, template, {"rendered": rendered}, status=201)
+
+
 urlpatterns.append(path("deadlocks-once/", deadlocks_once))
+urlpatterns.append(path("deadlocks-rendering-once/", deadlocks_rendering_once))
 
 
 @pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB's deadlock error 1213")
@@ -744,3 +765,21 @@ def test_a_view_that_always_deadlocks_is_answered_409_not_500(wsgi) -> None:
     assert len(_deadlocking["attempts"]) == store.CLAIM_ATTEMPTS
     assert not Order.objects.filter(item="deadlocked").exists()
     assert not IdempotencyKey.objects.filter(key="always").exists()
+
+
+@pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB's deadlock error 1213")
+@pytest.mark.urls("tests.test_middleware")
+@pytest.mark.usefixtures("installed")
+def test_a_deadlock_while_the_template_renders_starts_the_claim_over(wsgi) -> None:
+    _deadlocking.clear()
+    _deadlocking["row"] = Order.objects.create(item="shared").pk
+
+    first = post(wsgi, "/deadlocks-rendering-once/", "rendering")
+
+    assert first.status_code == 201, first.content[:300]
+    assert _deadlocking["attempts"] == [1, 2]
+    [order] = Order.objects.filter(item="deadlocked").values_list("pk", flat=True)
+    assert first.content == f"order {order}".encode()
+    retry = post(wsgi, "/deadlocks-rendering-once/", "rendering")
+    assert (retry.status_code, retry["Idempotent-Replayed"]) == (201, "true")
+    assert retry.content == first.content

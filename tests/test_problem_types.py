@@ -46,6 +46,7 @@ class PlainViewProblemTypeTests:
             ("https://api.example.com", "https://api.example.com/"),
             ("https://api.example.com/errors#", "https://api.example.com/errors#"),
             ("https://api.example.com/errors?problem=", "https://api.example.com/errors?problem="),
+            ("https://api.example.com/errors#idem-", "https://api.example.com/errors#idem-"),
         ],
     )
     def test_each_type_is_under_the_base_url_however_it_ends(self, client, base, expected):
