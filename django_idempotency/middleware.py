@@ -69,6 +69,10 @@ _CALL_INSTEAD = "_idempotency_call_instead"
 _VIEW_RETURNED = "_idempotency_view_returned"
 # Set by process_exception after the view returned: what rendering its response raised.
 _RENDER_FAILED = "_idempotency_render_failed"
+# Set by process_exception, in the claim's thread: the error rolled the whole attempt back.
+_LOST_ATTEMPT = "_idempotency_lost_attempt"
+#: What one attempt leaves on the request: cleared before each, as the engine may start over.
+_ATTEMPT_MARKS = (_REACHED_VIEW, _VIEW_RAISED, _VIEW_RETURNED, _RENDER_FAILED, _LOST_ATTEMPT)
 
 
 class _NotReached(Exception):
@@ -135,6 +139,8 @@ class IdempotencyMiddleware:
         atomic = (options.resolved or options.resolve()).atomic
 
         def handler() -> HttpResponseBase:
+            for mark in _ATTEMPT_MARKS:
+                request.__dict__.pop(mark, None)
             return self._reached_view(request, self.get_response(request), atomic)
 
         finish = _finish(request, atomic)
@@ -163,6 +169,8 @@ class IdempotencyMiddleware:
         atomic = (options.resolved or options.resolve()).atomic
 
         async def handler() -> HttpResponseBase:
+            for mark in _ATTEMPT_MARKS:
+                request.__dict__.pop(mark, None)
             return self._reached_view(request, await self.get_response(request), atomic)
 
         finish = _finish(request, atomic)
@@ -216,12 +224,15 @@ class IdempotencyMiddleware:
         return response
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> None:
-        # Django always calls this hook synchronously, in either mode.
+        # Django always calls this hook synchronously, in either mode: in the thread of the
+        # claim's connection, which the event loop's thread does not see.
         if getattr(request, _VIEW_RETURNED, False):
             # Raised by the rendering, after the view acted (see _finish).
             setattr(request, _RENDER_FAILED, exception)
         else:
             setattr(request, _VIEW_RAISED, exception)
+        if _lost_the_attempt(exception):
+            setattr(request, _LOST_ATTEMPT, True)
 
     @staticmethod
     def _reached_view(
@@ -233,10 +244,9 @@ class IdempotencyMiddleware:
         raised: Exception | None = request.__dict__.pop(_VIEW_RAISED, None)
         if raised is None:
             return response
-        if atomic and _lost_the_attempt(raised):
+        if atomic and _LOST_ATTEMPT in request.__dict__:
             # Django made its 500 of it, but the engine starts the claim over, as it does
             # when the view raises it under the decorator: nothing of the attempt committed.
-            delattr(request, _REACHED_VIEW)
             raise raised
         # Nothing stored; atomic mode rolls back what the view wrote before raising.
         return discard(response)
@@ -318,9 +328,7 @@ def _finish(request: HttpRequest, atomic: bool) -> Callable[[HttpResponseBase], 
         failure: Exception | None = request.__dict__.pop(_RENDER_FAILED, None)
         if failure is None:
             return render(response)
-        if atomic and _lost_the_attempt(failure):
-            for mark in (_REACHED_VIEW, _VIEW_RETURNED):
-                request.__dict__.pop(mark, None)
+        if atomic and _LOST_ATTEMPT in request.__dict__:
             raise failure
         raise _NotRendered(response) from failure
 

@@ -53,23 +53,21 @@ def problem_page(
     fields of a form-encoded POST, so that a 409 page can send the same
     submission again (the same key: it is answered with the first's result)
     rather than reloading the form, which would render a new key. ``held``:
-    the key waits for an operator (``recovery.hold``), so nothing is sent again.
+    the key waits for an operator (``recovery.hold``): the page sends nothing by
+    itself and offers no way back to the form, only the same submission again.
     """
     http_request = django_request(request)
     header = headers.get("Retry-After")
     retry_after = int(header) if header and header.isdigit() else None
-    resends = problem["status"] == 409 and not held
     context = {
         "problem": problem,
         "held": held,
         "retry_after": retry_after,
         "resend_after": (
-            max(min(retry_after, RESEND_AFTER_MAX), 1)
-            if resends and retry_after is not None
-            else None
+            None if held or retry_after is None else max(min(retry_after, RESEND_AFTER_MAX), 1)
         ),
-        "back_url": _back_url(http_request),
-        "resend": _resend(http_request) if resends else None,
+        "back_url": None if held else _back_url(http_request),
+        "resend": _resend(http_request) if problem["status"] == 409 else None,
         "action": http_request.get_full_path(),
     }
     try:

@@ -732,20 +732,20 @@ urlpatterns.append(path("deadlocks-rendering-once/", deadlocks_rendering_once))
 @pytest.mark.urls("tests.test_middleware")
 @pytest.mark.usefixtures("installed")
 @pytest.mark.parametrize("url", ["/deadlocks-once/", "/deadlocks-rendering-once/"])
-def test_a_deadlock_in_the_views_own_statements_starts_the_claim_over(wsgi, url) -> None:
+def test_a_deadlock_in_the_views_own_statements_starts_the_claim_over(any_client, url) -> None:
     # As under the decorator: the 1213, in the view or in its template's rendering, rolled
     # the whole attempt back (a lost Galera certification reports the same error), so the
     # view runs again instead of a 500.
     _deadlocking.clear()
     _deadlocking["row"] = Order.objects.create(item="shared").pk
 
-    first = post(wsgi, url, "deadlocked")
+    first = post(any_client, url, "deadlocked")
 
     assert first.status_code == 201, first.content[:300]
     assert _deadlocking["attempts"] == [1, 2]
     [order] = Order.objects.filter(item="deadlocked").values_list("pk", flat=True)
     assert first.content == f"order {order}".encode()
-    retry = post(wsgi, url, "deadlocked")
+    retry = post(any_client, url, "deadlocked")
     assert (retry.status_code, retry["Idempotent-Replayed"]) == (201, "true")
     assert retry.content == first.content
     assert _deadlocking["attempts"] == [1, 2]
@@ -754,13 +754,13 @@ def test_a_deadlock_in_the_views_own_statements_starts_the_claim_over(wsgi, url)
 @pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB's deadlock error 1213")
 @pytest.mark.urls("tests.test_middleware")
 @pytest.mark.usefixtures("installed")
-def test_a_view_that_always_deadlocks_is_answered_409_not_500(wsgi) -> None:
+def test_a_view_that_always_deadlocks_is_answered_409_not_500(any_client) -> None:
     from django_idempotency import store
 
     _deadlocking.clear()
     _deadlocking.update(row=Order.objects.create(item="shared").pk, always=True)
 
-    response = post(wsgi, "/deadlocks-once/", "always")
+    response = post(any_client, "/deadlocks-once/", "always")
 
     assert response.status_code == 409, response.content[:300]
     assert response["Retry-After"] == "1"
