@@ -16,8 +16,7 @@ What Django does around a view shapes the rest:
   certification instead starts the claim over, as it does under the decorator;
 - a template response is rendered after the view returned (``process_template_response``
   says so): an exception then is the rendering's, after the view acted, and the response
-  cannot be kept (lease mode completes the key with a refusal; atomic mode rolls back, or
-  starts over after a deadlock);
+  cannot be kept (lease mode completes the key with a refusal; atomic mode rolls back);
 - a view that authenticates the request itself does so after the scope is taken: the default
   scope folds an unauthenticated request's ``Authorization`` header into it
   (:mod:`django_idempotency.scopes`), so one client's token never replays another's answer.
@@ -69,7 +68,8 @@ _CALL_INSTEAD = "_idempotency_call_instead"
 _VIEW_RETURNED = "_idempotency_view_returned"
 # Set by process_exception after the view returned: what rendering its response raised.
 _RENDER_FAILED = "_idempotency_render_failed"
-# Set by process_exception, in the claim's thread: the error rolled the whole attempt back.
+# Set by process_exception, in the claim's thread: the view's error that rolled the whole
+# attempt back.
 _LOST_ATTEMPT = "_idempotency_lost_attempt"
 #: What one attempt leaves on the request: cleared before each, as the engine may start over.
 _ATTEMPT_MARKS = (_REACHED_VIEW, _VIEW_RAISED, _VIEW_RETURNED, _RENDER_FAILED, _LOST_ATTEMPT)
@@ -143,7 +143,7 @@ class IdempotencyMiddleware:
                 request.__dict__.pop(mark, None)
             return self._reached_view(request, self.get_response(request), atomic)
 
-        finish = _finish(request, atomic)
+        finish = _finish(request)
         try:
             return protect(
                 request, handler, options, sender=view, finish=finish, copies_before=copies_before
@@ -173,7 +173,7 @@ class IdempotencyMiddleware:
                 request.__dict__.pop(mark, None)
             return self._reached_view(request, await self.get_response(request), atomic)
 
-        finish = _finish(request, atomic)
+        finish = _finish(request)
         try:
             return await protect_async(
                 request, handler, options, sender=view, finish=finish, copies_before=copies_before
@@ -227,12 +227,13 @@ class IdempotencyMiddleware:
         # Django always calls this hook synchronously, in either mode: in the thread of the
         # claim's connection, which the event loop's thread does not see.
         if getattr(request, _VIEW_RETURNED, False):
-            # Raised by the rendering, after the view acted (see _finish).
+            # Raised by the rendering, after the view acted (see _finish). Never started over:
+            # Django has committed the request's transactions on other databases by then.
             setattr(request, _RENDER_FAILED, exception)
-        else:
-            setattr(request, _VIEW_RAISED, exception)
+            return
+        setattr(request, _VIEW_RAISED, exception)
         if _lost_the_attempt(exception):
-            setattr(request, _LOST_ATTEMPT, True)
+            setattr(request, _LOST_ATTEMPT, exception)
 
     @staticmethod
     def _reached_view(
@@ -244,7 +245,7 @@ class IdempotencyMiddleware:
         raised: Exception | None = request.__dict__.pop(_VIEW_RAISED, None)
         if raised is None:
             return response
-        if atomic and _LOST_ATTEMPT in request.__dict__:
+        if atomic and request.__dict__.get(_LOST_ATTEMPT) is raised:
             # Django made its 500 of it, but the engine starts the claim over, as it does
             # when the view raises it under the decorator: nothing of the attempt committed.
             raise raised
@@ -301,8 +302,7 @@ def _chosen(
 def _lost_the_attempt(error: Exception) -> bool:
     """Whether ``error`` rolled back the atomic-mode claim's whole transaction.
 
-    A deadlock, or a lost Galera certification, reported by one of the view's own statements
-    or by its template's rendering.
+    A deadlock, or a lost Galera certification, reported by one of the view's own statements.
     """
     if not isinstance(error, DatabaseError):
         return False
@@ -312,24 +312,21 @@ def _lost_the_attempt(error: Exception) -> bool:
 
 def _returned(request: HttpRequest) -> None:
     """Mark that the view returned a response, unless Django made it of the view's exception."""
-    if not getattr(request, _VIEW_RAISED, False):
+    if _VIEW_RAISED not in request.__dict__:
         setattr(request, _VIEW_RETURNED, True)
 
 
-def _finish(request: HttpRequest, atomic: bool) -> Callable[[HttpResponseBase], HttpResponseBase]:
+def _finish(request: HttpRequest) -> Callable[[HttpResponseBase], HttpResponseBase]:
     """How the engine finishes the response of ``request``'s view: :func:`core.render`.
 
     If Django failed to render the view's template response, raises instead: the engine ends
-    the call as one whose result cannot be kept, and the middleware answers Django's response;
-    or, for a deadlock in atomic mode, starts the claim over.
+    the call as one whose result cannot be kept, and the middleware answers Django's response.
     """
 
     def finish(response: HttpResponseBase) -> HttpResponseBase:
         failure: Exception | None = request.__dict__.pop(_RENDER_FAILED, None)
         if failure is None:
             return render(response)
-        if atomic and _LOST_ATTEMPT in request.__dict__:
-            raise failure
         raise _NotRendered(response) from failure
 
     return finish

@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 import pytest
-from asgiref.sync import iscoroutinefunction
+from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.contrib import admin
 from django.contrib.auth.models import User
 from django.core.checks import WARNING
@@ -724,18 +724,23 @@ def deadlocks_rendering_once(request: Any) -> Any:
     return TemplateResponse(request, template, {"rendered": rendered}, status=201)
 
 
+async def deadlocks_once_async(request: Any) -> HttpResponse:
+    """:func:`deadlocks_once` as an ``async def`` view: its queries in the request's thread."""
+    return await sync_to_async(deadlocks_once)(request)
+
+
 urlpatterns.append(path("deadlocks-once/", deadlocks_once))
+urlpatterns.append(path("deadlocks-once-async/", deadlocks_once_async))
 urlpatterns.append(path("deadlocks-rendering-once/", deadlocks_rendering_once))
 
 
 @pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB's deadlock error 1213")
 @pytest.mark.urls("tests.test_middleware")
 @pytest.mark.usefixtures("installed")
-@pytest.mark.parametrize("url", ["/deadlocks-once/", "/deadlocks-rendering-once/"])
+@pytest.mark.parametrize("url", ["/deadlocks-once/", "/deadlocks-once-async/"])
 def test_a_deadlock_in_the_views_own_statements_starts_the_claim_over(any_client, url) -> None:
-    # As under the decorator: the 1213, in the view or in its template's rendering, rolled
-    # the whole attempt back (a lost Galera certification reports the same error), so the
-    # view runs again instead of a 500.
+    # As under the decorator: the 1213 rolled the whole attempt back (a lost Galera
+    # certification reports the same error), so the view runs again instead of a 500.
     _deadlocking.clear()
     _deadlocking["row"] = Order.objects.create(item="shared").pk
 
@@ -767,3 +772,25 @@ def test_a_view_that_always_deadlocks_is_answered_409_not_500(any_client) -> Non
     assert len(_deadlocking["attempts"]) == store.CLAIM_ATTEMPTS
     assert not Order.objects.filter(item="deadlocked").exists()
     assert not IdempotencyKey.objects.filter(key="always").exists()
+
+
+@pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB's deadlock error 1213")
+@pytest.mark.urls("tests.test_middleware")
+@pytest.mark.usefixtures("installed")
+def test_a_deadlock_while_the_template_renders_is_not_started_over(any_client) -> None:
+    # Django renders after it committed the request's transactions on other databases, which
+    # a new attempt would repeat: Django's 500, nothing stored, and the retry runs anew.
+    _deadlocking.clear()
+    _deadlocking["row"] = Order.objects.create(item="shared").pk
+
+    first = post(any_client, "/deadlocks-rendering-once/", "rendering")
+
+    assert first.status_code == 500
+    assert _deadlocking["attempts"] == [1]
+    assert not Order.objects.filter(item="deadlocked").exists()
+    assert not IdempotencyKey.objects.filter(key="rendering").exists()
+    retry = post(any_client, "/deadlocks-rendering-once/", "rendering")
+    assert retry.status_code == 201
+    assert "Idempotent-Replayed" not in retry
+    [order] = Order.objects.filter(item="deadlocked").values_list("pk", flat=True)
+    assert retry.content == f"order {order}".encode()
