@@ -245,7 +245,8 @@ class IdempotencyMiddleware:
         raised: Exception | None = request.__dict__.pop(_VIEW_RAISED, None)
         if raised is None:
             return response
-        if atomic and request.__dict__.get(_LOST_ATTEMPT) is raised:
+        lost = request.__dict__.pop(_LOST_ATTEMPT, None)
+        if atomic and lost is raised:
             # Django made its 500 of it, but the engine starts the claim over, as it does
             # when the view raises it under the decorator: nothing of the attempt committed.
             raise raised
@@ -300,13 +301,21 @@ def _chosen(
 
 
 def _lost_the_attempt(error: Exception) -> bool:
-    """Whether ``error`` rolled back the atomic-mode claim's whole transaction.
+    """Whether ``error`` rolled back the atomic-mode claim's whole transaction, and nothing else.
 
     A deadlock, or a lost Galera certification, reported by one of the view's own statements.
+    Not with ``ATOMIC_REQUESTS`` on another database: its transaction may have committed
+    before the error (the claim's own ``RELEASE SAVEPOINT`` after the view), and a new attempt
+    would write there again.
     """
     if not isinstance(error, DatabaseError):
         return False
     using = idempotency_settings.database
+    if any(
+        alias != using and database.get("ATOMIC_REQUESTS")
+        for alias, database in connections.settings.items()
+    ):
+        return False
     return connections[using].in_atomic_block and lost_race(using, error)
 
 
