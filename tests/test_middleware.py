@@ -759,30 +759,6 @@ def test_a_deadlock_in_the_views_own_statements_starts_the_claim_over(any_client
 @pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB's deadlock error 1213")
 @pytest.mark.urls("tests.test_middleware")
 @pytest.mark.usefixtures("installed")
-@pytest.mark.django_db(transaction=True, databases=["default", "other"])
-def test_with_atomic_requests_on_another_database_a_deadlock_is_not_started_over(
-    wsgi, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # That transaction may have committed before the error reached the middleware: a new
-    # attempt would write there again. Django's 500, nothing stored; the retry runs anew.
-    from django.db import connections
-
-    monkeypatch.setitem(connections.settings["other"], "ATOMIC_REQUESTS", True)
-    _deadlocking.clear()
-    _deadlocking["row"] = Order.objects.create(item="shared").pk
-
-    first = post(wsgi, "/deadlocks-once/", "elsewhere")
-
-    assert first.status_code == 500
-    assert _deadlocking["attempts"] == [1]
-    assert not IdempotencyKey.objects.filter(key="elsewhere").exists()
-    retry = post(wsgi, "/deadlocks-once/", "elsewhere")
-    assert (retry.status_code, _deadlocking["attempts"]) == (201, [1, 2])
-
-
-@pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB's deadlock error 1213")
-@pytest.mark.urls("tests.test_middleware")
-@pytest.mark.usefixtures("installed")
 def test_a_view_that_always_deadlocks_is_answered_409_not_500(any_client) -> None:
     from django_idempotency import store
 
@@ -801,20 +777,32 @@ def test_a_view_that_always_deadlocks_is_answered_409_not_500(any_client) -> Non
 @pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB's deadlock error 1213")
 @pytest.mark.urls("tests.test_middleware")
 @pytest.mark.usefixtures("installed")
-def test_a_deadlock_while_the_template_renders_is_not_started_over(any_client) -> None:
-    # Django renders after it committed the request's transactions on other databases, which
-    # a new attempt would repeat: Django's 500, nothing stored, and the retry runs anew.
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+@pytest.mark.parametrize(
+    ("url", "atomic_requests_elsewhere"),
+    [("/deadlocks-rendering-once/", False), ("/deadlocks-once/", True)],
+    ids=["while_the_template_renders", "with_atomic_requests_on_another_database"],
+)
+def test_a_deadlock_that_may_follow_a_commit_elsewhere_is_not_started_over(
+    any_client, monkeypatch: pytest.MonkeyPatch, url: str, atomic_requests_elsewhere: bool
+) -> None:
+    # Django renders after it committed the request's transactions on other databases, and
+    # ends them one database after the other: a new attempt could write there again.
+    # Django's 500, nothing stored, and the retry runs anew.
+    from django.db import connections
+
+    monkeypatch.setitem(connections.settings["other"], "ATOMIC_REQUESTS", atomic_requests_elsewhere)
     _deadlocking.clear()
     _deadlocking["row"] = Order.objects.create(item="shared").pk
 
-    first = post(any_client, "/deadlocks-rendering-once/", "rendering")
+    first = post(any_client, url, "elsewhere")
 
     assert first.status_code == 500
     assert _deadlocking["attempts"] == [1]
     assert not Order.objects.filter(item="deadlocked").exists()
-    assert not IdempotencyKey.objects.filter(key="rendering").exists()
-    retry = post(any_client, "/deadlocks-rendering-once/", "rendering")
-    assert retry.status_code == 201
+    assert not IdempotencyKey.objects.filter(key="elsewhere").exists()
+    retry = post(any_client, url, "elsewhere")
+    assert (retry.status_code, _deadlocking["attempts"]) == (201, [1, 2])
     assert "Idempotent-Replayed" not in retry
     [order] = Order.objects.filter(item="deadlocked").values_list("pk", flat=True)
     assert retry.content == f"order {order}".encode()
