@@ -116,9 +116,18 @@ def assert_idempotent(
     first = send(client, data, key)
     assert first.status_code < 500, f"the first request failed with {first.status_code}"
     after_first = effect()
-    assert after_first != before, (
-        f"the first request had no visible effect: effect() stayed {before!r}"
-    )
+    if after_first == before:
+        hint = ""
+        if content_type == "application/json" and isinstance(data, dict):
+            # The usual cause: a form view sent JSON, as this helper sends a dict by default.
+            hint = (
+                " If the view reads request.POST, pass "
+                "content_type=django.test.client.MULTIPART_CONTENT (or a urlencoded body as str)."
+            )
+        raise AssertionError(
+            f"the first request had no visible effect: effect() stayed {before!r}; "
+            f"it was answered {first.status_code}.{hint}"
+        )
 
     retry = send(client, data, key)
     _assert_replay(first, retry, "the retry")

@@ -19,6 +19,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.signals import post_save
 from django.http import HttpRequest, HttpResponse
 from django.test import AsyncClient, Client, TestCase, TransactionTestCase
+from django.test.client import MULTIPART_CONTENT
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework.test import APIClient
@@ -150,6 +151,30 @@ class PytestUsageTests:
     def test_view_without_visible_effect_fails_the_check(self, client):
         with pytest.raises(AssertionError, match="no visible effect"):
             assert_idempotent(client, "post", "/orders/", {"item": "a"}, effect=lambda: 0)
+
+    @pytest.mark.django_db
+    @pytest.mark.urls("tests.browser_urls")
+    def test_a_form_view_sent_json_fails_naming_the_content_type_to_pass(self, client):
+        # This helper sends a dict as JSON; a view reading request.POST sees no fields.
+        with pytest.raises(
+            AssertionError, match=r"content_type=django\.test\.client\.MULTIPART_CONTENT"
+        ):
+            assert_idempotent(
+                client, "post", "/browser/checkout/", {"item": "a"}, effect=order_count
+            )
+
+        check = assert_idempotent(
+            client,
+            "post",
+            "/browser/checkout/",
+            {"item": "a"},
+            effect=order_count,
+            content_type=MULTIPART_CONTENT,
+        )
+
+        assert check.first.status_code == 302
+        assert check.mismatch is not None and check.mismatch.status_code == 422
+        assert order_count() == 1
 
     @pytest.mark.django_db
     def test_insisting_on_concurrency_inside_a_transaction_says_why_not(self, client):
