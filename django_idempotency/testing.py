@@ -118,11 +118,12 @@ def assert_idempotent(
     after_first = effect()
     if after_first == before:
         hint = ""
-        if content_type == "application/json" and isinstance(data, dict):
-            # The usual cause: a form view sent JSON, as this helper sends a dict by default.
+        if method.lower() == "post" and content_type == "application/json":
+            # The usual cause: a form view sent JSON, as this helper sends a body by default.
             hint = (
-                " If the view reads request.POST, pass "
-                "content_type=django.test.client.MULTIPART_CONTENT (or a urlencoded body as str)."
+                " If the view reads request.POST, send a form: with Django's Client, the dict "
+                "and content_type=django.test.client.MULTIPART_CONTENT; with any client, a "
+                "urlencoded str and content_type='application/x-www-form-urlencoded'."
             )
         raise AssertionError(
             f"the first request had no visible effect: effect() stayed {before!r}; "

@@ -157,7 +157,8 @@ class PytestUsageTests:
     def test_a_form_view_sent_json_fails_naming_the_content_type_to_pass(self, client):
         # This helper sends a dict as JSON; a view reading request.POST sees no fields.
         with pytest.raises(
-            AssertionError, match=r"content_type=django\.test\.client\.MULTIPART_CONTENT"
+            AssertionError,
+            match=r"answered 200\. .*content_type=django\.test\.client\.MULTIPART_CONTENT",
         ):
             assert_idempotent(
                 client, "post", "/browser/checkout/", {"item": "a"}, effect=order_count
@@ -175,6 +176,17 @@ class PytestUsageTests:
         assert check.first.status_code == 302
         assert check.mismatch is not None and check.mismatch.status_code == 422
         assert order_count() == 1
+        # Any client, DRF's too: a urlencoded body and its content type.
+        other = assert_idempotent(
+            APIClient(),
+            "post",
+            "/browser/checkout/",
+            "item=b",
+            effect=order_count,
+            content_type="application/x-www-form-urlencoded",
+            changed_data="item=c",
+        )
+        assert (other.first.status_code, order_count()) == (302, 2)
 
     @pytest.mark.django_db
     def test_insisting_on_concurrency_inside_a_transaction_says_why_not(self, client):
