@@ -232,7 +232,7 @@ class IdempotencyMiddleware:
             setattr(request, _RENDER_FAILED, exception)
             return
         setattr(request, _VIEW_RAISED, exception)
-        if _lost_the_attempt(exception):
+        if _lost_the_attempt(request, exception):
             setattr(request, _LOST_ATTEMPT, exception)
 
     @staticmethod
@@ -300,21 +300,20 @@ def _chosen(
     return view, options
 
 
-def _lost_the_attempt(error: Exception) -> bool:
+def _lost_the_attempt(request: HttpRequest, error: Exception) -> bool:
     """Whether ``error`` rolled back the atomic-mode claim's whole transaction, and nothing else.
 
     A deadlock, or a lost Galera certification, reported by one of the view's own statements.
-    Not with ``ATOMIC_REQUESTS`` on another database: its transaction may have committed
-    before the error (the claim's own ``RELEASE SAVEPOINT`` after the view), and a new attempt
-    would write there again.
+    Not when the view ran in a request transaction on another database: that one may have
+    committed before the error (the claim's own ``RELEASE SAVEPOINT`` after the view), and a
+    new attempt would write there again.
     """
     if not isinstance(error, DatabaseError):
         return False
     using = idempotency_settings.database
-    if any(
-        alias != using and database.get("ATOMIC_REQUESTS")
-        for alias, database in connections.settings.items()
-    ):
+    match = request.resolver_match
+    view = getattr(request, _CALL_INSTEAD, None) or (match.func if match else None)
+    if any(alias != using for alias in _request_transaction_aliases(view)):
         return False
     return connections[using].in_atomic_block and lost_race(using, error)
 
@@ -462,10 +461,18 @@ def _in_request_transactions(view: Any) -> Any:
 
     We call it from process_view, so we wrap it: same exclusions, same refusal of async views.
     """
-    excluded = getattr(view, "_non_atomic_requests", ())
-    for alias, settings_dict in connections.settings.items():
-        if settings_dict["ATOMIC_REQUESTS"] and alias not in excluded:
-            if iscoroutinefunction(view):
-                raise RuntimeError("You cannot use ATOMIC_REQUESTS with async views.")
-            view = transaction.atomic(using=alias)(view)
+    for alias in _request_transaction_aliases(view):
+        if iscoroutinefunction(view):
+            raise RuntimeError("You cannot use ATOMIC_REQUESTS with async views.")
+        view = transaction.atomic(using=alias)(view)
     return view
+
+
+def _request_transaction_aliases(view: Any) -> list[str]:
+    """The databases whose ``ATOMIC_REQUESTS`` transaction wraps ``view``, as Django decides."""
+    excluded = getattr(view, "_non_atomic_requests", ())
+    return [
+        alias
+        for alias, settings_dict in connections.settings.items()
+        if settings_dict["ATOMIC_REQUESTS"] and alias not in excluded
+    ]

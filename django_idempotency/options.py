@@ -13,8 +13,9 @@ import difflib
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Set
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
+from functools import cached_property
 from typing import Any, TypedDict
 
 from django.conf import settings
@@ -80,11 +81,11 @@ class Options:
     key: KeyFunction | None
     #: Narrows which responses complete the key; ``None``: all that 4.3 stores.
     store: StoreFunction | None = None
-    #: The names of the handlers of ``methods`` on a class-based view, found once.
-    handler_names: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "handler_names", tuple(sorted(m.lower() for m in self.methods)))
+    @cached_property
+    def handler_names(self) -> tuple[str, ...]:
+        """The names of the handlers of ``methods`` on a class-based view, found once."""
+        return tuple(sorted(method.lower() for method in self.methods))
 
 
 def suggest(name: str, known: tuple[str, ...]) -> str:

@@ -14,7 +14,7 @@ from django.contrib import admin
 from django.contrib.auth.models import User
 from django.core.checks import WARNING
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connection
+from django.db import connection, transaction
 from django.http import HttpResponse
 from django.test import AsyncClient, Client
 from django.test.utils import CaptureQueriesContext
@@ -731,16 +731,39 @@ async def deadlocks_once_async(request: Any) -> HttpResponse:
 
 urlpatterns.append(path("deadlocks-once/", deadlocks_once))
 urlpatterns.append(path("deadlocks-once-async/", deadlocks_once_async))
+
+
+@transaction.non_atomic_requests(using="other")
+def deadlocks_once_outside_other(request: Any) -> HttpResponse:
+    """:func:`deadlocks_once`, left out of the ``other`` database's request transaction."""
+    return deadlocks_once(request)
+
+
+urlpatterns.append(path("deadlocks-once-outside-other/", deadlocks_once_outside_other))
 urlpatterns.append(path("deadlocks-rendering-once/", deadlocks_rendering_once))
 
 
 @pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB's deadlock error 1213")
 @pytest.mark.urls("tests.test_middleware")
 @pytest.mark.usefixtures("installed")
-@pytest.mark.parametrize("url", ["/deadlocks-once/", "/deadlocks-once-async/"])
-def test_a_deadlock_in_the_views_own_statements_starts_the_claim_over(any_client, url) -> None:
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+@pytest.mark.parametrize(
+    ("url", "atomic_requests_elsewhere"),
+    [
+        ("/deadlocks-once/", False),
+        ("/deadlocks-once-async/", False),
+        # Django leaves this view out of the other database's request transaction.
+        ("/deadlocks-once-outside-other/", True),
+    ],
+)
+def test_a_deadlock_in_the_views_own_statements_starts_the_claim_over(
+    any_client, monkeypatch: pytest.MonkeyPatch, url: str, atomic_requests_elsewhere: bool
+) -> None:
     # As under the decorator: the 1213 rolled the whole attempt back (a lost Galera
     # certification reports the same error), so the view runs again instead of a 500.
+    from django.db import connections
+
+    monkeypatch.setitem(connections.settings["other"], "ATOMIC_REQUESTS", atomic_requests_elsewhere)
     _deadlocking.clear()
     _deadlocking["row"] = Order.objects.create(item="shared").pk
 
