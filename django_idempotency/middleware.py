@@ -13,7 +13,8 @@ What Django does around a view shapes the rest:
 - a view marked ``transaction.non_atomic_requests`` for our database runs in lease mode;
 - an exception the view raises reaches us as Django's response (403, 404, 500), through
   ``process_exception``: a failure, never stored; in atomic mode a deadlock or a lost Galera
-  certification instead starts the claim over, as it does under the decorator;
+  certification is answered there instead, and the claim starts over, as it does under the
+  decorator;
 - a template response is rendered after the view returned (``process_template_response``
   says so): an exception then is the rendering's, after the view acted, and the response
   cannot be kept (lease mode completes the key with a refusal; atomic mode rolls back);
@@ -32,7 +33,7 @@ from django.apps import apps
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections, transaction
-from django.http import HttpRequest, HttpResponseBase
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.urls import Resolver404, resolve
 from django.utils.module_loading import import_string
 
@@ -71,6 +72,8 @@ _RENDER_FAILED = "_idempotency_render_failed"
 # Set by process_exception, in the claim's thread: the view's error that rolled the whole
 # attempt back.
 _LOST_ATTEMPT = "_idempotency_lost_attempt"
+# Set by __call__ in atomic mode: an attempt that lost its whole transaction starts over.
+_STARTS_OVER = "_idempotency_starts_over"
 #: What one attempt leaves on the request: cleared before each, as the engine may start over.
 _ATTEMPT_MARKS = (_REACHED_VIEW, _VIEW_RAISED, _VIEW_RETURNED, _RENDER_FAILED, _LOST_ATTEMPT)
 
@@ -136,12 +139,12 @@ class IdempotencyMiddleware:
             return self.get_response(request)
         view, options = protecting
 
-        atomic = (options.resolved or options.resolve()).atomic
+        request.__dict__[_STARTS_OVER] = (options.resolved or options.resolve()).atomic
 
         def handler() -> HttpResponseBase:
             for mark in _ATTEMPT_MARKS:
                 request.__dict__.pop(mark, None)
-            return self._reached_view(request, self.get_response(request), atomic)
+            return self._reached_view(request, self.get_response(request))
 
         finish = _finish(request)
         try:
@@ -166,12 +169,12 @@ class IdempotencyMiddleware:
             return response
         view, options = protecting
 
-        atomic = (options.resolved or options.resolve()).atomic
+        request.__dict__[_STARTS_OVER] = (options.resolved or options.resolve()).atomic
 
         async def handler() -> HttpResponseBase:
             for mark in _ATTEMPT_MARKS:
                 request.__dict__.pop(mark, None)
-            return self._reached_view(request, await self.get_response(request), atomic)
+            return self._reached_view(request, await self.get_response(request))
 
         finish = _finish(request)
         try:
@@ -223,32 +226,34 @@ class IdempotencyMiddleware:
         _returned(request)
         return response
 
-    def process_exception(self, request: HttpRequest, exception: Exception) -> None:
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
         # Django always calls this hook synchronously, in either mode: in the thread of the
         # claim's connection, which the event loop's thread does not see.
         if getattr(request, _VIEW_RETURNED, False):
             # Raised by the rendering, after the view acted (see _finish). Never started over:
             # Django has committed the request's transactions on other databases by then.
             setattr(request, _RENDER_FAILED, exception)
-            return
+            return None
         setattr(request, _VIEW_RAISED, exception)
-        if _lost_the_attempt(request, exception):
+        if request.__dict__.get(_STARTS_OVER) and _lost_the_attempt(request, exception):
             setattr(request, _LOST_ATTEMPT, exception)
+            # Answered here, so that Django neither reports it as the request's error nor
+            # renders its 500: the engine starts over, and this response is dropped.
+            return HttpResponse(status=500)
+        return None
 
     @staticmethod
-    def _reached_view(
-        request: HttpRequest, response: HttpResponseBase, atomic: bool
-    ) -> HttpResponseBase:
+    def _reached_view(request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
         if not getattr(request, _REACHED_VIEW, False):
             raise _NotReached(response)
         # Taken off the request: its traceback holds the view's frames, which hold the request.
         raised: Exception | None = request.__dict__.pop(_VIEW_RAISED, None)
         if raised is None:
             return response
-        lost = request.__dict__.pop(_LOST_ATTEMPT, None)
-        if atomic and lost is raised:
-            # Django made its 500 of it, but the engine starts the claim over, as it does
-            # when the view raises it under the decorator: nothing of the attempt committed.
+        if request.__dict__.pop(_LOST_ATTEMPT, None) is raised:
+            # process_exception answered it in Django's place; the engine starts the claim
+            # over, as it does when the view raises it under the decorator: nothing of the
+            # attempt committed.
             raise raised
         # Nothing stored; atomic mode rolls back what the view wrote before raising.
         return discard(response)
@@ -311,8 +316,10 @@ def _lost_the_attempt(request: HttpRequest, error: Exception) -> bool:
     if not isinstance(error, DatabaseError):
         return False
     using = idempotency_settings.database
+    # The view Django wrapped in its request transactions. (An error from the one our
+    # process_view calls in its place reaches no process_exception.)
     match = request.resolver_match
-    view = getattr(request, _CALL_INSTEAD, None) or (match.func if match else None)
+    view = match.func if match else None
     if any(alias != using for alias in _request_transaction_aliases(view)):
         return False
     return connections[using].in_atomic_block and lost_race(using, error)
