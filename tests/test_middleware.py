@@ -20,6 +20,8 @@ from django.test import AsyncClient, Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import include, path
 from rest_framework.authtoken.models import Token
+from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from django_idempotency import idempotency_exempt
 from django_idempotency.middleware import IdempotencyMiddleware
@@ -747,6 +749,48 @@ def deadlocks_once_outside_other(request: Any) -> HttpResponse:
 
 urlpatterns.append(path("deadlocks-once-outside-other/", deadlocks_once_outside_other))
 urlpatterns.append(path("deadlocks-rendering-once/", deadlocks_rendering_once))
+
+
+class InTransactionOnOther(APIView):
+    """A DRF view, unprotected itself, that says whether ``other``'s transaction wraps it."""
+
+    authentication_classes: list[Any] = []
+    permission_classes: list[Any] = []
+
+    def post(self, request: Any) -> Response:
+        from django.db import connections
+
+        calls.increment()
+        return Response({"in_other": connections["other"].in_atomic_block}, status=201)
+
+
+urlpatterns.append(
+    path(
+        "drf-outside-other/",
+        transaction.non_atomic_requests(using="other")(InTransactionOnOther.as_view()),
+    )
+)
+
+
+@pytest.mark.urls("tests.test_middleware")
+@pytest.mark.usefixtures("installed")
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_a_drf_view_left_out_of_a_request_transaction_stays_out_of_it(
+    any_client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The middleware calls its own build of a DRF view (the mixin in front); Django
+    # decided the request transactions from the view it resolved, and so does the build.
+    from django.db import connections
+
+    monkeypatch.setitem(connections.settings["other"], "ATOMIC_REQUESTS", True)
+
+    first = post(any_client, "/drf-outside-other/", "outside")
+    retry = post(any_client, "/drf-outside-other/", "outside")
+
+    assert first.status_code == 201, first.content[:300]
+    assert json.loads(first.content) == {"in_other": False}
+    assert (retry["Idempotent-Replayed"], retry.content) == ("true", first.content)
+    assert calls.value == 1
 
 
 @pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB's deadlock error 1213")

@@ -582,8 +582,14 @@ def _with_mixin(view: Any, view_class: type, lease: bool) -> Any:
     initkwargs = getattr(view, "initkwargs", {})
     actions = getattr(view, "actions", None)
     if actions is not None:
-        return protected.as_view(actions, **initkwargs)  # type: ignore[attr-defined]
-    return protected.as_view(**initkwargs)  # type: ignore[attr-defined]
+        built = protected.as_view(actions, **initkwargs)  # type: ignore[attr-defined]
+    else:
+        built = protected.as_view(**initkwargs)  # type: ignore[attr-defined]
+    # Django left the resolved view out of the request transactions it was marked out of
+    # (``non_atomic_requests`` on the ``as_view()`` result): so is the one called instead.
+    excluded = frozenset(getattr(view, "_non_atomic_requests", ()))
+    built._non_atomic_requests = NonAtomicRequests(protected._idempotency_options, excluded)
+    return built
 
 
 #: Everything the package knows of DRF, handed to it in one piece.
