@@ -36,8 +36,8 @@ RESEND_AFTER_MAX = 2
 def prefers_html(request: Any) -> bool:
     """Whether the client ranks ``text/html`` above JSON in its ``Accept`` header."""
     http_request = django_request(request)
-    accept: str = http_request.META.get("HTTP_ACCEPT", "")
-    if "html" not in accept.lower():
+    accept: str = http_request.META.get("HTTP_ACCEPT", "").lower()
+    if "html" not in accept and "text/*" not in accept:
         return False  # the usual API request: no parsing
     return http_request.get_preferred_type(_TYPES) == "text/html"
 

@@ -505,6 +505,9 @@ class ProblemPageTests:
             ("", False),
             ("application/json, text/html;q=0.9", False),
             ("text/html;q=0.5, application/json", False),
+            # text/* names text/html too, without the word.
+            ("text/*, application/json;q=0.5", True),
+            ("application/json, text/*;q=0.5", False),
         ],
     )
     def test_accept_decides_page_or_problem_details(self, accept, html):
