@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.contrib import admin
+from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
 from django.core.checks import WARNING
 from django.core.exceptions import ImproperlyConfigured
@@ -791,6 +792,86 @@ def test_a_drf_view_left_out_of_a_request_transaction_stays_out_of_it(
     assert json.loads(first.content) == {"in_other": False}
     assert (retry["Idempotent-Replayed"], retry.content) == ("true", first.content)
     assert calls.value == 1
+
+
+class InRequestTransactions(APIView):
+    """A DRF view, unprotected itself: which request transactions wrap it.
+
+    ``fail``: writes an order, then raises.
+    """
+
+    authentication_classes: list[Any] = []
+    permission_classes: list[Any] = []
+
+    def post(self, request: Any) -> Response:
+        from django.db import connections
+
+        calls.increment()
+        if request.data.get("fail"):
+            Order.objects.create(item="written before the error")
+            raise RuntimeError("the view failed after a write")
+        return Response(
+            {alias: connections[alias].in_atomic_block for alias in ["default", "other"]},
+            status=201,
+        )
+
+
+urlpatterns += [
+    path("drf-in-request-transactions/", InRequestTransactions.as_view()),
+    # Marked out of the key's database only: lease mode, still in ``other``'s transaction.
+    path(
+        "drf-outside-default/",
+        transaction.non_atomic_requests(InRequestTransactions.as_view()),
+    ),
+    path("drf-login-required/", login_required(InRequestTransactions.as_view())),
+]
+
+
+@pytest.mark.urls("tests.test_middleware")
+@pytest.mark.usefixtures("installed")
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_a_drf_view_in_lease_mode_keeps_the_request_transactions_it_was_not_marked_out_of(
+    any_client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A plain view marked this way keeps ``other``'s transaction (Django wraps it); the
+    # middleware's build of a DRF view should too.
+    from django.db import connections
+
+    monkeypatch.setitem(connections.settings["other"], "ATOMIC_REQUESTS", True)
+
+    first = post(any_client, "/drf-outside-default/", "lease-by-mark")
+
+    assert first.status_code == 201, first.content[:300]
+    assert json.loads(first.content)["other"] is True
+
+
+@pytest.mark.urls("tests.test_middleware")
+@pytest.mark.usefixtures("installed", "atomic_requests")
+def test_a_drf_view_in_lease_mode_rolls_back_with_its_request_transaction(
+    any_client, settings: Any
+) -> None:
+    # docs/middleware.rst, ATOMIC_REQUESTS: in lease mode the claim commits before the
+    # request's transaction opens. A plain view's writes roll back with it; so should a DRF
+    # view's, as they do without the middleware.
+    settings.IDEMPOTENCY = {"ATOMIC": False}
+
+    failed = post_json(any_client, "/drf-in-request-transactions/", {"fail": True}, "lease")
+
+    assert failed.status_code == 500
+    assert not Order.objects.exists()
+
+
+@pytest.mark.urls("tests.test_middleware")
+@pytest.mark.usefixtures("installed")
+@pytest.mark.parametrize("key", [None, "anonymous"])
+def test_a_decorator_around_a_drf_view_still_runs_under_the_middleware(any_client, key) -> None:
+    # functools.wraps copies the view's ``cls``: the middleware must not call its own build
+    # of the class in place of the decorated view, skipping the decorator.
+    response = post(any_client, "/drf-login-required/", key)
+
+    assert response.status_code == 302, response.content[:300]
+    assert response["Location"].startswith("/accounts/login/")
+    assert calls.value == 0
 
 
 @pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB's deadlock error 1213")
