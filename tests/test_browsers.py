@@ -519,6 +519,24 @@ class ProblemPageTests:
         expected = "text/html; charset=utf-8" if html else "application/problem+json"
         assert response["Content-Type"] == expected
 
+    @pytest.mark.parametrize(
+        "accept",
+        [
+            # text/html and JSON at the same quality, whatever the order or the ranges.
+            "text/*, application/*",
+            "application/*, text/*",
+            "text/*, */*",
+            # text/html refused outright; text/* does not take it back.
+            "text/html;q=0, text/*",
+        ],
+    )
+    def test_html_not_ranked_above_json_keeps_problem_details(self, accept):
+        request = RequestFactory().post("/", HTTP_ACCEPT=accept)
+
+        response = problem(FingerprintMismatch(), request)
+
+        assert response["Content-Type"] == "application/problem+json"
+
     def test_409_page_keeps_retry_after_and_resends_the_same_submission(self):
         response = problem(RequestInFlight(retry_after=2), self.browser_request())
 
