@@ -22,9 +22,9 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django_idempotency.body import django_request
 
 PROBLEM_TEMPLATE = "django_idempotency/problem.html"
-# JSON first, so that a client that accepts anything (*/*) keeps the JSON
-# answer: only a client that ranks HTML higher is shown a page.
-_TYPES = ["application/json", "application/problem+json", "text/html"]
+#: What a problem is sent as: a page, or one of the JSON types.
+_HTML = ("text", "html")
+_JSON = (("application", "json"), ("application", "problem+json"))
 _TEMPLATES = Path(__file__).resolve().parent / "templates"
 #: The longest a 409 page waits before it sends the submission again. A lease's
 #: ``Retry-After`` is the time left on it (minutes), while the first request
@@ -34,12 +34,49 @@ RESEND_AFTER_MAX = 2
 
 
 def prefers_html(request: Any) -> bool:
-    """Whether the client ranks ``text/html`` above JSON in its ``Accept`` header."""
-    http_request = django_request(request)
-    accept: str = http_request.META.get("HTTP_ACCEPT", "").lower()
+    """Whether the client's ``Accept`` header gives ``text/html`` a higher quality than JSON.
+
+    A tie (``*/*``) keeps JSON, the answer of the contract. Each type's quality is that of
+    the most specific range naming it, as HTTP says; ``q=0`` refuses it.
+    """
+    accept: str = django_request(request).META.get("HTTP_ACCEPT", "").lower()
     if "html" not in accept and "text/*" not in accept:
         return False  # the usual API request: no parsing
-    return http_request.get_preferred_type(_TYPES) == "text/html"
+    ranges = [_media_range(each) for each in accept.split(",") if each.strip()]
+    return _quality(ranges, _HTML) > max(_quality(ranges, json) for json in _JSON)
+
+
+def _media_range(text: str) -> tuple[str, str, float]:
+    """``type/subtype;q=...`` as its type, subtype and quality (1 unless given)."""
+    kind, *parameters = (part.strip() for part in text.split(";"))
+    main, _, sub = kind.partition("/")
+    quality = 1.0
+    for parameter in parameters:
+        name, _, value = parameter.partition("=")
+        if name.strip() == "q":
+            try:
+                quality = float(value)
+            except ValueError:
+                quality = 0.0
+    return main, sub, quality
+
+
+def _quality(ranges: list[tuple[str, str, float]], media_type: tuple[str, str]) -> float:
+    """The quality the most specific range matching ``media_type`` gives it; 0 if none does."""
+    main, sub = media_type
+    best, found = -1, 0.0
+    for range_main, range_sub, quality in ranges:
+        if range_main == main and range_sub == sub:
+            specificity = 2
+        elif range_main == main and range_sub == "*":
+            specificity = 1
+        elif range_main == "*" and range_sub == "*":
+            specificity = 0
+        else:
+            continue
+        if specificity > best or (specificity == best and quality > found):
+            best, found = specificity, quality
+    return found
 
 
 def problem_page(

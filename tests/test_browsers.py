@@ -508,6 +508,13 @@ class ProblemPageTests:
             # text/* names text/html too, without the word.
             ("text/*, application/json;q=0.5", True),
             ("application/json, text/*;q=0.5", False),
+            # The most specific range decides each type's quality.
+            ("text/html;q=0.2, text/*, application/json;q=0.5", False),
+            ("*/*;q=0.1, text/html;q=0.5", True),
+            ("TEXT/HTML, application/json;q=0.9", True),
+            # A tie keeps JSON, whatever the order.
+            ("text/html, application/json", False),
+            ("text/html;q=0.5, */*;q=0.5", False),
         ],
     )
     def test_accept_decides_page_or_problem_details(self, accept, html):
