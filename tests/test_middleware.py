@@ -20,7 +20,9 @@ from django.http import HttpResponse
 from django.test import AsyncClient, Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import include, path
+from rest_framework import viewsets
 from rest_framework.authtoken.models import Token
+from rest_framework.decorators import api_view, authentication_classes, permission_classes
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -765,19 +767,43 @@ class InTransactionOnOther(APIView):
         return Response({"in_other": connections["other"].in_atomic_block}, status=201)
 
 
-urlpatterns.append(
+class InTransactionOnOtherViewSet(viewsets.ViewSet):
+    """:class:`InTransactionOnOther` as a viewset's ``create``."""
+
+    authentication_classes: list[Any] = []
+    permission_classes: list[Any] = []
+
+    def create(self, request: Any) -> Response:
+        return InTransactionOnOther().post(request)
+
+
+@api_view(["POST"])
+@authentication_classes([])
+@permission_classes([])
+def in_transaction_on_other(request: Any) -> Response:
+    """:class:`InTransactionOnOther` as an ``@api_view`` function."""
+    return InTransactionOnOther().post(request)
+
+
+_outside_other = transaction.non_atomic_requests(using="other")
+urlpatterns += [
+    path("drf-outside-other/", _outside_other(InTransactionOnOther.as_view())),
     path(
-        "drf-outside-other/",
-        transaction.non_atomic_requests(using="other")(InTransactionOnOther.as_view()),
-    )
-)
+        "drf-outside-other-viewset/",
+        _outside_other(InTransactionOnOtherViewSet.as_view({"post": "create"})),
+    ),
+    path("drf-outside-other-api-view/", _outside_other(in_transaction_on_other)),
+]
 
 
 @pytest.mark.urls("tests.test_middleware")
 @pytest.mark.usefixtures("installed")
 @pytest.mark.django_db(transaction=True, databases=["default", "other"])
+@pytest.mark.parametrize(
+    "url", ["/drf-outside-other/", "/drf-outside-other-viewset/", "/drf-outside-other-api-view/"]
+)
 def test_a_drf_view_left_out_of_a_request_transaction_stays_out_of_it(
-    any_client, monkeypatch: pytest.MonkeyPatch
+    any_client, monkeypatch: pytest.MonkeyPatch, url: str
 ) -> None:
     # The middleware calls its own build of a DRF view (the mixin in front); Django
     # decided the request transactions from the view it resolved, and so does the build.
@@ -785,8 +811,8 @@ def test_a_drf_view_left_out_of_a_request_transaction_stays_out_of_it(
 
     monkeypatch.setitem(connections.settings["other"], "ATOMIC_REQUESTS", True)
 
-    first = post(any_client, "/drf-outside-other/", "outside")
-    retry = post(any_client, "/drf-outside-other/", "outside")
+    first = post(any_client, url, "outside")
+    retry = post(any_client, url, "outside")
 
     assert first.status_code == 201, first.content[:300]
     assert json.loads(first.content) == {"in_other": False}
@@ -863,15 +889,33 @@ def test_a_drf_view_in_lease_mode_rolls_back_with_its_request_transaction(
 
 @pytest.mark.urls("tests.test_middleware")
 @pytest.mark.usefixtures("installed")
-@pytest.mark.parametrize("key", [None, "anonymous"])
-def test_a_decorator_around_a_drf_view_still_runs_under_the_middleware(any_client, key) -> None:
+def test_a_decorator_around_a_drf_view_still_runs_under_the_middleware(any_client) -> None:
     # functools.wraps copies the view's ``cls``: the middleware must not call its own build
     # of the class in place of the decorated view, skipping the decorator.
-    response = post(any_client, "/drf-login-required/", key)
+    response = post(any_client, "/drf-login-required/", None)
 
     assert response.status_code == 302, response.content[:300]
     assert response["Location"].startswith("/accounts/login/")
     assert calls.value == 0
+
+
+@pytest.mark.urls("tests.test_middleware")
+@pytest.mark.usefixtures("installed")
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+def test_a_key_for_a_drf_view_inside_a_decorator_is_refused_before_anything_runs(
+    kind: str,
+) -> None:
+    # Neither the build (it would skip the decorator) nor a claim around the decorated
+    # view (taken before DRF authenticates the caller) is safe: refused, naming the fixes.
+    client = Client() if kind == "wsgi" else AsyncClient()
+
+    with pytest.raises(ImproperlyConfigured, match="InRequestTransactions is a DRF view") as raised:
+        post(client, "/drf-login-required/", "anonymous")
+
+    assert "method_decorator" in str(raised.value)
+    assert "IdempotentMixin" in str(raised.value)
+    assert calls.value == 0
+    assert IdempotencyKey.objects.count() == 0
 
 
 @pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB's deadlock error 1213")

@@ -557,7 +557,48 @@ def view_protection(view: Any, method: str, instance: Any = None) -> ViewProtect
             layers.append(Layer(options))
     if exempt or layers:
         return ViewProtection(layers=tuple(layers), protects_itself=bool(layers), exempt=exempt)
+    if not _as_drf_built_it(view, view_class):
+        return ViewProtection(middleware=partial(_refuse_decorated, view_class))
     return ViewProtection(middleware=partial(_for_middleware, view, view_class))
+
+
+#: Per view function, whether it is what DRF's ``as_view()`` returned, with nothing around it.
+_BUILT_BY_DRF: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def _as_drf_built_it(view: Any, view_class: type) -> bool:
+    """Whether ``view`` is DRF's ``as_view()`` function itself, not a decorator around it.
+
+    ``functools.wraps`` copies ``cls`` to a decorator (``login_required``): the middleware's
+    build, called in the view's place, would skip it. Told apart by the functions along
+    ``__wrapped__``, against a view the class builds now.
+    """
+    known = _BUILT_BY_DRF.get(view)
+    if known is None:
+        built = _as_view(view_class, view)
+        known = _BUILT_BY_DRF[view] = _wrapped_codes(view) == _wrapped_codes(built)
+    return known
+
+
+def _wrapped_codes(function: Any) -> list[Any]:
+    codes = []
+    while function is not None:
+        codes.append(getattr(function, "__code__", None))
+        function = getattr(function, "__wrapped__", None)
+    return codes
+
+
+def _refuse_decorated(view_class: type) -> tuple[Any, DeclaredOptions]:
+    """Refuse to protect a DRF view inside a decorator that the middleware cannot call through."""
+    raise ImproperlyConfigured(
+        f"{view_class.__module__}.{view_class.__qualname__} is a DRF view that protects "
+        "nothing itself, inside a decorator (such as login_required) around its as_view(). "
+        "IdempotencyMiddleware protects such a view after DRF authenticates the caller, by "
+        "calling a version of it with IdempotentMixin in front, which would skip that "
+        "decorator. Protect the view itself (IdempotentMixin, or @idempotent below "
+        "@api_view), move the decorator onto the class's dispatch with method_decorator, "
+        "or mark the view @idempotency_exempt."
+    )
 
 
 def _for_middleware(view: Any, view_class: type) -> tuple[Any, DeclaredOptions]:
@@ -579,17 +620,20 @@ def _with_mixin(view: Any, view_class: type, lease: bool) -> Any:
     if lease:
         attributes["idempotency_atomic"] = False
     protected = type(view_class.__name__, (IdempotentMixin, view_class), attributes)
+    built = _as_view(protected, view)
+    # In the request transactions Django would open around the resolved view, whatever the
+    # mode: a lease claimed inside one takes a connection of its own, as under @api_view.
+    built._non_atomic_requests = frozenset(getattr(view, "_non_atomic_requests", ()))
+    return built
+
+
+def _as_view(view_class: Any, view: Any) -> Any:
+    """``view_class.as_view()`` with the ``as_view()`` arguments (and actions) ``view`` had."""
     initkwargs = getattr(view, "initkwargs", {})
     actions = getattr(view, "actions", None)
     if actions is not None:
-        built = protected.as_view(actions, **initkwargs)  # type: ignore[attr-defined]
-    else:
-        built = protected.as_view(**initkwargs)  # type: ignore[attr-defined]
-    # Django left the resolved view out of the request transactions it was marked out of
-    # (``non_atomic_requests`` on the ``as_view()`` result): so is the one called instead.
-    excluded = frozenset(getattr(view, "_non_atomic_requests", ()))
-    built._non_atomic_requests = NonAtomicRequests(protected._idempotency_options, excluded)
-    return built
+        return view_class.as_view(actions, **initkwargs)
+    return view_class.as_view(**initkwargs)
 
 
 #: Everything the package knows of DRF, handed to it in one piece.
