@@ -16,6 +16,7 @@ class DjangoIdempotencyConfig(AppConfig):
         from django_idempotency.backend_checks import check_backend, check_galera
         from django_idempotency.checks import (
             check_middleware_order,
+            check_middleware_views,
             check_settings,
             check_view_options,
         )
@@ -25,6 +26,7 @@ class DjangoIdempotencyConfig(AppConfig):
         checks.register(check_backend, checks.Tags.compatibility)
         checks.register(check_galera, checks.Tags.database)
         checks.register(check_view_options, checks.Tags.urls)
+        checks.register(check_middleware_views, checks.Tags.urls)
         if find_spec("rest_framework") is not None:
             # Registers DRF's adapter (how DRF requests are answered, which
             # placements it refuses, how its views are protected). A view

@@ -14,7 +14,8 @@ from typing import Any
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning
-from django.urls import get_resolver
+from django.core.exceptions import ImproperlyConfigured
+from django.urls import URLPattern, URLResolver, get_resolver
 
 from django_idempotency.conf import (
     BY_NAME,
@@ -22,6 +23,7 @@ from django_idempotency.conf import (
     SETTING_NAME,
     SETTINGS,
     UNKNOWN_KEY_CHECK_ID,
+    idempotency_settings,
     unknown_key,
 )
 from django_idempotency.options import all_deferred_imports
@@ -32,6 +34,7 @@ UNKNOWN_DATABASE = "django_idempotency.E004"
 SET_COOKIE_STORED = "django_idempotency.E005"
 KEY_LENGTHS_CROSSED = "django_idempotency.E117"
 VIEW_IMPORT_FAILED = "django_idempotency.E118"
+UNPROTECTABLE_VIEW = "django_idempotency.E007"
 
 
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
@@ -183,3 +186,45 @@ def check_middleware_order(app_configs: Any = None, **kwargs: Any) -> list[Check
 
 #: The warning that a middleware is listed after ``IdempotencyMiddleware``.
 LATER_MIDDLEWARE_CHECK_ID = "django_idempotency.W006"
+
+
+def check_middleware_views(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Each view ``IdempotencyMiddleware`` would refuse to protect, as its first request would.
+
+    A DRF view inside a decorator of its ``as_view()`` cannot be protected after DRF's
+    authentication without skipping that decorator: every request with a key would fail.
+    """
+    from django_idempotency.middleware import installed
+    from django_idempotency.protection import view_protection
+
+    if not installed():
+        return []
+    try:
+        patterns = get_resolver().url_patterns
+    except Exception:
+        return []  # Django's own URL checks report a URLconf that fails to import
+    errors: list[CheckMessage] = []
+    for route, view in _views(patterns, ""):
+        for method in sorted({method.upper() for method in idempotency_settings.methods}):
+            protects = view_protection(view, method).middleware
+            if protects is None:
+                continue
+            try:
+                protects()
+            except ImproperlyConfigured as refusal:
+                errors.append(Error(f"The URL {route!r}: {refusal}", id=UNPROTECTABLE_VIEW))
+                break
+    return errors
+
+
+def _views(patterns: Any, prefix: str) -> list[tuple[str, Any]]:
+    """Each URL pattern's route and view, outside an admin site (the middleware skips those)."""
+    found: list[tuple[str, Any]] = []
+    for pattern in patterns:
+        if isinstance(pattern, URLResolver):
+            if pattern.app_name == "admin":
+                continue
+            found += _views(pattern.url_patterns, prefix + str(pattern.pattern))
+        elif isinstance(pattern, URLPattern):
+            found.append((prefix + str(pattern.pattern), pattern.callback))
+    return found

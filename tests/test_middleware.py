@@ -900,6 +900,21 @@ def test_a_decorator_around_a_drf_view_still_runs_under_the_middleware(any_clien
 
 
 @pytest.mark.urls("tests.test_middleware")
+def test_the_check_names_each_drf_view_inside_a_decorator(settings: Any) -> None:
+    from django_idempotency.checks import check_middleware_views
+
+    assert check_middleware_views() == []  # the middleware is not installed
+
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE, MIDDLEWARE]
+    [error] = check_middleware_views()
+
+    assert error.id == "django_idempotency.E007"
+    assert error.msg.startswith("The URL 'drf-login-required/': ")
+    assert "InRequestTransactions is a DRF view" in error.msg
+    assert "method_decorator" in error.msg
+
+
+@pytest.mark.urls("tests.test_middleware")
 @pytest.mark.usefixtures("installed")
 @pytest.mark.parametrize("kind", ["wsgi", "asgi"])
 def test_a_key_for_a_drf_view_inside_a_decorator_is_refused_before_anything_runs(
