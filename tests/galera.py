@@ -8,6 +8,7 @@ its own node. ``python -m tests.galera`` prints the scenarios' table.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -41,6 +42,10 @@ ATOMIC_REQUESTS_ENV = "IDEMPOTENCY_GALERA_ATOMIC_REQUESTS"
 REQUEST_TIMEOUT = 30
 #: Rows each request updates in the lagging-node scenarios (see :func:`lagging`).
 BALLAST = int(os.environ.get("TEST_GALERA_BALLAST", "200"))
+#: The signing secret of the webhook receiver (``webhook/``).
+WEBHOOK_SECRET = "whsec_galera"
+#: The form field a browser's form (``form/``) carries its key in: the default ``FORM_FIELD``.
+FORM_FIELD = "idempotency_key"
 
 
 def connect(port: int, database: str | None = None) -> Any:
@@ -175,14 +180,37 @@ class Answer:
     retry_after: str | None = None
 
 
+def stripe_event(key: str) -> dict[str, Any]:
+    """A Stripe delivery of the event whose id is ``key``, signed as Stripe signs it."""
+    from django_idempotency.webhooks import stripe_signature
+
+    body = json.dumps({"id": key, "type": "checkout.session.completed"}).encode()
+    headers = stripe_signature(WEBHOOK_SECRET).headers(body)
+    return {"data": body, "headers": {**headers, "Content-Type": "application/json"}}
+
+
+def form_submission(key: str) -> dict[str, Any]:
+    """A browser's submission of a rendered form: the key in its field, no header."""
+    accept = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
+    return {"data": {FORM_FIELD: key, "item": "book"}, "headers": {"Accept": accept}}
+
+
+#: How a request to each path carries its key, where not in the ``Idempotency-Key`` header.
+REQUESTS: dict[str, Callable[[str], dict[str, Any]]] = {
+    "webhook": stripe_event,
+    "form": form_submission,
+}
+
+
 def post(server: GunicornServer, index: int, path: str, key: str, ballast: int = 0) -> Answer:
     """POST to ``path`` with the key; with ``ballast``, a write set slow to apply elsewhere."""
+    request = REQUESTS.get(path, lambda key: {"headers": {"Idempotency-Key": key}})(key)
     try:
         response = requests.post(
             f"{server.url}/{path}/",
             params={"ballast": ballast} if ballast else None,
-            headers={"Idempotency-Key": key},
             timeout=REQUEST_TIMEOUT,
+            **request,
         )
     except requests.RequestException as exc:
         return Answer(index, 0, str(exc).encode(), False)

@@ -33,6 +33,12 @@ INSTALLED_APPS = [
 # It protects the view at middleware/ alone: the others protect themselves.
 MIDDLEWARE = ["django_idempotency.middleware.IdempotencyMiddleware"]
 ROOT_URLCONF = "tests.galera_views"
+# The DRF views take anyone, and answer JSON alone.
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.AllowAny"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+}
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -3,36 +3,57 @@
 Each run of a handler appends ``<key> <node>`` to the file named by
 ``IDEMPOTENCY_GALERA_RUNS``, so a test sees a run that rolled back as well
 as one that committed; the committed effect is an ``Order`` named after
-the key.
+the key. Besides the plain decorator and the middleware, each adapter has
+a view here: DRF's mixin and ``@api_view``, an ``async def`` view, a view
+calling an ``idempotent_function``, a webhook receiver and a browser form.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import threading
 import time
 import zlib
+from typing import Any
 
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from django.urls import path
+from django.views.decorators.csrf import csrf_exempt
+from rest_framework.decorators import api_view
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
 
-from django_idempotency import idempotent
-from tests.galera import NODE_ENV, RUNS_ENV
+from django_idempotency import idempotency_exempt, idempotent, idempotent_function, webhooks
+from django_idempotency.drf import IdempotentMixin
+from django_idempotency.exceptions import CallInFlight
+from tests.galera import FORM_FIELD, NODE_ENV, RUNS_ENV, WEBHOOK_SECRET
 from tests.models import Order
 
 #: How long the slow handler takes.
 SLOW_SECONDS = 1.0
 
 
-def _effect(request: HttpRequest, *, seconds: float = 0.0) -> JsonResponse:
-    key = request.headers["Idempotency-Key"]
-    node = os.environ[NODE_ENV]
+def _ran(key: str) -> None:
+    """Count one run of a handler for ``key``, whether its transaction commits or not."""
     # One write() of one short line on an O_APPEND file: lines never interleave.
     fd = os.open(os.environ[RUNS_ENV], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
-        os.write(fd, f"{key} {node}\n".encode())
+        os.write(fd, f"{key} {os.environ[NODE_ENV]}\n".encode())
     finally:
         os.close(fd)
+
+
+def _effect(request: HttpRequest, *, seconds: float = 0.0) -> JsonResponse:
+    return JsonResponse(_created(request, request.headers["Idempotency-Key"], seconds), status=201)
+
+
+def _created(request: HttpRequest, key: str, seconds: float = 0.0) -> dict[str, Any]:
+    """The handler's work for ``key``: the run counted, the ``Order`` written, what it answers."""
+    node = os.environ[NODE_ENV]
+    _ran(key)
     order = Order.objects.create(item=key)
     rows = int(request.GET.get("ballast", 0))
     if rows:
@@ -46,7 +67,7 @@ def _effect(request: HttpRequest, *, seconds: float = 0.0) -> JsonResponse:
             )
     if seconds:
         time.sleep(seconds)  # the handler's own work, still inside its transaction
-    return JsonResponse({"id": order.pk, "node": node}, status=201)
+    return {"id": order.pk, "node": node}
 
 
 @idempotent
@@ -69,6 +90,66 @@ def middleware_effect(request: HttpRequest) -> JsonResponse:
     return _effect(request)
 
 
+class DrfMixinEffect(IdempotentMixin, APIView):
+    def post(self, request: Request) -> Response:
+        return Response(_created(request, request.headers["Idempotency-Key"]), status=201)
+
+
+@api_view(["POST"])
+@idempotent
+def drf_function_effect(request: Request) -> Response:
+    return Response(_created(request, request.headers["Idempotency-Key"]), status=201)
+
+
+@idempotent
+async def async_effect(request: HttpRequest) -> JsonResponse:
+    key = request.headers["Idempotency-Key"]
+    _ran(key)
+    # The async ORM runs in the thread that holds the claim's transaction.
+    order = await Order.objects.acreate(item=key)
+    return JsonResponse({"id": order.pk, "node": os.environ[NODE_ENV]}, status=201)
+
+
+#: The orders this thread's function bodies created, to tell a fresh value from a stored one.
+_placed = threading.local()
+
+
+@idempotent_function(key=lambda key: key)
+def place_order(key: str) -> dict[str, Any]:
+    _ran(key)
+    order = Order.objects.create(item=key)
+    _placed.ids.add(order.pk)
+    return {"id": order.pk, "node": os.environ[NODE_ENV]}
+
+
+@idempotency_exempt
+def function_effect(request: HttpRequest) -> JsonResponse:
+    """Not a protected view: it calls a function protected by the request's key."""
+    _placed.ids = set()
+    try:
+        value = place_order(request.headers["Idempotency-Key"])
+    except CallInFlight as exc:
+        return JsonResponse({"detail": str(exc)}, status=409, headers=exc.headers())
+    response = JsonResponse(value, status=201)
+    if value["id"] not in _placed.ids:
+        response["Idempotent-Replayed"] = "true"  # as a protected view says it
+    return response
+
+
+@csrf_exempt
+@webhooks.stripe_signature(WEBHOOK_SECRET)
+@idempotent(**webhooks.STRIPE)
+def webhook_effect(request: HttpRequest) -> JsonResponse:
+    """A Stripe event, keyed by its id; only a 2xx completes it."""
+    return JsonResponse(_created(request, json.loads(request.body)["id"]), status=201)
+
+
+@idempotent
+def form_effect(request: HttpRequest) -> JsonResponse:
+    """A browser's form POST: the key in the form's hidden field, no header."""
+    return JsonResponse(_created(request, request.POST[FORM_FIELD]), status=201)
+
+
 def ping(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"node": os.environ[NODE_ENV]})
 
@@ -78,5 +159,11 @@ urlpatterns = [
     path("lease/", lease_effect),
     path("slow/", slow_effect),
     path("middleware/", middleware_effect),
+    path("drf-mixin/", DrfMixinEffect.as_view()),
+    path("drf-function/", drf_function_effect),
+    path("async/", async_effect),
+    path("function/", function_effect),
+    path("webhook/", webhook_effect),
+    path("form/", form_effect),
     path("ping/", ping),
 ]

@@ -83,6 +83,32 @@ class AtOnceTests:
         # The claim commits before the handler: never a second run.
         assert [k for k in tally.keys if tally.runs[k] != 1] == [], tally.summary()
 
+    @pytest.mark.parametrize("path", ["drf-mixin", "drf-function"])
+    def test_atomic_drf(self, tmp_path: Path, path: str) -> None:
+        tally = run(tmp_path, lambda s, db: galera.at_once(s, path, galera.keys("d", 60), 6))
+        assert_one_run_answered(tally)
+
+    def test_atomic_async_view(self, tmp_path: Path) -> None:
+        tally = run(tmp_path, lambda s, db: galera.at_once(s, "async", galera.keys("v", 60), 6))
+        assert_one_run_answered(tally)
+
+    def test_atomic_idempotent_function(self, tmp_path: Path) -> None:
+        # A view that is not protected calls a function protected by the request's key.
+        keys = galera.keys("f", 60)
+        tally = run(tmp_path, lambda s, db: galera.at_once(s, "function", keys, 6))
+        assert_one_run_answered(tally)
+
+    def test_webhook_delivered_twice(self, tmp_path: Path) -> None:
+        # The same event id delivered to both nodes, as a provider's redeliveries may be.
+        keys = galera.keys("evt", 60)
+        tally = run(tmp_path, lambda s, db: galera.at_once(s, "webhook", keys, 6))
+        assert_one_run_answered(tally)
+
+    def test_form_submitted_twice(self, tmp_path: Path) -> None:
+        # The key in the form's field, sent as a browser sends a double click.
+        tally = run(tmp_path, lambda s, db: galera.at_once(s, "form", galera.keys("b", 60), 6))
+        assert_one_run_answered(tally)
+
 
 def retried(path: str, count: int, *, lag: bool) -> Callable[[list[GunicornServer], str], Tally]:
     def scenario(servers: list[GunicornServer], db: str) -> Tally:
