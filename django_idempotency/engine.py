@@ -89,6 +89,13 @@ class Kind:
     )
 
 
+#: The databases whose atomic-mode claim is open around the running body: a claim made in
+#: the body (a protected function a view calls) is inside that claim's transaction.
+_atomic_claims: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
+    "django_idempotency_atomic_claims", default=()
+)
+
+
 @dataclass(frozen=True)
 class _Owned:
     """The claim a lease-mode call holds: where its statements run, its record, its token."""
@@ -155,7 +162,10 @@ class Call:
         lease = None if atomic else LeaseConnection.for_alias(self.using)
         token = leases.NO_OWNER if lease is None else secrets.token_hex(16)
         # The one place a claim starts over (a deadlock, a lost Galera certification, a
-        # stale record); not when a deadlock lost the caller's own transaction too.
+        # stale record); not when a deadlock lost the caller's own transaction too. When that
+        # transaction is an enclosing atomic-mode claim's, the error is that claim's to start
+        # over with: a replay, where a 409 is all this claim could answer.
+        enclosed = in_transaction and self.using in _atomic_claims.get()
         for _ in range(store.CLAIM_ATTEMPTS):
             try:
                 if lease is None:
@@ -163,12 +173,16 @@ class Call:
                 claim = self._lease_claim(lease, token)
             except store.Retry as retry:
                 if retry.transaction_lost and in_transaction and atomic:
+                    if enclosed:
+                        raise
                     break
                 continue
             except store.Busy as busy:
                 raise self._busy(busy) from busy
             except DatabaseError as exc:
                 if not atomic or not store.lost_race(self.using, exc):
+                    raise
+                if enclosed:
                     raise
                 if in_transaction:
                     break
@@ -201,6 +215,7 @@ class Call:
             progress = self.info.progress
             progress.attempt, progress.checkpoints = claim.attempt, dict(claim.checkpoints)
             progress.write = write
+            enclosing = _atomic_claims.set((*_atomic_claims.get(), using))
             try:
                 # observability.record, not _send: the hot path's one frame less.
                 observability.record(
@@ -214,6 +229,7 @@ class Call:
                 finished_by, result = exc, None
             finally:
                 progress.write = None
+                _atomic_claims.reset(enclosing)
             ended = self.kind.ended_on_purpose
             if finished_by is not None:
                 stored = ended

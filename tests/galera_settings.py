@@ -30,7 +30,8 @@ INSTALLED_APPS = [
     "django_idempotency",
     "tests",
 ]
-# It protects the view at middleware/ alone: the others protect themselves.
+# It protects the views at middleware/ and function-in-middleware/: the others protect
+# themselves, or (function/) are exempt.
 MIDDLEWARE = ["django_idempotency.middleware.IdempotencyMiddleware"]
 ROOT_URLCONF = "tests.galera_views"
 # The DRF views take anyone, and answer JSON alone.

@@ -114,26 +114,38 @@ async def async_effect(request: HttpRequest) -> JsonResponse:
 _placed = threading.local()
 
 
-@idempotent_function(key=lambda key: key)
-def place_order(key: str) -> dict[str, Any]:
+@idempotent_function(key=lambda key, step: f"{key}:{step}")
+def place_order(key: str, step: str) -> dict[str, Any]:
+    """A step of the request with ``key``, once per (key, step): its ``Order`` is named ``key``."""
     _ran(key)
     order = Order.objects.create(item=key)
-    _placed.ids.add(order.pk)
+    getattr(_placed, "ids", set()).add(order.pk)
     return {"id": order.pk, "node": os.environ[NODE_ENV]}
 
 
 @idempotency_exempt
 def function_effect(request: HttpRequest) -> JsonResponse:
-    """Not a protected view: it calls a function protected by the request's key."""
+    """Not a protected view: it calls a function protected by a key derived from the request's."""
     _placed.ids = set()
     try:
-        value = place_order(request.headers["Idempotency-Key"])
+        value = place_order(request.headers["Idempotency-Key"], "order")
     except CallInFlight as exc:
         return JsonResponse({"detail": str(exc)}, status=409, headers=exc.headers())
     response = JsonResponse(value, status=201)
     if value["id"] not in _placed.ids:
         response["Idempotent-Replayed"] = "true"  # as a protected view says it
     return response
+
+
+@idempotent
+def function_in_view_effect(request: HttpRequest) -> JsonResponse:
+    """A protected view calling a protected function: the function's claim is in the view's."""
+    return JsonResponse(place_order(request.headers["Idempotency-Key"], "order"), status=201)
+
+
+def function_in_middleware_effect(request: HttpRequest) -> JsonResponse:
+    """As ``function_in_view_effect``, protected by ``IdempotencyMiddleware`` alone."""
+    return JsonResponse(place_order(request.headers["Idempotency-Key"], "order"), status=201)
 
 
 @csrf_exempt
@@ -163,6 +175,8 @@ urlpatterns = [
     path("drf-function/", drf_function_effect),
     path("async/", async_effect),
     path("function/", function_effect),
+    path("function-in-view/", function_in_view_effect),
+    path("function-in-middleware/", function_in_middleware_effect),
     path("webhook/", webhook_effect),
     path("form/", form_effect),
     path("ping/", ping),

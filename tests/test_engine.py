@@ -1034,6 +1034,30 @@ class DeadlockTests:
         assert not Order.objects.filter(item="always").exists()
         assert not IdempotencyKey.objects.filter(key="always").exists()
 
+    def test_a_deadlock_in_a_claim_inside_another_starts_the_outer_claim_over(self) -> None:
+        # The server rolled back the outer claim's transaction too: only it can start over,
+        # and then the inner call runs again instead of answering CallInFlight.
+        from django_idempotency import idempotent_function
+
+        place, attempts, _ = deadlocking("tests.deadlock.inner", always=False)
+        outer: list[str] = []
+
+        @idempotent_function(key=lambda item: item, scope="tests.deadlock.outer")
+        def order(item: str) -> int:
+            outer.append(item)
+            return place(item)
+
+        placed = order("nested")
+
+        assert attempts == [1, 2]
+        assert outer == ["nested", "nested"]
+        assert list(Order.objects.filter(item="nested").values_list("pk", flat=True)) == [placed]
+        records = IdempotencyKey.objects.filter(key="nested", state=State.COMPLETED)
+        assert sorted(records.values_list("scope", flat=True)) == [
+            "tests.deadlock.inner",
+            "tests.deadlock.outer",
+        ]
+
     @pytest.mark.django_db(transaction=True, databases=["default", "other"])
     def test_a_deadlock_while_another_alias_has_a_transaction_reaches_the_caller(self) -> None:
         # The server may have rolled that transaction back: starting over

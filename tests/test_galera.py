@@ -98,6 +98,15 @@ class AtOnceTests:
         tally = run(tmp_path, lambda s, db: galera.at_once(s, "function", keys, 6))
         assert_one_run_answered(tally)
 
+    @pytest.mark.parametrize("path", ["function-in-view", "function-in-middleware"])
+    def test_atomic_function_in_a_protected_view(self, tmp_path: Path, path: str) -> None:
+        # A race the function's claim loses is the view's claim's to start over: a replay,
+        # not the function's in-flight error (a 409, or a 500 through the middleware).
+        keys = galera.keys("n", 60)
+        tally = run(tmp_path, lambda s, db: galera.at_once(s, path, keys, 6))
+        assert_one_run_answered(tally)
+        assert tally.with_status(409) == [], tally.summary()
+
     def test_webhook_delivered_twice(self, tmp_path: Path) -> None:
         # The same event id delivered to both nodes, as a provider's redeliveries may be.
         keys = galera.keys("evt", 60)
