@@ -306,6 +306,17 @@ def async_middleware_view(atomic: bool) -> Any:
     return view if atomic else transaction.non_atomic_requests(view)
 
 
+def middleware_drf_view(atomic: bool) -> Any:
+    """A DRF view that protects nothing itself: the middleware calls its build instead."""
+
+    class EndingsMiddlewareAPIView(_Open, APIView):
+        def post(self, request: Request) -> HttpResponseBase:
+            return drf_handler(request)
+
+    view = EndingsMiddlewareAPIView.as_view()
+    return view if atomic else transaction.non_atomic_requests(view)
+
+
 def middleware_slow_response(key: str, data: dict[str, Any]) -> HttpResponse:
     response = JsonResponse(data, status=201)
     response.hold_key = key  # type: ignore[attr-defined]
@@ -361,4 +372,5 @@ ROWS = {
     "async_dispatch": async_dispatch_view,
     "middleware": middleware_view,
     "async_middleware": async_middleware_view,
+    "middleware_drf": middleware_drf_view,
 }

@@ -167,6 +167,9 @@ ADAPTERS = [
     Adapter(
         "middleware_asgi_async_view", "uvicorn", "http", "/endings/async_middleware/", store=False
     ),
+    # The same middleware on a DRF view that protects nothing itself: its build.
+    Adapter("middleware_drf_wsgi", "gunicorn", "http", "/endings/middleware_drf/", store=False),
+    Adapter("middleware_drf_asgi", "uvicorn", "http", "/endings/middleware_drf/", store=False),
     # A browser's form, the key in its field: a decorator, the DRF mixin's
     # form parser, and the middleware under ASGI.
     Adapter("function_form", "gunicorn", "http", "/endings/function/", form=True, store=False),
