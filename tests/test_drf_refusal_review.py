@@ -11,6 +11,7 @@ from django.test import AsyncClient, Client, override_settings
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.generators import SchemaGenerator
+from rest_framework.authentication import BaseAuthentication
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -74,10 +75,19 @@ def test_the_schema_of_a_project_with_a_refused_view_is_generated() -> None:
 failing: dict[str, Any] = {}
 
 
+class ReadsTheDatabase(BaseAuthentication):
+    """Reads before the key is claimed, as a token lookup does (a snapshot on MariaDB)."""
+
+    def authenticate(self, request: Any) -> None:
+        from django.contrib.auth.models import User
+
+        list(User.objects.all()[:1])
+
+
 class LeaseInRequestTransaction(APIView):
     """Writes an order; ``failing`` steers how the request ends."""
 
-    authentication_classes: list[Any] = []
+    authentication_classes: list[Any] = [ReadsTheDatabase]
     permission_classes: list[Any] = []
 
     def post(self, request: Any) -> Response:
