@@ -211,3 +211,14 @@ def test_lease_mode_a_duplicate_while_the_first_runs_gets_409() -> None:
     assert duplicate.status_code == 409, duplicate.content[:300]
     assert "Retry-After" in duplicate
     assert answers[0].status_code == 201
+
+
+@pytest.mark.urls("tests.test_drf_refusal_review")
+@pytest.mark.usefixtures("installed")
+def test_required_a_request_without_a_key_to_a_refused_view(settings: Any) -> None:
+    # docs/middleware.rst: "A request without a key runs the decorated view as before."
+    settings.IDEMPOTENCY = {"REQUIRED": True}
+
+    response = post(Client(raise_request_exception=False), "/csrf-exempt-again/", None)
+
+    assert response.status_code in (201, 400), response.status_code
