@@ -222,3 +222,14 @@ def test_required_a_request_without_a_key_to_a_refused_view(settings: Any) -> No
     response = post(Client(raise_request_exception=False), "/csrf-exempt-again/", None)
 
     assert response.status_code in (201, 400), response.status_code
+
+
+@pytest.mark.urls("tests.test_drf_refusal_review")
+@pytest.mark.usefixtures("installed", "lease_in_atomic_requests")
+def test_lease_mode_in_the_request_transaction_another_body_gets_422(client: Any) -> None:
+    first = post(client, "/lease-in-request/", "same")
+    other = post(client, "/lease-in-request/", "same", item="other")
+
+    assert first.status_code == 201, first.content[:300]
+    assert other.status_code == 422, other.content[:300]
+    assert Order.objects.count() == 1
