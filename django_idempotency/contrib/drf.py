@@ -18,9 +18,11 @@ from typing import Any
 
 from asgiref.sync import iscoroutinefunction
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
 from django.http import HttpRequest, HttpResponseBase
 from django.template.response import SimpleTemplateResponse
 from django.views import View
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, generics, mixins
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -583,9 +585,19 @@ def _as_drf_built_it(view: Any, view_class: type) -> bool:
 def _wrapped_codes(function: Any) -> list[Any]:
     codes = []
     while function is not None:
-        codes.append(getattr(function, "__code__", None))
+        code = getattr(function, "__code__", None)
+        if code not in _CSRF_EXEMPT:
+            codes.append(code)
         function = getattr(function, "__wrapped__", None)
     return codes
+
+
+async def _async_view(request: Any) -> None: ...
+
+
+#: ``csrf_exempt``'s wrappers only mark a view, which DRF's ``as_view()`` does already: one
+#: around it changes nothing the build would skip.
+_CSRF_EXEMPT = frozenset(csrf_exempt(view).__code__ for view in (lambda request: None, _async_view))
 
 
 def _refuse_decorated(view_class: type) -> tuple[Any, DeclaredOptions]:
@@ -621,10 +633,27 @@ def _with_mixin(view: Any, view_class: type, lease: bool) -> Any:
         attributes["idempotency_atomic"] = False
     protected = type(view_class.__name__, (IdempotentMixin, view_class), attributes)
     built = _as_view(protected, view)
-    # In the request transactions Django would open around the resolved view, whatever the
-    # mode: a lease claimed inside one takes a connection of its own, as under @api_view.
-    built._non_atomic_requests = frozenset(getattr(view, "_non_atomic_requests", ()))
+    built._non_atomic_requests = _AsDjangoWouldWrap(
+        protected._idempotency_options, frozenset(getattr(view, "_non_atomic_requests", ()))
+    )
     return built
+
+
+class _AsDjangoWouldWrap(NonAtomicRequests):
+    """The build's ``_non_atomic_requests``: the resolved view's, so that it runs in the
+    request transactions Django would open around that view, in either mode.
+
+    A lease claimed inside one takes a connection of its own, as under ``@api_view``; but on
+    SQLite the lease stays on the request's connection, where a worker killed mid-view would
+    roll the claim back and let a retry run again: there lease mode keeps the build out of
+    the key's database's request transaction, as the mixin does.
+    """
+
+    def _aliases(self) -> frozenset[str]:
+        using = idempotency_settings.database
+        if self._options.atomic or connections[using].vendor != "sqlite":
+            return self._also
+        return self._also | {using}
 
 
 def _as_view(view_class: Any, view: Any) -> Any:

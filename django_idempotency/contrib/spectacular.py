@@ -14,6 +14,7 @@ from datetime import timedelta
 from functools import cache, lru_cache
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.urls import URLResolver, get_resolver
 from drf_spectacular.drainage import isolate_view_method, warn
 from drf_spectacular.extensions import OpenApiViewExtension
@@ -65,7 +66,12 @@ def layers(callback: Any, view: APIView, method: str, path_regex: str) -> list[L
     if protected.layers:
         return list(protected.layers)
     if protected.middleware is not None and _middleware_protects(method, path_regex):
-        _, options = protected.middleware()
+        try:
+            _, options = protected.middleware()
+        except ImproperlyConfigured as refusal:
+            # Every request with a key is refused (check E007): nothing to document.
+            warn(str(refusal))
+            return []
         return [Layer(options)]
     return []
 
