@@ -10,6 +10,7 @@ keep problem details.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 from django.template import Context, Engine, TemplateDoesNotExist
 from django.template.loader import render_to_string
-from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.http import parse_header_parameters, url_has_allowed_host_and_scheme
 
 from django_idempotency.body import django_request
 
@@ -42,22 +43,27 @@ def prefers_html(request: Any) -> bool:
     accept: str = django_request(request).META.get("HTTP_ACCEPT", "").lower()
     if "html" not in accept and "text/*" not in accept:
         return False  # the usual API request: no parsing
-    ranges = [_media_range(each) for each in accept.split(",") if each.strip()]
+    ranges = [_media_range(each) for each in _RANGE.findall(accept) if each.strip()]
     return _quality(ranges, _HTML) > max(_quality(ranges, json) for json in _JSON)
 
 
+#: One media range of an ``Accept`` header: up to a comma outside a quoted string.
+_RANGE = re.compile(r'(?:[^,"]|"(?:[^"\\]|\\.)*")+')
+
+
 def _media_range(text: str) -> tuple[str, str, float]:
-    """``type/subtype;q=...`` as its type, subtype and quality (1 unless given)."""
-    kind, *parameters = (part.strip() for part in text.split(";"))
+    """``type/subtype;q=...`` as its type, subtype and quality, as Django reads them.
+
+    A quality that is missing, not a number or outside 0-1 counts as 1.
+    """
+    kind, parameters = parse_header_parameters(text)
     main, _, sub = kind.partition("/")
-    quality = 1.0
-    for parameter in parameters:
-        name, _, value = parameter.partition("=")
-        if name.strip() == "q":
-            try:
-                quality = float(value)
-            except ValueError:
-                quality = 0.0
+    try:
+        quality = float(parameters.get("q", 1))
+    except ValueError:
+        quality = 1.0
+    if not 0 <= quality <= 1:
+        quality = 1.0
     return main, sub, quality
 
 
