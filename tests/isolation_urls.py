@@ -1,7 +1,10 @@
 """The isolation table's URLs: ``/isolation/<view>/``, one per view of ``tests.isolation_views``."""
 
+from functools import wraps
+
 from django.http import HttpRequest, JsonResponse
 from django.urls import path
+from django.views.decorators.csrf import csrf_exempt
 
 from django_idempotency import idempotent
 from tests import isolation_views as views
@@ -29,6 +32,16 @@ def _without_wraps_async(view):  # type: ignore[no-untyped-def]
     return outer
 
 
+def _with_wraps(view):  # type: ignore[no-untyped-def]
+    """A project decorator that keeps what it wraps visible (``functools.wraps``)."""
+
+    @wraps(view)
+    def outer(request, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return view(request, *args, **kwargs)
+
+    return outer
+
+
 VIEWS = {
     "function": views.function_view,
     "class-based": views.ClassBasedView.as_view(),
@@ -51,6 +64,11 @@ VIEWS = {
     "hidden-plain-apiview": _without_wraps(views.PlainAPIView.as_view()),
     "decorated-hidden-plain-apiview": idempotent(_without_wraps(views.PlainAPIView.as_view())),
     "hidden-plain-adrf": _without_wraps_async(views.PlainAdrfAPIView.as_view()),
+    # A DRF view inside a visible decorator: the middleware can neither call around it
+    # nor claim before DRF's authentication, so it refuses.
+    "wrapped-plain-apiview": _with_wraps(views.PlainAPIView.as_view()),
+    # csrf_exempt changes nothing DRF's as_view() has not done.
+    "csrf-exempt-plain-apiview": csrf_exempt(views.PlainAPIView.as_view()),
     "plain": views.plain_view,
     "async-plain": views.async_plain_view,
     "plain-api-view": views.plain_api_view,

@@ -535,6 +535,12 @@ class ProblemPageTests:
             "text/*, */*",
             # text/html refused outright; text/* does not take it back.
             "text/html;q=0, text/*",
+            # A quality above 1 is not a qvalue (RFC 9110, 12.4.2): it counts as 1.
+            "application/json, text/html;q=1.0001",
+            "application/json, text/html;q=2",
+            "application/json, text/html;q=inf",
+            # A comma inside a quoted parameter value does not end the range.
+            'text/html;foo="a,b";q=0.1, application/json;q=0.5',
         ],
     )
     def test_html_not_ranked_above_json_keeps_problem_details(self, accept):

@@ -621,3 +621,12 @@ def test_another_view_extension_for_a_protected_view_is_combined():
     assert operation["description"] == "Described by another extension."
     assert header_parameter(operation) is not None
     assert "409" in operation["responses"]
+
+
+def test_a_view_the_middleware_refuses_is_documented_without_the_key() -> None:
+    # Every request with a key to it is refused (check E007): the schema still generates.
+    with override_settings(MIDDLEWARE=[*settings.MIDDLEWARE, MIDDLEWARE]):
+        document = generate(urlconf="tests.test_middleware")
+
+    assert documented(document, "/drf-login-required/", "post") is None
+    assert documented(document, "/drf-csrf-exempt-again/", "post") is not None
