@@ -1,0 +1,127 @@
+"""Atomic mode, MariaDB/MySQL: a claim made inside another atomic-mode claim's transaction.
+
+A deadlock in the inner claim's own INSERT (not in a body's statement) reaches the inner
+call as ``store.Retry``; the enclosing claim starts over only where nothing else that the
+attempt wrote is left behind.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connection, connections, transaction
+
+from django_idempotency import idempotent_function
+from django_idempotency.models import IdempotencyKey
+from tests.models import Order
+from tests.polling import in_background, wait_until
+
+pytestmark = pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB's deadlock 1213")
+
+
+def deadlock_the_next_claim(scope: str, key: str, row: int) -> None:
+    """Make the next claim of (``scope``, ``key``) on this connection InnoDB's deadlock victim.
+
+    Share-locks ``row`` here; another, heavier transaction inserts the key's record (left
+    uncommitted) and then waits to update ``row``. The claim's INSERT then waits for that
+    record: a cycle, and InnoDB rolls back the lighter transaction, ours. The other one rolls
+    back once our claim has lost, leaving no record behind.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id FROM tests_order WHERE id = %s LOCK IN SHARE MODE", [row])
+    other: list[int] = []
+
+    class Done(Exception):
+        pass
+
+    def heavier() -> None:
+        from tests.factories import IdempotencyKeyFactory
+
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("SELECT CONNECTION_ID()")
+                other.append(cursor.fetchone()[0])
+                Order.objects.bulk_create([Order(item="heavier") for _ in range(50)])
+                IdempotencyKeyFactory(scope=scope, key=key, in_flight=True)
+                cursor.execute("UPDATE tests_order SET quantity = 2 WHERE id = %s", [row])
+                raise Done
+        except Done:
+            pass
+
+    join = in_background(heavier)
+
+    def other_waits_for_us() -> bool:
+        if not other:
+            return False
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT info FROM information_schema.processlist WHERE id = %s", other)
+            return str(cursor.fetchone()[0] or "").startswith("UPDATE")
+
+    wait_until(other_waits_for_us, "the other transaction to wait for our shared lock")
+    deadlock_the_next_claim.join = join  # type: ignore[attr-defined]
+
+
+def nested(side_alias: str | None) -> tuple[Any, list[str], list[str]]:
+    """An outer atomic-mode function whose first attempt's inner claim deadlocks.
+
+    Each attempt of the outer body first writes an ``Order`` on ``side_alias`` (if any).
+    """
+    row = Order.objects.create(item="shared").pk
+    outer_runs: list[str] = []
+    inner_runs: list[str] = []
+
+    @idempotent_function(key=lambda item: item, scope="tests.nested.inner")
+    def inner(item: str) -> int:
+        inner_runs.append(item)
+        return Order.objects.create(item=item).pk
+
+    @idempotent_function(key=lambda item: item, scope="tests.nested.outer")
+    def outer(item: str) -> int:
+        outer_runs.append(item)
+        if side_alias is not None:
+            Order.objects.using(side_alias).create(item=f"side-{item}")
+        if len(outer_runs) == 1:
+            deadlock_the_next_claim("tests.nested.inner", item, row)
+            try:
+                return inner(item)
+            finally:
+                deadlock_the_next_claim.join()  # type: ignore[attr-defined]
+        return inner(item)
+
+    return outer, outer_runs, inner_runs
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_deadlock_in_the_inner_claim_starts_the_outer_claim_over() -> None:
+    outer, outer_runs, inner_runs = nested(side_alias=None)
+
+    outer("x")
+
+    assert outer_runs == ["x", "x"]
+    assert inner_runs == ["x"]
+    assert Order.objects.filter(item="x").count() == 1
+    assert sorted(IdempotencyKey.objects.filter(key="x").values_list("scope", flat=True)) == [
+        "tests.nested.inner",
+        "tests.nested.outer",
+    ]
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_the_outer_claim_does_not_start_over_inside_another_alias_transaction() -> None:
+    # As ATOMIC_REQUESTS on another database does around a view under @idempotent: the
+    # first attempt's write there is still in that open transaction, so a second attempt
+    # would write it again and both would commit. A deadlock in the outer body's own
+    # statements reaches the caller here (store.lost_race); one in the inner claim must too.
+    outer, outer_runs, _ = nested(side_alias="other")
+
+    with pytest.raises(Exception), transaction.atomic(using="other"):
+        try:
+            outer("y")
+        finally:
+            sides = Order.objects.using("other").filter(item="side-y").count()
+            # The attempts' writes in the open transaction: one, or the caller commits two.
+            assert (outer_runs, sides) == (["y"], 1)
+    assert outer_runs == ["y"]
+    assert connections["other"].in_atomic_block is False
+    assert Order.objects.using("other").filter(item="side-y").count() == 0
