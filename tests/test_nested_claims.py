@@ -125,3 +125,104 @@ def test_the_outer_claim_does_not_start_over_inside_another_alias_transaction() 
     assert outer_runs == ["y"]
     assert connections["other"].in_atomic_block is False
     assert Order.objects.using("other").filter(item="side-y").count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_outer_body_that_catches_the_inner_error_does_not_commit_half_an_attempt() -> None:
+    # The server rolled back the outer claim's transaction with the inner one: an outer body
+    # that catches the error and carries on must not complete its key on a new transaction.
+    from django.db import DatabaseError
+
+    row = Order.objects.create(item="shared").pk
+
+    @idempotent_function(key=lambda item: item, scope="tests.nested.inner")
+    def inner(item: str) -> int:
+        return Order.objects.create(item=item).pk
+
+    @idempotent_function(key=lambda item: item, scope="tests.nested.outer")
+    def outer(item: str) -> str:
+        Order.objects.create(item=f"before-{item}")
+        deadlock_the_next_claim("tests.nested.inner", item, row)
+        try:
+            inner(item)
+        except DatabaseError:
+            pass
+        finally:
+            deadlock_the_next_claim.join()  # type: ignore[attr-defined]
+        return "carried on"
+
+    try:
+        answer = outer("z")
+    except Exception as exc:
+        answer = repr(exc)
+
+    stored = list(IdempotencyKey.objects.filter(key="z").values_list("scope", "state"))
+    befores = Order.objects.filter(item="before-z").count()
+    # Django knows the savepoint is gone: the outer call's own statements fail, and
+    # nothing of the attempt is kept.
+    assert answer != "carried on"
+    assert (stored, befores) == ([], 0)
+
+
+_view_runs: list[str] = []
+_row: list[int] = []
+
+
+@idempotent_function(key=lambda item: item, scope="tests.nested.view_inner")
+def _view_inner(item: str) -> int:
+    return Order.objects.create(item=item).pk
+
+
+def _view(request: Any) -> Any:
+    from django.http import JsonResponse
+
+    _view_runs.append("ran")
+    Order.objects.using("other").create(item="side-view")
+    key = request.headers["Idempotency-Key"]
+    if len(_view_runs) == 1:
+        deadlock_the_next_claim("tests.nested.view_inner", key, _row[0])
+        try:
+            return JsonResponse({"id": _view_inner(key)}, status=201)
+        finally:
+            deadlock_the_next_claim.join()  # type: ignore[attr-defined]
+    return JsonResponse({"id": _view_inner(key)}, status=201)
+
+
+def _protected_view() -> Any:
+    from django.views.decorators.csrf import csrf_exempt
+
+    from django_idempotency import idempotent
+
+    return csrf_exempt(idempotent(_view))
+
+
+urlpatterns: list[Any] = []
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_a_view_in_another_database_request_transaction_is_not_run_twice(
+    monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    # @idempotent below ATOMIC_REQUESTS on "other": the view's first write there stays in
+    # that transaction when the function's claim in the view deadlocks. Starting the
+    # view's claim over writes it again, and Django commits both.
+    from django.test import Client
+    from django.urls import path
+
+    monkeypatch.setitem(connections["other"].settings_dict, "ATOMIC_REQUESTS", True)
+    monkeypatch.setattr(
+        __import__(__name__, fromlist=["_"]), "urlpatterns", [path("v/", _protected_view())]
+    )
+    settings.ROOT_URLCONF = __name__
+    settings.MIDDLEWARE = []
+    _view_runs.clear()
+    _row[:] = [Order.objects.create(item="shared").pk]
+
+    try:
+        response = Client(raise_request_exception=False).post("/v/", HTTP_IDEMPOTENCY_KEY="k-view")
+        status = response.status_code
+    finally:
+        sides = Order.objects.using("other").filter(item="side-view").count()
+
+    assert (status, _view_runs, sides) != (201, ["ran", "ran"], 2), "the view's write ran twice"
+    assert sides <= 1
