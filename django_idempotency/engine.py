@@ -173,7 +173,9 @@ class Call:
                 claim = self._lease_claim(lease, token)
             except store.Retry as retry:
                 if retry.transaction_lost and in_transaction and atomic:
-                    if enclosed:
+                    # Not with another database's transaction open: the enclosing claim
+                    # would start over in it, its writes there left to commit twice.
+                    if enclosed and store.lost_race(self.using, retry):
                         raise
                     break
                 continue
