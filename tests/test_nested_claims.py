@@ -225,3 +225,137 @@ def test_a_view_in_another_database_request_transaction_is_not_run_twice(
 
     assert (status, _view_runs, sides) != (201, ["ran", "ran"], 2), "the view's write ran twice"
     assert sides <= 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_three_deep_the_outermost_claim_starts_over_once_per_lost_attempt() -> None:
+    from django_idempotency import store
+
+    row = Order.objects.create(item="shared").pk
+    runs: dict[str, int] = {"a": 0, "b": 0, "c": 0}
+
+    @idempotent_function(key=lambda item: item, scope="tests.nested.c")
+    def c(item: str) -> int:
+        runs["c"] += 1
+        return Order.objects.create(item=item).pk
+
+    @idempotent_function(key=lambda item: item, scope="tests.nested.b")
+    def b(item: str) -> int:
+        runs["b"] += 1
+        deadlock_the_next_claim("tests.nested.c", item, row)
+        try:
+            return c(item)
+        finally:
+            deadlock_the_next_claim.join()  # type: ignore[attr-defined]
+
+    @idempotent_function(key=lambda item: item, scope="tests.nested.a")
+    def a(item: str) -> int:
+        runs["a"] += 1
+        return b(item)
+
+    # Every attempt's innermost claim deadlocks: the outermost gives up after its attempts.
+    with pytest.raises(CallInFlight):
+        a("deep")
+
+    assert runs == {"a": store.CLAIM_ATTEMPTS, "b": store.CLAIM_ATTEMPTS, "c": 0}
+    assert not IdempotencyKey.objects.filter(key="deep").exists()
+    assert not Order.objects.filter(item="deep").exists()
+
+
+_runs: dict[str, list[str]] = {}
+
+
+@idempotent_function(key=lambda item: item, scope="tests.nested.async_inner")
+async def _async_inner(item: str) -> int:
+    from asgiref.sync import sync_to_async
+
+    return (await sync_to_async(Order.objects.create, thread_sensitive=True)(item=item)).pk
+
+
+def _sync_body(request: Any) -> Any:
+    from django.http import HttpResponse
+
+    runs = _runs.setdefault(request.path, [])
+    runs.append("ran")
+    key = request.headers["Idempotency-Key"]
+    if len(runs) == 1:
+        deadlock_the_next_claim("tests.nested.view_inner", key, _row[0])
+        try:
+            return HttpResponse(f"order {_view_inner(key)}", status=201)
+        finally:
+            deadlock_the_next_claim.join()  # type: ignore[attr-defined]
+    return HttpResponse(f"order {_view_inner(key)}", status=201)
+
+
+async def _async_body(request: Any) -> Any:
+    from asgiref.sync import sync_to_async
+    from django.http import HttpResponse
+
+    runs = _runs.setdefault(request.path, [])
+    runs.append("ran")
+    key = request.headers["Idempotency-Key"]
+    if len(runs) == 1:
+        await sync_to_async(deadlock_the_next_claim, thread_sensitive=True)(
+            "tests.nested.async_inner", key, _row[0]
+        )
+        try:
+            return HttpResponse(f"order {await _async_inner(key)}", status=201)
+        finally:
+            await sync_to_async(
+                deadlock_the_next_claim.join,  # type: ignore[attr-defined]
+                thread_sensitive=True,
+            )()
+    return HttpResponse(f"order {await _async_inner(key)}", status=201)
+
+
+def _views() -> list[Any]:
+    from django.urls import path
+    from django.views.decorators.csrf import csrf_exempt
+
+    from django_idempotency import idempotent
+
+    return [
+        path("mw/", csrf_exempt(_sync_body)),
+        path("mw-async/", csrf_exempt(_async_body)),
+        path("dec-async/", csrf_exempt(idempotent(_async_body))),
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("url", "kind"),
+    [
+        ("/mw/", "wsgi"),
+        ("/mw/", "asgi"),
+        pytest.param(
+            "/mw-async/",
+            "asgi",
+            # Passes alone; after the others the heavier transaction's INSERT waits on a
+            # shared next-key lock this request's transaction holds, and no deadlock forms.
+            marks=pytest.mark.xfail(reason="the deadlock is not made after other tests"),
+        ),
+        ("/mw-async/", "wsgi"),
+        ("/dec-async/", "asgi"),
+    ],
+)
+def test_a_view_calling_a_function_whose_claim_deadlocks_runs_again(
+    monkeypatch: pytest.MonkeyPatch, settings: Any, url: str, kind: str
+) -> None:
+    from asgiref.sync import async_to_sync
+    from django.test import AsyncClient, Client
+
+    monkeypatch.setattr(__import__(__name__, fromlist=["_"]), "urlpatterns", _views())
+    settings.ROOT_URLCONF = __name__
+    settings.MIDDLEWARE = ["django_idempotency.middleware.IdempotencyMiddleware"]
+    _runs.clear()
+    _row[:] = [Order.objects.create(item="shared").pk]
+
+    if kind == "wsgi":
+        response = Client().post(url, HTTP_IDEMPOTENCY_KEY="k-mw")
+    else:
+        response = async_to_sync(AsyncClient().post)(url, headers={"Idempotency-Key": "k-mw"})
+
+    assert response.status_code == 201, response.content[:300]
+    assert _runs[url] == ["ran", "ran"]
+    [order] = Order.objects.filter(item="k-mw").values_list("pk", flat=True)
+    assert response.content == f"order {order}".encode()
