@@ -187,20 +187,34 @@ def _view(request: Any) -> Any:
     return JsonResponse({"id": _view_inner(key)}, status=201)
 
 
-def _protected_view() -> Any:
+def _protected_view(kind: str) -> Any:
     from django.views.decorators.csrf import csrf_exempt
+    from rest_framework.permissions import AllowAny
+    from rest_framework.views import APIView
 
     from django_idempotency import idempotent
+    from django_idempotency.contrib.drf import IdempotentMixin
 
-    return csrf_exempt(idempotent(_view))
+    if kind == "decorator":
+        return csrf_exempt(idempotent(_view))
+
+    class View(IdempotentMixin, APIView):
+        permission_classes = [AllowAny]
+        authentication_classes: list[Any] = []
+
+        def post(self, request: Any) -> Any:
+            return _view(request)
+
+    return View.as_view()
 
 
 urlpatterns: list[Any] = []
 
 
 @pytest.mark.django_db(transaction=True, databases=["default", "other"])
+@pytest.mark.parametrize("kind", ["decorator", "drf_mixin"])
 def test_a_view_in_another_database_request_transaction_is_not_run_twice(
-    monkeypatch: pytest.MonkeyPatch, settings: Any
+    monkeypatch: pytest.MonkeyPatch, settings: Any, kind: str
 ) -> None:
     # @idempotent below ATOMIC_REQUESTS on "other": the view's first write there stays in
     # that transaction when the function's claim in the view deadlocks. Starting the
@@ -210,7 +224,7 @@ def test_a_view_in_another_database_request_transaction_is_not_run_twice(
 
     monkeypatch.setitem(connections["other"].settings_dict, "ATOMIC_REQUESTS", True)
     monkeypatch.setattr(
-        __import__(__name__, fromlist=["_"]), "urlpatterns", [path("v/", _protected_view())]
+        __import__(__name__, fromlist=["_"]), "urlpatterns", [path("v/", _protected_view(kind))]
     )
     settings.ROOT_URLCONF = __name__
     settings.MIDDLEWARE = []
