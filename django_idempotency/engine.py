@@ -89,9 +89,10 @@ class Kind:
     )
 
 
-#: The databases whose atomic-mode claim is open around the running body: a claim made in
-#: the body (a protected function a view calls) is inside that claim's transaction.
-_atomic_claims: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
+#: The connections whose atomic-mode claim is open around the running body: a claim made in
+#: the body on one of them (a protected function a view calls) is inside that claim's
+#: transaction. Connections, not aliases: a thread's connection of the same alias is another.
+_atomic_claims: contextvars.ContextVar[tuple[BaseDatabaseWrapper, ...]] = contextvars.ContextVar(
     "django_idempotency_atomic_claims", default=()
 )
 
@@ -165,7 +166,7 @@ class Call:
         # stale record); not when a deadlock lost the caller's own transaction too. When that
         # transaction is an enclosing atomic-mode claim's, the error is that claim's to start
         # over with: a replay, where a 409 is all this claim could answer.
-        enclosed = in_transaction and self.using in _atomic_claims.get()
+        enclosed = in_transaction and connection in _atomic_claims.get()  # by identity
         for _ in range(store.CLAIM_ATTEMPTS):
             try:
                 if lease is None:
@@ -217,7 +218,7 @@ class Call:
             progress = self.info.progress
             progress.attempt, progress.checkpoints = claim.attempt, dict(claim.checkpoints)
             progress.write = write
-            enclosing = _atomic_claims.set((*_atomic_claims.get(), using))
+            enclosing = _atomic_claims.set((*_atomic_claims.get(), connection))
             try:
                 # observability.record, not _send: the hot path's one frame less.
                 observability.record(

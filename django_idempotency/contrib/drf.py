@@ -634,7 +634,8 @@ def _with_mixin(view: Any, view_class: type, lease: bool) -> Any:
     protected = type(view_class.__name__, (IdempotentMixin, view_class), attributes)
     built = _as_view(protected, view)
     built._non_atomic_requests = _AsDjangoWouldWrap(
-        protected._idempotency_options, frozenset(getattr(view, "_non_atomic_requests", ()))
+        protected._idempotency_options,  # type: ignore[attr-defined]
+        frozenset(getattr(view, "_non_atomic_requests", ())),
     )
     return built
 
