@@ -279,13 +279,6 @@ def test_three_deep_the_outermost_claim_starts_over_once_per_lost_attempt() -> N
 _runs: dict[str, list[str]] = {}
 
 
-@idempotent_function(key=lambda item: item, scope="tests.nested.async_inner")
-async def _async_inner(item: str) -> int:
-    from asgiref.sync import sync_to_async
-
-    return (await sync_to_async(Order.objects.create, thread_sensitive=True)(item=item)).pk
-
-
 def _sync_body(request: Any) -> Any:
     from django.http import HttpResponse
 
@@ -301,37 +294,12 @@ def _sync_body(request: Any) -> Any:
     return HttpResponse(f"order {_view_inner(key)}", status=201)
 
 
-async def _async_body(request: Any) -> Any:
-    from asgiref.sync import sync_to_async
-    from django.http import HttpResponse
-
-    runs = _runs.setdefault(request.path, [])
-    runs.append("ran")
-    key = request.headers["Idempotency-Key"]
-    if len(runs) == 1:
-        await sync_to_async(deadlock_the_next_claim, thread_sensitive=True)(
-            "tests.nested.async_inner", key, _row[0]
-        )
-        try:
-            return HttpResponse(f"order {await _async_inner(key)}", status=201)
-        finally:
-            await sync_to_async(
-                deadlock_the_next_claim.join,  # type: ignore[attr-defined]
-                thread_sensitive=True,
-            )()
-    return HttpResponse(f"order {await _async_inner(key)}", status=201)
-
-
 def _views() -> list[Any]:
     from django.urls import path
     from django.views.decorators.csrf import csrf_exempt
 
-    from django_idempotency import idempotent
-
     return [
         path("mw/", csrf_exempt(_sync_body)),
-        path("mw-async/", csrf_exempt(_async_body)),
-        path("dec-async/", csrf_exempt(idempotent(_async_body))),
     ]
 
 
@@ -341,8 +309,6 @@ def _views() -> list[Any]:
     [
         ("/mw/", "wsgi"),
         ("/mw/", "asgi"),
-        ("/mw-async/", "wsgi"),
-        ("/dec-async/", "asgi"),
     ],
 )
 def test_a_view_calling_a_function_whose_claim_deadlocks_runs_again(
