@@ -44,3 +44,21 @@ def in_background(call: Callable[[], Any], limit: float = 30.0) -> Callable[[], 
         return result["value"]
 
     return join
+
+
+def updating(session: list[int]) -> Callable[[], bool]:
+    """Whether the MySQL session whose id ``session`` will hold is running an ``UPDATE``.
+
+    For a test that made that session wait on a lock in one. Not
+    ``information_schema.innodb_trx``: InnoDB refreshes it only when nobody has read it
+    for 0.1 s, which a poll never lets happen.
+    """
+
+    def check() -> bool:
+        if not session:
+            return False
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT info FROM information_schema.processlist WHERE id = %s", session)
+            return str(cursor.fetchone()[0] or "").startswith("UPDATE")
+
+    return check

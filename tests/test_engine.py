@@ -44,7 +44,7 @@ from tests.clients import LEASE_ORDERS, PAYLOAD, drf_post, reset_lease_views, se
 from tests.databases import kill_connection
 from tests.factories import IdempotencyKeyFactory
 from tests.models import Order
-from tests.polling import in_background, wait_until
+from tests.polling import in_background, updating, wait_until
 from tests.server import wait_for_file
 from tests.views import calls, handler_connection_ids, resume
 
@@ -724,16 +724,7 @@ def deadlock_with_a_heavier_transaction(row: int) -> None:
 
     join = in_background(heavier)
 
-    def other_waits_for_us() -> bool:
-        # Not information_schema.innodb_trx: InnoDB refreshes it only when
-        # nobody has read it for 0.1 s, which a poll never lets happen.
-        if not other:
-            return False
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT info FROM information_schema.processlist WHERE id = %s", other)
-            return str(cursor.fetchone()[0] or "").startswith("UPDATE")
-
-    wait_until(other_waits_for_us, "the other transaction to wait for our shared lock")
+    wait_until(updating(other), "the other transaction to wait for our shared lock")
     try:
         with connection.cursor() as cursor:
             cursor.execute("UPDATE tests_order SET quantity = 3 WHERE id = %s", [row])

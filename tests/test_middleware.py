@@ -757,8 +757,11 @@ urlpatterns.append(path("deadlocks-once-outside-other/", deadlocks_once_outside_
 urlpatterns.append(path("deadlocks-rendering-once/", deadlocks_rendering_once))
 
 
-class InTransactionOnOther(APIView):
-    """A DRF view, unprotected itself, that says whether ``other``'s transaction wraps it."""
+class InRequestTransactions(APIView):
+    """A DRF view, unprotected itself: which request transactions wrap it.
+
+    ``fail``: writes an order, then raises.
+    """
 
     authentication_classes: list[Any] = []
     permission_classes: list[Any] = []
@@ -767,35 +770,41 @@ class InTransactionOnOther(APIView):
         from django.db import connections
 
         calls.increment()
-        return Response({"in_other": connections["other"].in_atomic_block}, status=201)
+        if request.data.get("fail"):
+            Order.objects.create(item="written before the error")
+            raise RuntimeError("the view failed after a write")
+        return Response(
+            {alias: connections[alias].in_atomic_block for alias in ["default", "other"]},
+            status=201,
+        )
 
 
-class InTransactionOnOtherViewSet(viewsets.ViewSet):
-    """:class:`InTransactionOnOther` as a viewset's ``create``."""
+class InRequestTransactionsViewSet(viewsets.ViewSet):
+    """:class:`InRequestTransactions` as a viewset's ``create``."""
 
     authentication_classes: list[Any] = []
     permission_classes: list[Any] = []
 
     def create(self, request: Any) -> Response:
-        return InTransactionOnOther().post(request)
+        return InRequestTransactions().post(request)
 
 
 @api_view(["POST"])
 @authentication_classes([])
 @permission_classes([])
-def in_transaction_on_other(request: Any) -> Response:
-    """:class:`InTransactionOnOther` as an ``@api_view`` function."""
-    return InTransactionOnOther().post(request)
+def in_request_transactions(request: Any) -> Response:
+    """:class:`InRequestTransactions` as an ``@api_view`` function."""
+    return InRequestTransactions().post(request)
 
 
 _outside_other = transaction.non_atomic_requests(using="other")
 urlpatterns += [
-    path("drf-outside-other/", _outside_other(InTransactionOnOther.as_view())),
+    path("drf-outside-other/", _outside_other(InRequestTransactions.as_view())),
     path(
         "drf-outside-other-viewset/",
-        _outside_other(InTransactionOnOtherViewSet.as_view({"post": "create"})),
+        _outside_other(InRequestTransactionsViewSet.as_view({"post": "create"})),
     ),
-    path("drf-outside-other-api-view/", _outside_other(in_transaction_on_other)),
+    path("drf-outside-other-api-view/", _outside_other(in_request_transactions)),
 ]
 
 
@@ -818,31 +827,9 @@ def test_a_drf_view_left_out_of_a_request_transaction_stays_out_of_it(
     retry = post(any_client, url, "outside")
 
     assert first.status_code == 201, first.content[:300]
-    assert json.loads(first.content) == {"in_other": False}
+    assert json.loads(first.content)["other"] is False
     assert (retry["Idempotent-Replayed"], retry.content) == ("true", first.content)
     assert calls.value == 1
-
-
-class InRequestTransactions(APIView):
-    """A DRF view, unprotected itself: which request transactions wrap it.
-
-    ``fail``: writes an order, then raises.
-    """
-
-    authentication_classes: list[Any] = []
-    permission_classes: list[Any] = []
-
-    def post(self, request: Any) -> Response:
-        from django.db import connections
-
-        calls.increment()
-        if request.data.get("fail"):
-            Order.objects.create(item="written before the error")
-            raise RuntimeError("the view failed after a write")
-        return Response(
-            {alias: connections[alias].in_atomic_block for alias in ["default", "other"]},
-            status=201,
-        )
 
 
 urlpatterns += [

@@ -16,7 +16,7 @@ from django_idempotency import idempotent_function
 from django_idempotency.exceptions import CallInFlight
 from django_idempotency.models import IdempotencyKey
 from tests.models import Order
-from tests.polling import in_background, wait_until
+from tests.polling import in_background, updating, wait_until
 
 pytestmark = pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB's deadlock 1213")
 
@@ -52,14 +52,7 @@ def deadlock_the_next_claim(scope: str, key: str, row: int) -> None:
 
     join = in_background(heavier)
 
-    def other_waits_for_us() -> bool:
-        if not other:
-            return False
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT info FROM information_schema.processlist WHERE id = %s", other)
-            return str(cursor.fetchone()[0] or "").startswith("UPDATE")
-
-    wait_until(other_waits_for_us, "the other transaction to wait for our shared lock")
+    wait_until(updating(other), "the other transaction to wait for our shared lock")
     deadlock_the_next_claim.join = join  # type: ignore[attr-defined]
 
 
