@@ -200,12 +200,19 @@ def check_middleware_views(app_configs: Any = None, **kwargs: Any) -> list[Check
     if not installed():
         return []
     try:
+        if not idempotency_settings.enabled:
+            return []  # the middleware protects, and refuses, nothing
+        methods = sorted({method.upper() for method in idempotency_settings.methods})
+        idempotency_settings.database  # noqa: B018  what every view's protection reads
+    except ImproperlyConfigured:
+        return []  # check_settings reports it
+    try:
         patterns = get_resolver().url_patterns
     except Exception:
         return []  # Django's own URL checks report a URLconf that fails to import
     errors: list[CheckMessage] = []
     for route, view in _views(patterns, ""):
-        for method in sorted({method.upper() for method in idempotency_settings.methods}):
+        for method in methods:
             protects = view_protection(view, method).middleware
             if protects is None:
                 continue

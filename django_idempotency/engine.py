@@ -174,10 +174,13 @@ class Call:
                 claim = self._lease_claim(lease, token)
             except store.Retry as retry:
                 if retry.transaction_lost and in_transaction and atomic:
-                    # Not with another database's transaction open: the enclosing claim
-                    # would start over in it, its writes there left to commit twice.
-                    if enclosed and store.lost_race(self.using, retry):
-                        raise
+                    if enclosed and store.lost_transaction(self.using, retry):
+                        # The enclosing claim's transaction is lost with ours: it starts
+                        # over, or, with another database's transaction open, fails with
+                        # the error (an answer would commit that one's writes).
+                        if store.lost_race(self.using, retry):
+                            raise
+                        raise retry.__cause__ or retry  # noqa: B904  the database's own error
                     break
                 continue
             except store.Busy as busy:

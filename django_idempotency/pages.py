@@ -44,19 +44,24 @@ def prefers_html(request: Any) -> bool:
     if "html" not in accept and "text/*" not in accept:
         return False  # the usual API request: no parsing
     ranges = [_media_range(each) for each in _RANGE.findall(accept) if each.strip()]
-    return _quality(ranges, _HTML) > max(_quality(ranges, json) for json in _JSON)
+    known = [each for each in ranges if each is not None]
+    return _quality(known, _HTML) > max(_quality(known, json) for json in _JSON)
 
 
 #: One media range of an ``Accept`` header: up to a comma outside a quoted string.
 _RANGE = re.compile(r'(?:[^,"]|"(?:[^"\\]|\\.)*")+')
 
 
-def _media_range(text: str) -> tuple[str, str, float]:
+def _media_range(text: str) -> tuple[str, str, float] | None:
     """``type/subtype;q=...`` as its type, subtype and quality, as Django reads them.
 
-    A quality that is missing, not a number or outside 0-1 counts as 1.
+    A quality that is missing, not a number or outside 0-1 counts as 1; ``None`` for a range
+    that cannot be read (a parameter in an unknown charset), which is left out.
     """
-    kind, parameters = parse_header_parameters(text)
+    try:
+        kind, parameters = parse_header_parameters(text)
+    except ValueError:
+        return None
     main, _, sub = kind.partition("/")
     try:
         quality = float(parameters.get("q", 1))

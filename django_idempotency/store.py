@@ -422,13 +422,14 @@ def lost_race(using: str, exc: DatabaseError) -> bool:
     A MySQL 1213 (a deadlock or a lost Galera certification, up to ``COMMIT``) rolled the
     whole attempt back.
     """
-    if connections[using].vendor != "mysql":
-        return False
-    if errno(exc) != ER_LOCK_DEADLOCK:
-        return False
     # The 1213 may be another alias's, rolled back behind Django's back: starting over
     # would let the caller commit the rest of it.
-    return not _other_transaction_open(using)
+    return lost_transaction(using, exc) and not _other_transaction_open(using)
+
+
+def lost_transaction(using: str, exc: DatabaseError) -> bool:
+    """Whether ``exc`` rolled back ``using``'s whole transaction: a MySQL 1213."""
+    return connections[using].vendor == "mysql" and errno(exc) == ER_LOCK_DEADLOCK
 
 
 def _other_transaction_open(using: str) -> bool:

@@ -1025,7 +1025,9 @@ class DeadlockTests:
         assert not Order.objects.filter(item="always").exists()
         assert not IdempotencyKey.objects.filter(key="always").exists()
 
-    def test_a_deadlock_in_a_claim_inside_another_starts_the_outer_claim_over(self) -> None:
+    def test_a_deadlock_in_a_function_called_inside_another_claim_starts_that_one_over(
+        self,
+    ) -> None:
         # The server rolled back the outer claim's transaction too: only it can start over,
         # and then the inner call runs again instead of answering CallInFlight.
         from django_idempotency import idempotent_function

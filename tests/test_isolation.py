@@ -169,7 +169,14 @@ ADAPTERS = [
     Adapter("middleware_adrf_viewset", "plain-adrf-viewset", ASGI, drf=True, middleware=True),
     # ...inside a project decorator of its as_view(): refused (it would run without it),
     # unless the decorator is csrf_exempt, which changes nothing.
-    Adapter("middleware_wrapped_drf_apiview", "wrapped-plain-apiview", WSGI, True, True, True),
+    Adapter(
+        "middleware_wrapped_drf_apiview",
+        "wrapped-plain-apiview",
+        WSGI,
+        drf=True,
+        middleware=True,
+        refused=True,
+    ),
     Adapter(
         "middleware_csrf_exempt_drf_apiview",
         "csrf-exempt-plain-apiview",

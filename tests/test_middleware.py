@@ -865,7 +865,7 @@ def test_a_drf_view_in_lease_mode_keeps_the_request_transactions_it_was_not_mark
 
 @pytest.mark.urls("tests.test_middleware")
 @pytest.mark.usefixtures("installed", "atomic_requests")
-def test_a_drf_view_in_lease_mode_rolls_back_with_its_request_transaction(
+def test_a_drf_view_in_lease_mode_rolls_back_with_its_request_transaction_but_on_sqlite(
     any_client, settings: Any
 ) -> None:
     # docs/middleware.rst, ATOMIC_REQUESTS: in lease mode the claim commits before the
@@ -883,7 +883,7 @@ def test_a_drf_view_in_lease_mode_rolls_back_with_its_request_transaction(
 
 @pytest.mark.urls("tests.test_middleware")
 @pytest.mark.usefixtures("installed")
-def test_a_decorator_around_a_drf_view_still_runs_under_the_middleware(any_client) -> None:
+def test_without_a_key_a_drf_view_inside_a_decorator_runs_its_decorator(any_client) -> None:
     # functools.wraps copies the view's ``cls``: the middleware must not call its own build
     # of the class in place of the decorated view, skipping the decorator.
     response = post(any_client, "/drf-login-required/", None)
@@ -916,6 +916,28 @@ def test_under_required_every_request_to_a_drf_view_inside_a_decorator_is_refuse
         post(Client(), "/drf-login-required/", None)
 
     assert calls.value == 0
+
+
+@pytest.mark.urls("tests.test_middleware")
+@pytest.mark.parametrize(
+    ("idempotency", "refused"),
+    [
+        ({"METHODS": 5}, []),  # E103 reports it
+        ({"ENABLED": False}, []),  # the middleware protects, and refuses, nothing
+        ({"DATABASE": "nowhere"}, ["drf-login-required/"]),  # E004; the rest is read alike
+    ],
+)
+def test_the_check_leaves_bad_settings_and_a_disabled_package_alone(
+    settings: Any, idempotency: dict[str, Any], refused: list[str]
+) -> None:
+    from django_idempotency.checks import check_middleware_views
+
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE, MIDDLEWARE]
+    settings.IDEMPOTENCY = idempotency
+
+    errors = check_middleware_views()
+
+    assert [error.msg.split("'")[1] for error in errors] == refused
 
 
 @pytest.mark.urls("tests.test_middleware")

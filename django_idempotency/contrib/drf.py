@@ -583,8 +583,9 @@ def _as_drf_built_it(view: Any, view_class: type) -> bool:
 
 
 def _wrapped_codes(function: Any) -> list[Any]:
-    codes = []
-    while function is not None:
+    codes: list[Any] = []
+    # Bounded, as inspect.unwrap is: a __wrapped__ that loops back never ends.
+    while function is not None and len(codes) < 100:
         code = getattr(function, "__code__", None)
         if code not in _CSRF_EXEMPT:
             codes.append(code)
