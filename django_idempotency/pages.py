@@ -60,7 +60,7 @@ def _media_range(text: str) -> tuple[str, str, float] | None:
     """
     try:
         kind, parameters = parse_header_parameters(text)
-    except ValueError:
+    except (ValueError, LookupError):  # an unknown charset, as Django versions report it
         return None
     main, _, sub = kind.partition("/")
     try:
