@@ -4,6 +4,7 @@ from tests import recovery_views
 
 urlpatterns = [
     path("pay/", recovery_views.pay),
+    path("pay/long-lease/", recovery_views.pay_long_lease),
     path("pay/reconciled/", recovery_views.pay_reconciled),
     path("pay/held/", recovery_views.pay_held),
     path("pay/held-by-path/", recovery_views.pay_held_by_path),

@@ -154,11 +154,13 @@ def counting_hold(request: HttpRequest, abandoned: Abandoned) -> HttpResponse:
     return hold(request, abandoned)
 
 
-def _view(**options: Any) -> Any:
-    return csrf_exempt(idempotent(atomic=False, lease=2, **options)(_pay))
+def _view(lease: float = 2, **options: Any) -> Any:
+    return csrf_exempt(idempotent(atomic=False, lease=lease, **options)(_pay))
 
 
 pay = _view()
+#: A lease that outlasts killing a worker on a loaded machine, for a retry sent inside it.
+pay_long_lease = _view(lease=15)
 pay_reconciled = _view(recover=reconcile)
 pay_held = _view(recover=counting_hold)
 pay_held_by_path = _view(recover="django_idempotency.recovery.hold")

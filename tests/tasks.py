@@ -26,6 +26,10 @@ from tests.models import Order, RemoteCharge
 TASK_DIR_ENV = "IDEMPOTENCY_TEST_TASK_DIR"
 #: The lease of the lease-mode tasks: short, so a takeover takes seconds.
 LEASE_SECONDS = 4
+#: The lease of a task whose worker is killed and started again, with a copy sent inside
+#: the dead owner's lease: it outlasts a worker's start on a loaded machine. The copy is
+#: put off again and again until the lease runs out, hence the task's ``max_retries``.
+CRASH_LEASE_SECONDS = 15
 HOLD_LIMIT = 120.0
 
 
@@ -69,8 +73,8 @@ def hold_order(label: str) -> dict:
     return {"order": order.pk}
 
 
-@shared_task(bind=True, acks_late=True, reject_on_worker_lost=True)
-@idempotent_task(atomic=False, lease=LEASE_SECONDS)
+@shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=10)
+@idempotent_task(atomic=False, lease=CRASH_LEASE_SECONDS)
 def charge_and_hold(self, label: str) -> dict:  # type: ignore[no-untyped-def]
     """Lease mode: a remote charge keyed by derive(), then held for a crash."""
     reference = self.request.idempotency.derive("charge")

@@ -7,6 +7,7 @@ attempt wrote is left behind.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -29,9 +30,11 @@ def deadlock_the_next_claim(scope: str, key: str, row: int) -> None:
     record: a cycle, and InnoDB rolls back the lighter transaction, ours. The other one rolls
     back once our claim has lost, leaving no record behind.
     """
+    assert connection.in_atomic_block, "the caller's claim is not on this thread's connection"
     with connection.cursor() as cursor:
         cursor.execute("SELECT id FROM tests_order WHERE id = %s LOCK IN SHARE MODE", [row])
     other: list[int] = []
+    ended = threading.Event()
 
     class Done(Exception):
         pass
@@ -49,10 +52,18 @@ def deadlock_the_next_claim(scope: str, key: str, row: int) -> None:
                 raise Done
         except Done:
             pass
+        finally:
+            ended.set()
 
     join = in_background(heavier)
 
-    wait_until(updating(other), "the other transaction to wait for our shared lock")
+    waiting = updating(other)
+    wait_until(
+        lambda: ended.is_set() or waiting(), "the other transaction to wait for our shared lock"
+    )
+    if ended.is_set():
+        join()  # its error, if it failed before it waited
+        raise AssertionError("the other transaction never waited for our shared lock")
     deadlock_the_next_claim.join = join  # type: ignore[attr-defined]
 
 

@@ -82,7 +82,8 @@ class Payment:
 
 
 def test_a_retry_after_the_lease_resumes_after_the_last_checkpoint(server, control):
-    payment = Payment(server, control, "kill-between-checkpoints", "pay/")
+    # A 15 s lease: the retry below must arrive inside it however slow the kill was.
+    payment = Payment(server, control, "kill-between-checkpoints", "pay/long-lease/")
     payment.kill_after("charged")
 
     held = payment.record()
