@@ -8,7 +8,7 @@ attempt wrote is left behind.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 from django.db import DatabaseError, connection, connections, transaction
@@ -30,7 +30,8 @@ def deadlock_the_next_claim(scope: str, key: str, row: int) -> None:
     record: a cycle, and InnoDB rolls back the lighter transaction, ours. The other one rolls
     back once our claim has lost, leaving no record behind.
     """
-    assert connection.in_atomic_block, "the caller's claim is not on this thread's connection"
+    if not connection.in_atomic_block:
+        set_up_failed("the caller's claim is not on this thread's connection")
     with connection.cursor() as cursor:
         cursor.execute("SELECT id FROM tests_order WHERE id = %s LOCK IN SHARE MODE", [row])
     other: list[int] = []
@@ -58,13 +59,27 @@ def deadlock_the_next_claim(scope: str, key: str, row: int) -> None:
     join = in_background(heavier)
 
     waiting = updating(other)
-    wait_until(
-        lambda: ended.is_set() or waiting(), "the other transaction to wait for our shared lock"
-    )
+    try:
+        wait_until(
+            lambda: ended.is_set() or waiting(), "the other transaction to wait for our shared lock"
+        )
+    except AssertionError as error:
+        set_up_failed(str(error))
     if ended.is_set():
-        join()  # its error, if it failed before it waited
-        raise AssertionError("the other transaction never waited for our shared lock")
+        try:
+            join()
+        except Exception as error:
+            set_up_failed(f"the other transaction failed before it waited: {error!r}")
+        set_up_failed("the other transaction never waited for our shared lock")
     deadlock_the_next_claim.join = join  # type: ignore[attr-defined]
+
+
+def set_up_failed(why: str) -> NoReturn:
+    """Fail the test with ``pytest.fail``, whose ``BaseException`` nothing under test catches.
+
+    No body, ``except`` clause or request handler can take it for the error a test expects.
+    """
+    pytest.fail(f"the deadlock was not set up: {why}")
 
 
 def nested(side_alias: str | None) -> tuple[Any, list[str], list[str]]:
