@@ -246,9 +246,9 @@ def test(pytest_args: list[str]) -> None:
     # test database) and its own queues; output is printed per backend.
     started = time.monotonic()
     runs = []
-    for backend in backends:
+    for backend, settings, args in _runs_of(backends, pytest_args):
         log = ROOT / f".test-{backend}.log"
-        env = {**os.environ, "TEST_DATABASE": backend}
+        env = {**os.environ, **settings}
         with log.open("w") as out:
             process = subprocess.Popen(
                 [
@@ -259,7 +259,7 @@ def test(pytest_args: list[str]) -> None:
                     "--parallel-mode",
                     "-m",
                     "pytest",
-                    *pytest_args,
+                    *args,
                 ],
                 cwd=ROOT,
                 env=env,
@@ -302,6 +302,31 @@ def test(pytest_args: list[str]) -> None:
     if galera_started:
         subprocess.run(["bash", str(ROOT / ".ci" / "galera.sh"), "stop"], cwd=ROOT)
     sys.exit(0 if coverage_ok and all(code == 0 for _, code, _, _ in results) else 1)
+
+
+def _runs_of(
+    backends: list[str], pytest_args: list[str]
+) -> list[tuple[str, dict[str, str], list[str]]]:
+    """Each pytest to start: its name, its settings and its arguments.
+
+    One per backend. In a whole run the Galera cluster's tests, minutes of app servers
+    on two nodes, run beside the MariaDB run instead of at its end, with a test
+    database of their own on the MariaDB server.
+    """
+    runs = [(backend, {"TEST_DATABASE": backend}, pytest_args) for backend in backends]
+    if pytest_args or "mariadb" not in backends:
+        return runs
+    galera = "tests/test_galera.py"
+    name = os.environ.get("TEST_DATABASE_NAME", "idempotency")
+    runs[backends.index("mariadb")] = (
+        "mariadb",
+        {"TEST_DATABASE": "mariadb"},
+        [f"--ignore={galera}"],
+    )
+    runs.append(
+        ("galera", {"TEST_DATABASE": "mariadb", "TEST_DATABASE_NAME": f"{name}_galera"}, [galera])
+    )
+    return runs
 
 
 def _summary_line(output: str) -> str:

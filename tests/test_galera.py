@@ -4,8 +4,9 @@ Every node takes writes: the same request sent to both servers at once,
 to one and then the other, and to a node that has not yet applied the
 original, must have one effect, no 500, and end in a replay of the one
 run that committed. A node killed mid-load and started again loses and
-duplicates nothing. Runs in the MariaDB run; without a cluster it skips,
-unless ``REQUIRE_GALERA=1`` (CI), where it fails.
+duplicates nothing. Runs with the MariaDB suite (``dev.py test`` runs it
+beside that run); without a cluster it skips, unless ``REQUIRE_GALERA=1``
+(CI), where it fails.
 """
 
 from __future__ import annotations
