@@ -32,8 +32,11 @@ def deadlock_the_next_claim(scope: str, key: str, row: int) -> None:
     """
     if not connection.in_atomic_block:
         set_up_failed("the caller's claim is not on this thread's connection")
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT id FROM tests_order WHERE id = %s LOCK IN SHARE MODE", [row])
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT id FROM tests_order WHERE id = %s LOCK IN SHARE MODE", [row])
+    except Exception as error:
+        set_up_failed(f"the shared lock: {error!r}")
     other: list[int] = []
     ended = threading.Event()
 
@@ -58,20 +61,23 @@ def deadlock_the_next_claim(scope: str, key: str, row: int) -> None:
 
     join = in_background(heavier)
 
+    def checked_join() -> None:
+        try:
+            join()
+        except Exception as error:
+            set_up_failed(f"the other transaction: {error!r}")
+
     waiting = updating(other)
     try:
         wait_until(
             lambda: ended.is_set() or waiting(), "the other transaction to wait for our shared lock"
         )
-    except AssertionError as error:
-        set_up_failed(str(error))
+    except Exception as error:
+        set_up_failed(repr(error))
     if ended.is_set():
-        try:
-            join()
-        except Exception as error:
-            set_up_failed(f"the other transaction failed before it waited: {error!r}")
+        checked_join()  # its error, if it failed before it waited
         set_up_failed("the other transaction never waited for our shared lock")
-    deadlock_the_next_claim.join = join  # type: ignore[attr-defined]
+    deadlock_the_next_claim.join = checked_join  # type: ignore[attr-defined]
 
 
 def set_up_failed(why: str) -> NoReturn:
