@@ -135,7 +135,7 @@ GALERA_LIBRARY = Path("/usr/lib/galera/libgalera_smm.so")
 
 
 def galera_ready(backends: list[str]) -> tuple[str | None, bool]:
-    """Start the three-node Galera cluster of the MariaDB run's cluster tests, if it can be.
+    """Start the three-node Galera cluster for the cluster tests, if it can be.
 
     Returns a note when the cluster is not there (its tests are then skipped,
     or fail under ``REQUIRE_GALERA=1``), and whether this call started it, so
@@ -150,7 +150,7 @@ def galera_ready(backends: list[str]) -> tuple[str | None, bool]:
         return None, False
     root = hasattr(os, "geteuid") and os.geteuid() == 0
     if root and GALERA_LIBRARY.exists() and shutil.which("mariadbd"):
-        print("Starting a three-node Galera cluster for the MariaDB run ...", flush=True)
+        print("Starting a three-node Galera cluster for its tests ...", flush=True)
         if subprocess.run([*script, "start"], cwd=ROOT).returncode == 0:
             return None, True
     return (
@@ -310,8 +310,8 @@ def _runs_of(
     """Each pytest to start: its name, its settings and its arguments.
 
     One per backend. In a whole run the Galera cluster's tests, minutes of app servers
-    on two nodes, run beside the MariaDB run instead of at its end, with a test
-    database of their own on the MariaDB server.
+    on two nodes, run beside the MariaDB run instead of at its end, under a test
+    database name of their own (so a database of their own on the cluster).
     """
     runs = [(backend, {"TEST_DATABASE": backend}, pytest_args) for backend in backends]
     if pytest_args or "mariadb" not in backends:
@@ -331,7 +331,7 @@ def _runs_of(
 
 def _summary_line(output: str) -> str:
     for line in reversed(output.splitlines()):
-        if re.search(r"\d+ (passed|failed|error)", line) or "no tests ran" in line:
+        if re.search(r"\d+ (passed|failed|errors?|skipped)", line) or "no tests ran" in line:
             return line.strip("= ").strip()
     return "(no pytest summary)"
 
