@@ -66,7 +66,13 @@ def fingerprint_of(
         negotiated = adapter.negotiated_format(request)
         if negotiated is not None:
             head.append(negotiated)
-    digest = hashlib.sha256(json.dumps(head).encode())
+    try:
+        # json.dumps(head)'s very bytes, without its encoder's calls: a fingerprint
+        # must not change across releases, or a retry sent over an upgrade gets a 422.
+        encoded_head = "[" + ", ".join(map(_STRING, head)) + "]"
+    except TypeError:  # a method of None (a request built by hand)
+        encoded_head = json.dumps(head)
+    digest = hashlib.sha256(encoded_head.encode())
     digest.update(b"\n")
     body = body_stream(http_request)
     if body is None:
@@ -92,7 +98,13 @@ def fingerprint_of(
                 # canonical_body's JSON, inline: every JSON body comes here.
                 data = body.read()
                 try:
-                    text = data.decode(json.detect_encoding(data), "surrogatepass")
+                    # json.detect_encoding's answer at once for a body that opens an
+                    # object or array: past a { or [ only a zero byte says UTF-16 or 32.
+                    if data[:1] in _OPENINGS and data[1:2] != b"\x00":
+                        encoding = "utf-8"
+                    else:
+                        encoding = json.detect_encoding(data)
+                    text = data.decode(encoding, "surrogatepass")
                     digest.update(b"json:" + _dump(_JSON.decode(text)).encode())
                 except (ValueError, RecursionError):
                     digest.update(b"bytes:" + data)  # not JSON, or nested too deep
@@ -283,6 +295,10 @@ def _dump(value: Any) -> str:
     if isinstance(value, Decimal):
         return _number(value)
     return json.dumps(value)  # str, bool, None
+
+
+#: The first bytes of a JSON object or array, in UTF-8 or UTF-16/32 (a zero byte follows).
+_OPENINGS = (b"{", b"[")
 
 
 def _number(value: Decimal) -> str:
