@@ -20,6 +20,7 @@ from tempfile import SpooledTemporaryFile
 from typing import IO, Any
 
 from django.conf import settings
+from django.core.handlers.wsgi import LimitedStream
 from django.http import HttpRequest, HttpResponseBase, UnreadablePostError
 
 from django_idempotency import adapters
@@ -58,11 +59,15 @@ def body_stream(request: HttpRequest) -> IO[bytes] | None:
         seekable = getattr(stream, "seekable", None)
         if seekable and seekable() and stream.tell() == 0:
             return stream
-    spool: Any = SpooledTemporaryFile(  # noqa: SIM115 (closed with the request)
-        max_size=settings.FILE_UPLOAD_MAX_MEMORY_SIZE,
-        mode="w+b",
-        dir=settings.FILE_UPLOAD_TEMP_DIR,
-    )
+    max_size = settings.FILE_UPLOAD_MAX_MEMORY_SIZE
+    spool: Any
+    if isinstance(stream, LimitedStream) and stream.limit <= max_size:
+        # In memory, where the spooled file would stay too: WSGI's stream ends at its limit.
+        spool = BytesIO()
+    else:
+        spool = SpooledTemporaryFile(  # noqa: SIM115 (closed with the request)
+            max_size=max_size, mode="w+b", dir=settings.FILE_UPLOAD_TEMP_DIR
+        )
     try:
         while True:
             try:
