@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import sys
 from decimal import Decimal
 
+import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.http import QueryDict
 from django.test import RequestFactory
@@ -481,3 +483,48 @@ class NegotiatedFormatTests:
         assert self.drf_fingerprint("text/html") == self.drf_fingerprint(
             "text/html,application/xhtml+xml;q=0.9"
         )
+
+
+class StableAcrossReleasesTests:
+    """A fingerprint is stored with its key: one computed otherwise by a later release would
+    answer a retry sent across the upgrade 422 instead of its stored response."""
+
+    def test_a_json_request_keeps_its_fingerprint(self):
+        request = factory.post(
+            "/orders/\u00e9?b=2&a=1",
+            '{"b": [1, 2.50, "\u00e9"], "a": null}',
+            content_type="application/json; charset=utf-8",
+        )
+        expected = "e8bdc4c690996e09adc496e25e76919e62c749da21f18bd23db6d61986a35d10"
+        assert request_fingerprint(request) == expected
+
+    def test_a_byte_body_keeps_its_fingerprint(self):
+        request = factory.put("/upload/", b"\x00\x01raw", content_type="application/octet-stream")
+        expected = "ce2cb0770a98b216d75e0f0c6874a88e0eded1ca9abc0dde02131fb31a41811e"
+        assert request_fingerprint(request) == expected
+
+    @given(
+        method=st.sampled_from(["POST", "PUT", "PATCH", "DELETE", "post", "M\u00e9THOD"]),
+        path=st.text(
+            st.characters(blacklist_characters="?#%", blacklist_categories=("Cs", "Cc")),
+            max_size=12,
+        ),
+        data=st.binary(max_size=32),
+    )
+    @settings(max_examples=60)
+    def test_the_request_line_is_hashed_as_its_json_array(self, method, path, data):
+        request = factory.generic(method, "/" + path, data, "application/octet-stream")
+        # RequestFactory sets no content type without a body.
+        head = [request.method, request.path, "", request.META.get("CONTENT_TYPE", "")]
+        expected = hashlib.sha256(json.dumps(head).encode() + b"\nbytes:" + data).hexdigest()
+        assert request_fingerprint(request) == expected
+
+
+@pytest.mark.parametrize(
+    "encoding",
+    ["utf-8-sig", "utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le", "utf-32-be"],
+)
+@pytest.mark.parametrize("text", ['{"a": [1, "\u00e9"]}', '[{"a": 1}]', "[]"])
+def test_json_in_each_encoding_json_allows_is_read_as_json(encoding, text):
+    """RFC 8259 readers may accept UTF-16 and UTF-32, as Python's json does: same meaning."""
+    assert fingerprint(text.encode(encoding)) == fingerprint(text.encode())
