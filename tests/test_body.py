@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 from collections.abc import Iterator
@@ -156,6 +157,27 @@ class LargeRawBodyTests:
         stream = request._stream
         assert isinstance(stream, SpooledTemporaryFile)
         assert stream._rolled  # past FILE_UPLOAD_MAX_MEMORY_SIZE: on disk, not in memory
+
+    @pytest.mark.parametrize("size", [0, 1, LIMIT // 2])
+    def test_body_within_the_memory_threshold_is_copied_in_memory(self, size):
+        data = big_body(size)
+        request = factory.put("/upload/", data, content_type="application/octet-stream")
+        fingerprint_of(request)
+        stream = request._stream
+        with pytest.raises(io.UnsupportedOperation):
+            stream.fileno()  # no file behind it, now or later
+        assert stream.read() == data
+        stream.seek(0)
+        assert request.body == data
+
+    def test_body_one_byte_past_the_memory_threshold_is_spooled_to_disk(self):
+        data = big_body(LIMIT // 2 + 1)
+        request = factory.put("/upload/", data, content_type="application/octet-stream")
+        fingerprint_of(request)
+        stream = request._stream
+        assert isinstance(stream, SpooledTemporaryFile)
+        assert stream._rolled
+        assert request.read() == data
 
     def test_body_read_before_us_gives_the_same_fingerprint(self, settings):
         settings.DATA_UPLOAD_MAX_MEMORY_SIZE = None
