@@ -433,8 +433,13 @@ def lost_transaction(using: str, exc: DatabaseError) -> bool:
 
 
 def _other_transaction_open(using: str) -> bool:
+    """Whether another alias has a transaction open: ``atomic()``, or autocommit turned off."""
     return any(
-        connection.alias != using and connection.in_atomic_block
+        connection.alias != using
+        and (
+            connection.in_atomic_block
+            or (connection.connection is not None and not connection.autocommit)
+        )
         for connection in connections.all(initialized_only=True)
     )
 
