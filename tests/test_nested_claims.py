@@ -153,6 +153,24 @@ def test_the_outer_claim_does_not_start_over_inside_another_alias_transaction() 
     assert Order.objects.using("other").filter(item="side-y").count() == 0
 
 
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_the_outer_claim_does_not_start_over_inside_another_alias_manual_transaction() -> None:
+    # The same with the other database's transaction opened by hand, autocommit turned off:
+    # its first attempt's write is as open, and a second attempt would write it again.
+    outer, outer_runs, _ = nested(side_alias="other")
+    other = connections["other"]
+    other.set_autocommit(False)
+    try:
+        with pytest.raises((CallInFlight, DatabaseError)):
+            outer("z")
+        sides = Order.objects.using("other").filter(item="side-z").count()
+        assert (outer_runs, sides) == (["z"], 1)
+    finally:
+        other.rollback()
+        other.set_autocommit(True)
+    assert Order.objects.using("other").filter(item="side-z").count() == 0
+
+
 @pytest.mark.django_db(transaction=True)
 def test_an_outer_body_that_catches_the_inner_error_does_not_commit_half_an_attempt() -> None:
     # The server rolled back the outer claim's transaction with the inner one: an outer body
