@@ -61,8 +61,9 @@ def body_stream(request: HttpRequest) -> IO[bytes] | None:
             return stream
     max_size = settings.FILE_UPLOAD_MAX_MEMORY_SIZE
     spool: Any
-    if isinstance(stream, LimitedStream) and stream.limit <= max_size:
-        # In memory, where the spooled file would stay too: WSGI's stream ends at its limit.
+    if type(stream) is LimitedStream and (not max_size or stream.limit <= max_size):
+        # In memory, where the spooled file would stay too (it never rolls over to disk
+        # with no threshold): Django's own WSGI stream ends at its limit.
         spool = BytesIO()
     else:
         spool = SpooledTemporaryFile(  # noqa: SIM115 (closed with the request)
