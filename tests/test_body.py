@@ -170,6 +170,15 @@ class LargeRawBodyTests:
         stream.seek(0)
         assert request.body == data
 
+    @pytest.mark.parametrize("threshold", [None, 0])
+    def test_body_with_no_memory_threshold_is_copied_in_memory(self, settings, threshold):
+        # A spooled file with no threshold never rolls over to disk either.
+        settings.FILE_UPLOAD_MAX_MEMORY_SIZE = threshold
+        data = b'{"a": 1}'
+        request = factory.post("/orders/", data, content_type="application/json")
+        fingerprint_of(request)
+        assert request.body == data
+
     def test_body_one_byte_past_the_memory_threshold_is_spooled_to_disk(self):
         data = big_body(LIMIT // 2 + 1)
         request = factory.put("/upload/", data, content_type="application/octet-stream")

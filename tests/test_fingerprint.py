@@ -519,6 +519,15 @@ class StableAcrossReleasesTests:
         expected = hashlib.sha256(json.dumps(head).encode() + b"\nbytes:" + data).hexdigest()
         assert request_fingerprint(request) == expected
 
+    @given(method=st.none() | st.text(max_size=8))  # lone surrogates and controls too
+    @settings(max_examples=80)
+    def test_a_method_set_by_hand_is_hashed_as_json_dumps_writes_it(self, method):
+        request = factory.put("/upload/", b"x", content_type="application/octet-stream")
+        request.method = method
+        head = [method, "/upload/", "", "application/octet-stream"]
+        expected = hashlib.sha256(json.dumps(head).encode() + b"\nbytes:x").hexdigest()
+        assert request_fingerprint(request) == expected
+
 
 @pytest.mark.parametrize(
     "encoding",
