@@ -3,9 +3,10 @@
 A request body is a stream that can be read once. Loading it with
 ``request.body`` would apply ``DATA_UPLOAD_MAX_MEMORY_SIZE`` and turn a
 large upload the view streams into a 400, only because a key was sent. So
-the body is copied into a temporary file, in memory up to
-``FILE_UPLOAD_MAX_MEMORY_SIZE`` and in ``FILE_UPLOAD_TEMP_DIR`` past it (as
-Django does for uploads), and the copy becomes the stream the view reads.
+the body is copied, in memory up to ``FILE_UPLOAD_MAX_MEMORY_SIZE`` and into
+a temporary file in ``FILE_UPLOAD_TEMP_DIR`` past it (as Django does for
+uploads; with the setting ``None`` or 0, always in memory, as Django's ASGI
+handler keeps a body), and the copy becomes the stream the view reads.
 ``request.body``, ``request.POST``, ``request.read()`` and a framework's
 parsers behave, limits and errors included, as they would have without a key.
 """

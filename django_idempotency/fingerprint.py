@@ -297,7 +297,7 @@ def _dump(value: Any) -> str:
     return json.dumps(value)  # str, bool, None
 
 
-#: The first bytes of a JSON object or array, in UTF-8 or UTF-16/32 (a zero byte follows).
+#: A JSON object's or array's first byte: UTF-8, or UTF-16/32 little-endian if a zero follows.
 _OPENINGS = (b"{", b"[")
 
 
