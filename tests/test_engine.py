@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 from django.test import Client, override_settings
 from django.utils import timezone
 from rest_framework.request import Request
@@ -1064,3 +1064,37 @@ class DeadlockTests:
 
         assert attempts == [1]
         assert not IdempotencyKey.objects.filter(key="other-alias").exists()
+
+    @pytest.mark.django_db(transaction=True, databases=["default", "other"])
+    def test_a_deadlock_while_another_alias_has_a_manual_transaction_reaches_the_caller(
+        self,
+    ) -> None:
+        # The same with that transaction opened by hand (autocommit off): starting over
+        # would write the attempt's row there again, and its caller would commit both.
+        from django.db import OperationalError
+
+        from django_idempotency import idempotent_function
+
+        row = Order.objects.create(item="shared").pk
+        attempts: list[int] = []
+
+        @idempotent_function(key=lambda item: item, scope="tests.deadlock.manual")
+        def place(item: str) -> int:
+            attempts.append(len(attempts) + 1)
+            Order.objects.using("other").create(item=f"side-{item}")
+            if len(attempts) == 1:
+                deadlock_with_a_heavier_transaction(row)
+            return Order.objects.create(item=item).pk
+
+        other = connections["other"]
+        other.set_autocommit(False)
+        try:
+            with pytest.raises(OperationalError):
+                place("manual")
+            assert attempts == [1]
+            assert Order.objects.using("other").filter(item="side-manual").count() == 1
+        finally:
+            other.rollback()
+            other.set_autocommit(True)
+        assert not Order.objects.using("other").filter(item="side-manual").exists()
+        assert not IdempotencyKey.objects.filter(key="manual").exists()
