@@ -177,6 +177,7 @@ class LargeRawBodyTests:
         data = b'{"a": 1}'
         request = factory.post("/orders/", data, content_type="application/json")
         fingerprint_of(request)
+        assert isinstance(request._stream, io.BytesIO)
         assert request.body == data
 
     def test_body_one_byte_past_the_memory_threshold_is_spooled_to_disk(self):
