@@ -313,19 +313,20 @@ def _runs_of(
     on two nodes, run beside the MariaDB run instead of at its end, under a test
     database name of their own (so a database of their own on the cluster).
     """
-    runs = [(backend, {"TEST_DATABASE": backend}, pytest_args) for backend in backends]
-    if pytest_args or "mariadb" not in backends:
-        return runs
     galera = "tests/test_galera.py"
-    name = os.environ.get("TEST_DATABASE_NAME", "idempotency")
-    runs[backends.index("mariadb")] = (
-        "mariadb",
-        {"TEST_DATABASE": "mariadb"},
-        [f"--ignore={galera}"],
-    )
-    runs.append(
-        ("galera", {"TEST_DATABASE": "mariadb", "TEST_DATABASE_NAME": f"{name}_galera"}, [galera])
-    )
+    split = not pytest_args and "mariadb" in backends
+    runs = [
+        (
+            backend,
+            {"TEST_DATABASE": backend},
+            [f"--ignore={galera}"] if split and backend == "mariadb" else pytest_args,
+        )
+        for backend in backends
+    ]
+    if split:
+        name = os.environ.get("TEST_DATABASE_NAME", "idempotency")
+        settings = {"TEST_DATABASE": "mariadb", "TEST_DATABASE_NAME": f"{name}_galera"}
+        runs.append(("galera", settings, [galera]))
     return runs
 
 
