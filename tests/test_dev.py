@@ -52,3 +52,33 @@ def test_an_installed_chromium_needs_nothing(monkeypatch):
     monkeypatch.setattr(dev.shutil, "which", lambda name: f"/usr/bin/{name}")
 
     assert dev.chromium_ready(required=True) is None
+
+
+def test_a_whole_run_gives_the_galera_tests_a_pytest_and_a_database_of_their_own(monkeypatch):
+    monkeypatch.setenv("TEST_DATABASE_NAME", "idem")
+    runs = dev._runs_of(["sqlite", "postgresql", "mariadb"], [])
+
+    assert runs == [
+        ("sqlite", {"TEST_DATABASE": "sqlite"}, []),
+        ("postgresql", {"TEST_DATABASE": "postgresql"}, []),
+        ("mariadb", {"TEST_DATABASE": "mariadb"}, ["--ignore=tests/test_galera.py"]),
+        (
+            "galera",
+            {"TEST_DATABASE": "mariadb", "TEST_DATABASE_NAME": "idem_galera"},
+            ["tests/test_galera.py"],
+        ),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("backends", "args"),
+    [
+        (["sqlite", "mariadb"], ["-k", "claims"]),
+        (["sqlite", "postgresql"], []),
+        (["sqlite", "postgresql"], ["-k", "claims"]),
+    ],
+)
+def test_a_selection_or_a_run_without_mariadb_is_one_pytest_per_backend(backends, args):
+    runs = dev._runs_of(backends, args)
+
+    assert runs == [(backend, {"TEST_DATABASE": backend}, args) for backend in backends]
