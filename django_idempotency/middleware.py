@@ -129,28 +129,19 @@ class IdempotencyMiddleware:
         if self.async_mode:
             return self._call_async(request)
         protection = _protection(request)
-        protecting = None
-        if protection is not None:
-            # Looking for a form's key copies the body: this layer's copy, closed with its
-            # response.
-            copies_before = len(request.__dict__.get(SPOOLS, ()))
-            protecting = _chosen(request, protection)
-        if protecting is None:
+        # Looking for a form's key copies the body: this layer's copy, closed with its response.
+        copies_before = len(request.__dict__.get(SPOOLS, ()))
+        arguments = None if protection is None else _chosen(request, protection, copies_before)
+        if arguments is None:
             return self.get_response(request)
-        view, options = protecting
-
-        request.__dict__[_STARTS_OVER] = (options.resolved or options.resolve()).atomic
 
         def handler() -> HttpResponseBase:
-            for mark in _ATTEMPT_MARKS:
+            for mark in _ATTEMPT_MARKS:  # the engine may start over
                 request.__dict__.pop(mark, None)
             return self._reached_view(request, self.get_response(request))
 
-        finish = _finish(request)
         try:
-            return protect(
-                request, handler, options, sender=view, finish=finish, copies_before=copies_before
-            )
+            return protect(request, handler, **arguments)
         except (_NotReached, _NotRendered) as unfinished:
             return unfinished.response
         except IdempotencyError as error:
@@ -158,29 +149,23 @@ class IdempotencyMiddleware:
 
     async def _call_async(self, request: HttpRequest) -> HttpResponseBase:
         protection = _protection(request)
-        protecting = None
+        copies_before = len(request.__dict__.get(SPOOLS, ()))
+        arguments = None
         if protection is not None:
-            copies_before = len(request.__dict__.get(SPOOLS, ()))
             if not idempotency_settings.required:
                 await read_form_key(request)
-            protecting = _chosen(request, protection)
-        if protecting is None:
+            arguments = _chosen(request, protection, copies_before)
+        if arguments is None:
             response: HttpResponseBase = await self.get_response(request)
             return response
-        view, options = protecting
-
-        request.__dict__[_STARTS_OVER] = (options.resolved or options.resolve()).atomic
 
         async def handler() -> HttpResponseBase:
             for mark in _ATTEMPT_MARKS:
                 request.__dict__.pop(mark, None)
             return self._reached_view(request, await self.get_response(request))
 
-        finish = _finish(request)
         try:
-            return await protect_async(
-                request, handler, options, sender=view, finish=finish, copies_before=copies_before
-            )
+            return await protect_async(request, handler, **arguments)
         except (_NotReached, _NotRendered) as unfinished:
             return unfinished.response
         except IdempotencyError as error:
@@ -190,28 +175,29 @@ class IdempotencyMiddleware:
         self, request: HttpRequest, view_func: Any, view_args: Any, view_kwargs: Any
     ) -> HttpResponseBase | None:
         view = self._view_instead(request)
-        if view is None:
-            return None
-        if iscoroutinefunction(view):
-            return async_to_sync(view)(request, *view_args, **view_kwargs)
-        return view(request, *view_args, **view_kwargs)
+        return None if view is None else view(request, *view_args, **view_kwargs)
 
     async def _process_view_async(
         self, request: HttpRequest, view_func: Any, view_args: Any, view_kwargs: Any
     ) -> HttpResponseBase | None:
         view = self._view_instead(request)
-        if view is None:
-            return None
-        if not iscoroutinefunction(view):
-            view = sync_to_async(view, thread_sensitive=True)
-        return await view(request, *view_args, **view_kwargs)
+        return None if view is None else await view(request, *view_args, **view_kwargs)
 
-    @staticmethod
-    def _view_instead(request: HttpRequest) -> Any:
-        """Mark the view reached; the view to call in the resolved one's place, if any."""
+    def _view_instead(self, request: HttpRequest) -> Any:
+        """Mark the view reached; the view to call in the resolved one's place, if any.
+
+        Called as this middleware is: a coroutine function in async mode, a plain one else.
+        """
         setattr(request, _REACHED_VIEW, True)
         instead = getattr(request, _CALL_INSTEAD, None)
-        return None if instead is None else _in_request_transactions(instead)
+        if instead is None:
+            return None
+        view = _in_request_transactions(instead)
+        if iscoroutinefunction(view) == self.async_mode:
+            return view
+        return (
+            sync_to_async(view, thread_sensitive=True) if self.async_mode else async_to_sync(view)
+        )
 
     def process_template_response(
         self, request: HttpRequest, response: HttpResponseBase
@@ -223,6 +209,7 @@ class IdempotencyMiddleware:
     async def _process_template_response_async(
         self, request: HttpRequest, response: HttpResponseBase
     ) -> HttpResponseBase:
+        """:meth:`process_template_response`, awaited in async mode rather than run in a thread."""
         _returned(request)
         return response
 
@@ -288,12 +275,13 @@ def _protection(request: HttpRequest) -> tuple[Any, _Protects] | None:
 
 
 def _chosen(
-    request: HttpRequest, protection: tuple[Any, _Protects]
-) -> tuple[Any, DeclaredOptions] | None:
-    """The view the middleware protects for ``request``, and its options, or ``None``.
+    request: HttpRequest, protection: tuple[Any, _Protects], copies_before: int
+) -> dict[str, Any] | None:
+    """What :func:`protect` is given besides the handler, for the view it protects, or ``None``.
 
     ``None`` without a key (unless ``REQUIRED``), and for a framework's view that protects
-    itself: that version of it is left on the request for process_view.
+    itself: that version of it is left on the request for process_view. Marks, in atomic
+    mode, that an attempt which lost its whole transaction starts over.
     """
     if not idempotency_settings.required and not _has_key(request):
         return None
@@ -302,7 +290,13 @@ def _chosen(
     if protected is not view:
         setattr(request, _CALL_INSTEAD, protected)
         return None
-    return view, options
+    request.__dict__[_STARTS_OVER] = (options.resolved or options.resolve()).atomic
+    return {
+        "options": options,
+        "sender": view,
+        "finish": _finish(request),
+        "copies_before": copies_before,
+    }
 
 
 def _lost_the_attempt(request: HttpRequest, error: Exception) -> bool:
@@ -430,15 +424,11 @@ def listed_after() -> list[str]:
     ours = _first_subclass(IdempotencyMiddleware, middleware)
     if ours is None:
         return []
-    later = []
-    for path in middleware[ours[0] + 1 :]:
-        try:
-            candidate = import_string(path)
-        except ImportError:
-            continue  # Django reports a middleware that cannot be imported
-        if not (isinstance(candidate, type) and issubclass(candidate, IdempotencyMiddleware)):
-            later.append(path)
-    return later
+    return [
+        path
+        for path in middleware[ours[0] + 1 :]
+        if _is_subclass(path, IdempotencyMiddleware) is False
+    ]
 
 
 def _misplaced(ours: str, theirs: str, users: str) -> tuple[str, str]:
@@ -454,13 +444,21 @@ def _misplaced(ours: str, theirs: str, users: str) -> tuple[str, str]:
 def _first_subclass(cls: type, paths: list[str]) -> tuple[int, str] | None:
     """The position and path of the first entry of ``paths`` that is ``cls`` or a subclass."""
     for index, path in enumerate(paths):
-        try:
-            candidate = import_string(path)
-        except ImportError:
-            continue  # Django reports a middleware that cannot be imported
-        if isinstance(candidate, type) and issubclass(candidate, cls):
+        if _is_subclass(path, cls):
             return index, path
     return None
+
+
+def _is_subclass(path: str, cls: type) -> bool | None:
+    """Whether the middleware at ``path`` is ``cls`` or a subclass; ``None`` if not importable.
+
+    Django itself reports a middleware that cannot be imported.
+    """
+    try:
+        candidate = import_string(path)
+    except ImportError:
+        return None
+    return isinstance(candidate, type) and issubclass(candidate, cls)
 
 
 def _in_request_transactions(view: Any) -> Any:
