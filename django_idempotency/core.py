@@ -12,7 +12,7 @@ import hashlib
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass
-from functools import lru_cache, partial
+from functools import partial
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -38,7 +38,7 @@ from django_idempotency.fields import FINGERPRINT_COLUMN_LENGTH
 from django_idempotency.fingerprint import fingerprint_of, request_fingerprint
 from django_idempotency.forms import form_key, is_form
 from django_idempotency.info import IdempotencyInfo
-from django_idempotency.keys import PLAIN_KEY, check_key, parse_key
+from django_idempotency.keys import PLAIN_KEY, check_key, meta_name, parse_key
 from django_idempotency.options import DeclaredOptions, Options
 from django_idempotency.pages import prefers_html
 from django_idempotency.responses import capture, is_storable, problem, problem_for, replay
@@ -281,7 +281,7 @@ def _call(
     conf = idempotency_settings
     if protected_method(http_request, own, options.methods) is None:
         return None
-    raw_key = None if options.key is not None else http_request.META.get(_meta_name(conf.header))
+    raw_key = None if options.key is not None else http_request.META.get(meta_name(conf.header))
     if raw_key is not None:
         # The header (sent_key's common case, without the call).
         max_length, min_length = conf.key_max_length, conf.key_min_length
@@ -507,7 +507,7 @@ def sent_key(request: HttpRequest, options: Options | None = None) -> str | None
     if options is not None and options.key is not None:
         return options.key(request)
     conf = idempotency_settings
-    value: str | None = request.META.get(_meta_name(conf.header))
+    value: str | None = request.META.get(meta_name(conf.header))
     if value is None and conf.form_field is not None:
         return _form_key(request, conf.form_field)
     return value
@@ -549,7 +549,7 @@ async def read_form_key(request: HttpRequest) -> None:
 def may_send_key(request: HttpRequest) -> bool:
     """Whether the request may have sent a key (the header, or a form): the body is not read."""
     conf = idempotency_settings
-    if _meta_name(conf.header) in request.META:
+    if meta_name(conf.header) in request.META:
         return True
     return conf.form_field is not None and is_form(request)
 
@@ -559,7 +559,7 @@ def _key_in_body(request: HttpRequest) -> bool:
     conf = idempotency_settings
     return (
         conf.form_field is not None
-        and _meta_name(conf.header) not in request.META
+        and meta_name(conf.header) not in request.META
         and is_form(request)
     )
 
@@ -584,11 +584,6 @@ def _missing_key(request: HttpRequest, options: Options) -> str:
             "and none was found in the request."
         )
     return "This endpoint requires an idempotency key, and none was found in the request."
-
-
-@lru_cache(maxsize=16)
-def _meta_name(header: str) -> str:
-    return "HTTP_" + header.upper().replace("-", "_")
 
 
 @dataclass(frozen=True)

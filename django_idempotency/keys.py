@@ -41,6 +41,12 @@ _SEVERAL_KEYS = (
 )
 
 
+@lru_cache(maxsize=16)
+def meta_name(header: str) -> str:
+    """Where Django's ``request.META`` keeps the request header ``header``."""
+    return "HTTP_" + header.upper().replace("-", "_")
+
+
 def parse_key(value: str, max_length: int, min_length: int = 1) -> str:
     """Return the key a header value denotes, or raise ``InvalidIdempotencyKey``."""
     if min_length <= len(value) <= max_length and PLAIN_KEY.match(value):

@@ -21,6 +21,9 @@ from django.template.loader import render_to_string
 from django.utils.http import parse_header_parameters, url_has_allowed_host_and_scheme
 
 from django_idempotency.body import django_request
+from django_idempotency.conf import idempotency_settings
+from django_idempotency.exceptions import InvalidIdempotencyKey
+from django_idempotency.keys import meta_name, parse_key
 
 PROBLEM_TEMPLATE = "django_idempotency/problem.html"
 #: What a problem is sent as: a page, or one of the JSON types.
@@ -98,9 +101,10 @@ def problem_page(
     The context also has ``retry_after`` (seconds, for a 409) and
     ``resend_after`` (the same, at most ``RESEND_AFTER_MAX``), ``back_url``
     (the page the form was on, when it is on this site) and ``resend``: the
-    fields of a form-encoded POST, so that a 409 page can send the same
-    submission again (the same key: it is answered with the first's result)
-    rather than reloading the form, which would render a new key. ``held``:
+    fields of a form-encoded POST, its key in ``FORM_FIELD``, so that a 409 page
+    can send the same submission again (the same key, wherever it came from: it
+    is answered with the first's result) rather than reloading the form, which
+    would render a new key. ``held``:
     the key waits for an operator (``recovery.hold``): the page sends nothing by
     itself and offers no way back to the form, only the same submission again.
     """
@@ -115,7 +119,7 @@ def problem_page(
             None if held or retry_after is None else max(min(retry_after, RESEND_AFTER_MAX), 1)
         ),
         "back_url": None if held else _back_url(http_request),
-        "resend": _resend(http_request) if problem["status"] == 409 else None,
+        "resend": _resend(http_request, _key(request)) if problem["status"] == 409 else None,
         "action": http_request.get_full_path(),
     }
     try:
@@ -125,7 +129,10 @@ def problem_page(
         # that a browser still reaches): the page this package ships.
         engine = Engine(dirs=[str(_TEMPLATES)], autoescape=True)
         html = engine.get_template(PROBLEM_TEMPLATE).render(Context(context))
-    return HttpResponse(html, status=problem["status"], content_type="text/html; charset=utf-8")
+    response = HttpResponse(html, status=problem["status"], content_type="text/html; charset=utf-8")
+    # It holds the submission's fields (a 409's resend): no cache keeps it.
+    response["Cache-Control"] = "no-store"
+    return response
 
 
 def _back_url(request: HttpRequest) -> str | None:
@@ -137,15 +144,44 @@ def _back_url(request: HttpRequest) -> str | None:
     return None
 
 
-def _resend(request: HttpRequest) -> list[tuple[str, str]] | None:
+def _key(request: Any) -> str | None:
+    """The key the request was refused under (``request.idempotency``, set before its claim)."""
+    info = getattr(request, "idempotency", None)
+    return getattr(info, "key", None)
+
+
+def _resend(request: HttpRequest, key: str | None) -> list[tuple[str, str]] | None:
+    """The submission again, its key in ``FORM_FIELD``; ``None`` where a page cannot send it.
+
+    A form cannot send a header: a key that came in the ``Idempotency-Key`` header (htmx's
+    ``hx-headers``, a ``fetch``) goes back in the field, which the fingerprint leaves out, in
+    place of any the form had. A key a view's own ``key`` function read elsewhere, or no
+    ``FORM_FIELD``, leaves nothing a page could send again under the same key.
+    """
     # Only a urlencoded form can be sent again from the page as it was: a
     # multipart one (even without files) would be resent urlencoded, a body
     # of another media type, and answered 422 instead of the first's result.
-    if request.method != "POST" or not (request.content_type or "").startswith(
-        "application/x-www-form-urlencoded"
+    field = idempotency_settings.form_field
+    if (
+        field is None
+        or request.method != "POST"
+        or not (request.content_type or "").startswith("application/x-www-form-urlencoded")
     ):
         return None
     try:
-        return [(name, value) for name, values in request.POST.lists() for value in values]
+        fields = [(name, value) for name, values in request.POST.lists() for value in values]
     except Exception:  # a body Django refuses: no resend, the page still helps
         return None
+    header = request.META.get(meta_name(idempotency_settings.header))
+    if header is not None:
+        try:
+            sent: str | None = parse_key(header, len(header))
+        except InvalidIdempotencyKey:
+            return None
+    else:
+        sent = next((value for name, value in fields if name == field), None)
+    if key is None:
+        key = sent  # a page asked for outside a claim: the key the request carries
+    if sent is None or sent != key:
+        return None  # none sent, or the view's own key function chose it
+    return [(name, value) for name, value in fields if name != field] + [(field, key)]

@@ -13,6 +13,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.http import HttpResponse, HttpResponseBase
 from django.http.response import ResponseHeaders
+from django.utils.cache import patch_vary_headers
 
 from django_idempotency.exceptions import IdempotencyError, RequestAbandoned
 from django_idempotency.pages import prefers_html, problem_page
@@ -120,6 +121,8 @@ def problem(error: IdempotencyError, request: Any = None) -> HttpResponse:
         )
     for name, value in error.headers().items():
         response[name] = value
+    # A page or problem details, by Accept: a cache must not give one client the other.
+    patch_vary_headers(response, ("Accept",))
     return response
 
 
