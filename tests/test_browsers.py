@@ -27,10 +27,13 @@ from django_idempotency.body import close_spools_with
 from django_idempotency.exceptions import FingerprintMismatch, RequestAbandoned, RequestInFlight
 from django_idempotency.fingerprint import request_fingerprint
 from django_idempotency.forms import form_key
+from django_idempotency.info import IdempotencyInfo
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.responses import problem
 from django_idempotency.scopes import user_scope
+from tests.browser_views import GATE_ENV
 from tests.models import Order
+from tests.polling import in_background, wait_until
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.browser_urls")]
 
@@ -750,3 +753,121 @@ class ProblemPageSafetyTests:
 
         assert response.status_code == 400
         assert response.content.decode() == "out 400"
+
+
+FORM = "application/x-www-form-urlencoded"
+HIDDEN = re.compile(r'<input type="hidden" name="([^"]*)" value="([^"]*)">')
+
+
+def resent_fields(page: Any) -> list[tuple[str, str]]:
+    """The fields a 409 page's form sends again; none when it has no such form."""
+    html = page.content.decode()
+    if 'id="idempotency-resend"' not in html:
+        return []
+    return HIDDEN.findall(html[html.index('id="idempotency-resend"') :])
+
+
+class ResendUnderItsKeyTests:
+    """A 409 page sends the submission again under the key it was sent with, wherever it was."""
+
+    @pytest.mark.django_db(transaction=True)
+    def test_a_key_sent_in_the_header_is_resent_in_the_field(self, monkeypatch, tmp_path):
+        # htmx with hx-headers, asking for the page (docs/browsers.rst): a form cannot send
+        # a header, so the resend carries the key in the field; without it, it would run again.
+        gate = tmp_path / "gate"
+        monkeypatch.setenv(GATE_ENV, str(gate))
+        body = urlencode({"item": "book", "csrfmiddlewaretoken": "a" * 64})
+        headers = {"Idempotency-Key": "htmx-key-1", "Accept": BROWSER_ACCEPT}
+
+        def send() -> Any:
+            return Client().post("/browser/slow-lease/", body, FORM, headers=headers)
+
+        join = in_background(send)
+        try:
+            wait_until(
+                lambda: IdempotencyKey.objects.filter(key="htmx-key-1").exists(),
+                "the first request's claim",
+            )
+            page = send()
+        finally:
+            gate.touch()
+        first = join()
+        fields = resent_fields(page)
+
+        assert page.status_code == 409
+        assert ("idempotency_key", "htmx-key-1") in fields
+        resent = Client().post(
+            "/browser/slow-lease/", urlencode(fields), FORM, headers={"Accept": BROWSER_ACCEPT}
+        )
+        assert resent.status_code == 302
+        assert resent["Idempotent-Replayed"] == "true"
+        assert resent["Location"] == first["Location"]
+        assert Order.objects.count() == 1
+
+    def test_the_header_s_key_replaces_the_field_s(self):
+        request = RequestFactory().post(
+            "/checkout/",
+            "item=book&idempotency_key=field-key",
+            content_type=FORM,
+            headers={"Accept": BROWSER_ACCEPT, "Idempotency-Key": '"header-key"'},
+        )
+
+        fields = resent_fields(problem(RequestInFlight(retry_after=1), request))
+
+        assert fields == [("item", "book"), ("idempotency_key", "header-key")]
+
+    def test_a_key_read_by_the_view_s_own_function_is_not_resent(self):
+        # A webhook's id, say: a form cannot send it again, so the page does not pretend.
+        request = RequestFactory().post(
+            "/checkout/", "item=book", content_type=FORM, headers={"Accept": BROWSER_ACCEPT}
+        )
+        request.idempotency = IdempotencyInfo(key="evt-1", scope="s", fingerprint="f")
+
+        page = problem(RequestInFlight(retry_after=1), request)
+
+        assert resent_fields(page) == []
+        html = page.content.decode()
+        assert "checks again" not in html
+        assert "reload this page" in html
+
+    def test_no_form_field_setting_leaves_nothing_to_resend(self, settings):
+        settings.IDEMPOTENCY = {"FORM_FIELD": None}
+        request = RequestFactory().post(
+            "/checkout/",
+            "item=book",
+            content_type=FORM,
+            headers={"Accept": BROWSER_ACCEPT, "Idempotency-Key": "k"},
+        )
+
+        assert resent_fields(problem(RequestInFlight(retry_after=1), request)) == []
+
+    def test_a_409_page_that_cannot_resend_sends_the_person_nowhere_near_the_form(self):
+        # A multipart form: reloading it would render a new key, and a new key pays twice.
+        request = RequestFactory(headers={"Accept": BROWSER_ACCEPT}).post(
+            "/",
+            {"item": "book", "idempotency_key": "k"},
+            headers={"Referer": "http://testserver/checkout/"},
+        )
+
+        html = problem(RequestInFlight(retry_after=1), request).content.decode()
+
+        assert "checks again" not in html
+        assert "reload this page" in html
+        assert 'href="http://testserver/checkout/"' not in html
+        assert "history.back()" not in html
+
+
+class ProblemHeadersTests:
+    @pytest.mark.parametrize("accept", [BROWSER_ACCEPT, "application/json"])
+    def test_page_or_problem_details_vary_by_accept(self, accept):
+        request = RequestFactory().post("/", HTTP_ACCEPT=accept)
+
+        response = problem(RequestInFlight(retry_after=1), request)
+
+        assert response["Vary"] == "Accept"
+
+    def test_a_page_is_not_kept_by_any_cache(self):
+        # A 409 page holds the submission's fields, its CSRF token among them.
+        request = RequestFactory().post("/", HTTP_ACCEPT=BROWSER_ACCEPT)
+
+        assert problem(FingerprintMismatch(), request)["Cache-Control"] == "no-store"
