@@ -15,6 +15,7 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpRequest
 from django.http.request import HttpHeaders
 from django.utils.crypto import salted_hmac
@@ -37,16 +38,20 @@ def user_scope(request: HttpRequest) -> str:
     """``user:<pk>`` for an authenticated user; else its session, its credentials, or ``anonymous``.
 
     A browser without a user (a guest checkout) is scoped by the session
-    it sent, so that two browsers sending the same key never share a
-    record. Only a session the client *sent* counts: one the view creates
-    during this request does not exist yet when the scope is taken, so such
-    a request stays anonymous, and so must its retry (a retry resends the
-    request as it was, cookies included). The session key is a secret, so
-    the scope holds its digest, never the key.
+    cookie it sent, so that two browsers sending the same key never share a
+    record. The cookie counts as sent, whether the session store still knows
+    it or not: a view that rotates or ends the session (a guest signing up
+    and logged in) has deleted it before a duplicate sent with it arrives,
+    and that duplicate must meet the first in its scope. A session the view
+    creates during this request does not exist yet when the scope is taken,
+    so such a request stays anonymous, and so must its retry (a retry
+    resends the request as it was, cookies included). The session key is a
+    secret, so the scope holds its digest, never the key.
 
-    A caller with neither a user nor a session that sends an
-    ``Authorization`` header is ``anonymous|credential:<digest>``, so that
-    two such callers never share a scope. Credentials sent any other way
+    A caller without a user that sends an ``Authorization`` header has a
+    keyed digest of it added, ``anonymous|credential:<digest>`` or, with a
+    session, ``session:<digest>|credential:<digest>``, so that two such
+    callers never share a scope. Credentials sent any other way
     (an API key in another header, in the query string or in the body) are
     not seen: use a scope function of your own for them.
     """
@@ -65,12 +70,18 @@ def scope_of(request: HttpRequest, http_request: HttpRequest, own: Mapping[str, 
     if user is not None and user.is_authenticated:
         return f"user:{user.pk}"
     session = own.get("session")
-    if session is None:
-        session = getattr(http_request, "session", None)
-    if session is not None and session.session_key is not None:
-        scope = _session(session)
-        if scope is not None:
-            return scope
+    if session is not None:
+        sent = session.session_key  # a framework's request's own session, as it stands
+    elif getattr(http_request, "session", None) is None:
+        sent = None
+    else:
+        # The cookie as sent, whether the store still knows it or not: a view that rotates
+        # or ends the session (login, logout) must not move its own retries to another
+        # scope. A session a project set without the cookie: its key, as it stands.
+        sent = (
+            http_request.COOKIES.get(settings.SESSION_COOKIE_NAME)
+            or http_request.session.session_key
+        )
     headers = own.get("headers")
     if headers is None:
         headers = (
@@ -87,9 +98,13 @@ def scope_of(request: HttpRequest, http_request: HttpRequest, own: Mapping[str, 
         credentials = None if found is None else found[1]
     else:
         credentials = headers.get("Authorization")
+    if sent:
+        scope = "session:" + hashlib.sha256(sent.encode()).hexdigest()
+        # Two credentials sent from one cookie jar (a proxy, a shared client) stay apart.
+        return scope + _credential(credentials) if credentials else scope
     if not credentials:
         return ANONYMOUS
-    return _anonymous(credentials)
+    return ANONYMOUS + _credential(credentials)
 
 
 def session_scope(request: HttpRequest) -> str:
@@ -97,26 +112,14 @@ def session_scope(request: HttpRequest) -> str:
     return user_scope(request)
 
 
-def _session(session: Any) -> str | None:
-    if session.session_key is None:
-        return None
-    # Loading drops a key the store does not know (expired, forged): a made-up cookie gets
-    # no scope of its own.
-    session.keys()
-    key = session.session_key
-    if not key:
-        return None
-    return "session:" + hashlib.sha256(key.encode()).hexdigest()
-
-
-def _anonymous(credentials: str) -> str:
-    """``anonymous``, narrowed by a keyed digest of the ``Authorization`` header.
+def _credential(credentials: str) -> str:
+    """``|credential:`` and a keyed digest of the ``Authorization`` header, to narrow a scope.
 
     Keyed (HMAC with ``SECRET_KEY``): a Basic header holds a password, which
     a plain hash would expose to guessing.
     """
     digest = salted_hmac(_CREDENTIAL_SALT, credentials, algorithm="sha256").hexdigest()
-    return f"{ANONYMOUS}|credential:{digest[:CREDENTIAL_DIGEST_LENGTH]}"
+    return f"|credential:{digest[:CREDENTIAL_DIGEST_LENGTH]}"
 
 
 def fit_key_column(value: str) -> str:
