@@ -11,6 +11,8 @@ urlpatterns = [
     path("browser/checkout/", views.decorated, name="browser-checkout"),
     path("browser/required/", views.required),
     path("browser/lease/", views.lease),
+    path("browser/signing-up/", views.signing_up_atomic),
+    path("browser/signing-up-lease/", views.signing_up_lease),
     path("browser/slow/", views.slow),
     path("browser/slow-untagged/", views.slow_untagged),
     path("browser/slow-lease/", views.slow_lease),

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from typing import Any
 
+from django.contrib.auth import login
+from django.contrib.auth.models import User
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
@@ -79,9 +82,22 @@ def ping(request: HttpRequest) -> HttpResponse:
     return HttpResponse("ok")
 
 
+def signing_up(request: HttpRequest) -> HttpResponse:
+    """The checkout that signs the guest up and logs them in first, as a shop's may.
+
+    ``login()`` rotates the session: the cookie the guest's browser sent names a session
+    the store no longer has, before the first request has even answered.
+    """
+    if request.method == "POST":
+        login(request, User.objects.create_user(f"guest-{uuid.uuid4().hex}"))
+    return checkout(request)
+
+
 decorated = idempotent(checkout)
 required = idempotent(required=True)(checkout)
 lease = idempotent(atomic=False)(checkout)
+signing_up_atomic = idempotent(signing_up)
+signing_up_lease = idempotent(atomic=False)(signing_up)
 
 
 @idempotent

@@ -8,6 +8,7 @@ a browser form reaches: ``@idempotent`` (sync and async), the DRF mixin
 
 from __future__ import annotations
 
+import hashlib
 import re
 import uuid
 from typing import Any
@@ -448,14 +449,33 @@ class SessionScopeTests:
         assert Order.objects.count() == 2
         assert [scope.split(":")[0] for scope, _ in records()] == ["session", "user"]
 
-    def test_a_made_up_session_cookie_is_anonymous(self):
-        request = RequestFactory().post("/")
-        from django.contrib.sessions.backends.db import SessionStore
+    @pytest.mark.parametrize("url", ["/browser/signing-up/", "/browser/signing-up-lease/"])
+    def test_a_retry_with_the_cookie_a_login_rotated_is_replayed(self, client, url):
+        """The view logs the guest in: the browser that never got its answer resends."""
+        key = rendered_key(client, url)
+        sent_cookie = client.cookies["sessionid"].value
 
+        first = submit(client, url, key)
+        assert not SessionStore().exists(sent_cookie)  # login() rotated it away
+        retry = Client()
+        retry.cookies["sessionid"] = sent_cookie
+        again = submit(retry, url, key)
+
+        assert first.status_code == again.status_code == 302
+        assert again["Idempotent-Replayed"] == "true"
+        assert again["Location"] == first["Location"]
+        assert Order.objects.count() == 1
+        assert User.objects.count() == 1
+
+    def test_a_session_cookie_the_store_does_not_know_is_a_scope_of_its_own(self):
+        request = RequestFactory().post("/")
+        request.COOKIES["sessionid"] = "made-up-session-key-000000000000"
         request.session = SessionStore("made-up-session-key-000000000000")
         request.user = type("Anonymous", (), {"is_authenticated": False})()
 
-        assert user_scope(request) == "anonymous"
+        scope = user_scope(request)
+
+        assert scope == "session:" + hashlib.sha256(b"made-up-session-key-000000000000").hexdigest()
 
 
 class FingerprintTests:

@@ -301,11 +301,17 @@ class SessionScopeTests:
         assert re.fullmatch(r"session:[0-9a-f]{64}", scope)
         assert client.cookies["sessionid"].value not in scope
 
-    def test_unknown_session_cookie_is_anonymous(self):
+    def test_a_session_cookie_the_store_does_not_know_is_a_scope_of_its_own(self):
+        # As sent: a view that rotated the session (login) has deleted the one its
+        # duplicates still send, and they must meet the first in its scope.
         client = Client()
         client.cookies["sessionid"] = "made-up-session-key-0123456789"
         client.post("/session/", headers={"Idempotency-Key": "k"})
-        assert IdempotencyKey.objects.get().scope == "anonymous"
+        assert IdempotencyKey.objects.get().scope == (
+            "session:" + hashlib.sha256(b"made-up-session-key-0123456789").hexdigest()
+        )
+        anonymous = Client().post("/session/", headers={"Idempotency-Key": "k"})
+        assert "Idempotent-Replayed" not in anonymous
 
     def test_no_session_is_anonymous_even_when_the_view_creates_one(self):
         client = Client()
@@ -456,7 +462,7 @@ class CredentialDigestTests:
             assert user_scope(request) != scope
         assert user_scope(request) == scope
 
-    def test_session_scope_keeps_a_sent_session_and_folds_credentials_without_one(self, db):
+    def test_session_scope_folds_credentials_into_a_sent_session_or_anonymous(self, db):
         factory = RequestFactory()
         with_credentials = factory.post("/", headers=bearer("alice-token"))
         with_credentials.session = SessionStore()
@@ -468,7 +474,18 @@ class CredentialDigestTests:
         sent.create()
         with_session = factory.post("/", headers=bearer("alice-token"))
         with_session.session = SessionStore(sent.session_key)
+        # Two credentials sent from one cookie jar (a proxy, a shared client) stay apart.
         assert session_scope(with_session) == (
+            "session:"
+            + hashlib.sha256(sent.session_key.encode()).hexdigest()
+            + session_scope(with_credentials).removeprefix("anonymous")
+        )
+        with_bob = factory.post("/", headers=bearer("bob-token"))
+        with_bob.session = SessionStore(sent.session_key)
+        assert session_scope(with_bob) != session_scope(with_session)
+        without_credentials = factory.post("/")
+        without_credentials.session = SessionStore(sent.session_key)
+        assert session_scope(without_credentials) == (
             "session:" + hashlib.sha256(sent.session_key.encode()).hexdigest()
         )
         assert session_scope(factory.post("/")) == "anonymous"
