@@ -584,6 +584,9 @@ class Call:
             release_unless_committed(self.using, lambda: self._release(owned), self.request)
         outcome = self._complete_or_without_body(complete, stored, lease)
         if outcome is None:
+            # The database refused it, on a fresh connection too: a result that cannot be
+            # written. The body has acted, so no retry may run it again.
+            self._refuse(owned)
             return False
         completed, stored = outcome
         # Sent now, on the request's connection, so a receiver's writes join its transaction.
@@ -608,7 +611,8 @@ class Call:
     ) -> tuple[bool, StoredResponse] | None:
         """Complete with ``stored``, else with ``Kind.without_body`` of it: the key completes.
 
-        Returns the outcome and what was stored; ``None`` if neither could be.
+        Returns the outcome and what was stored; ``None`` if neither could be, and the key
+        is still claimed.
         """
         attempts = [stored] if not stored.body else [stored, self.kind.without_body(stored)]
         for attempt in attempts:
@@ -632,9 +636,9 @@ class Call:
                     continue
                 self._log(
                     logging.ERROR,
-                    "The result for idempotency key %s in scope %r could not be stored. "
-                    "The key stays claimed, so that a retry does not repeat the effect, "
-                    "and retries get 409 until its lease runs out.",
+                    "The result for idempotency key %s in scope %r could not be stored; "
+                    "completing the key with a refusal instead, which every retry gets, "
+                    "so that none repeats the effect.",
                     exc_info=True,
                 )
         return None
