@@ -298,6 +298,24 @@ class RenderFailureTests:
         assert calls.value == 1
         assert IdempotencyKey.objects.get().state == State.COMPLETED
 
+    @pytest.mark.skipif(
+        connection.vendor != "postgresql", reason="only PostgreSQL's jsonb refuses a NUL"
+    )
+    def test_lease_response_the_database_refuses_completes_with_a_refusal(
+        self, caplog: Any
+    ) -> None:
+        # Its headers too: nothing of it can be written, on a fresh connection either.
+        with caplog.at_level(logging.ERROR, logger="django_idempotency.core"):
+            first = send("/lease/unwritable/", KEY)
+        assert first.status_code == 201  # the client still gets the view's response
+        assert "completing the key with a refusal instead" in caplog.text
+        assert_refused_as_not_stored(send("/lease/unwritable/", KEY))
+        with database_clock.shifted(timedelta(hours=1)):  # past the lease, within the TTL
+            assert_refused_as_not_stored(send("/lease/unwritable/", KEY))
+        assert calls.value == 1
+        assert Order.objects.count() == 1
+        assert IdempotencyKey.objects.get().state == State.COMPLETED
+
     def test_an_operator_delete_lets_it_run_again(self) -> None:
         send("/lease/unrenderable/", KEY)
         call_command("idempotency_keys", "delete", "anonymous", KEY, stdout=StringIO())

@@ -658,7 +658,9 @@ class LeaseStoreFailureTests:
         client = Client(raise_request_exception=False)
         assert post(client, "/lease/large/?size=0").status_code == 201
         assert IdempotencyKey.objects.get().state == IdempotencyKey.State.IN_PROGRESS
-        assert "could not be stored. The key stays claimed" in caplog.text
+        # Nor can its refusal be written (store.complete fails): the lease keeps it.
+        assert "could not be stored; completing the key with a refusal" in caplog.text
+        assert "with its refusal; retries get 409 until its lease runs out" in caplog.text
         assert "storing its status and headers only" not in caplog.text
 
     def test_failure_to_release_keeps_the_handlers_own_error(self, monkeypatch, caplog):

@@ -20,6 +20,7 @@ urlpatterns = [
     path("lease/outlive-connection/class-based/", views.LeaseOutlivingConnectionView.as_view()),
     path("lease/large/", views.lease_large_response),
     path("lease/unrenderable/", views.lease_unrenderable),
+    path("lease/unwritable/", views.lease_unwritable),
     path("lease/unrenderable/class-based/", views.LeaseUnrenderableView.as_view()),
     path("lease/unrenderable/until-resumed/", views.lease_unrenderable_until_resumed),
     path(

@@ -366,6 +366,16 @@ def lease_unrenderable(request: HttpRequest) -> TemplateResponse:
     return _unrenderable_order(request)
 
 
+@idempotent(atomic=False)
+def lease_unwritable(request: HttpRequest) -> HttpResponse:
+    """Creates an order, then answers with a header PostgreSQL's jsonb cannot hold (a NUL)."""
+    calls.increment()
+    order = Order.objects.create(item="unwritable")
+    response = HttpResponse(status=201)
+    response["Location"] = f"/orders/{order.pk}\x00"
+    return response
+
+
 @idempotent
 def atomic_unrenderable(request: HttpRequest) -> TemplateResponse:
     return _unrenderable_order(request)
