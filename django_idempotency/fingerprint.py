@@ -57,7 +57,7 @@ def fingerprint_of(
     if query_string:  # an empty one stays empty
         query = _form_pairs(query_string.encode())
         if query is not None:
-            query_string = urlencode(sorted(query, key=_NAME))
+            query_string = urlencode(sorted(query, key=_NAME), errors=_SAME_BYTES)
     # The method as set, an override on a framework's request first: a view may tell
     # ``post`` from ``POST``, though protection is decided in capitals (core.protected_method).
     head = [own.get("method") or http_request.method, http_request.path, query_string, media_type]
@@ -116,6 +116,9 @@ def fingerprint_of(
 
 
 _NAME = itemgetter(0)
+#: How an escape that is not UTF-8 (``%E9``, sent in Latin-1) is read and written again: as
+#: its own bytes, so that two such values never fold into one U+FFFD. UTF-8 reads as before.
+_SAME_BYTES = "surrogateescape"
 
 
 def sort_pairs(pairs: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -222,7 +225,7 @@ def canonical_body(media_type: str, body: bytes) -> bytes:
         if pairs is not None:
             skipped = left_out(idempotency_settings.form_field)
             kept = [(name, value) for name, value in pairs if name not in skipped]
-            return b"form:" + urlencode(sorted(kept, key=_NAME)).encode()
+            return b"form:" + urlencode(sorted(kept, key=_NAME), errors=_SAME_BYTES).encode()
     return b"bytes:" + body
 
 
@@ -237,6 +240,7 @@ def _form_pairs(body: bytes) -> list[tuple[str, str]] | None:
             body.decode(),
             keep_blank_values=True,
             max_num_fields=settings.DATA_UPLOAD_MAX_NUMBER_FIELDS,
+            errors=_SAME_BYTES,
         )
     except ValueError:  # too many fields, or not UTF-8
         return None
