@@ -531,7 +531,21 @@ def _read_form_key(request: HttpRequest, field: str) -> tuple[str | None, str | 
         except InvalidIdempotencyKey as error:
             read = (None, error.detail)
         setattr(http_request, _FORM_KEY, read)
+        if read[0] is not None:
+            _hide_in_error_reports(http_request, field)
     return read
+
+
+def _hide_in_error_reports(http_request: HttpRequest, field: str) -> None:
+    """Leave a form's key out of Django's error reports, as it leaves out the header's.
+
+    A key replays the stored response to whoever has it. Django's reports hide the POST
+    fields named in ``sensitive_post_parameters``; a view's own
+    ``@sensitive_post_parameters`` sets that list anew, and must name the field itself.
+    """
+    hidden = getattr(http_request, "sensitive_post_parameters", None)
+    if hidden != "__ALL__":
+        http_request.sensitive_post_parameters = [*(hidden or ()), field]  # type: ignore[attr-defined]
 
 
 async def read_form_key(request: HttpRequest) -> None:

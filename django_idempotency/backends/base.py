@@ -64,7 +64,7 @@ class Record:
     fingerprint: str
     completed: bool
     response: StoredResponse | None
-    owner_token: str
+    owner_token: str = field(repr=False)
     created_at: datetime
     expires_at: datetime
     #: The database's clock, read in the same statement: every decision about this
@@ -139,9 +139,10 @@ class NewClaim:
     """
 
     scope: str
-    key: str
+    # Never in a repr: an error report shows the locals of the frames it passes.
+    key: str = field(repr=False)
     fingerprint: str
-    owner_token: str
+    owner_token: str = field(repr=False)
     #: From the claim until its record expires.
     expires_in: timedelta
     #: Lease mode: from the claim until its lease runs out (``expires_in`` too).
