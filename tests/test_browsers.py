@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import sys
 import uuid
 from typing import Any
 from urllib.parse import urlencode
@@ -23,7 +24,9 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.template import Context, Template
 from django.test import AsyncClient, Client, RequestFactory, override_settings
 from django.test.client import encode_multipart
+from django.views.debug import ExceptionReporter
 
+from django_idempotency import idempotent
 from django_idempotency.body import close_spools_with
 from django_idempotency.exceptions import FingerprintMismatch, RequestAbandoned, RequestInFlight
 from django_idempotency.fingerprint import request_fingerprint
@@ -891,3 +894,44 @@ class ProblemHeadersTests:
         request = RequestFactory().post("/", HTTP_ACCEPT=BROWSER_ACCEPT)
 
         assert problem(FingerprintMismatch(), request)["Cache-Control"] == "no-store"
+
+
+@idempotent
+def _failing_checkout(request: Any) -> Any:
+    raise RuntimeError("the payment provider is down")
+
+
+def error_reports(request: Any) -> list[str]:
+    """The HTML and text reports Django mails for the error ``request`` met in its view.
+
+    The HTML one shows the locals of every frame from here on, the engine's among them.
+    """
+    try:
+        _failing_checkout(request)
+    except RuntimeError:
+        reporter = ExceptionReporter(request, *sys.exc_info())
+        return [reporter.get_traceback_html(), reporter.get_traceback_text()]
+    finally:
+        request.close()
+    raise AssertionError("the view did not raise")
+
+
+class ErrorReportTests:
+    """A key replays the stored response to whoever has it: never in an error report."""
+
+    @pytest.mark.parametrize("key_from", ["form", "header"])
+    def test_the_key_is_in_no_error_report(self, settings, key_from):
+        settings.DEBUG = False  # as in production, where reports are mailed
+        key = f"KEY-{uuid.uuid4().hex}"
+        body, headers = "item=book", {"Accept": BROWSER_ACCEPT}
+        if key_from == "form":
+            body += f"&idempotency_key={key}"
+        else:
+            headers["Idempotency-Key"] = key
+
+        reports = error_reports(RequestFactory().post("/checkout/", body, FORM, headers=headers))
+
+        assert "the payment provider is down" in reports[0]
+        assert "idempotency_key" in reports[1] or key_from == "header"
+        for report in reports:
+            assert key not in report
