@@ -348,9 +348,10 @@ ORDER_CHECK_ID = "django_idempotency.E006"
 def misplaced() -> tuple[str, str] | None:
     """``(message, fix)`` when ``IdempotencyMiddleware`` is listed where it cannot be right.
 
-    Listed before ``AuthenticationMiddleware`` or ``RemoteUserMiddleware``, it takes the scope
-    before Django knows the user, who looks anonymous: one user's key replays another's stored
-    response. Before another middleware's hooks: :func:`_view_hook_after`.
+    Listed before ``AuthenticationMiddleware``, ``RemoteUserMiddleware`` or
+    ``SessionMiddleware``, it takes the scope before Django knows the user or the session, and
+    every caller looks anonymous: one user's key replays another's stored response. Before
+    another middleware's hooks: :func:`_view_hook_after`.
     Subclasses count as the class they extend; WSGI and ASGI share one ``MIDDLEWARE``.
     """
     middleware = settings.MIDDLEWARE
@@ -367,6 +368,13 @@ def misplaced() -> tuple[str, str] | None:
         remote = _first_subclass(RemoteUserMiddleware, middleware[ours[0] + 1 :])
         if remote is not None:
             return _misplaced(ours[1], remote[1], "every remote user")
+    if apps.is_installed("django.contrib.sessions"):
+        # A project without the auth app still scopes its guests by their session.
+        from django.contrib.sessions.middleware import SessionMiddleware
+
+        session = _first_subclass(SessionMiddleware, middleware[ours[0] + 1 :])
+        if session is not None:
+            return _misplaced(ours[1], session[1], "every guest's browser", known="the session")
     return _view_hook_after(ours[1], middleware[ours[0] + 1 :])
 
 
@@ -431,11 +439,11 @@ def listed_after() -> list[str]:
     ]
 
 
-def _misplaced(ours: str, theirs: str, users: str) -> tuple[str, str]:
+def _misplaced(ours: str, theirs: str, users: str, known: str = "the user") -> tuple[str, str]:
     return (
         f"{ours!r} must come after {theirs!r} in MIDDLEWARE.",
         f"Move {ours!r} below {theirs!r}, best to the end of MIDDLEWARE. "
-        "Listed before it, the scope is taken before Django knows the user: "
+        f"Listed before it, the scope is taken before Django knows {known}: "
         f"{users} would be 'anonymous' and could receive another user's "
         "stored response.",
     )
