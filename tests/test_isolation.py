@@ -751,6 +751,57 @@ class RemoteUserTests:
         assert records("shared") == {f"user:{users['alice']}": 1, f"user:{users['bob']}": 1}
 
 
+# A project without the auth middleware still scopes its guests by their session.
+
+SESSION_MIDDLEWARE = "django.contrib.sessions.middleware.SessionMiddleware"
+
+
+class SessionMiddlewareOrderTests:
+    """Listed after IdempotencyMiddleware, SessionMiddleware would start sessions too late."""
+
+    @staticmethod
+    def post_as(client: Client) -> Any:
+        return client.post(
+            "/isolation/plain/",
+            BODY,
+            content_type="application/json",
+            headers={"Idempotency-Key": "shared"},
+        )
+
+    def test_after_ours_is_e006_and_the_handler_refuses_to_load(self, settings: Any) -> None:
+        from django.core.exceptions import ImproperlyConfigured
+
+        from django_idempotency.checks import check_middleware_order
+
+        settings.MIDDLEWARE = [MIDDLEWARE, SESSION_MIDDLEWARE]
+        [error] = check_middleware_order()
+        assert error.id == "django_idempotency.E006"
+        assert error.msg == f"{MIDDLEWARE!r} must come after {SESSION_MIDDLEWARE!r} in MIDDLEWARE."
+        assert "before Django knows the session" in error.hint
+
+        with pytest.raises(ImproperlyConfigured, match="must come after"):
+            self.post_as(Client(raise_request_exception=False))
+        assert not IdempotencyKey.objects.exists()
+        assert not Order.objects.exists()
+
+    def test_before_ours_each_guest_gets_their_own_answer(self, settings: Any) -> None:
+        settings.MIDDLEWARE = [SESSION_MIDDLEWARE, MIDDLEWARE]
+        alice, bob = Client(), Client()
+        for client, name in ((alice, "alice"), (bob, "bob")):
+            for cookie, value in anonymous_with_session(name).cookies.items():
+                client.cookies[cookie] = value
+
+        first = self.post_as(alice)
+        other = self.post_as(bob)
+        retry = self.post_as(alice)
+
+        assert "Idempotent-Replayed" not in other
+        assert other.content != first.content
+        assert retry["Idempotent-Replayed"] == "true" and retry.content == first.content
+        assert Order.objects.count() == 2
+        assert all(scope.startswith("session:") for scope in records("shared"))
+
+
 # Calls: functions and tasks. Their caller is the protected function or task
 # itself (its scope its dotted name, or the scope= it was given): two of each
 # kind, given one key, and a function and a task given one key.
