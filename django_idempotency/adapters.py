@@ -54,11 +54,6 @@ class Adapter:
     negotiated_format: Callable[[Any], str | None] | None = None
     #: What the framework parsed of the body, for a fingerprint whose raw body is gone.
     parsed_body: Callable[[Any], Any] | None = None
-    #: The framework's response class, and ``check_claimed(response, request)``:
-    #: the response, or ``ImproperlyConfigured`` if it may not be stored under a
-    #: claim taken on Django's ``request``, before the framework ran.
-    response_class: type | None = None
-    check_claimed: Callable[[HttpResponseBase, Any], HttpResponseBase] | None = None
     #: Raises ``ImproperlyConfigured``, with the fix, for what ``@idempotent``
     #: must not be put on (a view it would see before the framework authenticates).
     check_placement: Callable[[Any], None] | None = None

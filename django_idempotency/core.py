@@ -324,13 +324,6 @@ def _call(
     http_request.__dict__[_PROTECTED_WITH] = (options, request)
 
     def finished(response: HttpResponseBase) -> HttpResponseBase:
-        # check_claimed_for, then finish, in one frame. A claim taken on a framework's
-        # own request was taken once the framework authenticated the caller.
-        for adapter in adapters.REGISTERED if request is http_request else ():
-            checked = adapter.response_class
-            if checked is not None and isinstance(response, checked) and adapter.check_claimed:
-                response = adapter.check_claimed(response, request)
-                break
         if finish is not render:
             return finish(response)
         if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
@@ -349,17 +342,15 @@ def _call(
     )
 
 
-def check_claimed_for(response: HttpResponseBase, request: Any) -> HttpResponseBase:
-    """``response``, once its framework's adapter agrees the claim on ``request`` may store it.
+def claimed_on(http_request: HttpRequest) -> Any:
+    """The request object the claim running on Django's ``http_request`` was taken on, if any.
 
-    Raises ``ImproperlyConfigured`` when the claim's scope cannot be right: DRF's adapter
-    refuses a response under a claim taken before DRF authenticated the caller.
+    ``http_request`` itself for a claim a layer took before any framework ran (the
+    middleware, ``@idempotent``); a framework's request (DRF's) for one taken after it
+    authenticated the caller.
     """
-    for adapter in adapters.REGISTERED:
-        checked = adapter.response_class
-        if checked is not None and isinstance(response, checked) and adapter.check_claimed:
-            return adapter.check_claimed(response, request)
-    return response
+    protected_with = http_request.__dict__.get(_PROTECTED_WITH)
+    return None if protected_with is None else protected_with[1]
 
 
 #: What decides whose response a caller gets and how the effect commits. Layers may differ

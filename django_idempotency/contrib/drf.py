@@ -31,7 +31,7 @@ from rest_framework.views import APIView
 from django_idempotency import exceptions as core_exceptions
 from django_idempotency.adapters import Adapter, Layer, register
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.core import Answer, Guard, may_claim, protect
+from django_idempotency.core import Answer, Guard, claimed_on, may_claim, protect
 from django_idempotency.decorators import dispatched_view
 from django_idempotency.marks import EXEMPT_ATTRIBUTE, is_exempt
 from django_idempotency.options import OPTION_NAMES, DeclaredOptions, NonAtomicRequests
@@ -149,19 +149,19 @@ def refuse_above_api_view(view: Any) -> None:
     )
 
 
-def _claimed_after_authentication(response: HttpResponseBase, request: Any) -> HttpResponseBase:
-    """Refuse a DRF view's response under a claim taken on Django's request, before DRF ran.
+def _refuse_a_claim_taken_before_authentication(view: APIView, request: Request) -> None:
+    """Refuse to run a DRF view inside a claim taken on Django's request, before DRF ran.
 
-    Only a layer that could not see the view was DRF's claims so (``IdempotencyMiddleware``,
-    or ``@idempotent`` outside a decorator without ``functools.wraps``). Its scope was taken
-    before DRF authenticated the caller, so callers only DRF tells apart (an API key header)
-    would share it, and one be replayed another's response past DRF's permission checks.
-    Nothing is stored: in atomic mode the handler's writes roll back with the claim.
+    Only a layer that could not see the view claims so (``IdempotencyMiddleware``, or
+    ``@idempotent`` outside a decorator without ``functools.wraps``). Its scope was taken
+    before DRF authenticated the caller, so callers only DRF tells apart (an API key header,
+    a token in a cookie) would share it, and one be replayed another's response past DRF's
+    permission checks, whatever the view returns. Refused before DRF authenticates and
+    before the handler runs: nothing acted, and the claim is given back.
     """
-    context = getattr(response, "renderer_context", None) or {}
-    view = context.get("view")
-    if isinstance(request, Request) or not isinstance(view, APIView):
-        return response
+    http_request = request._request
+    if claimed_on(http_request) is not http_request:
+        return
     raise ImproperlyConfigured(
         f"{type(view).__module__}.{type(view).__qualname__} is a DRF view, but its idempotency "
         "key was claimed before DRF authenticated the caller, by IdempotencyMiddleware or "
@@ -170,6 +170,19 @@ def _claimed_after_authentication(response: HttpResponseBase, request: Any) -> H
         "the view visible (functools.wraps in that decorator), or leave it out of the "
         "middleware with @idempotency_exempt and protect it with IdempotentMixin."
     )
+
+
+#: DRF's own ``APIView.initial``, which every DRF view (adrf's too) calls before its handler.
+_DRF_INITIAL = APIView.initial
+
+
+def _initial(self: APIView, request: Request, *args: Any, **kwargs: Any) -> None:
+    _refuse_a_claim_taken_before_authentication(self, request)
+    _DRF_INITIAL(self, request, *args, **kwargs)
+
+
+# Every DRF view, since a layer that cannot see a view cannot see that it is DRF's.
+APIView.initial = _initial  # type: ignore[method-assign]
 
 
 ATTRIBUTE_PREFIX = "idempotency_"
@@ -677,8 +690,6 @@ ADAPTER = Adapter(
     answer=error_response,
     negotiated_format=lambda request: getattr(request, "accepted_media_type", None),
     parsed_body=lambda request: getattr(request, "data", None),
-    response_class=Response,
-    check_claimed=_claimed_after_authentication,
     check_placement=refuse_above_api_view,
     adapt_placement=protect_after_authentication,
     view_protection=view_protection,
