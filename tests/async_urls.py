@@ -30,6 +30,8 @@ urlpatterns = [
     path("sync/hidden-scoped-async/", middleware_views.hidden_scoped_async),
     path("sync/hidden-drf-scoped/", middleware_views.hidden_drf_scoped),
     path("sync/hidden-drf-default/", middleware_views.hidden_drf_default),
+    path("sync/hidden-drf-plain/", middleware_views.hidden_drf_plain),
+    path("sync/decorated-hidden-drf-plain/", middleware_views.decorated_hidden_drf_plain),
     path("sync/claim/", middleware_views.claim_seen_from_outside),
     path("sync/durable/", middleware_views.create_order_durable),
     path("sync/refuse/<str:refusal>/", middleware_views.create_order_then_refuse),

@@ -9,14 +9,24 @@ import threading
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
 from django.db import connection, transaction
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBase,
+    HttpResponseRedirect,
+    JsonResponse,
+)
 from django.template.response import TemplateResponse
 from django.utils.decorators import method_decorator
 from django.views import View
-from rest_framework.permissions import AllowAny
+from rest_framework.authentication import BaseAuthentication
+from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.request import Request
+from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from django_idempotency import idempotency_exempt, idempotent
@@ -116,6 +126,37 @@ class DefaultOrderAPIView(IdempotentMixin, _Open, APIView):
 
 hidden_drf_scoped = _without_wraps(ApiClientOrderAPIView.as_view())
 hidden_drf_default = _without_wraps(DefaultOrderAPIView.as_view())
+
+
+class ApiKeyAuthentication(BaseAuthentication):
+    """Credentials only DRF reads: the caller named by its ``X-Api-Key`` header."""
+
+    def authenticate(self, request: Request) -> tuple[Any, None] | None:
+        name = request.headers.get("X-Api-Key")
+        return None if name is None else (User(username=name), None)
+
+
+class DjangoAnswersAPIView(APIView):
+    """A DRF view without the mixin, answering with Django's own responses (or DRF's)."""
+
+    authentication_classes = [ApiKeyAuthentication]
+    permission_classes = [IsAuthenticated]
+
+    def post(self, request: Request) -> HttpResponseBase:
+        calls.increment()
+        owner = request.user.username
+        Order.objects.create(item=f"secret of {owner}")
+        answer = request.query_params.get("answer")
+        if answer == "redirect":
+            return HttpResponseRedirect(f"/orders/private-{owner}/")
+        if answer == "drf":
+            return Response({"owner": owner}, status=201)
+        return JsonResponse({"owner": owner}, status=201)
+
+
+#: Hidden from the middleware; and, inside @idempotent, from the decorator too.
+hidden_drf_plain = _without_wraps(DjangoAnswersAPIView.as_view())
+decorated_hidden_drf_plain = idempotent(_without_wraps(DjangoAnswersAPIView.as_view()))
 
 
 def claim_seen_from_outside(request: HttpRequest) -> JsonResponse:

@@ -5,14 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest
 from django.test import RequestFactory
 from rest_framework.request import Request
 
 from django_idempotency import adapters
 from django_idempotency.body import django_request
 from django_idempotency.contrib import celery, drf
-from django_idempotency.core import PLAIN, check_claimed_for, guard_for
+from django_idempotency.core import PLAIN, guard_for
 
 
 class Wrapper:
@@ -85,23 +85,6 @@ def test_drfs_request_gets_drfs_guard():
     assert guard is not PLAIN
     assert guard.answer is drf.error_response
     assert django_request(request) is inner
-
-
-def test_a_response_is_checked_only_by_the_adapter_of_its_class(registry):
-    checked = []
-    adapter = adapters.Adapter(
-        name="checking",
-        response_class=HttpResponse,
-        check_claimed=lambda response, request: checked.append(response) or response,
-    )
-    registry.register(adapter)
-    response = JsonResponse({})
-    other = StreamingHttpResponse(iter([b""]))
-
-    assert check_claimed_for(response, None) is response
-    assert checked == [response]
-    assert check_claimed_for(other, None) is other
-    assert checked == [response]
 
 
 def test_celerys_control_flow_is_known_through_its_adapter_alone(registry):

@@ -293,8 +293,41 @@ class HiddenOptionsTests:
         assert first.status_code == retry.status_code == 500
         assert calls.value == 0
         assert IdempotencyKey.objects.count() == 0
-        with pytest.raises(ImproperlyConfigured, match="before the view's framework authenticated"):
+        with pytest.raises(ImproperlyConfigured, match="claimed before DRF authenticated"):
             post(Client(), "/async/sync/hidden-drf-default/", key="hidden")
+
+    @pytest.mark.parametrize("answer", ["json", "redirect", "drf"])
+    def test_drf_view_without_the_mixin_is_refused_whatever_it_answers(
+        self, any_client, answer: str
+    ) -> None:
+        # Its scope was taken before DRF read the API key: alice's answer would be
+        # replayed to bob, and to a caller with no key at all, past DRF's permissions.
+        url = f"/async/sync/hidden-drf-plain/?answer={answer}"
+        alice = post(any_client, url, key="shared", headers={"X-Api-Key": "alice"})
+        nobody = post(any_client, url, key="shared")
+
+        assert alice.status_code == 500
+        assert nobody.status_code == 500
+        assert b"alice" not in nobody.content
+        assert calls.value == 0
+        assert Order.objects.count() == 0
+        assert IdempotencyKey.objects.count() == 0
+        with pytest.raises(ImproperlyConfigured, match="claimed before DRF authenticated"):
+            post(Client(), url, key="shared", headers={"X-Api-Key": "bob"})
+
+
+@pytest.mark.parametrize("answer", ["json", "redirect"])
+def test_idempotent_around_a_hidden_drf_view_is_refused_whatever_it_answers(
+    any_client, answer: str
+) -> None:
+    # No middleware: @idempotent itself cannot see the DRF view its decorator hides.
+    url = f"/async/sync/decorated-hidden-drf-plain/?answer={answer}"
+    alice = post(any_client, url, key="shared", headers={"X-Api-Key": "alice"})
+    nobody = post(any_client, url, key="shared")
+
+    assert alice.status_code == nobody.status_code == 500
+    assert calls.value == 0
+    assert IdempotencyKey.objects.count() == 0
 
 
 class OrderingTests:
