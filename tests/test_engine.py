@@ -266,6 +266,16 @@ def assert_refused_as_not_stored(response: Any) -> None:
     assert json.loads(response.content)["type"].endswith(":result-not-stored")
 
 
+def assert_every_retry_refused(url: str) -> None:
+    """Its first request ran once; every retry gets the refusal, past the lease too."""
+    assert_refused_as_not_stored(send(url, KEY))
+    with database_clock.shifted(timedelta(hours=1)):  # past the lease, within the TTL
+        assert_refused_as_not_stored(send(url, KEY))
+    assert calls.value == 1
+    assert Order.objects.count() == 1
+    assert IdempotencyKey.objects.get().state == State.COMPLETED
+
+
 class RenderFailureTests:
     """A response whose rendering fails after the handler returned: the handler has acted.
 
@@ -280,12 +290,7 @@ class RenderFailureTests:
             failed = send("/lease/unrenderable/", KEY)
         assert failed.status_code == 500
         assert "cannot be rendered or stored" in caplog.text
-        assert_refused_as_not_stored(send("/lease/unrenderable/", KEY))
-        with database_clock.shifted(timedelta(hours=1)):  # past the lease, within the TTL
-            assert_refused_as_not_stored(send("/lease/unrenderable/", KEY))
-        assert calls.value == 1
-        assert Order.objects.count() == 1
-        assert IdempotencyKey.objects.get().state == State.COMPLETED
+        assert_every_retry_refused("/lease/unrenderable/")
 
     def test_lease_drf_response_that_fails_to_render_completes_with_a_refusal(
         self, client: Any
@@ -309,12 +314,7 @@ class RenderFailureTests:
             first = send("/lease/unwritable/", KEY)
         assert first.status_code == 201  # the client still gets the view's response
         assert "completing the key with a refusal instead" in caplog.text
-        assert_refused_as_not_stored(send("/lease/unwritable/", KEY))
-        with database_clock.shifted(timedelta(hours=1)):  # past the lease, within the TTL
-            assert_refused_as_not_stored(send("/lease/unwritable/", KEY))
-        assert calls.value == 1
-        assert Order.objects.count() == 1
-        assert IdempotencyKey.objects.get().state == State.COMPLETED
+        assert_every_retry_refused("/lease/unwritable/")
 
     def test_an_operator_delete_lets_it_run_again(self) -> None:
         send("/lease/unrenderable/", KEY)
