@@ -10,6 +10,7 @@ import contextvars
 import enum
 import logging
 import secrets
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,7 +21,15 @@ from typing import Any, TypeVar
 
 from django.core.handlers.asgi import ASGIRequest
 from django.core.signals import request_finished, request_started
-from django.db import DatabaseError, Error, connections, transaction
+from django.db import (
+    DatabaseError,
+    DataError,
+    Error,
+    IntegrityError,
+    ProgrammingError,
+    connections,
+    transaction,
+)
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.dispatch import Signal
 
@@ -38,6 +47,12 @@ from django_idempotency.store import StoredResponse
 logger = logging.getLogger("django_idempotency.core")
 
 T = TypeVar("T")
+
+
+#: Errors about what a statement was given, not about the connection: a result that meets
+#: one of them on a fresh connection too cannot be written. (A lost connection, a failover or
+#: a lock timeout leaves the effect's answer unknown: the key stays claimed, as for a crash.)
+_REFUSED_CONTENT = (DataError, IntegrityError, ProgrammingError)
 
 
 class Ending(enum.Enum):
@@ -582,11 +597,8 @@ class Call:
         if lease.own:
             # Before storing: a failed store takes the request's transaction down with it.
             release_unless_committed(self.using, lambda: self._release(owned), self.request)
-        outcome = self._complete_or_without_body(complete, stored, lease)
+        outcome = self._complete_or_without_body(complete, stored, lease, owned)
         if outcome is None:
-            # The database refused it, on a fresh connection too: a result that cannot be
-            # written. The body has acted, so no retry may run it again.
-            self._refuse(owned)
             return False
         completed, stored = outcome
         # Sent now, on the request's connection, so a receiver's writes join its transaction.
@@ -608,11 +620,13 @@ class Call:
         complete: Callable[[StoredResponse], bool],
         stored: StoredResponse,
         lease: LeaseConnection,
+        owned: _Owned,
     ) -> tuple[bool, StoredResponse] | None:
         """Complete with ``stored``, else with ``Kind.without_body`` of it: the key completes.
 
         Returns the outcome and what was stored; ``None`` if neither could be, and the key
-        is still claimed.
+        is still claimed: then, if the database refused what it was given (the error is about
+        the content, not the connection), the key is completed with the kind's refusal.
         """
         attempts = [stored] if not stored.body else [stored, self.kind.without_body(stored)]
         for attempt in attempts:
@@ -634,13 +648,23 @@ class Call:
                         exc_info=True,
                     )
                     continue
+                refused = isinstance(sys.exc_info()[1], _REFUSED_CONTENT)
                 self._log(
                     logging.ERROR,
                     "The result for idempotency key %s in scope %r could not be stored; "
-                    "completing the key with a refusal instead, which every retry gets, "
-                    "so that none repeats the effect.",
+                    + (
+                        "completing the key with a refusal instead, which every retry gets, "
+                        "so that none repeats the effect."
+                        if refused
+                        else "the key stays claimed, so that a retry does not repeat the "
+                        "effect, and retries get 409 until its lease runs out."
+                    ),
                     exc_info=True,
                 )
+                if refused:
+                    # On a fresh connection too: a result that cannot be written. The body
+                    # has acted, so no retry may run it again.
+                    self._refuse(owned)
         return None
 
     def _release(self, owned: _Owned) -> None:

@@ -368,13 +368,13 @@ def misplaced() -> tuple[str, str] | None:
         remote = _first_subclass(RemoteUserMiddleware, middleware[ours[0] + 1 :])
         if remote is not None:
             return _misplaced(ours[1], remote[1], "every remote user")
-    if apps.is_installed("django.contrib.sessions"):
-        # A project without the auth app still scopes its guests by their session.
-        from django.contrib.sessions.middleware import SessionMiddleware
+    # A project without the auth middleware still scopes its guests by their session; its
+    # middleware needs no app installed (signed cookies, cache-backed sessions).
+    from django.contrib.sessions.middleware import SessionMiddleware
 
-        session = _first_subclass(SessionMiddleware, middleware[ours[0] + 1 :])
-        if session is not None:
-            return _misplaced(ours[1], session[1], "every guest's browser", known="the session")
+    session = _first_subclass(SessionMiddleware, middleware[ours[0] + 1 :])
+    if session is not None:
+        return _misplaced(ours[1], session[1], "every guest's browser", known="the session")
     return _view_hook_after(ours[1], middleware[ours[0] + 1 :])
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
+from django.middleware.csrf import get_token
 from django.template import Context, Engine, TemplateDoesNotExist
 from django.template.loader import render_to_string
 from django.utils.http import parse_header_parameters, url_has_allowed_host_and_scheme
@@ -26,6 +27,8 @@ from django_idempotency.exceptions import InvalidIdempotencyKey
 from django_idempotency.keys import meta_name, parse_key
 
 PROBLEM_TEMPLATE = "django_idempotency/problem.html"
+#: The form field of Django's CSRF token: the page's resend renders a token of its own.
+_CSRF_FIELD = "csrfmiddlewaretoken"
 #: What a problem is sent as: a page, or one of the JSON types.
 _HTML = ("text", "html")
 _JSON = (("application", "json"), ("application", "problem+json"))
@@ -122,6 +125,10 @@ def problem_page(
         "resend": _resend(http_request, _key(request)) if problem["status"] == 409 else None,
         "action": http_request.get_full_path(),
     }
+    if context["resend"] is not None:
+        # The resend's own token (``{% csrf_token %}``): a key sent by htmx or a script
+        # came with its token in a header, which a form cannot send either.
+        context["csrf_token"] = get_token(http_request)
     try:
         html = render_to_string(PROBLEM_TEMPLATE, context, request=http_request)
     except TemplateDoesNotExist:
@@ -184,4 +191,6 @@ def _resend(request: HttpRequest, key: str | None) -> list[tuple[str, str]] | No
         key = sent  # a page asked for outside a claim: the key the request carries
     if sent is None or sent != key:
         return None  # none sent, or the view's own key function chose it
-    return [(name, value) for name, value in fields if name != field] + [(field, key)]
+    return [(name, value) for name, value in fields if name not in (field, _CSRF_FIELD)] + [
+        (field, key)
+    ]

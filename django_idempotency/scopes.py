@@ -39,14 +39,18 @@ def user_scope(request: HttpRequest) -> str:
 
     A browser without a user (a guest checkout) is scoped by the session
     cookie it sent, so that two browsers sending the same key never share a
-    record. The cookie counts as sent, whether the session store still knows
-    it or not: a view that rotates or ends the session (a guest signing up
-    and logged in) has deleted it before a duplicate sent with it arrives,
-    and that duplicate must meet the first in its scope. A session the view
-    creates during this request does not exist yet when the scope is taken,
-    so such a request stays anonymous, and so must its retry (a retry
-    resends the request as it was, cookies included). The session key is a
-    secret, so the scope holds its digest, never the key.
+    record. A cookie the session store does not know counts as no session
+    (Django deletes it in the answer, so a later retry comes without it),
+    unless the key already has a record in that cookie's scope: a view that
+    rotates or ends the session (a guest signing up and logged in) deletes it
+    before a duplicate sent with it arrives, and that duplicate must meet the
+    first in its scope. A session the view creates during this request does
+    not exist yet when the scope is taken, so such a request stays
+    anonymous, and so must its retry (a retry resends the request as it was,
+    cookies included). The session key is a secret, so the scope holds its
+    digest, never the key. Called without the key (``user_scope(request)``
+    from a scope function of your own), a cookie the store does not know
+    counts as no session.
 
     A caller without a user that sends an ``Authorization`` header has a
     keyed digest of it added, ``anonymous|credential:<digest>`` or, with a
@@ -61,27 +65,16 @@ def user_scope(request: HttpRequest) -> str:
     return scope_of(request, http_request, own)
 
 
-def scope_of(request: HttpRequest, http_request: HttpRequest, own: Mapping[str, Any]) -> str:
-    """:func:`user_scope` given what ``adapters.reach`` gives, which the core has.
+def scope_of(
+    request: HttpRequest, http_request: HttpRequest, own: Mapping[str, Any], key: str | None = None
+) -> str:
+    """:func:`user_scope` given what ``adapters.reach`` gives, and the key, which the core has.
 
     What was set on a framework's request itself (``own``) comes first.
     """
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated:
         return f"user:{user.pk}"
-    session = own.get("session")
-    if session is not None:
-        sent = session.session_key  # a framework's request's own session, as it stands
-    elif getattr(http_request, "session", None) is None:
-        sent = None
-    else:
-        # The cookie as sent, whether the store still knows it or not: a view that rotates
-        # or ends the session (login, logout) must not move its own retries to another
-        # scope. A session a project set without the cookie: its key, as it stands.
-        sent = (
-            http_request.COOKIES.get(settings.SESSION_COOKIE_NAME)
-            or http_request.session.session_key
-        )
     headers = own.get("headers")
     if headers is None:
         headers = (
@@ -98,13 +91,48 @@ def scope_of(request: HttpRequest, http_request: HttpRequest, own: Mapping[str, 
         credentials = None if found is None else found[1]
     else:
         credentials = headers.get("Authorization")
+    # Two credentials sent from one cookie jar (a proxy, a shared client) stay apart.
+    narrowed = _credential(credentials) if credentials else ""
+    session = own.get("session")
+    if session is not None:
+        sent = session.session_key  # a framework's request's own session, as it stands
+    elif getattr(http_request, "session", None) is None:
+        sent = None
+    else:
+        # The cookie as sent; a session a project set without one: its key, as it stands.
+        sent = (
+            http_request.COOKIES.get(settings.SESSION_COOKIE_NAME)
+            or http_request.session.session_key
+        )
+        if sent and _unknown(http_request.session):
+            # Gone from the store: deleted by this key's first request (a login rotates
+            # the session), whose scope its retries must meet, or unknown before it
+            # (evicted, made up), when the first was anonymous, and so are they: Django
+            # deletes such a cookie in each answer, and a later retry comes without it.
+            scope = _session_scope(sent) + narrowed
+            return scope if key is not None and _has_record(scope, key) else ANONYMOUS + narrowed
     if sent:
-        scope = "session:" + hashlib.sha256(sent.encode()).hexdigest()
-        # Two credentials sent from one cookie jar (a proxy, a shared client) stay apart.
-        return scope + _credential(credentials) if credentials else scope
-    if not credentials:
-        return ANONYMOUS
-    return ANONYMOUS + _credential(credentials)
+        return _session_scope(sent) + narrowed
+    return ANONYMOUS + narrowed
+
+
+def _unknown(session: Any) -> bool:
+    """Whether the session store has no session under the key the request sent."""
+    session.keys()  # loading drops a key the store does not know
+    return session.session_key is None
+
+
+def _has_record(scope: str, key: str) -> bool:
+    """Whether ``key`` has a record in ``scope``: a session's, which only its holder reaches."""
+    from django_idempotency.conf import idempotency_settings
+    from django_idempotency.models import IdempotencyKey
+
+    records = IdempotencyKey.objects.using(idempotency_settings.database)
+    return records.filter(scope=scope, key=key).exists()
+
+
+def _session_scope(sent: str) -> str:
+    return "session:" + hashlib.sha256(sent.encode()).hexdigest()
 
 
 def session_scope(request: HttpRequest) -> str:

@@ -164,11 +164,13 @@ def _refuse_a_claim_taken_before_authentication(view: APIView, request: Request)
         return
     raise ImproperlyConfigured(
         f"{type(view).__module__}.{type(view).__qualname__} is a DRF view, but its idempotency "
-        "key was claimed before DRF authenticated the caller, by IdempotencyMiddleware or "
+        "key was claimed before DRF authenticated the caller: by IdempotencyMiddleware or "
         "@idempotent around a decorator that hides the view's class (one without "
-        "functools.wraps): callers that only DRF tells apart would share one scope. Keep "
-        "the view visible (functools.wraps in that decorator), or leave it out of the "
-        "middleware with @idempotency_exempt and protect it with IdempotentMixin."
+        "functools.wraps), or by a protected view that called this one with its own "
+        "request. Callers that only DRF tells apart would share one scope. Keep the view "
+        "visible (functools.wraps in that decorator), or leave it out of the middleware "
+        "with @idempotency_exempt and protect it with IdempotentMixin; call a DRF view "
+        "from outside any claim."
     )
 
 
