@@ -8,7 +8,6 @@ a browser form reaches: ``@idempotent`` (sync and async), the DRF mixin
 
 from __future__ import annotations
 
-import hashlib
 import re
 import sys
 import uuid
@@ -470,15 +469,58 @@ class SessionScopeTests:
         assert Order.objects.count() == 1
         assert User.objects.count() == 1
 
-    def test_a_session_cookie_the_store_does_not_know_is_a_scope_of_its_own(self):
+    def test_a_session_cookie_the_store_does_not_know_is_anonymous(self):
         request = RequestFactory().post("/")
         request.COOKIES["sessionid"] = "made-up-session-key-000000000000"
         request.session = SessionStore("made-up-session-key-000000000000")
         request.user = type("Anonymous", (), {"is_authenticated": False})()
 
-        scope = user_scope(request)
+        assert user_scope(request) == "anonymous"
 
-        assert scope == "session:" + hashlib.sha256(b"made-up-session-key-000000000000").hexdigest()
+    @pytest.mark.django_db(transaction=True)
+    def test_a_double_submit_with_a_session_gone_from_the_store_runs_once(
+        self, monkeypatch, tmp_path
+    ):
+        """Evicted while the form was open: the 409 page's resend comes without the cookie."""
+        gate = tmp_path / "gate"
+        monkeypatch.setenv(GATE_ENV, str(gate))
+        browser = Client()
+        key = rendered_key(browser, "/browser/slow-lease/")
+        SessionStore(browser.cookies["sessionid"].value).delete()
+        body = urlencode({"item": "book", "idempotency_key": key})
+
+        def send(client: Client) -> Any:
+            return client.post(
+                "/browser/slow-lease/", body, FORM, headers={"Accept": BROWSER_ACCEPT}
+            )
+
+        def from_the_browser() -> Any:
+            tab = Client()
+            tab.cookies["sessionid"] = browser.cookies["sessionid"].value
+            return send(tab)
+
+        join = in_background(from_the_browser)
+        try:
+            wait_until(
+                lambda: IdempotencyKey.objects.filter(key=key).exists(), "the first request's claim"
+            )
+            page = from_the_browser()
+        finally:
+            gate.touch()
+        first = join()
+        assert page.status_code == 409
+        assert page.cookies["sessionid"].value == ""  # Django deleted the unknown cookie
+        resent = Client().post(
+            "/browser/slow-lease/",
+            urlencode(resent_fields(page)),
+            FORM,
+            headers={"Accept": BROWSER_ACCEPT},
+        )
+
+        assert resent.status_code == 302
+        assert resent["Idempotent-Replayed"] == "true"
+        assert resent["Location"] == first["Location"]
+        assert Order.objects.count() == 1
 
 
 class FingerprintTests:
@@ -794,16 +836,28 @@ class ResendUnderItsKeyTests:
     """A 409 page sends the submission again under the key it was sent with, wherever it was."""
 
     @pytest.mark.django_db(transaction=True)
-    def test_a_key_sent_in_the_header_is_resent_in_the_field(self, monkeypatch, tmp_path):
-        # htmx with hx-headers, asking for the page (docs/browsers.rst): a form cannot send
-        # a header, so the resend carries the key in the field; without it, it would run again.
+    def test_a_key_sent_in_the_header_is_resent_in_the_field(self, monkeypatch, tmp_path, settings):
+        # htmx with hx-headers (the key, and its CSRF token), asking for the page, as
+        # docs/browsers.rst shows: a form sends no header, so the resend carries the key in
+        # the field and a CSRF token of its own. Without the key it would run again.
+        settings.MIDDLEWARE = [*settings.MIDDLEWARE, "django.middleware.csrf.CsrfViewMiddleware"]
         gate = tmp_path / "gate"
         monkeypatch.setenv(GATE_ENV, str(gate))
-        body = urlencode({"item": "book", "csrfmiddlewaretoken": "a" * 64})
-        headers = {"Idempotency-Key": "htmx-key-1", "Accept": BROWSER_ACCEPT}
+        browser = Client(enforce_csrf_checks=True)
+        assert browser.get("/browser/slow-lease/").status_code == 200  # session, CSRF cookie
+        headers = {
+            "Idempotency-Key": "htmx-key-1",
+            "Accept": BROWSER_ACCEPT,
+            "X-CSRFToken": browser.cookies["csrftoken"].value,
+        }
 
         def send() -> Any:
-            return Client().post("/browser/slow-lease/", body, FORM, headers=headers)
+            tab = Client(enforce_csrf_checks=True)  # the same browser, from another thread
+            for name, morsel in browser.cookies.items():
+                tab.cookies[name] = morsel.value
+            return tab.post(
+                "/browser/slow-lease/", urlencode({"item": "book"}), FORM, headers=headers
+            )
 
         join = in_background(send)
         try:
@@ -819,7 +873,8 @@ class ResendUnderItsKeyTests:
 
         assert page.status_code == 409
         assert ("idempotency_key", "htmx-key-1") in fields
-        resent = Client().post(
+        assert [name for name, _ in fields].count("csrfmiddlewaretoken") == 1
+        resent = browser.post(
             "/browser/slow-lease/", urlencode(fields), FORM, headers={"Accept": BROWSER_ACCEPT}
         )
         assert resent.status_code == 302
@@ -837,7 +892,9 @@ class ResendUnderItsKeyTests:
 
         fields = resent_fields(problem(RequestInFlight(retry_after=1), request))
 
-        assert fields == [("item", "book"), ("idempotency_key", "header-key")]
+        # And a CSRF token of the page's own, in place of any the form had.
+        assert [name for name, _ in fields] == ["csrfmiddlewaretoken", "item", "idempotency_key"]
+        assert fields[1:] == [("item", "book"), ("idempotency_key", "header-key")]
 
     def test_a_key_read_by_the_view_s_own_function_is_not_resent(self):
         # A webhook's id, say: a form cannot send it again, so the page does not pretend.

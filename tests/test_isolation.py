@@ -784,6 +784,21 @@ class SessionMiddlewareOrderTests:
         assert not IdempotencyKey.objects.exists()
         assert not Order.objects.exists()
 
+    def test_refused_without_the_sessions_app_too(self, settings: Any) -> None:
+        # Signed-cookie sessions need no app: the middleware works without it.
+        from django_idempotency.middleware import misplaced
+
+        settings.INSTALLED_APPS = [
+            app for app in settings.INSTALLED_APPS if app != "django.contrib.sessions"
+        ]
+        settings.SESSION_ENGINE = "django.contrib.sessions.backends.signed_cookies"
+        settings.MIDDLEWARE = [MIDDLEWARE, SESSION_MIDDLEWARE]
+
+        problem = misplaced()
+
+        assert problem is not None
+        assert problem[0] == f"{MIDDLEWARE!r} must come after {SESSION_MIDDLEWARE!r} in MIDDLEWARE."
+
     def test_before_ours_each_guest_gets_their_own_answer(self, settings: Any) -> None:
         settings.MIDDLEWARE = [SESSION_MIDDLEWARE, MIDDLEWARE]
         alice, bob = Client(), Client()

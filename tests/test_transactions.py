@@ -653,14 +653,52 @@ class LeaseStoreFailureTests:
         assert post(client, "/orders/lease/", key="store-fails").status_code == 409
         assert calls.value == 1
 
+    @pytest.mark.parametrize(
+        ("error", "refused"),
+        [
+            ("DataError", True),
+            ("IntegrityError", True),
+            ("ProgrammingError", True),
+            ("OperationalError", False),
+            ("InterfaceError", False),
+        ],
+    )
+    def test_a_result_the_database_refuses_completes_with_a_refusal_a_lost_one_does_not(
+        self, monkeypatch, error, refused
+    ):
+        # Refused for what it holds, the result can never be written: every retry gets the
+        # refusal. A lost connection, a failover or a lock timeout says nothing of the
+        # result: the key stays claimed, as for a crash, until its lease runs out.
+        from django import db
+
+        real = store.complete
+
+        def complete(using, record_id, stored, **kwargs):
+            if stored.status_code != 500:  # the view's 201, and it without its body
+                raise getattr(db, error)("injected")
+            return real(using, record_id, stored, **kwargs)
+
+        monkeypatch.setattr(store, "complete", complete)
+        client = Client(raise_request_exception=False)
+        assert post(client, "/orders/lease/", key="refused").status_code == 201
+        monkeypatch.undo()
+        record = IdempotencyKey.objects.get()
+        retry = post(client, "/orders/lease/", key="refused")
+
+        if refused:
+            assert (record.state, record.status_code) == (IdempotencyKey.State.COMPLETED, 500)
+            assert (retry.status_code, retry["Idempotent-Replayed"]) == (500, "true")
+        else:
+            assert record.state == IdempotencyKey.State.IN_PROGRESS
+            assert retry.status_code == 409
+        assert calls.value == 1
+
     def test_failure_to_store_an_empty_body_keeps_the_claim(self, monkeypatch, caplog):
         monkeypatch.setattr(store, "complete", broken)
         client = Client(raise_request_exception=False)
         assert post(client, "/lease/large/?size=0").status_code == 201
         assert IdempotencyKey.objects.get().state == IdempotencyKey.State.IN_PROGRESS
-        # Nor can its refusal be written (store.complete fails): the lease keeps it.
-        assert "could not be stored; completing the key with a refusal" in caplog.text
-        assert "with its refusal; retries get 409 until its lease runs out" in caplog.text
+        assert "could not be stored; the key stays claimed" in caplog.text
         assert "storing its status and headers only" not in caplog.text
 
     def test_failure_to_release_keeps_the_handlers_own_error(self, monkeypatch, caplog):
