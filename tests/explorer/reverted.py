@@ -66,11 +66,11 @@ REVERSIONS = {
     "release-after-effect": Reversion(
         "lease mode gives the key back when storing a successful response fails",
         "django_idempotency/engine.py",
-        "        outcome = self._complete_or_without_body(complete, stored, lease)\n",
+        "        outcome = self._complete_or_without_body(complete, stored, lease, owned)\n",
         "        try:\n"
         "            outcome = complete(stored), stored\n"
         "        except Exception:\n"
-        "            self._release(lease, record_id, token)\n"
+        "            self._release(owned)\n"
         "            raise\n",
     ),
     "progress-fence": Reversion(
