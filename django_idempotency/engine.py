@@ -10,7 +10,6 @@ import contextvars
 import enum
 import logging
 import secrets
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -632,7 +631,7 @@ class Call:
         for attempt in attempts:
             try:
                 return complete(attempt), attempt
-            except Error:
+            except Error as error:
                 if lease.shares_request_transaction():
                     raise  # which can no longer commit: the claim goes with it
                 if lease.own and lease.request_transaction_will_roll_back():
@@ -648,7 +647,7 @@ class Call:
                         exc_info=True,
                     )
                     continue
-                refused = isinstance(sys.exc_info()[1], _REFUSED_CONTENT)
+                refused = isinstance(error, _REFUSED_CONTENT)
                 self._log(
                     logging.ERROR,
                     "The result for idempotency key %s in scope %r could not be stored; "

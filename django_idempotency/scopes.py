@@ -124,11 +124,10 @@ def _unknown(session: Any) -> bool:
 
 def _has_record(scope: str, key: str) -> bool:
     """Whether ``key`` has a record in ``scope``: a session's, which only its holder reaches."""
+    from django_idempotency import store
     from django_idempotency.conf import idempotency_settings
-    from django_idempotency.models import IdempotencyKey
 
-    records = IdempotencyKey.objects.using(idempotency_settings.database)
-    return records.filter(scope=scope, key=key).exists()
+    return store.has_record(idempotency_settings.database, scope, key)
 
 
 def _session_scope(sent: str) -> str:
