@@ -298,7 +298,7 @@ def _call(
         # A key function's value or a form's field has no header syntax to parse.
         key = check_key(raw_key, conf.key_max_length, conf.key_min_length)
     if options.scope is user_scope:
-        scope = scope_of(request, http_request, own, key)
+        scope = scope_of(request, http_request, own)
     else:
         scope = options.scope(request)
     if not isinstance(scope, str):

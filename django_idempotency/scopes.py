@@ -39,18 +39,15 @@ def user_scope(request: HttpRequest) -> str:
 
     A browser without a user (a guest checkout) is scoped by the session
     cookie it sent, so that two browsers sending the same key never share a
-    record. A cookie the session store does not know counts as no session
-    (Django deletes it in the answer, so a later retry comes without it),
-    unless the key already has a record in that cookie's scope: a view that
-    rotates or ends the session (a guest signing up and logged in) deletes it
-    before a duplicate sent with it arrives, and that duplicate must meet the
-    first in its scope. A session the view creates during this request does
-    not exist yet when the scope is taken, so such a request stays
-    anonymous, and so must its retry (a retry resends the request as it was,
-    cookies included). The session key is a secret, so the scope holds its
-    digest, never the key. Called without the key (``user_scope(request)``
-    from a scope function of your own), a cookie the store does not know
-    counts as no session.
+    record. The cookie counts as sent, whether the session store still knows
+    it or not: a view that rotates or ends the session (a guest signing up
+    and logged in) deletes it before a duplicate sent with it arrives, and
+    that duplicate must meet the first in its scope, whatever the session
+    backend. A session the view creates during this request does not exist
+    yet when the scope is taken, so such a request stays anonymous, and so
+    must its retry (a retry resends the request as it was, cookies
+    included). The session key is a secret, so the scope holds its digest,
+    never the key.
 
     A caller without a user that sends an ``Authorization`` header has a
     keyed digest of it added, ``anonymous|credential:<digest>`` or, with a
@@ -65,10 +62,8 @@ def user_scope(request: HttpRequest) -> str:
     return scope_of(request, http_request, own)
 
 
-def scope_of(
-    request: HttpRequest, http_request: HttpRequest, own: Mapping[str, Any], key: str | None = None
-) -> str:
-    """:func:`user_scope` given what ``adapters.reach`` gives, and the key, which the core has.
+def scope_of(request: HttpRequest, http_request: HttpRequest, own: Mapping[str, Any]) -> str:
+    """:func:`user_scope` given what ``adapters.reach`` gives, which the core has.
 
     What was set on a framework's request itself (``own``) comes first.
     """
@@ -99,35 +94,17 @@ def scope_of(
     elif getattr(http_request, "session", None) is None:
         sent = None
     else:
-        # The cookie as sent; a session a project set without one: its key, as it stands.
+        # The cookie as sent, whether the store still knows it or not: a view that rotates
+        # or ends the session (login, logout) deletes it before a duplicate sent with it
+        # arrives, and an expired or evicted one must not split a double click either. A
+        # session a project set without the cookie: its key, as it stands.
         sent = (
             http_request.COOKIES.get(settings.SESSION_COOKIE_NAME)
             or http_request.session.session_key
         )
-        if sent and _unknown(http_request.session):
-            # Gone from the store: deleted by this key's first request (a login rotates
-            # the session), whose scope its retries must meet, or unknown before it
-            # (evicted, made up), when the first was anonymous, and so are they: Django
-            # deletes such a cookie in each answer, and a later retry comes without it.
-            scope = _session_scope(sent) + narrowed
-            return scope if key is not None and _has_record(scope, key) else ANONYMOUS + narrowed
     if sent:
         return _session_scope(sent) + narrowed
     return ANONYMOUS + narrowed
-
-
-def _unknown(session: Any) -> bool:
-    """Whether the session store has no session under the key the request sent."""
-    session.keys()  # loading drops a key the store does not know
-    return session.session_key is None
-
-
-def _has_record(scope: str, key: str) -> bool:
-    """Whether ``key`` has a record in ``scope``: a session's, which only its holder reaches."""
-    from django_idempotency import store
-    from django_idempotency.conf import idempotency_settings
-
-    return store.has_record(idempotency_settings.database, scope, key)
 
 
 def _session_scope(sent: str) -> str:

@@ -89,20 +89,6 @@ def find_completed(connection: BaseDatabaseWrapper, scope: str, key: str) -> Rec
     return record
 
 
-def has_record(using: str, scope: str, key: str) -> bool:
-    """Whether ``key`` has a record in ``scope``, in any state, expired or not, until purged.
-
-    The same indexed read as :func:`find_completed`: a scope that owns a record, even one
-    whose lease ran out with its owner's checkpoints, is where a retry must meet it.
-    """
-    connection = connections[using]
-    try:
-        return read_record(connection, scope, key) is not None
-    except DatabaseError as exc:
-        _raise_meaning(BY_VENDOR.get(connection.vendor, STANDARD), exc)
-        raise
-
-
 def claim(
     using: str,
     new: NewClaim,
